@@ -1,0 +1,39 @@
+# Every target sets up what it needs on a fresh machine: a virtual environment in .venv,
+# torch first (pinned, so pip takes the local CPU build rather than several GB of CUDA wheels),
+# then ddpipe with its MPI, DALI and development extras.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.ddpipe-installed
+DEMO   ?= demo-data
+DEMO_N ?= 600
+
+.PHONY: setup test lint typecheck demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[mpi,dali,dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ddpipe tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy ddpipe
+
+test: lint typecheck
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
+
+# The main job end to end on a generated dataset: synth -> convert to every format -> verify -> inspect.
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m ddpipe.demo --out $(DEMO) --n $(DEMO_N)
+
+bench: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/formats.py
+
+clean:
+	rm -rf $(VENV) $(DEMO) build *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

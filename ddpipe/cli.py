@@ -1,0 +1,156 @@
+"""The ``ddpipe`` command line. Expected errors print one line and exit 1; no tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import DdpipeError
+
+
+def _size(text: str) -> int:
+    from .convert.layout import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from .synth import SynthOptions, synth
+
+    t0 = time.perf_counter()
+    total = synth(args.out, SynthOptions(n=args.n, classes=args.classes, seed=args.seed, quality=args.quality,
+                                         workers=args.workers, progress=not args.quiet))
+    dt = time.perf_counter() - t0
+    print(f"wrote {args.n} JPEGs in {args.classes} classes to {args.out}: {total / 1e6:.1f} MB, "
+          f"{total / args.n / 1e3:.1f} KB each on average, {dt:.1f} s")
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import ConvertOptions, convert
+
+    options = ConvertOptions(format=args.format, shard_bytes=args.shard_size, samples_per_shard=args.samples_per_shard,
+                             seed=args.seed, workers=args.workers, on_error=args.on_error, progress=not args.quiet)
+    t0 = time.perf_counter()
+    manifest = convert(args.src, args.out, options)
+    dt = time.perf_counter() - t0
+    from .comm import launched_by_mpi
+
+    if not launched_by_mpi() or _rank_is_zero():
+        print(f"{args.out}: {manifest.format}, {len(manifest.shards)} shards, {manifest.num_samples} samples, "
+              f"{manifest.num_bytes / 1e6:.1f} MB, {len(manifest.skipped)} skipped, {dt:.1f} s "
+              f"({manifest.num_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s)")
+    return 0
+
+
+def _rank_is_zero() -> bool:
+    import os
+
+    return os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0"
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from .convert import index_tars
+
+    classes = Path(args.classes).read_text().split() if args.classes else None
+    m = index_tars(args.dir, classes=classes)
+    print(f"{args.dir}: indexed {len(m.shards)} tar shards, {m.num_samples} samples, fields {', '.join(m.fields)}")
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .stats import format_stats, inspect_dataset
+
+    stats = inspect_dataset(args.dataset, scan=not args.no_scan)
+    print(json.dumps(stats.to_dict(), indent=1) if args.json else format_stats(stats))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_dataset
+
+    report = verify_dataset(args.dataset, decode=args.decode, progress=not args.quiet)
+    for problem in report.problems:
+        print(f"ddpipe: {problem}", file=sys.stderr)
+    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
+    decoded = f", {report.decoded} images decoded" if args.decode else ""
+    print(f"{args.dataset}: {status}: {report.shards} shards, {report.samples} samples checked{decoded}")
+    return 0 if report.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("synth", help="write an ImageNet-like ImageFolder of real JPEGs")
+    p.add_argument("out")
+    p.add_argument("--n", type=_positive, default=1000, help="number of images")
+    p.add_argument("--classes", type=_positive, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    p.add_argument("--workers", type=_positive, default=1)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_synth)
+
+    p = sub.add_parser("convert", help="convert an ImageFolder, a list file or a dataset into shards")
+    p.add_argument("src", help="ImageFolder root, CSV/TSV list of 'path,label', or a ddpipe dataset")
+    p.add_argument("out")
+    p.add_argument("--format", choices=["wds", "hdf5", "lmdb"], default="wds")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--shard-size", type=_size, default=None, help="target shard size, e.g. 256MB (default)")
+    size.add_argument("--samples-per-shard", type=_positive, default=None)
+    p.add_argument("--seed", type=int, default=None, help="shuffle samples across shards (default: keep source order)")
+    p.add_argument("--workers", type=_positive, default=1, help="parallel shard writers")
+    p.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="an unreadable or non-image input: stop (default) or skip and record it")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("index", help="adopt WebDataset tar shards in place: write their index.json")
+    p.add_argument("dir")
+    p.add_argument("--classes", help="file of class names, one per line, in label order")
+    p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
+    p.add_argument("dataset")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-scan", action="store_true", help="manifest only; skip per-field sizes")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("verify", help="check checksums and sample counts (and with --decode, every image)")
+    p.add_argument("dataset")
+    p.add_argument("--decode", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_verify)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except DdpipeError as e:
+        print(f"ddpipe: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ddpipe: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""``ddpipe index DIR``: adopt WebDataset tar shards in place by writing their manifest.
+
+Shards written by the ``webdataset`` library's ``ShardWriter`` or by plain ``tar`` are read
+header by header (the data is only hashed), DALI index files are written beside them, and
+``index.json`` makes the directory a ddpipe dataset without copying a byte of the shards.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import ConversionConflictError, DdpipeError, ManifestError
+from ..formats.atomic import atomic_write_bytes
+from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members
+from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, file_checksum, load_manifest, save_manifest
+
+
+def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
+    """Write ``index.json`` (and DALI ``.idx`` files) for the ``*.tar`` shards in ``directory``.
+
+    Class names come from ``classes``, else from the largest integer ``cls`` value found.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise DdpipeError("not a directory", path=root)
+    if (root / MANIFEST_NAME).exists():
+        try:
+            load_manifest(root)
+        except ManifestError:
+            raise ConversionConflictError(
+                "index.json exists and is not a ddpipe manifest; move it away first", path=root / MANIFEST_NAME
+            ) from None
+    tars = sorted(p for p in root.glob("*.tar") if not p.name.startswith("."))
+    if not tars:
+        raise DdpipeError("no .tar shards found", path=root)
+    shards: list[ShardInfo] = []
+    fields: set[str] = set()
+    labels: list[bytes] = []
+    for tar in tars:
+        groups = scan_tar_members(tar)
+        atomic_write_bytes(index_path(tar), format_dali_index(groups).encode())
+        fields.update(ext for group in groups for ext, *_ in group)
+        if "cls" in fields and classes is None:
+            with TarReader(tar) as reader:
+                for i, group in enumerate(groups):
+                    if any(ext == "cls" for ext, *_ in group):
+                        labels.append(reader[i]["cls"])
+        shards.append(ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar)))
+    if classes is None:
+        try:
+            classes = [str(i) for i in range(max(int(v) for v in labels) + 1)] if labels else []
+        except ValueError:
+            classes = []  # non-integer labels: leave naming classes to the user
+    manifest = Manifest(format="wds", fields=tuple(sorted(fields)), classes=tuple(classes), shards=tuple(shards))
+    save_manifest(root, manifest)
+    return manifest

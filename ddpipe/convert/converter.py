@@ -1,0 +1,284 @@
+"""``ddpipe convert``: write any source as shards of any format, resumably and deterministically.
+
+The layout (which items go to which shard) is a pure function of the source listing and the
+options, so it is the same on every rank and every rerun. Each shard is written atomically, and a
+small record of it goes to ``OUT/.ddpipe-convert/`` only once it is committed; a rerun with the
+same arguments keeps the shards whose records and checksums hold and writes the rest. The manifest
+is written last, so a dataset becomes visible only when complete.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import xxhash
+from tqdm import tqdm
+
+from ..comm import Comm, init_comm
+from ..errors import ConversionConflictError, DdpipeError, SourceError
+from ..formats import get_format
+from ..formats.atomic import atomic_write_bytes
+from ..manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    SkippedItem,
+    file_checksum,
+    load_manifest,
+    save_manifest,
+)
+from .layout import pack_shards, sample_order
+from .sources import ItemLoader, Source, SourceItem, open_source
+
+STATE_DIR = ".ddpipe-convert"
+PLAN_FILE = "plan.json"
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How to convert. Without a shard size, a dataset source keeps its shard boundaries and any
+    other source gets 256 MB shards."""
+
+    format: str = "wds"
+    shard_bytes: int | None = None
+    samples_per_shard: int | None = None
+    seed: int | None = None
+    workers: int = 1
+    on_error: Literal["fail", "skip"] = "fail"
+    progress: bool = True
+    prefix: str = "shard"
+
+    def layout_args(self) -> dict[str, object]:
+        """The options that decide the output bytes (and so the resume fingerprint)."""
+        return {"format": self.format, "shard_bytes": self.shard_bytes, "samples_per_shard": self.samples_per_shard,
+                "seed": self.seed, "on_error": self.on_error, "prefix": self.prefix}
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Everything a (possibly separate) process needs to write one shard."""
+
+    source_kind: str
+    source_root: str
+    items: tuple[SourceItem, ...]
+    shard_path: str
+    record_path: str
+    format: str
+    on_error: str
+    fingerprint: str
+
+
+@dataclass
+class ShardResult:
+    shard: ShardInfo | None  # None when every item was skipped
+    fields: list[str] = field(default_factory=list)
+    skipped: list[SkippedItem] = field(default_factory=list)
+    reused: bool = False
+
+
+def _fingerprint(source: Source, options: ConvertOptions) -> str:
+    h = xxhash.xxh3_128()
+    h.update(json.dumps({"kind": source.kind, **options.layout_args()}, sort_keys=True).encode())
+    h.update(source.identity.encode())
+    return h.hexdigest()
+
+
+def _load_record(job: ShardJob) -> ShardResult | None:
+    """The result of an earlier run's finished shard, if its record and file still agree."""
+    try:
+        doc = json.loads(Path(job.record_path).read_text())
+    except (OSError, ValueError):
+        return None
+    if doc.get("fingerprint") != job.fingerprint:
+        return None
+    skipped = [SkippedItem(**s) for s in doc["skipped"]]
+    if doc["shard"] is None:
+        return ShardResult(None, [], skipped, reused=True)
+    info = ShardInfo(**doc["shard"])
+    path = Path(job.shard_path)
+    fmt = get_format(job.format)
+    if not path.is_file() or path.stat().st_size != info.bytes or any(not p.is_file() for p in fmt.sidecar_files(path)):
+        return None
+    if file_checksum(path) != info.checksum:
+        return None
+    return ShardResult(info, doc["fields"], skipped, reused=True)
+
+
+def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> ShardResult:
+    """Write one shard (or reuse it from an earlier run); top-level so worker processes can run it."""
+    done = _load_record(job)
+    if done is not None:
+        return done
+    fmt = get_format(job.format)
+    loader = ItemLoader(job.source_kind, job.source_root)
+    fields: set[str] = set()
+    skipped: list[SkippedItem] = []
+    try:
+        with fmt.writer(job.shard_path) as writer:
+            for item in job.items:
+                try:
+                    sample = loader.load(item)
+                except SourceError as e:
+                    if job.on_error != "skip":
+                        raise
+                    skipped.append(SkippedItem(item.path, e.message))
+                else:
+                    writer.write(sample)
+                    fields.update(k for k in sample if k != "__key__")
+                if on_item is not None:
+                    on_item()
+            count = writer.count
+    finally:
+        loader.close()
+    path = Path(job.shard_path)
+    info: ShardInfo | None = None
+    if count:
+        info = ShardInfo(path.name, count, path.stat().st_size, file_checksum(path))
+    else:  # every item was skipped: no shard at all
+        for p in [path, *fmt.sidecar_files(path)]:
+            p.unlink(missing_ok=True)
+    result = ShardResult(info, sorted(fields), skipped)
+    record = {"fingerprint": job.fingerprint, "shard": asdict(info) if info else None,
+              "fields": result.fields, "skipped": [asdict(s) for s in skipped]}
+    atomic_write_bytes(job.record_path, json.dumps(record, sort_keys=True).encode())
+    return result
+
+
+def _all_ranks(comm: Comm, action: Callable[[], object]) -> None:
+    """Run ``action``, then agree across ranks: if any rank failed, every rank raises its message.
+
+    A failure on one rank must not leave the others waiting forever in a later collective.
+    """
+    error: str | None = None
+    caught: BaseException | None = None
+    try:
+        action()
+    except (DdpipeError, OSError) as e:
+        error, caught = str(e), e
+    errors = comm.allgather(error)
+    if caught is not None:
+        raise caught
+    for rank, message in enumerate(errors):
+        if message is not None:
+            raise DdpipeError(f"rank {rank} failed: {message}")
+
+
+def convert(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    options: ConvertOptions | None = None,
+    comm: Comm | None = None,
+) -> Manifest:
+    """Convert ``src`` (ImageFolder tree, list file or dataset) into a dataset at ``out``.
+
+    Under MPI, rank r writes shards r, r + size, ... and rank 0 writes the manifest.
+    """
+    options = options or ConvertOptions()
+    comm = comm or init_comm()
+    world = comm.world
+    fmt = get_format(options.format)
+    source = open_source(src)
+    out = Path(out)
+    fingerprint = _fingerprint(source, options)
+    state = out / STATE_DIR
+
+    order = sample_order(len(source.items), options.seed)
+    items = [source.items[i] for i in order]
+    if source.kind == "dataset" and options.shard_bytes is None and options.samples_per_shard is None \
+            and options.seed is None:
+        ranges = list(source.shard_ranges)
+    else:
+        ranges = pack_shards([it.size for it in items], shard_bytes=options.shard_bytes,
+                             samples_per_shard=options.samples_per_shard)
+
+    finished: list[Manifest] = []
+
+    def prepare() -> None:
+        if world.rank != 0:
+            return
+        if (out / MANIFEST_NAME).exists():
+            existing = load_manifest(out)
+            if existing.origin.get("fingerprint") != fingerprint:
+                raise ConversionConflictError(
+                    "already holds a dataset made from other input or arguments; choose another output", path=out)
+            return
+        if state.is_dir():
+            plan = json.loads((state / PLAN_FILE).read_text()) if (state / PLAN_FILE).exists() else {}
+            if plan.get("fingerprint") != fingerprint:
+                raise ConversionConflictError(
+                    "holds an unfinished conversion with other input or arguments; rerun that command, "
+                    f"or remove {out} to start over", path=out)
+            return
+        if out.exists() and any(out.iterdir()):
+            raise ConversionConflictError("output directory is not empty and holds no ddpipe conversion", path=out)
+        state.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(state / PLAN_FILE, json.dumps({"fingerprint": fingerprint}).encode())
+
+    _all_ranks(comm, prepare)
+    if (out / MANIFEST_NAME).exists():  # converted before with the same arguments
+        return load_manifest(out)
+
+    jobs = [
+        ShardJob(source.kind, source.root, tuple(items[a:b]), str(out / f"{options.prefix}-{i:06d}{fmt.suffix}"),
+                 str(state / f"{options.prefix}-{i:06d}.json"), options.format, options.on_error, fingerprint)
+        for i, (a, b) in enumerate(ranges)
+    ]
+    mine = list(range(world.rank, len(jobs), world.size))
+    results: dict[int, ShardResult] = {}
+    _all_ranks(comm, lambda: results.update(_run_jobs(jobs, mine, options, world.rank == 0)))
+
+    gathered = comm.allgather(results)
+
+    def finish() -> None:
+        if world.rank != 0:
+            return
+        merged: dict[int, ShardResult] = {}
+        for part in gathered:
+            merged.update(part)
+        done = [merged[i] for i in range(len(jobs))]
+        manifest = Manifest(
+            format=options.format,
+            fields=tuple(sorted({f for r in done for f in r.fields})),
+            classes=source.classes,
+            shards=tuple(r.shard for r in done if r.shard is not None),
+            skipped=source.skipped + tuple(s for r in done for s in r.skipped),
+            origin={"fingerprint": fingerprint},
+        )
+        save_manifest(out, manifest)
+        shutil.rmtree(state, ignore_errors=True)
+        finished.append(manifest)
+
+    _all_ranks(comm, finish)
+    return finished[0] if finished else load_manifest(out)
+
+
+def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, show: bool) -> dict[int, ShardResult]:
+    total = sum(len(jobs[i].items) for i in mine)
+    results: dict[int, ShardResult] = {}
+    with tqdm(total=total, unit="img", desc=f"convert -> {options.format}", disable=not (options.progress and show),
+              dynamic_ncols=True) as bar:
+        if options.workers <= 1:
+            for i in mine:
+                results[i] = write_shard(jobs[i], on_item=lambda: bar.update(1))
+            return results
+        # spawn, not fork: forking a process that may hold MPI or HDF5 state is unsafe
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx) as pool:
+            futures = {pool.submit(write_shard, jobs[i]): i for i in mine}
+            try:
+                for fut in cf.as_completed(futures):
+                    i = futures[fut]
+                    results[i] = fut.result()
+                    bar.update(len(jobs[i].items))
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    return results

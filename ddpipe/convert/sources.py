@@ -1,0 +1,192 @@
+"""What a conversion reads: an ImageFolder tree, a list file, or an existing ddpipe dataset.
+
+Each source enumerates its items deterministically (sorted paths, manifest order) without reading
+image bytes, so every MPI rank computes the same item list and the same shard layout on its own.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+
+from ..dataset import Dataset, open_dataset
+from ..errors import DdpipeError, SourceError
+from ..formats import ShardReader
+from ..manifest import MANIFEST_NAME, SkippedItem
+from ..sample import KEY, Sample, sanitize_key
+
+# PIL's format name -> the WebDataset field an image is stored under
+_FIELD_OF_FORMAT = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp", "TIFF": "tiff"}
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One sample to write. File items name an image and its label; dataset items a shard position."""
+
+    path: str
+    size: int
+    key: str | None = None
+    label: int | None = None
+    index: int | None = None  # position within the shard ``path`` for dataset items
+
+
+@dataclass(frozen=True)
+class Source:
+    """An enumerated source: its items in source order, its classes, and what identifies it."""
+
+    kind: str  # "imagefolder", "list" or "dataset"
+    root: str
+    items: tuple[SourceItem, ...]
+    classes: tuple[str, ...]
+    identity: str  # what the resume fingerprint hashes: relative paths and sizes, or shard checksums
+    shard_ranges: tuple[tuple[int, int], ...] = ()  # a dataset source's own shard boundaries
+    format: str | None = None
+    skipped: tuple[SkippedItem, ...] = ()
+
+
+def open_source(src: str | os.PathLike[str]) -> Source:
+    path = Path(src)
+    if path.is_dir() and (path / MANIFEST_NAME).exists():
+        return _dataset_source(path)
+    if path.is_dir():
+        return _imagefolder_source(path)
+    if path.is_file() and path.suffix.lower() in (".csv", ".tsv", ".txt", ".lst"):
+        return _list_source(path)
+    if not path.exists():
+        raise SourceError("no such file or directory", path=path)
+    raise SourceError("not a dataset, an ImageFolder directory or a .csv/.tsv list file", path=path)
+
+
+def _key_of(relative: str) -> str:
+    return sanitize_key(os.path.splitext(relative)[0])
+
+
+def _check_unique(items: list[SourceItem]) -> None:
+    seen: dict[str, str] = {}
+    for item in items:
+        assert item.key is not None
+        if item.key in seen:
+            raise SourceError(f"{item.path!r} and {seen[item.key]!r} map to the same key {item.key!r}")
+        seen[item.key] = item.path
+
+
+def _imagefolder_source(root: Path) -> Source:
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise SourceError("no class directories: an ImageFolder tree is root/<class>/<image>", path=root)
+    items = []
+    for label, cls in enumerate(classes):
+        for dirpath, dirnames, filenames in os.walk(root / cls):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if name.startswith("."):
+                    continue
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, root)
+                items.append(SourceItem(path=full, size=os.path.getsize(full), key=_key_of(rel), label=label))
+    if not items:
+        raise SourceError("no files under the class directories", path=root)
+    _check_unique(items)
+    identity = "\n".join(f"{os.path.relpath(i.path, root)}\t{i.size}\t{i.label}" for i in items)
+    return Source("imagefolder", str(root), tuple(items), tuple(classes), identity)
+
+
+def _list_source(list_file: Path) -> Source:
+    text = list_file.read_text(encoding="utf-8")
+    first = text.splitlines()[0] if text.strip() else ""
+    delimiter = "\t" if list_file.suffix.lower() == ".tsv" or "\t" in first else ","
+    rows = [r for r in csv.reader(io.StringIO(text), delimiter=delimiter) if r and any(c.strip() for c in r)]
+    if rows and rows[0][0].strip().lower() in ("path", "file", "filename", "image"):
+        rows = rows[1:]
+    if not rows:
+        raise SourceError("the list file has no rows of 'path,label'", path=list_file)
+    for n, row in enumerate(rows, 1):
+        if len(row) < 2:
+            raise SourceError(f"row {n} has {len(row)} column(s); expected 'path{delimiter}label'", path=list_file)
+    labels = [r[1].strip() for r in rows]
+    if all(lbl.lstrip("-").isdigit() for lbl in labels):
+        numbers = [int(lbl) for lbl in labels]
+        if min(numbers) < 0:
+            raise SourceError("labels must be non-negative integers or class names", path=list_file)
+        classes = [str(i) for i in range(max(numbers) + 1)]
+        label_of = {lbl: int(lbl) for lbl in labels}
+    else:
+        classes = sorted(set(labels))
+        label_of = {c: i for i, c in enumerate(classes)}
+    base = list_file.parent
+    items = []
+    for row, lbl in zip(rows, labels, strict=True):
+        full = (base / row[0].strip()).resolve()
+        rel = os.path.relpath(full, base.resolve())
+        if rel.startswith(".."):
+            rel = full.name
+        try:
+            size = full.stat().st_size
+        except OSError:
+            size = 0  # reported when the item is read, under the on-error policy
+        items.append(SourceItem(path=str(full), size=size, key=_key_of(rel), label=label_of[lbl]))
+    _check_unique(items)
+    identity = "\n".join(f"{r[0].strip()}\t{i.size}\t{i.label}" for r, i in zip(rows, items, strict=True))
+    return Source("list", str(list_file), tuple(items), tuple(classes), identity)
+
+
+def _dataset_source(root: Path) -> Source:
+    ds = open_dataset(root)
+    items: list[SourceItem] = []
+    ranges: list[tuple[int, int]] = []
+    for info in ds.manifest.shards:
+        per_sample = info.bytes // max(info.samples, 1)
+        start = len(items)
+        items.extend(SourceItem(path=str(root / info.file), size=per_sample, index=i) for i in range(info.samples))
+        ranges.append((start, len(items)))
+    identity = "\n".join(f"{s.file}\t{s.samples}\t{s.checksum}" for s in ds.manifest.shards)
+    return Source("dataset", str(root), tuple(items), ds.manifest.classes, identity, tuple(ranges),
+                  ds.manifest.format, ds.manifest.skipped)
+
+
+class ItemLoader:
+    """Turns source items into samples; keeps one shard reader open for dataset sources."""
+
+    def __init__(self, kind: str, root: str) -> None:
+        self._dataset: Dataset | None = open_dataset(root) if kind == "dataset" else None
+        self._reader: ShardReader | None = None
+
+    def load(self, item: SourceItem) -> Sample:
+        if self._dataset is not None:
+            return self._load_from_dataset(item)
+        try:
+            with open(item.path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise SourceError(f"cannot read: {e.strerror or e}", path=item.path) from None
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                kind = img.format or ""
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise SourceError(f"not an image ({e})", path=item.path) from None
+        assert item.key is not None
+        return {KEY: item.key, _FIELD_OF_FORMAT.get(kind, kind.lower()): data, "cls": b"%d" % (item.label or 0)}
+
+    def _load_from_dataset(self, item: SourceItem) -> Sample:
+        assert self._dataset is not None and item.index is not None
+        if self._reader is None or str(self._reader.path) != item.path:
+            self.close()
+            shard = next(i for i, s in enumerate(self._dataset.manifest.shards)
+                         if str(self._dataset.root / s.file) == item.path)
+            self._reader = self._dataset.open_shard(shard)
+        try:
+            return self._reader[item.index]
+        except DdpipeError:
+            raise
+        except OSError as e:
+            raise SourceError(f"cannot read sample {item.index}: {e}", path=item.path) from None
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

@@ -1,0 +1,67 @@
+"""Exceptions ddpipe raises on purpose.
+
+Each subclasses the built-in a caller would expect (``FileNotFoundError`` for a missing shard,
+``ValueError`` for bad content) and carries the path it is about, so that the CLI can print one
+line naming the file and programs can still catch by type.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class DdpipeError(Exception):
+    """Base of every expected error: the CLI prints it as one line and exits non-zero."""
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = os.fspath(path) if path is not None else None
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ManifestError(DdpipeError, ValueError):
+    """``index.json`` is missing, unreadable or not a ddpipe manifest."""
+
+
+class ShardError(DdpipeError, OSError):
+    """A shard file cannot be used."""
+
+
+class MissingShardError(ShardError, FileNotFoundError):
+    """A shard named by the manifest does not exist."""
+
+
+class CorruptShardError(ShardError, ValueError):
+    """A shard is truncated, malformed or disagrees with its manifest entry."""
+
+
+class ChecksumMismatchError(CorruptShardError):
+    """A shard's content does not hash to the checksum its manifest records."""
+
+    def __init__(self, path: str | os.PathLike[str], *, expected: str, actual: str) -> None:
+        super().__init__(f"checksum mismatch: manifest says {expected}, file hashes to {actual}", path=path)
+        self.expected = expected
+        self.actual = actual
+
+
+class SampleError(DdpipeError, ValueError):
+    """A sample is malformed (bad key or field name) or cannot be decoded."""
+
+    def __init__(self, message: str, *, key: str | None = None, path: str | os.PathLike[str] | None = None):
+        super().__init__(f"sample {key!r}: {message}" if key is not None else message, path=path)
+        self.key = key
+
+
+class SourceError(DdpipeError, ValueError):
+    """An input of a conversion (an image file, a list file, a source tree) cannot be used."""
+
+
+class DiskFullError(DdpipeError, OSError):
+    """The output device ran out of space; what was finished before stays valid."""
+
+
+class ConversionConflictError(DdpipeError, FileExistsError):
+    """The output directory holds a different dataset or a conversion with other arguments."""

@@ -1,0 +1,68 @@
+"""Files that become visible only when complete: write a hidden temporary name, fsync, rename.
+
+A reader, a resumed conversion or a stager never sees a partial file under its final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+from ..errors import DiskFullError
+
+
+def partial_path(final: str | os.PathLike[str]) -> Path:
+    """The hidden temporary name a file is written under before it is committed."""
+    p = Path(final)
+    return p.with_name(f".{p.name}.partial")
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    """fsync ``tmp`` and rename it over ``final`` in one atomic step."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    fsync_dir(Path(final).parent)
+
+
+def discard(tmp: str | os.PathLike[str]) -> None:
+    """Remove a temporary file if it exists."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+
+
+def raise_if_disk_full(error: OSError, path: str | os.PathLike[str]) -> None:
+    """Turn ENOSPC/EDQUOT/EFBIG into a :class:`DiskFullError` naming the file being written."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        raise DiskFullError(
+            f"no space left while writing ({os.strerror(error.errno)}); files finished before are intact, "
+            "free space and run the same command again to continue",
+            path=path,
+        ) from error
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so that the file appears whole or not at all."""
+    tmp = partial_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        commit(tmp, path)
+    except OSError as e:
+        discard(tmp)
+        raise_if_disk_full(e, path)
+        raise

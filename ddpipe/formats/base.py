@@ -1,0 +1,155 @@
+"""The interface every shard format implements.
+
+A format offers three things over one shard file: a sequential scan (the fast path, reading the
+file front to back), random access by index within the shard, and a writer whose shard becomes
+visible only when it is complete (see :mod:`ddpipe.formats.atomic`).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+from ..errors import CorruptShardError, MissingShardError
+from ..sample import Sample, check_sample
+from . import atomic
+
+
+class ShardReader(abc.ABC):
+    """Reads one shard. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise MissingShardError("shard file not found", path=self.path)
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Number of samples in the shard."""
+
+    @abc.abstractmethod
+    def __getitem__(self, index: int) -> Sample:
+        """Random access to the ``index``-th sample (0-based, in stored order)."""
+
+    @abc.abstractmethod
+    def scan(self, start: int = 0) -> Iterator[Sample]:
+        """Sequential scan from sample ``start`` to the end, in stored order."""
+
+    def __iter__(self) -> Iterator[Sample]:
+        return self.scan()
+
+    def close(self) -> None:  # noqa: B027 - optional hook: not every reader holds a handle
+        """Release file handles."""
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _check_index(self, index: int) -> int:
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"{self.path}: sample index {index} out of range for {n} samples")
+        return index
+
+    def _corrupt(self, what: str) -> CorruptShardError:
+        return CorruptShardError(what, path=self.path)
+
+
+class ShardWriter(abc.ABC):
+    """Writes one shard under a hidden temporary name; :meth:`commit` makes it visible.
+
+    As a context manager it commits on success and discards the partial file on any error.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.tmp_path = atomic.partial_path(self.path)
+        atomic.discard(self.tmp_path)  # a leftover from an interrupted run is never reused
+        self.count = 0
+        self._done = False
+
+    def write(self, sample: Sample) -> None:
+        check_sample(sample)
+        try:
+            self._write(sample)
+        except OSError as e:
+            self.abort()
+            atomic.raise_if_disk_full(e, self.path)
+            raise
+        self.count += 1
+
+    @abc.abstractmethod
+    def _write(self, sample: Sample) -> None:
+        """Append one validated sample."""
+
+    @abc.abstractmethod
+    def _finish(self) -> None:
+        """Flush and close ``self.tmp_path`` so it holds the complete shard."""
+
+    def _sidecars(self) -> list[tuple[Path, Path]]:
+        """Extra (temporary, final) files committed with the shard, such as an index."""
+        return []
+
+    def commit(self) -> Path:
+        """Finish the shard and rename it (and its sidecars) into place; return the final path."""
+        if self._done:
+            raise RuntimeError(f"{self.path}: writer already closed")
+        try:
+            self._finish()
+            for tmp, final in self._sidecars():
+                atomic.commit(tmp, final)
+            atomic.commit(self.tmp_path, self.path)
+        except OSError as e:
+            self.abort()
+            atomic.raise_if_disk_full(e, self.path)
+            raise
+        self._done = True
+        return self.path
+
+    def abort(self) -> None:
+        """Discard everything written so far; the final name is never touched."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._close_quietly()
+        finally:
+            atomic.discard(self.tmp_path)
+            for tmp, _ in self._sidecars():
+                atomic.discard(tmp)
+
+    def _close_quietly(self) -> None:  # noqa: B027 - optional hook
+        """Close open handles without finishing the shard."""
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if et is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class ShardFormat(abc.ABC):
+    """A shard format: its name, its file suffix, and how to read and write one shard."""
+
+    name: str
+    suffix: str
+
+    @abc.abstractmethod
+    def reader(self, path: str | os.PathLike[str]) -> ShardReader: ...
+
+    @abc.abstractmethod
+    def writer(self, path: str | os.PathLike[str]) -> ShardWriter: ...
+
+    def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
+        """Files kept beside a shard (an index, say) that belong to it."""
+        return []

@@ -1,0 +1,153 @@
+"""HDF5 shards: one file per shard, laid out for sequential reads.
+
+Layout (version 1), readable with plain h5py::
+
+    /                      attrs: ddpipe_layout=1, samples=N
+    /fields/<name>/data     uint8 [total bytes]   every sample's bytes of this field, back to back
+    /fields/<name>/offsets  int64 [N + 1]         sample i is data[offsets[i]:offsets[i + 1]]
+    /fields/<name>/present  uint8 [N]             1 where sample i has this field
+    /fields/__key__/...     the keys, UTF-8, in the same scheme
+
+    f = h5py.File("shard-000000.h5"); g = f["fields/jpg"]; o = g["offsets"]
+    jpeg = g["data"][o[i]:o[i + 1]].tobytes()
+
+Why: datasets are contiguous and uncompressed, so a sequential scan reads each field in a few
+large ``pread`` calls (blocks of many samples) and random access is one small read; per-sample
+datasets or variable-length types would cost an HDF5 object lookup per sample.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..errors import CorruptShardError
+from ..sample import KEY, Sample
+from .base import ShardFormat, ShardReader, ShardWriter
+
+LAYOUT_VERSION = 1
+# Samples are read in blocks of about this many bytes per field during a scan.
+_BLOCK_BYTES = 8 << 20
+
+
+class HDF5Reader(ShardReader):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        try:
+            self._file = h5py.File(self.path, "r")
+            if self._file.attrs.get("ddpipe_layout") != LAYOUT_VERSION:
+                raise self._corrupt("not a ddpipe HDF5 shard (no ddpipe_layout attribute)")
+            self._n = int(self._file.attrs["samples"])
+            fields = self._file["fields"]
+            self._data: dict[str, Any] = {}
+            self._offsets: dict[str, np.ndarray[Any, Any]] = {}
+            self._present: dict[str, np.ndarray[Any, Any]] = {}
+            for name in fields:
+                g = fields[name]
+                self._data[name] = g["data"]
+                self._offsets[name] = g["offsets"][()]
+                self._present[name] = g["present"][()].astype(bool)
+                if len(self._offsets[name]) != self._n + 1 or self._offsets[name][-1] != g["data"].shape[0]:
+                    raise self._corrupt(f"field {name!r}: offsets disagree with its data")
+        except CorruptShardError:
+            raise
+        except (OSError, KeyError, ValueError) as e:
+            raise self._corrupt(f"unreadable or truncated HDF5 shard: {e}") from None
+        if KEY not in self._data:
+            raise self._corrupt("no keys stored")
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _read(self, name: str, lo: int, hi: int) -> bytes:
+        try:
+            return bytes(self._data[name][lo:hi].tobytes())
+        except OSError as e:
+            raise self._corrupt(f"cannot read field {name!r}: {e}") from None
+
+    def __getitem__(self, index: int) -> Sample:
+        i = self._check_index(index)
+        sample: Sample = {}
+        for name, off in self._offsets.items():
+            if self._present[name][i]:
+                value = self._read(name, int(off[i]), int(off[i + 1]))
+                sample[name] = value.decode() if name == KEY else value
+        return sample
+
+    def scan(self, start: int = 0) -> Iterator[Sample]:
+        i = start
+        while i < self._n:
+            # a block of samples whose largest field stays near _BLOCK_BYTES
+            hi = i + 1
+            while hi < self._n and max(int(o[hi + 1] - o[i]) for o in self._offsets.values()) <= _BLOCK_BYTES:
+                hi += 1
+            blocks = {name: self._read(name, int(o[i]), int(o[hi])) for name, o in self._offsets.items()}
+            for j in range(i, hi):
+                sample: Sample = {}
+                for name, o in self._offsets.items():
+                    if self._present[name][j]:
+                        base = int(o[i])
+                        value = blocks[name][int(o[j]) - base : int(o[j + 1]) - base]
+                        sample[name] = value.decode() if name == KEY else value
+                yield sample
+            i = hi
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class HDF5Writer(ShardWriter):
+    """Buffers one shard's samples in memory (a shard is bounded by the target shard size)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self._chunks: dict[str, list[bytes]] = {}
+        self._present: dict[str, list[int]] = {}
+
+    def _write(self, sample: Sample) -> None:
+        for name in list(self._chunks):
+            if name not in sample:
+                self._chunks[name].append(b"")
+                self._present[name].append(0)
+        for name, value in sample.items():
+            data = value.encode() if name == KEY else bytes(value)
+            if name not in self._chunks:
+                self._chunks[name] = [b""] * self.count
+                self._present[name] = [0] * self.count
+            self._chunks[name].append(data)
+            self._present[name].append(1)
+
+    def _finish(self) -> None:
+        with h5py.File(self.tmp_path, "w", track_order=False) as f:
+            f.attrs["ddpipe_layout"] = LAYOUT_VERSION
+            f.attrs["samples"] = self.count
+            fields = f.create_group("fields")
+            for name in sorted(self._chunks):
+                chunks = self._chunks[name]
+                g = fields.create_group(name)
+                offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
+                np.cumsum([len(c) for c in chunks], out=offsets[1:])
+                data = np.frombuffer(b"".join(chunks), dtype=np.uint8)
+                g.create_dataset("data", data=data, track_times=False)
+                g.create_dataset("offsets", data=offsets, track_times=False)
+                g.create_dataset("present", data=np.array(self._present[name], dtype=np.uint8), track_times=False)
+        self._chunks.clear()
+
+
+class HDF5Format(ShardFormat):
+    name = "hdf5"
+    suffix = ".h5"
+
+    def reader(self, path: str | os.PathLike[str]) -> ShardReader:
+        return HDF5Reader(path)
+
+    def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
+        return HDF5Writer(path)
+
+    def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
+        return []

@@ -1,0 +1,207 @@
+"""WebDataset tar shards, with DALI's index file beside each one.
+
+Layout: a POSIX tar whose members are ``<key>.<field>``; a sample is a run of consecutive members
+sharing a key, the key being the member name up to the first dot of its last path component (the
+rule of the ``webdataset`` library and of DALI). ddpipe writes fields in sorted order with fixed
+metadata (mtime 0, mode 0444, uid/gid 0), so the same samples give the same bytes.
+
+Beside ``shard-000000.tar`` lies ``shard-000000.idx`` in DALI's ``wds2idx`` format (v1.2): a line
+``v1.2 <samples>``, then one line per sample listing ``<ext> <data offset> <size> <member name>``
+for each of its members. DALI's ``fn.readers.webdataset(index_paths=...)`` reads it, and so does
+ddpipe for random access and for sequential reads that skip tar header parsing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from ..sample import KEY, Sample, field_names
+from .base import ShardFormat, ShardReader, ShardWriter
+
+IDX_VERSION = "v1.2"
+# Big enough that each read syscall moves many samples; small enough to stay cheap per reader.
+_READ_BUFFER = 4 << 20
+
+# (extension, data offset, size, member name) of one tar member
+Member = tuple[str, int, int, str]
+
+
+def split_member_name(name: str) -> tuple[str, str]:
+    """``"a/b.seg.png"`` -> ``("a/b", "seg.png")``: the WebDataset and DALI rule."""
+    dot = name.find(".", name.rfind("/") + 1)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot + 1 :]
+
+
+def index_path(shard: str | os.PathLike[str]) -> Path:
+    """Where DALI (and ddpipe) look for a tar shard's index: the same stem with ``.idx``."""
+    return Path(shard).with_suffix(".idx")
+
+
+def scan_tar_members(path: str | os.PathLike[str]) -> list[list[Member]]:
+    """Read a tar's headers (skipping the data) and group its members into samples.
+
+    Raises :class:`CorruptShardError` for a truncated or malformed archive.
+    """
+    from ..errors import CorruptShardError
+
+    groups: list[list[Member]] = []
+    last_key: str | None = None
+    try:
+        with tarfile.open(path, mode="r:") as tf:
+            for info in tf:
+                if not info.isfile():
+                    continue
+                key, ext = split_member_name(info.name)
+                base = key.rsplit("/", 1)[-1]
+                if not base or not ext or base.startswith("."):
+                    continue  # hidden or extension-less files are not sample fields (as in webdataset)
+                member = (ext, info.offset_data, info.size, info.name)
+                if key == last_key:
+                    if any(m[0] == ext for m in groups[-1]):
+                        raise CorruptShardError(f"sample {key!r} has field {ext!r} twice", path=path)
+                    groups[-1].append(member)
+                else:
+                    groups.append([member])
+                    last_key = key
+    except (tarfile.TarError, EOFError) as e:
+        raise CorruptShardError(f"truncated or corrupt tar: {e}", path=path) from None
+    size = os.path.getsize(path)
+    for group in groups:
+        for _, offset, length, name in group:
+            if offset + length > size:
+                raise CorruptShardError(f"truncated tar: member {name!r} runs past the end", path=path)
+    return groups
+
+
+def format_dali_index(groups: list[list[Member]]) -> str:
+    lines = [f"{IDX_VERSION} {len(groups)}"]
+    for group in groups:
+        lines.append(" ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in group))
+    return "\n".join(lines) + "\n"
+
+
+def parse_dali_index(text: str, path: str | os.PathLike[str]) -> list[list[Member]]:
+    from ..errors import CorruptShardError
+
+    lines = text.splitlines()
+    try:
+        version, count = lines[0].split()
+        if version != IDX_VERSION:
+            raise ValueError(f"version {version!r}, expected {IDX_VERSION}")
+        groups = []
+        for line in lines[1:]:
+            parts = line.split()
+            if not parts or len(parts) % 4:
+                raise ValueError(f"bad line {line!r}")
+            groups.append([(parts[i], int(parts[i + 1]), int(parts[i + 2]), parts[i + 3])
+                           for i in range(0, len(parts), 4)])
+        if len(groups) != int(count):
+            raise ValueError(f"header says {count} samples, found {len(groups)}")
+    except (IndexError, ValueError) as e:
+        raise CorruptShardError(f"bad DALI index: {e}", path=path) from None
+    return groups
+
+
+def write_dali_index(shard: str | os.PathLike[str], dest: str | os.PathLike[str] | None = None) -> int:
+    """Scan ``shard`` and write its DALI index to ``dest`` (default beside it); return the sample count."""
+    groups = scan_tar_members(shard)
+    Path(dest or index_path(shard)).write_text(format_dali_index(groups))
+    return len(groups)
+
+
+class TarReader(ShardReader):
+    """Reads a tar shard through its DALI index (built from the headers when the index is absent)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        idx = index_path(self.path)
+        if idx.is_file():
+            self._groups = parse_dali_index(idx.read_text(), idx)
+            size = self.path.stat().st_size
+            if self._groups and max(o + s for g in self._groups for _, o, s, _ in g) > size:
+                raise self._corrupt("truncated tar: its index points past the end of the file")
+        else:
+            self._groups = scan_tar_members(self.path)
+        self._file: BinaryIO | None = None
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def _sample(self, f: BinaryIO, group: list[Member]) -> Sample:
+        sample: Sample = {KEY: split_member_name(group[0][3])[0]}
+        for ext, offset, size, name in group:
+            if f.tell() != offset:
+                f.seek(offset)
+            data = f.read(size)
+            if len(data) != size:
+                raise self._corrupt(f"truncated tar: member {name!r} is cut short")
+            sample[ext] = data
+        return sample
+
+    def __getitem__(self, index: int) -> Sample:
+        group = self._groups[self._check_index(index)]
+        if self._file is None:
+            self._file = open(self.path, "rb", buffering=1 << 20)  # noqa: SIM115 - kept for later calls
+        return self._sample(self._file, group)
+
+    def scan(self, start: int = 0) -> Iterator[Sample]:
+        with open(self.path, "rb", buffering=_READ_BUFFER) as f:
+            for group in self._groups[start:]:
+                yield self._sample(f, group)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class TarWriter(ShardWriter):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self._idx_final = index_path(self.path)
+        self._idx_tmp = self._idx_final.with_name(f".{self._idx_final.name}.partial")
+        self._tar = tarfile.open(self.tmp_path, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 - closed in _finish
+
+    def _write(self, sample: Sample) -> None:
+        key = sample[KEY]
+        for name in field_names(sample):
+            data = bytes(sample[name])
+            info = tarfile.TarInfo(f"{key}.{name}")
+            info.size = len(data)
+            info.mtime = 0
+            info.mode = 0o444
+            info.uname = info.gname = ""
+            self._tar.addfile(info, io.BytesIO(data))
+
+    def _finish(self) -> None:
+        self._tar.close()
+        write_dali_index(self.tmp_path, self._idx_tmp)
+
+    def _sidecars(self) -> list[tuple[Path, Path]]:
+        return [(self._idx_tmp, self._idx_final)]
+
+    def _close_quietly(self) -> None:
+        with contextlib.suppress(OSError):
+            self._tar.close()
+
+
+class TarFormat(ShardFormat):
+    name = "wds"
+    suffix = ".tar"
+
+    def reader(self, path: str | os.PathLike[str]) -> ShardReader:
+        return TarReader(path)
+
+    def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
+        return TarWriter(path)
+
+    def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
+        return [index_path(path)]

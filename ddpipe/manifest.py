@@ -1,0 +1,168 @@
+"""The dataset manifest, ``index.json``: what planning reads instead of scanning shards.
+
+A dataset is a directory holding shard files and ``index.json``::
+
+    {
+      "ddpipe": 1,
+      "format": "wds",
+      "fields": ["cls", "jpg"],
+      "classes": ["class_0000", ...],
+      "shards": [{"file": "shard-000000.tar", "samples": 512, "bytes": 56885248,
+                  "checksum": "xxh3_64:9f86d081884c7d65"}, ...],
+      "skipped": [{"path": "raw/bad.jpg", "error": "not an image"}],
+      "origin": {"fingerprint": "..."}
+    }
+
+It is written atomically and holds nothing that varies between runs (no time stamps), so the
+same conversion gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from .errors import ManifestError
+from .formats.atomic import atomic_write_bytes
+
+MANIFEST_NAME = "index.json"
+MANIFEST_VERSION = 1
+CHECKSUM_ALGORITHM = "xxh3_64"
+_CHUNK = 8 << 20
+
+
+def file_checksum(path: str | os.PathLike[str]) -> str:
+    """The checksum of a whole file as recorded in manifests: ``"xxh3_64:<hex>"``."""
+    h = xxhash.xxh3_64()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return f"{CHECKSUM_ALGORITHM}:{h.hexdigest()}"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard: its file name (relative to the dataset), sample count, size and checksum."""
+
+    file: str
+    samples: int
+    bytes: int
+    checksum: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "samples": self.samples, "bytes": self.bytes, "checksum": self.checksum}
+
+
+@dataclass(frozen=True)
+class SkippedItem:
+    """A source item that a conversion with ``on_error="skip"`` left out, and why."""
+
+    path: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A dataset's description. Frozen: build a new one with :func:`dataclasses.replace`."""
+
+    format: str
+    fields: tuple[str, ...]
+    classes: tuple[str, ...]
+    shards: tuple[ShardInfo, ...]
+    skipped: tuple[SkippedItem, ...] = ()
+    origin: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def shard_starts(self) -> list[int]:
+        """Global index of each shard's first sample (shards in manifest order)."""
+        starts, total = [], 0
+        for s in self.shards:
+            starts.append(total)
+            total += s.samples
+        return starts
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = {
+            "ddpipe": MANIFEST_VERSION,
+            "format": self.format,
+            "fields": list(self.fields),
+            "classes": list(self.classes),
+            "num_samples": self.num_samples,
+            "shards": [s.to_dict() for s in self.shards],
+            "skipped": [{"path": s.path, "error": s.error} for s in self.skipped],
+        }
+        if self.origin:
+            doc["origin"] = dict(sorted(self.origin.items()))
+        return json.dumps(doc, indent=1) + "\n"
+
+    @classmethod
+    def from_dict(cls, doc: object, *, path: str | os.PathLike[str] = MANIFEST_NAME) -> Manifest:
+        """Validate a parsed ``index.json``; raise :class:`ManifestError` naming what is wrong."""
+        if not isinstance(doc, dict) or "ddpipe" not in doc:
+            raise ManifestError("not a ddpipe manifest (no 'ddpipe' version key)", path=path)
+        if doc["ddpipe"] != MANIFEST_VERSION:
+            raise ManifestError(f"manifest version {doc['ddpipe']!r} is not supported", path=path)
+        try:
+            shards = tuple(
+                ShardInfo(str(s["file"]), int(s["samples"]), int(s["bytes"]), str(s["checksum"]))
+                for s in doc["shards"]
+            )
+            manifest = cls(
+                format=str(doc["format"]),
+                fields=tuple(str(f) for f in doc["fields"]),
+                classes=tuple(str(c) for c in doc["classes"]),
+                shards=shards,
+                skipped=tuple(SkippedItem(str(s["path"]), str(s["error"])) for s in doc.get("skipped", [])),
+                origin={str(k): str(v) for k, v in doc.get("origin", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"malformed manifest: {type(e).__name__}: {e}", path=path) from None
+        for s in shards:
+            if s.samples < 0 or s.bytes < 0 or "/" in s.file or s.file.startswith("."):
+                raise ManifestError(f"bad shard entry {s.file!r}", path=path)
+        if len({s.file for s in shards}) != len(shards):
+            raise ManifestError("a shard file is listed twice", path=path)
+        if "num_samples" in doc and doc["num_samples"] != manifest.num_samples:
+            raise ManifestError(
+                f"num_samples {doc['num_samples']} disagrees with the shards' sum {manifest.num_samples}",
+                path=path,
+            )
+        return manifest
+
+
+def load_manifest(dataset: str | os.PathLike[str]) -> Manifest:
+    """Read and validate ``DATASET/index.json``."""
+    path = Path(dataset) / MANIFEST_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError("no index.json: not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')",
+                            path=path) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ManifestError(f"cannot read: {e}", path=path) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"not valid JSON: {e}", path=path) from None
+    return Manifest.from_dict(doc, path=path)
+
+
+def save_manifest(dataset: str | os.PathLike[str], manifest: Manifest) -> Path:
+    """Write ``DATASET/index.json`` atomically: readers see the old manifest or the new one."""
+    path = Path(dataset) / MANIFEST_NAME
+    atomic_write_bytes(path, manifest.to_json().encode())
+    return path

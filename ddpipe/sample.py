@@ -1,0 +1,72 @@
+"""Samples: a key plus named byte fields, in WebDataset's naming.
+
+``{"__key__": "n01440764/n01440764_10026", "jpg": b"...", "cls": b"0"}``
+
+Keys and field names are restricted to what every format and every peer reader can carry
+unchanged: WebDataset splits a tar member name at the first dot of its last path component, and
+DALI's index files are space-separated, so keys hold no dots or whitespace.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .errors import SampleError
+
+#: A sample: ``"__key__"`` maps to a ``str``; every other entry is a field of ``bytes``.
+Sample = dict[str, Any]
+
+KEY = "__key__"
+
+_KEY_PART = re.compile(r"[A-Za-z0-9_\-+=,@~%]+")
+_FIELD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it can be stored by every format, else raise :class:`SampleError`."""
+    if not isinstance(key, str) or not key:
+        raise SampleError("the key must be a non-empty string", key=repr(key))
+    parts = key.split("/")
+    if not all(_KEY_PART.fullmatch(p) for p in parts):
+        raise SampleError(
+            "keys are '/'-separated parts of letters, digits and _-+=,@~% (no dots, spaces or empty parts)",
+            key=key,
+        )
+    return key
+
+
+def check_field(name: object) -> str:
+    """Return ``name`` if it is a valid field name (a file extension such as ``jpg`` or ``seg.png``)."""
+    if not isinstance(name, str) or not _FIELD.fullmatch(name) or name.endswith("."):
+        raise SampleError(f"invalid field name {name!r}: use an extension such as 'jpg', 'cls' or 'seg.png'")
+    return name
+
+
+def check_sample(sample: Sample) -> Sample:
+    """Validate a sample's key, field names and field types; return it unchanged."""
+    if KEY not in sample:
+        raise SampleError("the sample has no '__key__'")
+    key = check_key(sample[KEY])
+    if len(sample) < 2:
+        raise SampleError("the sample has no fields", key=key)
+    for name, value in sample.items():
+        if name == KEY:
+            continue
+        check_field(name)
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise SampleError(f"field {name!r} is {type(value).__name__}, not bytes", key=key)
+    return sample
+
+
+def field_names(sample: Sample) -> list[str]:
+    """The sample's field names, sorted (the order every writer stores them in)."""
+    return sorted(k for k in sample if k != KEY)
+
+
+def sanitize_key(text: str) -> str:
+    """Turn a relative path without its suffix into a valid key, keeping its '/' separators."""
+    parts = [re.sub(r"[^A-Za-z0-9_\-+=,@~%]", "_", p) for p in text.replace("\\", "/").split("/") if p]
+    if not parts:
+        raise SampleError(f"cannot derive a key from {text!r}")
+    return "/".join(parts)
