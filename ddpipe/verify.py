@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from PIL import Image
 from tqdm import tqdm
 
 from .dataset import Dataset
 from .errors import DdpipeError
+from .formats.tar import check_dali_index
 from .manifest import file_checksum, load_manifest
 from .sample import KEY
+
+# format -> checks of the files kept beside each shard, which the manifest's checksum does not cover
+_SIDECAR_CHECKS: dict[str, tuple[Callable[[Path], None], ...]] = {"wds": (check_dali_index,)}
 
 IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tiff", "ppm")
 
@@ -59,6 +64,8 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
                     report.problems.append(f"{shard_path}: checksum mismatch: index.json says {info.checksum}, "
                                            f"file hashes to {actual}")
                     continue
+                for sidecar_check in _SIDECAR_CHECKS.get(dataset.manifest.format, ()):
+                    sidecar_check(shard_path)
                 count = 0
                 for sample in _samples(dataset, i):
                     count += 1

@@ -84,11 +84,26 @@ class ShardResult:
     reused: bool = False
 
 
-def _fingerprint(source: Source, options: ConvertOptions) -> str:
+def _hash(*parts: object) -> str:
     h = xxhash.xxh3_128()
-    h.update(json.dumps({"kind": source.kind, **options.layout_args()}, sort_keys=True).encode())
-    h.update(source.identity.encode())
+    for part in parts:
+        h.update(json.dumps(part, sort_keys=True).encode())
     return h.hexdigest()
+
+
+def _plan_fingerprint(source: Source, options: ConvertOptions, items: list[SourceItem],
+                      ranges: list[tuple[int, int]]) -> str:
+    """What a resumed run must share with the interrupted one: options, layout, keys and labels.
+
+    File sizes are left to each shard's own fingerprint, so fixing one bad input redoes only its shard.
+    """
+    listing = [(it.key or it.path, it.index, it.label) for it in items]
+    content = source.identity if source.kind == "dataset" else ""
+    return _hash({"kind": source.kind, **options.layout_args()}, ranges, listing, content)
+
+
+def _shard_fingerprint(plan: str, items: tuple[SourceItem, ...]) -> str:
+    return _hash(plan, [(it.path, it.size) for it in items])
 
 
 def _load_record(job: ShardJob) -> ShardResult | None:
@@ -187,7 +202,6 @@ def convert(
     fmt = get_format(options.format)
     source = open_source(src)
     out = Path(out)
-    fingerprint = _fingerprint(source, options)
     state = out / STATE_DIR
 
     order = sample_order(len(source.items), options.seed)
@@ -198,6 +212,8 @@ def convert(
     else:
         ranges = pack_shards([it.size for it in items], shard_bytes=options.shard_bytes,
                              samples_per_shard=options.samples_per_shard)
+    plan_fp = _plan_fingerprint(source, options, items, ranges)
+    fingerprint = _hash(plan_fp, source.identity)  # the whole input: recorded in the manifest
 
     finished: list[Manifest] = []
 
@@ -212,7 +228,7 @@ def convert(
             return
         if state.is_dir():
             plan = json.loads((state / PLAN_FILE).read_text()) if (state / PLAN_FILE).exists() else {}
-            if plan.get("fingerprint") != fingerprint:
+            if plan.get("fingerprint") != plan_fp:
                 raise ConversionConflictError(
                     "holds an unfinished conversion with other input or arguments; rerun that command, "
                     f"or remove {out} to start over", path=out)
@@ -220,7 +236,7 @@ def convert(
         if out.exists() and any(out.iterdir()):
             raise ConversionConflictError("output directory is not empty and holds no ddpipe conversion", path=out)
         state.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(state / PLAN_FILE, json.dumps({"fingerprint": fingerprint}).encode())
+        atomic_write_bytes(state / PLAN_FILE, json.dumps({"fingerprint": plan_fp}).encode())
 
     _all_ranks(comm, prepare)
     if (out / MANIFEST_NAME).exists():  # converted before with the same arguments
@@ -228,7 +244,8 @@ def convert(
 
     jobs = [
         ShardJob(source.kind, source.root, tuple(items[a:b]), str(out / f"{options.prefix}-{i:06d}{fmt.suffix}"),
-                 str(state / f"{options.prefix}-{i:06d}.json"), options.format, options.on_error, fingerprint)
+                 str(state / f"{options.prefix}-{i:06d}.json"), options.format, options.on_error,
+                 _shard_fingerprint(plan_fp, tuple(items[a:b])))
         for i, (a, b) in enumerate(ranges)
     ]
     mine = list(range(world.rank, len(jobs), world.size))

@@ -45,11 +45,22 @@ def discard(tmp: str | os.PathLike[str]) -> None:
         os.unlink(tmp)
 
 
-def raise_if_disk_full(error: OSError, path: str | os.PathLike[str]) -> None:
-    """Turn ENOSPC/EDQUOT/EFBIG into a :class:`DiskFullError` naming the file being written."""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """True for ENOSPC/EDQUOT/EFBIG, also when a library (HDF5) only names the errno in its message."""
+    if isinstance(error, OSError) and error.errno in _FULL:
+        return True
+    text = str(error)
+    return "No space left on device" in text or "errno = 28" in text
+
+
+def raise_if_disk_full(error: BaseException, path: str | os.PathLike[str]) -> None:
+    """Turn a full-disk error into a :class:`DiskFullError` naming the file being written."""
+    if is_disk_full(error):
         raise DiskFullError(
-            f"no space left while writing ({os.strerror(error.errno)}); files finished before are intact, "
+            "no space left on the device while writing; files finished before are intact, "
             "free space and run the same command again to continue",
             path=path,
         ) from error

@@ -18,6 +18,7 @@ datasets or variable-length types would cost an HDF5 object lookup per sample.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample
+from .atomic import is_disk_full
 from .base import ShardFormat, ShardReader, ShardWriter
 
 LAYOUT_VERSION = 1
@@ -123,6 +125,15 @@ class HDF5Writer(ShardWriter):
             self._present[name].append(1)
 
     def _finish(self) -> None:
+        try:
+            self._write_file()
+        except (OSError, RuntimeError) as e:
+            # HDF5 reports a failed flush on close as RuntimeError; keep the errno visible to callers
+            raise OSError(errno.ENOSPC if is_disk_full(e) else errno.EIO, f"HDF5 write failed: {e}") from e
+        finally:
+            self._chunks.clear()
+
+    def _write_file(self) -> None:
         with h5py.File(self.tmp_path, "w", track_order=False) as f:
             f.attrs["ddpipe_layout"] = LAYOUT_VERSION
             f.attrs["samples"] = self.count
@@ -136,7 +147,6 @@ class HDF5Writer(ShardWriter):
                 g.create_dataset("data", data=data, track_times=False)
                 g.create_dataset("offsets", data=offsets, track_times=False)
                 g.create_dataset("present", data=np.array(self._present[name], dtype=np.uint8), track_times=False)
-        self._chunks.clear()
 
 
 class HDF5Format(ShardFormat):

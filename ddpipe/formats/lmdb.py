@@ -17,8 +17,11 @@ lookup. One record per sample keeps a sample's fields together on disk.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,8 @@ from .base import ShardFormat, ShardReader, ShardWriter
 
 LAYOUT_VERSION = 1
 META_KEY = b"__ddpipe__"
+# Commit every this many samples: one transaction's dirty-page list is bounded (MDB_TXN_FULL).
+_SAMPLES_PER_TXN = 4096
 # Address space only: LMDB grows the file as it writes, so this bounds a shard, not the disk used.
 _MAP_SIZE = 1 << 40
 
@@ -47,6 +52,11 @@ class LMDBReader(ShardReader):
             self._env = lmdb.open(
                 str(self.path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=512
             )
+            # pages are read through mmap: a truncated file would kill the process with SIGBUS, not raise
+            needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+            if self.path.stat().st_size < needed:
+                self._env.close()
+                raise self._corrupt(f"truncated LMDB shard: {self.path.stat().st_size} bytes, its pages need {needed}")
             with self._env.begin() as txn:
                 meta = txn.get(META_KEY)
             if meta is None:
@@ -112,25 +122,36 @@ class LMDBWriter(ShardWriter):
             str(self.tmp_path), subdir=False, lock=False, map_size=_MAP_SIZE, sync=False, metasync=False
         )
         self._txn: Any = self._env.begin(write=True)
+        self._bytes = 0
 
     def _write(self, sample: Sample) -> None:
         record = {KEY: sample[KEY], **{name: bytes(sample[name]) for name in field_names(sample)}}
-        try:
-            self._txn.put(sample_key(self.count), msgpack.packb(record, use_bin_type=True), append=True)
-        except lmdb.MapFullError as e:
-            raise OSError(28, f"LMDB map full: {e}") from e
+        packed = msgpack.packb(record, use_bin_type=True)
+        with self._lmdb_errors():
+            self._txn.put(sample_key(self.count), packed, append=True)
+            if (self.count + 1) % _SAMPLES_PER_TXN == 0:
+                self._txn.commit()
+                self._txn = self._env.begin(write=True)
+        self._bytes += len(packed)
 
     def _finish(self) -> None:
         meta = json.dumps({"layout": LAYOUT_VERSION, "samples": self.count}).encode()
         try:
-            self._txn.put(META_KEY, meta, append=True)
-            self._txn.commit()
-            self._env.sync(True)
-        except lmdb.Error as e:
-            # LMDB reports a full disk as its own error; carry errno so callers see ENOSPC
-            raise OSError(28 if "space" in str(e).lower() else 5, str(e)) from e
+            with self._lmdb_errors():
+                self._txn.put(META_KEY, meta, append=True)
+                self._txn.commit()
+                self._env.sync(True)
         finally:
             self._env.close()
+
+    @contextlib.contextmanager
+    def _lmdb_errors(self) -> Iterator[None]:
+        """LMDB reports a failed write at commit as EIO; call it ENOSPC when the device is out of space."""
+        try:
+            yield
+        except lmdb.Error as e:
+            full = isinstance(e, lmdb.MapFullError) or shutil.disk_usage(self.tmp_path.parent).free < self._bytes
+            raise OSError(errno.ENOSPC if full else errno.EIO, f"LMDB write failed: {e}") from e
 
     def _close_quietly(self) -> None:
         try:

@@ -110,6 +110,25 @@ def parse_dali_index(text: str, path: str | os.PathLike[str]) -> list[list[Membe
     return groups
 
 
+def read_dali_index(path: str | os.PathLike[str]) -> list[list[Member]]:
+    from ..errors import CorruptShardError
+
+    try:
+        text = Path(path).read_bytes().decode("ascii")
+    except UnicodeDecodeError:
+        raise CorruptShardError("bad DALI index: not ASCII text", path=path) from None
+    return parse_dali_index(text, path)
+
+
+def check_dali_index(shard: str | os.PathLike[str]) -> None:
+    """Raise :class:`CorruptShardError` unless the shard's index agrees with its tar headers."""
+    from ..errors import CorruptShardError
+
+    idx = index_path(shard)
+    if read_dali_index(idx) != scan_tar_members(shard):
+        raise CorruptShardError("DALI index disagrees with the tar; rebuild it with 'ddpipe index'", path=idx)
+
+
 def write_dali_index(shard: str | os.PathLike[str], dest: str | os.PathLike[str] | None = None) -> int:
     """Scan ``shard`` and write its DALI index to ``dest`` (default beside it); return the sample count."""
     groups = scan_tar_members(shard)
@@ -124,7 +143,7 @@ class TarReader(ShardReader):
         super().__init__(path)
         idx = index_path(self.path)
         if idx.is_file():
-            self._groups = parse_dali_index(idx.read_text(), idx)
+            self._groups = read_dali_index(idx)
             size = self.path.stat().st_size
             if self._groups and max(o + s for g in self._groups for _, o, s, _ in g) > size:
                 raise self._corrupt("truncated tar: its index points past the end of the file")

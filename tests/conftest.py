@@ -1,0 +1,58 @@
+"""Shared fixtures: small generated data, so the suite runs in minutes on two cores."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpipe.synth import SynthOptions, synth
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def raw_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An ImageFolder of 24 real JPEGs in 3 classes (small images, to keep the suite fast)."""
+    root = tmp_path_factory.mktemp("raw") / "images"
+    synth(root, SynthOptions(n=24, classes=3, seed=7, long_side=160, progress=False))
+    return root
+
+
+@pytest.fixture
+def raw_copy(raw_images: Path, tmp_path: Path) -> Path:
+    """A private copy of :func:`raw_images` that a test may damage."""
+    dest = tmp_path / "images"
+    shutil.copytree(raw_images, dest)
+    return dest
+
+
+def run_cli(*args: str | os.PathLike[str], check: bool = False, timeout: float = 120,
+            cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ddpipe ARGS`` in a fresh process, as a user would."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "ddpipe", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"ddpipe {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def mpiexec(n: int, *args: str | os.PathLike[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Launch ``n`` real MPI ranks of ``python ARGS`` with the mpich wheel's mpiexec."""
+    exe = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
+    if exe is None:
+        raise AssertionError("mpiexec not found: install ddpipe[mpi] (make test does)")
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([exe, "-n", str(n), sys.executable, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def dir_bytes(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (relative name -> bytes), to compare outputs byte for byte."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

@@ -1,0 +1,82 @@
+"""``ddpipe index``: tar shards from the webdataset library or plain tar, adopted in place."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import webdataset as wds
+
+import ddpipe
+from ddpipe.convert import index_tars
+from ddpipe.errors import ConversionConflictError
+
+from ..conftest import run_cli
+from ..formats.conformance import example_samples
+
+
+def test_adopts_shardwriter_output_without_copying(tmp_path: Path) -> None:
+    items = example_samples(30)
+    with wds.ShardWriter(str(tmp_path / "train-%06d.tar"), maxcount=8, verbose=0) as sink:
+        for s in items:
+            sink.write(dict(s))
+    before = {p.name: (p.stat().st_ino, p.read_bytes()) for p in tmp_path.glob("*.tar")}
+    proc = run_cli("index", tmp_path, check=True)
+    assert "4 tar shards, 30 samples" in proc.stdout
+    after = {p.name: (p.stat().st_ino, p.read_bytes()) for p in tmp_path.glob("*.tar")}
+    assert after == before  # adopted in place: same files, same bytes
+    ds = ddpipe.open_dataset(tmp_path)
+    assert list(ds) == items
+    assert ds.manifest.classes == ("0", "1", "2") and ds.manifest.fields == ("cls", "jpg")
+    assert run_cli("verify", tmp_path, "--quiet").returncode == 0
+
+
+def test_adopts_plain_tar_and_dali_reads_it(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    items = example_samples(6)
+    for s in items:
+        stem = s["__key__"].replace("/", "_")
+        (src / f"{stem}.jpg").write_bytes(s["jpg"])
+        (src / f"{stem}.cls").write_bytes(s["cls"])
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    subprocess.run(["tar", "-C", str(src), "--sort=name", "-cf", str(shards / "a.tar"), "."], check=True)
+    m = index_tars(shards)
+    assert m.num_samples == 6
+    dali = pytest.importorskip("nvidia.dali", reason="DALI is installed by make test (ddpipe[dali])")
+    from nvidia.dali import fn
+
+    @dali.pipeline_def(batch_size=6, num_threads=1, device_id=None)
+    def pipe():  # type: ignore[no-untyped-def]
+        return fn.readers.webdataset(paths=[str(shards / "a.tar")], index_paths=[str(shards / "a.idx")],
+                                     ext=["jpg"], random_shuffle=False)
+
+    p = pipe()
+    p.build()
+    (jpg,) = p.run()
+    got = sorted(np.array(jpg[i]).tobytes() for i in range(6))
+    assert got == sorted(s["jpg"] for s in items)
+
+
+def test_refuses_foreign_index_json(tmp_path: Path) -> None:
+    with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=8, verbose=0) as sink:
+        for s in example_samples(3):
+            sink.write(dict(s))
+    (tmp_path / "index.json").write_text('{"someone": "else"}')
+    with pytest.raises(ConversionConflictError, match="not a ddpipe manifest"):
+        index_tars(tmp_path)
+    assert (tmp_path / "index.json").read_text() == '{"someone": "else"}'
+
+
+def test_truncated_tar_is_refused(tmp_path: Path) -> None:
+    with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=8, verbose=0) as sink:
+        for s in example_samples(3):
+            sink.write(dict(s))
+    shard = tmp_path / "x-000000.tar"
+    shard.write_bytes(shard.read_bytes()[:1500])
+    proc = run_cli("index", tmp_path)
+    assert proc.returncode == 1 and "x-000000.tar" in proc.stderr and "truncated" in proc.stderr
+    assert not (tmp_path / "index.json").exists()

@@ -1,0 +1,216 @@
+"""Conversion: every source kind, every format, determinism, resumption and bad input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import ddpipe
+from ddpipe.convert import ConvertOptions, convert
+from ddpipe.errors import ConversionConflictError, SourceError
+from ddpipe.manifest import load_manifest
+from ddpipe.sample import KEY
+
+from ..conftest import dir_bytes, run_cli
+
+FORMATS = ["wds", "hdf5", "lmdb"]
+
+
+def opts(fmt: str = "wds", **kw: object) -> ConvertOptions:
+    return ConvertOptions(format=fmt, samples_per_shard=kw.pop("samples_per_shard", 5), progress=False, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_imagefolder_to_every_format(raw_images: Path, tmp_path: Path, fmt: str) -> None:
+    m = convert(raw_images, tmp_path / "out", opts(fmt))
+    assert m.num_samples == 24 and len(m.shards) == 5
+    assert m.classes == ("class_0000", "class_0001", "class_0002")
+    assert m.fields == ("cls", "jpg")
+    ds = ddpipe.open_dataset(tmp_path / "out")
+    got = list(ds)
+    files = sorted(raw_images.rglob("*.jpg"))
+    # source order is kept: class-sorted source, class-sorted shards
+    assert [s[KEY] for s in got] == [f"{f.parent.name}/{f.stem}" for f in files]
+    assert [s["jpg"] for s in got] == [f.read_bytes() for f in files]
+    assert [int(s["cls"]) for s in got] == [m.classes.index(f.parent.name) for f in files]
+
+
+def test_every_format_round_trips_byte_for_byte(raw_images: Path, tmp_path: Path) -> None:
+    convert(raw_images, tmp_path / "a", opts("wds"))
+    convert(tmp_path / "a", tmp_path / "b", ConvertOptions(format="hdf5", progress=False))
+    convert(tmp_path / "b", tmp_path / "c", ConvertOptions(format="lmdb", progress=False))
+    convert(tmp_path / "c", tmp_path / "d", ConvertOptions(format="wds", progress=False))
+    assert list(ddpipe.open_dataset(tmp_path / "b")) == list(ddpipe.open_dataset(tmp_path / "a"))
+    assert list(ddpipe.open_dataset(tmp_path / "c")) == list(ddpipe.open_dataset(tmp_path / "a"))
+    a, d = dir_bytes(tmp_path / "a"), dir_bytes(tmp_path / "d")
+    assert {k: v for k, v in a.items() if k != "index.json"} == {k: v for k, v in d.items() if k != "index.json"}
+    assert load_manifest(tmp_path / "a").shards == load_manifest(tmp_path / "d").shards
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_deterministic_bytes(raw_images: Path, tmp_path: Path, fmt: str) -> None:
+    convert(raw_images, tmp_path / "x", opts(fmt, seed=3))
+    convert(raw_images, tmp_path / "y", opts(fmt, seed=3))
+    assert dir_bytes(tmp_path / "x") == dir_bytes(tmp_path / "y")
+
+
+def test_workers_write_the_same_bytes(raw_images: Path, tmp_path: Path) -> None:
+    convert(raw_images, tmp_path / "one", opts("hdf5"))
+    convert(raw_images, tmp_path / "two", opts("hdf5", workers=2))
+    assert dir_bytes(tmp_path / "one") == dir_bytes(tmp_path / "two")
+
+
+def test_seed_shuffles_across_shards(raw_images: Path, tmp_path: Path) -> None:
+    plain = [s[KEY] for s in ddpipe.open_dataset(convert(raw_images, tmp_path / "p", opts()) and tmp_path / "p")]
+    mixed = [s[KEY] for s in ddpipe.open_dataset(convert(raw_images, tmp_path / "m", opts(seed=1)) and tmp_path / "m")]
+    assert sorted(plain) == sorted(mixed) and plain != mixed
+    first_shard_classes = {k.split("/")[0] for k in mixed[:5]}
+    assert len(first_shard_classes) > 1
+
+
+def test_shard_size_in_bytes(raw_images: Path, tmp_path: Path) -> None:
+    total = sum(f.stat().st_size for f in raw_images.rglob("*.jpg"))
+    m = convert(raw_images, tmp_path / "o", ConvertOptions(shard_bytes=total // 4, progress=False))
+    assert 4 <= len(m.shards) <= 6 and m.num_samples == 24
+
+
+def test_list_file_sources(raw_images: Path, tmp_path: Path) -> None:
+    files = sorted(raw_images.rglob("*.jpg"))
+    csv = tmp_path / "list.csv"
+    csv.write_text("path,label\n" + "".join(f"{f},{f.parent.name}\n" for f in files))
+    tsv = tmp_path / "list.tsv"
+    tsv.write_text("".join(f"{os.path.relpath(f, tmp_path)}\t{i % 4}\n" for i, f in enumerate(files)))
+    m = convert(csv, tmp_path / "c", opts())
+    assert m.classes == ("class_0000", "class_0001", "class_0002") and m.num_samples == 24
+    m = convert(tsv, tmp_path / "t", opts())
+    assert m.classes == ("0", "1", "2", "3")
+    assert [int(s["cls"]) for s in ddpipe.open_dataset(tmp_path / "t")] == [i % 4 for i in range(24)]
+
+
+def test_resume_keeps_finished_shards(raw_copy: Path, tmp_path: Path) -> None:
+    bad = sorted(raw_copy.rglob("*.jpg"))[17]  # in the 4th of 5 shards
+    good = bad.read_bytes()
+    bad.write_bytes(b"this is not a jpeg")
+    out = tmp_path / "out"
+    with pytest.raises(SourceError, match=bad.name):
+        convert(raw_copy, out, opts())
+    assert not (out / "index.json").exists()  # not a dataset until complete
+    assert not list(out.glob(".*.partial"))  # no half-written shard left behind
+    finished = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
+    assert len(finished) == 3
+    bad.write_bytes(good)
+    convert(raw_copy, out, opts())
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar") if p.name in finished} == finished
+    convert(raw_copy, tmp_path / "clean", opts())
+    assert dir_bytes(out) == dir_bytes(tmp_path / "clean")
+
+
+def test_resume_rewrites_a_damaged_finished_shard(raw_copy: Path, tmp_path: Path) -> None:
+    bad = sorted(raw_copy.rglob("*.jpg"))[17]
+    good = bad.read_bytes()
+    bad.write_bytes(b"not a jpeg")
+    out = tmp_path / "out"
+    with pytest.raises(SourceError):
+        convert(raw_copy, out, opts())
+    shard = out / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:1000])  # damaged while the job was down
+    bad.write_bytes(good)
+    convert(raw_copy, out, opts())
+    convert(raw_copy, tmp_path / "clean", opts())
+    assert dir_bytes(out) == dir_bytes(tmp_path / "clean")
+
+
+def test_unfinished_conversion_of_other_arguments_is_not_mixed(raw_copy: Path, tmp_path: Path) -> None:
+    bad = sorted(raw_copy.rglob("*.jpg"))[17]
+    bad.write_bytes(b"not a jpeg")
+    out = tmp_path / "out"
+    with pytest.raises(SourceError):
+        convert(raw_copy, out, opts())
+    before = dir_bytes(out)
+    with pytest.raises(ConversionConflictError, match="unfinished conversion"):
+        convert(raw_copy, out, opts(samples_per_shard=4))
+    assert dir_bytes(out) == before
+
+
+def test_skip_records_bad_inputs(raw_copy: Path, tmp_path: Path) -> None:
+    files = sorted(raw_copy.rglob("*.jpg"))
+    files[3].write_bytes(b"\x00" * 100)
+    (files[9].parent / "notes.txt").write_text("not an image")
+    m = convert(raw_copy, tmp_path / "o", opts(on_error="skip"))
+    assert m.num_samples == 23
+    assert sorted(Path(s.path).name for s in m.skipped) == sorted([files[3].name, "notes.txt"])
+    assert all("not an image" in s.error for s in m.skipped)
+    assert files[3].stem not in {s[KEY].split("/")[1] for s in ddpipe.open_dataset(tmp_path / "o")}
+
+
+def test_other_arguments_do_not_overwrite(raw_images: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    convert(raw_images, out, opts())
+    before = dir_bytes(out)
+    assert convert(raw_images, out, opts()).num_samples == 24  # same arguments: already done
+    with pytest.raises(ConversionConflictError, match="other input or arguments"):
+        convert(raw_images, out, opts(seed=5))
+    assert dir_bytes(out) == before
+
+
+def test_refuses_non_empty_foreign_directory(raw_images: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "precious.txt").write_text("mine")
+    with pytest.raises(ConversionConflictError, match="not empty"):
+        convert(raw_images, out, opts())
+    assert os.listdir(out) == ["precious.txt"]
+
+
+def test_duplicate_keys_are_an_error(tmp_path: Path, raw_images: Path) -> None:
+    f = next(raw_images.rglob("*.jpg"))
+    lst = tmp_path / "l.csv"
+    lst.write_text(f"{f},0\n{f},1\n")
+    with pytest.raises(SourceError, match="same key"):
+        convert(lst, tmp_path / "o", opts())
+
+
+def test_cli_unreadable_input_is_one_line(raw_copy: Path, tmp_path: Path) -> None:
+    bad = sorted(raw_copy.rglob("*.jpg"))[2]
+    bad.write_bytes(b"GIF89a broken")
+    proc = run_cli("convert", raw_copy, tmp_path / "o", "--samples-per-shard", "5", "--quiet")
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and bad.name in lines[0] and "not an image" in lines[0]
+
+
+def test_cli_full_disk_keeps_finished_shards_and_rerun_completes(raw_images: Path, tmp_path: Path) -> None:
+    """A real ENOSPC: a tiny tmpfs in a private mount namespace (unshare), grown after the failure."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed for the full-disk test")
+    total = sum(f.stat().st_size for f in raw_images.rglob("*.jpg"))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    out = mnt / "out"
+    conv = f"{sys.executable} -m ddpipe convert {raw_images} {out} --samples-per-shard 5 --quiet"
+    script = f"""
+set -u
+mount -t tmpfs -o size={total * 2 // 3 // 1024}k tmpfs {mnt} || exit 99
+{conv}; echo "first=$?"
+ls -a {out}; echo "records=$(ls {out}/.ddpipe-convert | grep -c shard)"
+mount -o remount,size={total * 3 // 1024}k {mnt}
+{conv}; echo "second=$?"
+{sys.executable} -m ddpipe verify {out} --quiet; echo "verify=$?"
+"""
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    if "exit 99" in proc.stdout or proc.returncode == 99:
+        pytest.fail(f"cannot mount a tmpfs here: {proc.stderr}")
+    out_text = proc.stdout
+    assert "first=1" in out_text, proc.stdout + proc.stderr
+    assert "no space left" in proc.stderr and "shard-0000" in proc.stderr
+    assert "index.json" not in out_text.split("records=")[0]  # the failed run published no manifest
+    assert ".partial" not in out_text.split("records=")[0]
+    assert int(out_text.split("records=")[1].split()[0]) >= 1  # shards finished before the disk filled
+    assert "second=0" in out_text and "verify=0" in out_text, proc.stdout + proc.stderr

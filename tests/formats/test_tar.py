@@ -1,0 +1,125 @@
+"""WebDataset tar shards: conformance, and interop with the webdataset library and DALI both ways."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import webdataset as wds
+
+from ddpipe.formats.tar import index_path, parse_dali_index, scan_tar_members, split_member_name
+from ddpipe.sample import KEY
+
+from .conformance import FormatConformance, example_samples
+
+
+class TestTarConformance(FormatConformance):
+    format_name = "wds"
+
+
+def test_split_member_name_follows_webdataset() -> None:
+    assert split_member_name("a/b/c.seg.png") == ("a/b/c", "seg.png")
+    assert split_member_name("dir.x/key.jpg") == ("dir.x/key", "jpg")
+
+
+def test_dali_index_matches_dalis_own_indexer(tmp_path: Path) -> None:
+    wds2idx = pytest.importorskip("wds2idx", reason="ships with nvidia-dali (ddpipe[dali])")
+    fmt = TestTarConformance().fmt
+    shard = tmp_path / "s.tar"
+    with fmt.writer(shard) as w:
+        for s in example_samples():
+            w.write(s)
+    theirs = tmp_path / "theirs.idx"
+    with wds2idx.IndexCreator(str(shard), str(theirs), verbose=False) as creator:
+        creator.create_index()
+    assert index_path(shard).read_text() == theirs.read_text()
+
+
+def test_tar_readable_by_webdataset_library(tmp_path: Path) -> None:
+    items = example_samples()
+    shard = tmp_path / "s.tar"
+    with TestTarConformance().fmt.writer(shard) as w:
+        for s in items:
+            w.write(s)
+    theirs = list(wds.WebDataset(str(shard), shardshuffle=False))
+    assert [t[KEY] for t in theirs] == [s[KEY] for s in items]
+    assert [(t["jpg"], t["cls"]) for t in theirs] == [(s["jpg"], s["cls"]) for s in items]
+
+
+def test_reads_webdataset_shardwriter_output(tmp_path: Path) -> None:
+    items = example_samples(30)
+    with wds.ShardWriter(str(tmp_path / "wds-%06d.tar"), maxcount=12, verbose=0) as sink:
+        for s in items:
+            sink.write(dict(s))
+    shards = sorted(tmp_path.glob("wds-*.tar"))
+    assert len(shards) == 3
+    from ddpipe.formats.tar import TarReader
+
+    got = [s for p in shards for s in TarReader(p)]
+    assert got == items
+
+
+def test_reads_plain_tar(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "x1.txt").write_bytes(b"hello")
+    (src / "d" / "x1.cls").write_bytes(b"3")
+    (src / "d" / "x2.txt").write_bytes(b"world")
+    shard = tmp_path / "plain.tar"
+    subprocess.run(["tar", "-C", str(src), "--sort=name", "-cf", str(shard), "d"], check=True)
+    groups = scan_tar_members(shard)
+    assert [[m[0] for m in g] for g in groups] == [["cls", "txt"], ["txt"]]
+
+
+def test_duplicate_field_in_a_sample_is_corrupt(tmp_path: Path) -> None:
+    from ddpipe.errors import CorruptShardError
+
+    shard = tmp_path / "dup.tar"
+    with tarfile.open(shard, "w") as tf:
+        for _ in range(2):
+            info = tarfile.TarInfo("k.jpg")
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(CorruptShardError, match="twice"):
+        scan_tar_members(shard)
+
+
+def test_index_parse_rejects_garbage(tmp_path: Path) -> None:
+    from ddpipe.errors import CorruptShardError
+
+    with pytest.raises(CorruptShardError, match="bad DALI index"):
+        parse_dali_index("v9 1\njpg 1 2 x.jpg\n", tmp_path / "x.idx")
+
+
+@pytest.mark.dali
+def test_dali_webdataset_reader_reads_ddpipe_tars(tmp_path: Path) -> None:
+    dali = pytest.importorskip("nvidia.dali", reason="DALI is installed by make test (ddpipe[dali])")
+    from nvidia.dali import fn
+
+    items = example_samples(20)
+    shards = []
+    for k in range(2):
+        shard = tmp_path / f"s{k}.tar"
+        with TestTarConformance().fmt.writer(shard) as w:
+            for s in items[k * 10 : (k + 1) * 10]:
+                w.write(s)
+        shards.append(shard)
+
+    @dali.pipeline_def(batch_size=5, num_threads=1, device_id=None)
+    def pipe():  # type: ignore[no-untyped-def]
+        jpg, cls = fn.readers.webdataset(
+            paths=[str(s) for s in shards], index_paths=[str(index_path(s)) for s in shards],
+            ext=["jpg", "cls"], random_shuffle=False, missing_component_behavior="error")
+        return jpg, cls
+
+    p = pipe()
+    p.build()
+    got = []
+    for _ in range(4):
+        jpg, cls = p.run()
+        got += [(np.array(jpg[i]).tobytes(), np.array(cls[i]).tobytes()) for i in range(len(jpg))]
+    assert got == [(s["jpg"], s["cls"]) for s in items]

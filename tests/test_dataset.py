@@ -1,0 +1,130 @@
+"""Opening, reading and checking datasets, and the one-line errors users see for bad ones."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import ddpipe
+from ddpipe.convert import ConvertOptions, convert
+from ddpipe.errors import CorruptShardError, ManifestError, MissingShardError
+from ddpipe.verify import verify_dataset
+
+from .conftest import run_cli
+
+
+@pytest.fixture(params=["wds", "hdf5", "lmdb"])
+def dataset(request: pytest.FixtureRequest, raw_images: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "ds"
+    convert(raw_images, out, ConvertOptions(format=request.param, samples_per_shard=6, progress=False))
+    return out
+
+
+def shard_file(dataset: Path, k: int) -> Path:
+    return dataset / ddpipe.load_manifest(dataset).shards[k].file
+
+
+def one_line_error(*args: object) -> str:
+    proc = run_cli(*map(str, args))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(("verify", "\r"))]
+    assert lines, proc.stderr
+    return "\n".join(lines)
+
+
+def test_open_dataset(dataset: Path) -> None:
+    ds = ddpipe.open_dataset(dataset)
+    assert len(ds) == 24 and len(ds.manifest.shards) == 4
+    samples = list(ds)
+    assert len(samples) == 24 and len({s["__key__"] for s in samples}) == 24
+    assert list(ds.iter_shard(1)) == samples[6:12]
+    assert list(ds.iter_shard(1, start=4)) == samples[10:12]
+
+
+def test_missing_shard(dataset: Path) -> None:
+    shard = shard_file(dataset, 2)
+    shard.unlink()
+    with pytest.raises(MissingShardError, match=shard.name):
+        ddpipe.open_dataset(dataset)
+    assert shard.name in one_line_error("inspect", dataset)
+    assert "missing" in one_line_error("verify", dataset, "--quiet")
+
+
+def test_truncated_shard(dataset: Path) -> None:
+    shard = shard_file(dataset, 1)
+    shard.write_bytes(shard.read_bytes()[:-700])
+    with pytest.raises(CorruptShardError, match="truncated"):
+        ddpipe.open_dataset(dataset)
+    msg = one_line_error("verify", dataset, "--quiet")
+    assert shard.name in msg and "truncated" in msg
+
+
+def test_checksum_mismatch(dataset: Path) -> None:
+    shard = shard_file(dataset, 3)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different content
+    shard.write_bytes(bytes(data))
+    report = verify_dataset(dataset, progress=False)
+    assert not report.ok and len(report.problems) == 1 and "checksum mismatch" in report.problems[0]
+    msg = one_line_error("verify", dataset, "--quiet")
+    assert shard.name in msg and "checksum mismatch" in msg
+
+
+def test_foreign_or_broken_index_json(tmp_path: Path) -> None:
+    (tmp_path / "index.json").write_text('{"shards": []}')
+    with pytest.raises(ManifestError, match="not a ddpipe manifest"):
+        ddpipe.open_dataset(tmp_path)
+    assert "not a ddpipe manifest" in one_line_error("inspect", tmp_path)
+    (tmp_path / "index.json").write_text("{not json")
+    assert "not valid JSON" in one_line_error("verify", tmp_path)
+    (tmp_path / "index.json").unlink()
+    assert "no index.json" in one_line_error("inspect", tmp_path)
+
+
+def test_verify_decode_names_a_corrupt_image(raw_copy: Path, tmp_path: Path) -> None:
+    victim = sorted(raw_copy.rglob("*.jpg"))[5]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 3])  # a JPEG cut short: its header still parses
+    convert(raw_copy, tmp_path / "ds", ConvertOptions(format="lmdb", samples_per_shard=6, progress=False))
+    assert run_cli("verify", tmp_path / "ds", "--quiet").returncode == 0  # checksums are fine
+    msg = one_line_error("verify", tmp_path / "ds", "--decode", "--quiet")
+    assert victim.stem in msg and "does not decode" in msg and "shard-000000.lmdb" in msg
+
+
+def test_verify_decode_accepts_png_grayscale_cmyk(tmp_path: Path) -> None:
+    raw = tmp_path / "raw" / "a"
+    raw.mkdir(parents=True)
+    for name, mode, fmt in [("g.jpg", "L", "JPEG"), ("c.jpg", "CMYK", "JPEG"), ("p.png", "RGBA", "PNG")]:
+        buf = io.BytesIO()
+        Image.new(mode, (32, 24)).save(buf, format=fmt)
+        (raw / name).write_bytes(buf.getvalue())
+    m = convert(tmp_path / "raw", tmp_path / "ds", ConvertOptions(progress=False))
+    assert m.fields == ("cls", "jpg", "png")
+    proc = run_cli("verify", tmp_path / "ds", "--decode", "--quiet", check=True)
+    assert "3 images decoded" in proc.stdout
+
+
+def test_inspect(dataset: Path) -> None:
+    import json
+
+    proc = run_cli("inspect", dataset, "--json", check=True)
+    doc = json.loads(proc.stdout)
+    assert doc["samples"] == 24 and doc["shards"] == 4 and doc["num_classes"] == 3
+    assert doc["fields"]["cls"]["count"] == 24 and doc["fields"]["jpg"]["min"] > 1000
+    text = run_cli("inspect", dataset, check=True).stdout
+    assert "samples   24" in text and "jpg" in text
+
+
+def test_damaged_dali_index_is_reported(raw_images: Path, tmp_path: Path) -> None:
+    convert(raw_images, tmp_path / "ds", ConvertOptions(samples_per_shard=6, progress=False))
+    idx = tmp_path / "ds" / "shard-000001.idx"
+    idx.write_text(idx.read_text().replace(" 1536 ", " 2048 ", 1))  # a wrong offset, still parseable
+    msg = one_line_error("verify", tmp_path / "ds", "--quiet")
+    assert "shard-000001.idx" in msg and "disagrees" in msg
+    idx.write_bytes(b"\x98\x00garbage")
+    with pytest.raises(CorruptShardError, match="bad DALI index"):
+        list(ddpipe.open_dataset(tmp_path / "ds"))
