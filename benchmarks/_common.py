@@ -1,0 +1,85 @@
+"""The one benchmark harness: synth data cache, page-cache eviction, medians, machine, table, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DATA = Path(os.environ.get("DDPIPE_BENCH_DATA", ROOT / "bench-data"))
+
+
+def synth_images(n: int, classes: int = 100, seed: int = 0) -> Path:
+    """An ImageNet-like ImageFolder of ``n`` JPEGs, generated once and reused by later runs."""
+    from ddpipe.synth import SynthOptions, synth
+
+    root = DATA / f"synth-{n}-{classes}-{seed}"
+    done = root / ".complete"
+    if not done.exists():
+        synth(root, SynthOptions(n=n, classes=classes, seed=seed, workers=os.cpu_count() or 1,
+                                  progress=sys.stderr.isatty()))
+        done.write_text("ok\n")
+    return root
+
+
+def evict(paths: Iterable[Path]) -> None:
+    """Drop files from the page cache so the next read comes from the device (a cold read)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"cores": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()}
+    try:
+        with open("/proc/meminfo") as f:
+            info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        info["gpu"] = None
+    return info
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+    """Markdown table: columns are (key, header, format spec)."""
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(format(r[k], f) if r.get(k) is not None else "-" for k, _, f in columns) + " |"
+            for r in rows]
+    return "\n".join([head, rule, *body])
+
+
+def save(name: str, doc: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
