@@ -41,9 +41,10 @@ def evict(paths: Iterable[Path]) -> None:
             os.close(fd)
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
+    """Seconds that ``fn(*args, **kwargs)`` took, and what it returned."""
     t0 = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kwargs)
     return time.perf_counter() - t0, out
 
 

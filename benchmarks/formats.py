@@ -15,13 +15,13 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import webdataset as wds
 
-import webdataset as wds  # noqa: E402
-from _common import DATA, evict, machine, median, save, synth_images, table, timed  # noqa: E402
+# benchmarks/ is on sys.path when a script here runs
+from _common import DATA, evict, machine, median, save, synth_images, table, timed
 
-import ddpipe  # noqa: E402
-from ddpipe.convert import ConvertOptions, convert, parse_size  # noqa: E402
+import ddpipe
+from ddpipe.convert import ConvertOptions, convert, parse_size
 
 FORMATS = ["wds", "hdf5", "lmdb"]
 
@@ -56,6 +56,48 @@ def webdataset_read(files: list[Path]) -> int:
     return n
 
 
+def ratio(subject: list[float], reference: list[float]) -> float:
+    """Median of per-repeat ratios: each repeat's subject against the reference measured beside it."""
+    return median([a / b for a, b in zip(subject, reference, strict=True)])
+
+
+def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: int, shard_bytes: int) -> list[dict]:
+    convert_times = []
+    for _ in range(max(1, repeats // 2)):
+        shutil.rmtree(out, ignore_errors=True)
+        raw_read(sorted(images.rglob("*.jpg")))  # source warm: measure the writer, not the source disk
+        seconds, manifest = timed(convert, images, out,
+                                  ConvertOptions(format=fmt, shard_bytes=shard_bytes, progress=False))
+        convert_times.append(seconds)
+    files = shard_files(out)
+    nbytes = manifest.num_bytes
+    speed: dict[str, list[float]] = {k: [] for k in ("cold", "cold_raw", "warm", "warm_raw", "peer_cold", "peer_warm")}
+    for _ in range(repeats):
+        # reference and subject alternate within each repeat, so drift in the machine hits both
+        evict(files)
+        speed["cold_raw"].append(nbytes / timed(raw_read, files)[0] / 1e6)
+        evict(files)
+        speed["cold"].append(nbytes / timed(ddpipe_read, out)[0] / 1e6)
+        speed["warm_raw"].append(nbytes / timed(raw_read, files)[0] / 1e6)
+        speed["warm"].append(nbytes / timed(ddpipe_read, out)[0] / 1e6)
+        if fmt == "wds":
+            evict(files)
+            speed["peer_cold"].append(nbytes / timed(webdataset_read, files)[0] / 1e6)
+            speed["peer_warm"].append(nbytes / timed(webdataset_read, files)[0] / 1e6)
+    common = {"shards": len(files), "bytes": nbytes, "samples": manifest.num_samples,
+              "cold_raw_mb_s": median(speed["cold_raw"]), "warm_raw_mb_s": median(speed["warm_raw"])}
+
+    def row(reader: str, cold: list[float], warm: list[float], convert_mb_s: float | None) -> dict:
+        return {"format": reader, **common, "convert_mb_s": convert_mb_s,
+                "cold_mb_s": median(cold), "cold_ratio": ratio(cold, speed["cold_raw"]),
+                "warm_mb_s": median(warm), "warm_ratio": ratio(warm, speed["warm_raw"])}
+
+    rows = [row(f"ddpipe {fmt}", speed["cold"], speed["warm"], image_bytes / 1e6 / median(convert_times))]
+    if fmt == "wds":
+        rows.append(row("webdataset lib (same tars)", speed["peer_cold"], speed["peer_warm"], None))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=3000)
@@ -69,45 +111,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     rows = []
     for fmt in FORMATS:
-        out = work / fmt
-        convert_times = []
-        for r in range(max(1, args.repeats // 2)):
-            shutil.rmtree(out, ignore_errors=True)
-            raw_read(sorted(images.rglob("*.jpg")))  # source warm: measure the writer, not the source disk
-            t, manifest = timed(lambda out=out: convert(
-                images, out, ConvertOptions(format=fmt, shard_bytes=parse_size(args.shard_size), progress=False)))
-            convert_times.append(t)
-        files = shard_files(out)
-        nbytes = manifest.num_bytes
-        cold, cold_raw, warm, warm_raw, peer_cold, peer_warm = [], [], [], [], [], []
-        for _ in range(args.repeats):
-            # reference and subject alternate within each repeat, so drift in the machine hits both
-            evict(files)
-            cold_raw.append(nbytes / timed(lambda: raw_read(files))[0])
-            evict(files)
-            cold.append(nbytes / timed(lambda out=out: ddpipe_read(out))[0])
-            warm_raw.append(nbytes / timed(lambda: raw_read(files))[0])
-            warm.append(nbytes / timed(lambda out=out: ddpipe_read(out))[0])
-            if fmt == "wds":
-                evict(files)
-                peer_cold.append(nbytes / timed(lambda: webdataset_read(files))[0])
-                peer_warm.append(nbytes / timed(lambda: webdataset_read(files))[0])
-        row = {
-            "format": fmt, "shards": len(files), "bytes": nbytes, "samples": manifest.num_samples,
-            "convert_mb_s": image_bytes / 1e6 / median(convert_times),
-            "cold_mb_s": median(cold) / 1e6, "cold_raw_mb_s": median(cold_raw) / 1e6,
-            "cold_ratio": median([a / b for a, b in zip(cold, cold_raw, strict=True)]),
-            "warm_mb_s": median(warm) / 1e6, "warm_raw_mb_s": median(warm_raw) / 1e6,
-            "warm_ratio": median([a / b for a, b in zip(warm, warm_raw, strict=True)]),
-        }
-        rows.append(row)
-        if fmt == "wds":
-            rows.append({"format": "webdataset lib (same tars)", "shards": len(files), "bytes": nbytes,
-                         "samples": manifest.num_samples, "convert_mb_s": None,
-                         "cold_mb_s": median(peer_cold) / 1e6, "cold_raw_mb_s": row["cold_raw_mb_s"],
-                         "cold_ratio": median([a / b for a, b in zip(peer_cold, cold_raw, strict=True)]),
-                         "warm_mb_s": median(peer_warm) / 1e6, "warm_raw_mb_s": row["warm_raw_mb_s"],
-                         "warm_ratio": median([a / b for a, b in zip(peer_warm, warm_raw, strict=True)])})
+        rows += bench_format(fmt, images, image_bytes, work / fmt, args.repeats, parse_size(args.shard_size))
         print(f"  {fmt}: done", file=sys.stderr)
     cols = [("format", "reader", "s"), ("convert_mb_s", "convert MB/s", ".0f"), ("cold_mb_s", "cold MB/s", ".0f"),
             ("cold_raw_mb_s", "raw cold MB/s", ".0f"), ("cold_ratio", "cold / raw", ".2f"),

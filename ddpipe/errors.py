@@ -8,6 +8,7 @@ line naming the file and programs can still catch by type.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 class DdpipeError(Exception):
@@ -20,6 +21,18 @@ class DdpipeError(Exception):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt without __init__, whose signature differs per subclass, so that errors raised in
+        # worker processes reach the caller whole
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[DdpipeError], args: tuple[Any, ...], state: dict[str, Any]) -> DdpipeError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ManifestError(DdpipeError, ValueError):

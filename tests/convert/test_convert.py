@@ -214,3 +214,48 @@ mount -o remount,size={total * 3 // 1024}k {mnt}
     assert ".partial" not in out_text.split("records=")[0]
     assert int(out_text.split("records=")[1].split()[0]) >= 1  # shards finished before the disk filled
     assert "second=0" in out_text and "verify=0" in out_text, proc.stdout + proc.stderr
+
+
+def test_worker_failure_names_the_file(raw_copy: Path, tmp_path: Path) -> None:
+    bad = sorted(raw_copy.rglob("*.jpg"))[12]
+    bad.write_bytes(b"junk")
+    with pytest.raises(SourceError, match=bad.name) as info:
+        convert(raw_copy, tmp_path / "o", opts(workers=2))
+    assert info.value.path == str(bad)
+    assert not (tmp_path / "o" / "index.json").exists()
+
+
+def test_killed_conversion_resumes(raw_copy: Path, tmp_path: Path) -> None:
+    """SIGKILL while a shard is half written (the reader blocks on a FIFO), then rerun."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    victim = sorted(raw_copy.rglob("*.jpg"))[13]  # 4th item of shard 2
+    data = victim.read_bytes()
+    victim.unlink()
+    os.mkfifo(victim)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "ddpipe", "convert", raw_copy, out, "--samples-per-shard", "5",
+                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / ".shard-000002.tar.partial").exists():
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise AssertionError("conversion did not reach shard 2")
+            time.sleep(0.05)
+        time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert not (out / "index.json").exists() and (out / ".shard-000002.tar.partial").exists()
+    assert not (out / "shard-000002.tar").exists()  # the half-written shard never had its final name
+    done = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
+    assert sorted(done) == ["shard-000000.tar", "shard-000001.tar"]
+    victim.unlink()
+    victim.write_bytes(data)
+    assert run_cli("convert", raw_copy, out, "--samples-per-shard", "5", "--quiet").returncode == 0
+    assert {n: (out / n).stat().st_mtime_ns for n in done} == done  # finished shards kept as they were
+    convert(raw_copy, tmp_path / "clean", opts())
+    assert dir_bytes(out) == dir_bytes(tmp_path / "clean")
