@@ -14,6 +14,8 @@ from .errors import (
 )
 from .formats import FORMAT_NAMES, get_format
 from .manifest import Manifest, ShardInfo, load_manifest
+from .pipeline import Loader
+from .plan import EpochPlan, PlanOptions, plan_epoch
 from .synth import SynthOptions, synth
 from .verify import verify_dataset
 
@@ -27,9 +29,12 @@ __all__ = [
     "Dataset",
     "DdpipeError",
     "DiskFullError",
+    "EpochPlan",
+    "Loader",
     "Manifest",
     "ManifestError",
     "MissingShardError",
+    "PlanOptions",
     "SampleError",
     "ShardInfo",
     "SourceError",
@@ -39,6 +44,7 @@ __all__ = [
     "index_tars",
     "load_manifest",
     "open_dataset",
+    "plan_epoch",
     "synth",
     "verify_dataset",
 ]

@@ -1,25 +1,41 @@
 """The process world and the collectives ddpipe issues. The one module that imports mpi4py.
 
-A process started without a launcher is a world of one and never loads MPI. Under ``mpiexec``
-or ``srun`` (PMI), ranks come from MPI itself.
+A process started without a launcher is a world of one and never loads MPI. Under ``mpiexec`` or
+``srun`` ranks come from MPI itself. Under ``torchrun`` (which starts no MPI) the world comes from
+its environment and ddpipe's collectives go through ``torch.distributed`` (gloo).
+
+No collective waits forever: each is posted non-blocking and polled against a deadline. A rank that
+dies makes the launcher end the job; a rank that hangs makes the others, after ``timeout`` seconds,
+print which collective stalled and abort the whole job with a non-zero exit.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 # Variables that MPI launchers (MPICH/Hydra, Open MPI, Slurm's PMI/PMIx) set in every rank.
-_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+_MPI_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+DEFAULT_TIMEOUT = float(300)
 
 
 def launched_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
-    return any(v in env for v in _LAUNCHER_VARS)
+    return any(v in env for v in _MPI_VARS)
+
+
+def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env
 
 
 @dataclass(frozen=True)
@@ -34,53 +50,165 @@ class World:
     num_nodes: int = 1
 
 
-class Comm:
-    """Collectives over the job's world; with one process they return immediately."""
+class CommTimeoutError(RuntimeError):
+    """A collective did not complete in time (raised only where aborting is switched off)."""
 
-    def __init__(self, mpi_comm: Any = None) -> None:
-        self._comm = mpi_comm
-        if mpi_comm is None:
-            self.world = World()
-        else:
-            local = mpi_comm.Split_type(_comm_type_shared(), key=mpi_comm.Get_rank())
-            leaders = mpi_comm.allgather(mpi_comm.Get_rank() if local.Get_rank() == 0 else None)
-            leader = local.bcast(mpi_comm.Get_rank() if local.Get_rank() == 0 else None, root=0)
-            node_leaders = [r for r in leaders if r is not None]
-            self.world = World(
-                rank=mpi_comm.Get_rank(),
-                size=mpi_comm.Get_size(),
-                local_rank=local.Get_rank(),
-                local_size=local.Get_size(),
-                node=node_leaders.index(leader),
-                num_nodes=len(node_leaders),
-            )
-            local.Free()
+
+class Comm:
+    """Collectives over the job's world. A world of one needs no MPI and returns at once."""
+
+    def __init__(self, world: World | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.world = world or World()
+        self.timeout = timeout
 
     def allgather(self, value: T) -> list[T]:
-        if self._comm is None:
-            return [value]
-        result: list[T] = self._comm.allgather(value)
-        return result
+        return [value]
 
     def barrier(self) -> None:
-        if self._comm is not None:
-            self._comm.Barrier()
+        return None
+
+    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[bytes]:
+        """``send[d]`` goes to rank ``d``; returns what each rank sent here."""
+        if len(send) != self.world.size:
+            raise ValueError("one payload per rank")
+        return list(send)
+
+    def allreduce_max(self, value: int, what: str = "agreement") -> int:
+        return value
+
+    def abort(self, message: str) -> None:
+        print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
 
 
-def _comm_type_shared() -> Any:
-    from mpi4py import MPI
+class MPIComm(Comm):
+    """Collectives through mpi4py, each polled against the deadline (MPI has no timed wait)."""
 
-    return MPI.COMM_TYPE_SHARED
-
-
-def init_comm() -> Comm:
-    """The job's communicator: MPI's world under a launcher, else a world of one."""
-    if not launched_by_mpi():
-        return Comm()
-    try:
+    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
         from mpi4py import MPI
-    except ImportError as e:
-        from .errors import DdpipeError
 
-        raise DdpipeError("launched under MPI but mpi4py is missing: pip install 'ddpipe[mpi]'") from e
-    return Comm(MPI.COMM_WORLD)
+        self._mpi = MPI
+        self._comm = mpi_comm
+        rank = mpi_comm.Get_rank()
+        local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        is_leader = local.Get_rank() == 0
+        leaders = [r for r in mpi_comm.allgather(rank if is_leader else None) if r is not None]
+        leader = local.bcast(rank if is_leader else None, root=0)
+        world = World(rank=rank, size=mpi_comm.Get_size(), local_rank=local.Get_rank(),
+                      local_size=local.Get_size(), node=leaders.index(leader), num_nodes=len(leaders))
+        self.node_comm = local
+        super().__init__(world, timeout)
+
+    def _wait(self, request: Any, what: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        delay = 1e-5
+        # Polling with a growing sleep: the only way to put a deadline on an MPI request.
+        while not request.Test():
+            if time.monotonic() > deadline:
+                self.abort(f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung; "
+                           "aborting the job")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+
+    def abort(self, message: str) -> None:
+        print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
+        self._comm.Abort(1)
+
+    def barrier(self) -> None:
+        self._wait(self._comm.Ibarrier(), "barrier")
+
+    def allreduce_max(self, value: int, what: str = "agreement") -> int:
+        out = np.zeros(1, dtype=np.int64)
+        self._wait(self._comm.Iallreduce(np.array([value], dtype=np.int64), out, op=self._mpi.MAX), what)
+        return int(out[0])
+
+    def allgather(self, value: T) -> list[T]:
+        payload = pickle.dumps(value)
+        parts = self._allgatherv(payload, "allgather")
+        return [pickle.loads(p) for p in parts]
+
+    def _allgatherv(self, payload: bytes, what: str) -> list[bytes]:
+        size = self.world.size
+        sizes = np.zeros(size, dtype=np.int64)
+        self._wait(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes), what)
+        displs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        send = np.frombuffer(payload, dtype=np.uint8)
+        self._wait(self._comm.Iallgatherv(send, [out, (sizes.tolist(), displs.tolist()), self._mpi.BYTE]), what)
+        return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
+
+    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[bytes]:
+        size = self.world.size
+        if len(send) != size:
+            raise ValueError("one payload per rank")
+        send_sizes = np.array([len(b) for b in send], dtype=np.int64)
+        recv_sizes = np.zeros(size, dtype=np.int64)
+        self._wait(self._comm.Ialltoall(send_sizes, recv_sizes), what)
+        if send_sizes.max(initial=0) >= 2**31 or recv_sizes.max(initial=0) >= 2**31:
+            raise ValueError("an exchange round moves over 2 GiB between two ranks: lower round_size")
+        send_displs = np.concatenate([[0], np.cumsum(send_sizes)[:-1]]).tolist()
+        recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]]).tolist()
+        sbuf = np.frombuffer(b"".join(send), dtype=np.uint8)
+        rbuf = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
+        self._wait(self._comm.Ialltoallv([sbuf, (send_sizes.tolist(), send_displs), self._mpi.BYTE],
+                                         [rbuf, (recv_sizes.tolist(), recv_displs), self._mpi.BYTE]), what)
+        return [rbuf[d : d + s].tobytes() for d, s in zip(recv_displs, recv_sizes.tolist(), strict=True)]
+
+
+class TorchComm(Comm):
+    """Collectives through torch.distributed (gloo), for jobs started by ``torchrun`` without MPI."""
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        self._dist = dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+        env = os.environ
+        local_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+        world = World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(env.get("LOCAL_RANK", "0")),
+                      local_size=local_size, node=int(env.get("GROUP_RANK", "0")),
+                      num_nodes=max(1, dist.get_world_size() // local_size))
+        # ddpipe's own collectives get their own group, so they never interleave with the user's
+        self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        super().__init__(world, timeout)
+
+    def _guard(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except RuntimeError as e:  # gloo raises on its timeout or when a peer is gone
+            self.abort(f"{what} failed: {e}; another rank died or hung")
+
+    def allgather(self, value: T) -> list[T]:
+        out: list[Any] = [None] * self.world.size
+        self._guard("allgather", self._dist.all_gather_object, out, value, self._group)
+        return out
+
+    def barrier(self) -> None:
+        self._guard("barrier", self._dist.barrier, self._group)
+
+    def allreduce_max(self, value: int, what: str = "agreement") -> int:
+        return max(self.allgather(value))
+
+    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[bytes]:
+        # gloo has no all-to-all of variable sizes: gather every payload (fine at torchrun scales)
+        everything = self.allgather(send)
+        return [everything[src][self.world.rank] for src in range(self.world.size)]
+
+
+def init_comm(timeout: float = DEFAULT_TIMEOUT) -> Comm:
+    """The job's communicator: MPI under mpiexec/srun, torch.distributed under torchrun, else a world of one."""
+    if launched_by_mpi():
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            from .errors import DdpipeError
+
+            raise DdpipeError("launched under MPI but mpi4py is missing: pip install 'ddpipe[mpi]'") from e
+        # a communicator of our own: the training loop may run collectives on COMM_WORLD at the same time
+        return MPIComm(MPI.COMM_WORLD.Dup(), timeout)
+    if launched_by_torchrun():
+        return TorchComm(timeout)
+    return Comm()

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 from .errors import CorruptShardError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .manifest import Manifest, ShardInfo, load_manifest
 from .sample import Sample
+
+# shards kept open by random access (global shuffling): enough to reuse, few enough for file limits
+_OPEN_SHARDS = 16
 
 
 class Dataset:
@@ -73,6 +79,52 @@ class Dataset:
     def __iter__(self) -> Iterator[Sample]:
         for shard in range(len(self.manifest.shards)):
             yield from self.iter_shard(shard)
+
+    def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global sample indices -> (shard, position within the shard)."""
+        starts = np.asarray(self.manifest.shard_starts(), dtype=np.int64)
+        shards = np.searchsorted(starts, indices, side="right") - 1
+        return shards, indices - starts[shards]
+
+    def read(self, indices: np.ndarray, *, random_access: bool = False) -> Iterator[Sample]:
+        """The samples at global ``indices``, in that order.
+
+        Sequential by default: each run of increasing positions within one shard is one scan of the
+        shard from the run's first position (samples in between are skipped). ``random_access``
+        reads each sample on its own, keeping a few shards open.
+        """
+        shards, positions = self.locate(np.asarray(indices, dtype=np.int64))
+        if random_access:
+            yield from self._read_random(shards.tolist(), positions.tolist())
+            return
+        n = len(shards)
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
+                j += 1
+            wanted = positions[i:j].tolist()
+            k = 0
+            for pos, sample in enumerate(self.iter_shard(int(shards[i]), wanted[0]), start=wanted[0]):
+                if pos == wanted[k]:
+                    yield sample
+                    k += 1
+                    if k == len(wanted):
+                        break
+            i = j
+
+    def _read_random(self, shards: list[int], positions: list[int]) -> Iterator[Sample]:
+        readers: OrderedDict[int, ShardReader] = OrderedDict()
+        try:
+            for shard, pos in zip(shards, positions, strict=True):
+                reader = readers.pop(shard, None) or self.open_shard(shard)
+                readers[shard] = reader
+                if len(readers) > _OPEN_SHARDS:
+                    readers.popitem(last=False)[1].close()
+                yield reader[pos]
+        finally:
+            for reader in readers.values():
+                reader.close()
 
 
 def open_dataset(path: str | os.PathLike[str]) -> Dataset:

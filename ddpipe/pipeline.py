@@ -1,0 +1,180 @@
+"""The loader: this rank's batches of the epoch, as the plan says, with reading and exchange in the
+background.
+
+Stages, each behind a bounded queue: a producer thread reads this rank's samples (sequential scans,
+or random access for ``global``) and, for ``partial``, exchanges a fraction of them with the other
+ranks round by round; the consumer (the caller's thread) puts them in the plan's yield order. The
+plan already fixes that order (the shuffle buffer is simulated on indices), so the consumer only
+holds samples that arrived before their turn: at most about one buffer plus one round.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from .comm import Comm, init_comm
+from .dataset import Dataset, open_dataset
+from .errors import DdpipeError
+from .plan import EpochPlan, PlanOptions, plan_epoch
+from .sample import Sample
+from .shufflers.exchange import ExchangeShuffler
+
+STATE_VERSION = 1
+_END = object()
+
+
+class Loader:
+    """Batches of this rank's samples, the same number on every rank.
+
+    With ``decode="none"`` each batch is a list of sample dicts (``__key__`` and raw fields).
+    Call :meth:`set_epoch` before each epoch; :meth:`state_dict` mid-epoch and
+    :meth:`load_state_dict` in a fresh loader (any world size) continue with exactly the samples
+    not yet yielded.
+    """
+
+    def __init__(
+        self,
+        path: str | Any,
+        batch_size: int,
+        *,
+        shuffle: str = "partial",
+        exchange_fraction: float = 0.3,
+        seed: int = 0,
+        shard_assignment: str = "sticky",
+        drop_last: bool = False,
+        decode: str = "none",
+        buffer_size: int = 1024,
+        round_size: int = 512,
+        prefetch: int = 1024,
+        comm: Comm | None = None,
+    ) -> None:
+        if decode != "none":
+            raise DdpipeError(f"decode={decode!r} is not available yet; use decode='none' for encoded samples")
+        self.dataset: Dataset = path if isinstance(path, Dataset) else open_dataset(path)
+        self.options = PlanOptions(shuffle=shuffle, exchange_fraction=exchange_fraction, assignment=shard_assignment,
+                                   drop_last=drop_last, batch_size=batch_size, buffer_size=buffer_size,
+                                   round_size=round_size)
+        self.seed = seed
+        self.prefetch = prefetch
+        self.comm = comm or init_comm()
+        self.epoch = 0
+        self._pending: np.ndarray | None = None  # samples left of a resumed epoch
+        self._batches_done = 0
+        self._plan: EpochPlan | None = None
+        self.stats: dict[str, int] = {}
+
+    @property
+    def rank(self) -> int:
+        return self.comm.world.rank
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._pending = None
+        self.epoch = epoch
+        self._batches_done = 0
+        self._plan = None
+
+    def plan(self) -> EpochPlan:
+        """This epoch's plan (the same on every rank)."""
+        if self._plan is None:
+            self._plan = plan_epoch(self.dataset.manifest, self.comm.world.size, self.seed, self.epoch,
+                                    self.options, self._pending)
+        return self._plan
+
+    def __len__(self) -> int:
+        return self.plan().num_batches
+
+    def __iter__(self) -> Iterator[list[Sample]]:
+        plan = self.plan()
+        out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        producer = threading.Thread(target=self._produce, args=(plan, out, stop), daemon=True,
+                                    name=f"ddpipe-producer-{self.rank}")
+        producer.start()
+        held: defaultdict[int, deque[Sample]] = defaultdict(deque)
+        self._batches_done = 0
+        try:
+            for b in range(plan.num_batches):
+                batch = []
+                for g in plan.batch(self.rank, b).tolist():
+                    while not held[g]:
+                        item = out.get()
+                        if item is _END:
+                            raise DdpipeError("the epoch ended early: another rank stopped iterating; every rank "
+                                              "must iterate the same number of batches")
+                        if isinstance(item, BaseException):
+                            raise item
+                        held[item[0]].append(item[1])
+                    batch.append(held[g].popleft())
+                    if not held[g]:
+                        del held[g]
+                self._batches_done = b + 1
+                yield batch
+            self._pending = None
+        finally:
+            stop.set()  # the producer notices within one queue timeout, even when the queue is full
+            producer.join()
+
+    def _produce(self, plan: EpochPlan, out: queue.Queue[Any], stop: threading.Event) -> None:
+        rank_plan = plan.ranks[self.rank]
+
+        def emit(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access)
+            if rank_plan.rounds:
+                shuffler = ExchangeShuffler(self.comm, rank_plan)
+                finished = shuffler.run(samples, emit)
+                self.stats = {"samples_sent": shuffler.samples_sent, "bytes_sent": shuffler.bytes_sent}
+                if not finished:
+                    emit(_END)
+                    return
+            else:
+                for g, sample in zip(rank_plan.reads.tolist(), samples, strict=True):
+                    if not emit((g, sample)):
+                        return
+            emit(_END)
+        except BaseException as e:  # reaches the consumer intact
+            emit(e)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch stands: enough to continue, on any number of ranks, with exactly the rest."""
+        pending = None if self._pending is None else np.packbits(self._pending).tobytes()
+        return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed, "batches": self._batches_done,
+                "world_size": self.comm.world.size, "options": asdict(self.options), "pending": pending,
+                "num_samples": len(self.dataset)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise DdpipeError(f"loader state version {state.get('version')!r} is not supported")
+        n = len(self.dataset)
+        if state["num_samples"] != n:
+            raise DdpipeError(f"the state is of a dataset of {state['num_samples']} samples; this one has {n}")
+        old_pending = None
+        if state["pending"] is not None:
+            old_pending = np.unpackbits(np.frombuffer(state["pending"], dtype=np.uint8), count=n).astype(bool)
+        old = plan_epoch(self.dataset.manifest, state["world_size"], state["seed"], state["epoch"],
+                         PlanOptions(**state["options"]), old_pending)
+        remaining = np.zeros(n, dtype=bool)
+        for r in old.ranks:
+            remaining[r.order] = True
+        remaining[old.yielded(state["batches"])] = False
+        self.seed = state["seed"]
+        self.epoch = state["epoch"]
+        self._pending = remaining
+        self._batches_done = 0
+        self._plan = None

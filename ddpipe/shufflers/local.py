@@ -1,0 +1,44 @@
+"""``local``: each rank mixes only what it reads, with bounded memory.
+
+Two pure choices: the order in which a rank reads its runs of shards (permuted per epoch, so the
+same shards are read but not in the same sequence), and the order a bounded shuffle buffer
+emits a stream in. The buffer is simulated on indices, so the plan knows the exact yield order
+and the loader only has to reproduce it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def permute_runs(shard_of: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Positions of a sequence reordered run by run, a run being consecutive items of one shard."""
+    n = len(shard_of)
+    if n == 0:
+        return np.arange(0)
+    cuts = np.flatnonzero(np.diff(shard_of)) + 1
+    starts = np.concatenate([[0], cuts])
+    stops = np.concatenate([cuts, [n]])
+    order = rng.permutation(len(starts))
+    return np.concatenate([np.arange(starts[k], stops[k]) for k in order])
+
+
+def buffer_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
+    """The permutation of ``range(n)`` that a shuffle buffer of ``buffer_size`` produces.
+
+    Fill the buffer; then for each new item emit a random buffered item and put the new one in
+    its place; finally emit the rest in random order. Item ``k`` of the output entered the buffer
+    no later than input position ``k + buffer_size``: memory stays bounded by the buffer.
+    """
+    if buffer_size <= 1 or n <= 1:
+        return np.arange(n)
+    size = min(buffer_size, n)
+    buf = list(range(size))
+    out = []
+    picks = rng.integers(0, size, size=n - size).tolist()
+    for nxt, j in zip(range(size, n), picks, strict=True):
+        out.append(buf[j])
+        buf[j] = nxt
+    tail = rng.permutation(size).tolist()
+    out.extend(buf[k] for k in tail)
+    return np.asarray(out, dtype=np.int64)

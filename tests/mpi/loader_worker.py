@@ -1,0 +1,76 @@
+"""Run under mpiexec by tests/mpi/test_loader_mpi.py: iterate loaders, report what each rank yielded.
+
+argv: DATA_DIR OUT_JSON PHASE  (PHASE "run": full epochs and save mid-epoch states; "resume": load them)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import ddpipe
+from ddpipe.comm import init_comm
+
+MODES = ["none", "local", "partial", "global"]
+FORMATS = ["wds", "hdf5", "lmdb"]
+
+
+def keys(batches: list[list[dict]]) -> list[list[str]]:
+    return [[s["__key__"] for s in b] for b in batches]
+
+
+def main() -> None:
+    data, out, phase = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    comm = init_comm(timeout=120)
+    rank = comm.world.rank
+    report: dict[str, object] = {"world": comm.world.size}
+    for fmt in FORMATS:
+        for mode in MODES:
+            for drop_last in (False, True):
+                name = f"{fmt}-{mode}-{int(drop_last)}"
+
+                loader = functools.partial(ddpipe.Loader, data / fmt, batch_size=5, shuffle=mode,
+                                           exchange_fraction=0.4, seed=11, drop_last=drop_last, buffer_size=16,
+                                           round_size=9, comm=comm)
+
+                state_file = data / f"state-{name}.pkl"
+                if phase == "run":
+                    ld = loader()
+                    ld.set_epoch(3)
+                    first = keys(list(ld))
+                    again = keys(list(ld))
+                    ld.set_epoch(4)
+                    other = keys(list(ld))
+                    # mid-epoch: take the state after half the batches, as a checkpoint would
+                    ld.set_epoch(3)
+                    half = len(ld) // 2
+                    part = []
+                    for b, batch in enumerate(ld):
+                        part.append([s["__key__"] for s in batch])
+                        if b + 1 == half:
+                            state = ld.state_dict()
+                            break
+                    if rank == 0:
+                        state_file.write_bytes(pickle.dumps(state))
+                    comm.barrier()
+                    fresh = loader()
+                    fresh.load_state_dict(pickle.loads(state_file.read_bytes()))
+                    rest = keys(list(fresh))
+                    mine = {"first": first, "again": again, "other": other, "len": len(first), "part": part,
+                            "rest": rest}
+                else:
+                    fresh = loader()
+                    fresh.load_state_dict(pickle.loads(state_file.read_bytes()))
+                    mine = {"rest": keys(list(fresh)), "len": len(fresh)}
+                everyone = comm.allgather(mine)
+                if rank == 0:
+                    report[name] = everyone
+    if rank == 0:
+        out.write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

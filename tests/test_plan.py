@@ -1,0 +1,140 @@
+"""Properties of plan_epoch: the invariants of DESIGN.md, checked without MPI or files."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddpipe.manifest import Manifest, ShardInfo
+from ddpipe.plan import PlanOptions, plan_epoch
+
+
+def manifest_of(sizes: list[int]) -> Manifest:
+    shards = tuple(ShardInfo(f"shard-{i:06d}.tar", n, n * 100, "xxh3_64:0") for i, n in enumerate(sizes))
+    return Manifest(format="wds", fields=("cls", "jpg"), classes=("a",), shards=shards)
+
+
+shard_sizes = st.lists(st.integers(0, 40), min_size=1, max_size=12)
+options = st.builds(
+    PlanOptions,
+    shuffle=st.sampled_from(["none", "local", "partial", "global"]),
+    exchange_fraction=st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]),
+    assignment=st.sampled_from(["sticky", "rotate"]),
+    drop_last=st.booleans(),
+    batch_size=st.integers(1, 7),
+    buffer_size=st.sampled_from([0, 1, 5, 64]),
+    round_size=st.integers(1, 30),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=shard_sizes, world=st.integers(1, 6), seed=st.integers(0, 2**32), epoch=st.integers(0, 5), opt=options)
+def test_invariants(sizes: list[int], world: int, seed: int, epoch: int, opt: PlanOptions) -> None:
+    m = manifest_of(sizes)
+    n = m.num_samples
+    plan = plan_epoch(m, world, seed, epoch, opt)
+    orders = [r.order for r in plan.ranks]
+    # 2. equal work: the same number of samples, so the same number of batches, on every rank
+    assert all(len(o) == plan.samples_per_rank for o in orders)
+    if opt.drop_last:
+        assert plan.samples_per_rank % opt.batch_size == 0
+    yielded = collections.Counter(np.concatenate(orders).tolist())
+    # 1. exactly once: drop_last yields every kept sample once; pad yields every sample, plus documented copies
+    if opt.drop_last:
+        assert max(yielded.values(), default=1) == 1
+        assert sorted(yielded) == sorted(set(range(n)) - set(plan.dropped.tolist()))
+        assert len(plan.dropped) < world * opt.batch_size + world
+    else:
+        assert set(yielded) == set(range(n))
+        assert sum(yielded.values()) - n == world * plan.samples_per_rank - n  # copies = padding only
+    # the exchange moves samples between ranks but neither creates nor loses any
+    reads = collections.Counter(np.concatenate([r.reads for r in plan.ranks]).tolist())
+    assert reads == yielded
+    # 3. determinism
+    again = plan_epoch(m, world, seed, epoch, opt)
+    assert all(np.array_equal(a.order, b.order) for a, b in zip(plan.ranks, again.ranks, strict=True))
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=shard_sizes, world=st.integers(2, 6), q=st.sampled_from([0.1, 0.3, 0.5, 1.0]),
+       round_size=st.integers(1, 30))
+def test_exchange_sends_fraction_q_to_other_ranks(sizes: list[int], world: int, q: float, round_size: int) -> None:
+    plan = plan_epoch(manifest_of(sizes), world, 1, 0, PlanOptions(exchange_fraction=q, round_size=round_size))
+    for rank in plan.ranks:
+        sent = sum(len(s) for rd in rank.rounds for s in rd.send)
+        received = sum(len(x) for rd in rank.rounds for x in rd.recv)
+        assert sent == received  # counts stay equal
+        assert sent == sum(int(q * (rd.stop - rd.start) + 0.5) for rd in rank.rounds)
+        assert all(d != rank.rank for rd in rank.rounds for d in rd.dests)
+        for rd in rank.rounds:  # what r receives through slot t is what the source sends through slot t
+            for t, src in enumerate(rd.sources):
+                peer = plan.ranks[src].rounds[rank.rounds.index(rd)]
+                assert peer.dests[t] == rank.rank
+                assert np.array_equal(plan.ranks[src].reads[peer.send[t]], rd.recv[t])
+
+
+def test_seed_and_epoch_change_the_stream() -> None:
+    m = manifest_of([50] * 8)
+    for mode in ("local", "partial", "global"):
+        a = plan_epoch(m, 4, 1, 0, PlanOptions(shuffle=mode)).ranks[0].order
+        assert not np.array_equal(a, plan_epoch(m, 4, 1, 1, PlanOptions(shuffle=mode)).ranks[0].order)
+        assert not np.array_equal(a, plan_epoch(m, 4, 2, 0, PlanOptions(shuffle=mode)).ranks[0].order)
+    none = plan_epoch(m, 4, 1, 0, PlanOptions(shuffle="none"))
+    assert np.array_equal(none.ranks[1].order, np.arange(100, 200))
+
+
+def shards_read(plan_: object, rank: int, sizes: list[int]) -> set[int]:
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    return set((np.searchsorted(starts, plan_.ranks[rank].reads, side="right") - 1).tolist())  # type: ignore[attr-defined]
+
+
+def test_sticky_reads_the_same_shards_every_epoch_rotate_does_not() -> None:
+    sizes = [25] * 16
+    m = manifest_of(sizes)
+    for mode in ("local", "partial"):
+        sticky = [shards_read(plan_epoch(m, 4, 3, e, PlanOptions(shuffle=mode)), 2, sizes) for e in range(4)]
+        assert all(s == sticky[0] for s in sticky) and len(sticky[0]) == 4
+        rotate = [shards_read(plan_epoch(m, 4, 3, e, PlanOptions(shuffle=mode, assignment="rotate")), 2, sizes)
+                  for e in range(4)]
+        assert any(s != rotate[0] for s in rotate)
+
+
+def test_ranks_read_whole_shards_sequentially() -> None:
+    m = manifest_of([100] * 8)
+    plan = plan_epoch(m, 4, 0, 0, PlanOptions(shuffle="local"))
+    reads = plan.ranks[0].reads
+    assert len(reads) == 200 and np.all(np.diff(reads)[np.diff(reads) != 1] != 0)
+    runs = np.flatnonzero(np.diff(reads) != 1)
+    assert len(runs) == 1  # two whole shards, each read front to back
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=shard_sizes, world=st.integers(1, 5), new_world=st.integers(1, 5), opt=options,
+       frac=st.floats(0, 1))
+def test_resume_plans_exactly_the_rest(sizes: list[int], world: int, new_world: int, opt: PlanOptions,
+                                       frac: float) -> None:
+    m = manifest_of(sizes)
+    plan = plan_epoch(m, world, 9, 2, opt)
+    done = int(plan.num_batches * frac)
+    yielded = plan.yielded(done)
+    epoch_set = set(np.concatenate([r.order for r in plan.ranks]).tolist())
+    pending = np.zeros(m.num_samples, dtype=bool)
+    pending[sorted(epoch_set - set(yielded.tolist()))] = True
+    rest = plan_epoch(m, new_world, 9, 2, opt, pending=pending)
+    after = set(np.concatenate([r.order for r in rest.ranks]).tolist())
+    assert not after & set(yielded.tolist())  # nothing yielded twice across the interruption
+    if opt.drop_last:
+        assert after | set(rest.dropped.tolist()) == set(np.flatnonzero(pending).tolist())
+    else:
+        assert after == set(np.flatnonzero(pending).tolist())  # and nothing lost
+
+
+def test_bad_options() -> None:
+    with pytest.raises(ValueError, match="exchange_fraction"):
+        PlanOptions(exchange_fraction=1.5)
+    with pytest.raises(ValueError, match="shuffle"):
+        PlanOptions(shuffle="random")
