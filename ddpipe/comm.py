@@ -80,6 +80,9 @@ class Comm:
         print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
         raise SystemExit(1)
 
+    def close(self) -> None:
+        """Leave the job's collectives cleanly (every rank calls it, at the end)."""
+
 
 class MPIComm(Comm):
     """Collectives through mpi4py, each polled against the deadline (MPI has no timed wait)."""
@@ -164,7 +167,8 @@ class TorchComm(Comm):
         import torch.distributed as dist
 
         self._dist = dist
-        if not dist.is_initialized():
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
         env = os.environ
         local_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
@@ -191,6 +195,12 @@ class TorchComm(Comm):
 
     def allreduce_max(self, value: int, what: str = "agreement") -> int:
         return max(self.allgather(value))
+
+    def close(self) -> None:
+        # without this, a rank leaving while gloo still talks to it can be killed with SIGABRT
+        self.barrier()
+        if self._owns_group:
+            self._dist.destroy_process_group()
 
     def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[bytes]:
         # gloo has no all-to-all of variable sizes: gather every payload (fine at torchrun scales)

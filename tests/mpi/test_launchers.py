@@ -1,0 +1,57 @@
+"""ddpipe starts under each launcher: none (a world of one), mpiexec, torchrun; and reads srun's PMI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpipe.comm import Comm, init_comm, launched_by_mpi, launched_by_torchrun
+
+from ..conftest import BIN, mpiexec
+from ..helpers import make_dataset
+
+WORKER = Path(__file__).with_name("torchrun_worker.py")
+
+
+def test_no_launcher_is_a_world_of_one() -> None:
+    comm = init_comm()
+    assert type(comm) is Comm and comm.world.size == 1 and comm.allgather("x") == ["x"]
+
+
+def test_launcher_detection() -> None:
+    assert launched_by_mpi({"PMI_RANK": "0", "PMI_SIZE": "2"})  # mpiexec (Hydra) and srun --mpi=pmi2
+    assert launched_by_mpi({"PMIX_RANK": "3"})  # srun --mpi=pmix
+    assert launched_by_mpi({"OMPI_COMM_WORLD_SIZE": "4"})  # Open MPI's mpirun
+    assert not launched_by_mpi({"SLURM_PROCID": "0"})  # srun without PMI starts no MPI world
+    assert launched_by_torchrun({"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2"})
+    assert not launched_by_torchrun({"RANK": "1"})
+
+
+@pytest.mark.mpi
+def test_mpiexec_world_and_node() -> None:
+    code = ("from ddpipe.comm import init_comm; w = init_comm().world; "
+            "print(w.rank, w.size, w.local_rank, w.local_size, w.node, w.num_nodes)")
+    proc = mpiexec(3, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    rows = sorted(tuple(map(int, line.split())) for line in proc.stdout.splitlines())
+    assert rows == [(r, 3, r, 3, 0, 1) for r in range(3)]
+
+
+@pytest.mark.mpi
+def test_torchrun_runs_the_exchange(tmp_path: Path) -> None:
+    data = make_dataset(tmp_path / "wds", "wds", [10, 11, 12])
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(WORKER), str(data), str(tmp_path)], capture_output=True, text=True, timeout=180,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world"] for r in ranks] == [[0, 2, 0], [1, 2, 1]]
+    assert len(ranks[0]["keys"]) == len(ranks[1]["keys"]) == 17
+    assert set(ranks[0]["keys"]) | set(ranks[1]["keys"]) == {f"s/{i:06d}" for i in range(33)}
+    assert ranks[0]["sent"] > 0
