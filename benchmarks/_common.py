@@ -84,3 +84,16 @@ def save(name: str, doc: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
+
+
+def mpiexec(ranks: int, *args: str | os.PathLike[str], timeout: float = 1800) -> None:
+    """Run ``python ARGS`` on ``ranks`` real MPI ranks (the mpich wheel's mpiexec); raise on failure."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+    if exe is None:
+        raise SystemExit("mpiexec not found: pip install 'ddpipe[mpi]' (make setup does)")
+    proc = subprocess.run([exe, "-n", str(ranks), sys.executable, *map(str, args)], timeout=timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"mpiexec -n {ranks} {' '.join(map(str, args))} failed with {proc.returncode}")

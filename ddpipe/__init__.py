@@ -1,6 +1,6 @@
 """ddpipe: a high-throughput distributed data pipeline for deep-learning training."""
 
-from .convert import ConvertOptions, convert, index_tars
+from .convert import ConvertOptions, convert, index_tars, write_dataset
 from .dataset import Dataset, open_dataset
 from .errors import (
     ChecksumMismatchError,
@@ -47,4 +47,5 @@ __all__ = [
     "plan_epoch",
     "synth",
     "verify_dataset",
+    "write_dataset",
 ]

@@ -67,11 +67,11 @@ class Comm:
     def barrier(self) -> None:
         return None
 
-    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[bytes]:
-        """``send[d]`` goes to rank ``d``; returns what each rank sent here."""
+    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[memoryview]:
+        """``send[d]`` goes to rank ``d``; returns what each rank sent here (views of one buffer)."""
         if len(send) != self.world.size:
             raise ValueError("one payload per rank")
-        return list(send)
+        return [memoryview(b) for b in send]
 
     def allreduce_max(self, value: int, what: str = "agreement") -> int:
         return value
@@ -140,7 +140,7 @@ class MPIComm(Comm):
         self._wait(self._comm.Iallgatherv(send, [out, (sizes.tolist(), displs.tolist()), self._mpi.BYTE]), what)
         return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
 
-    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[bytes]:
+    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[memoryview]:
         size = self.world.size
         if len(send) != size:
             raise ValueError("one payload per rank")
@@ -155,7 +155,8 @@ class MPIComm(Comm):
         rbuf = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
         self._wait(self._comm.Ialltoallv([sbuf, (send_sizes.tolist(), send_displs), self._mpi.BYTE],
                                          [rbuf, (recv_sizes.tolist(), recv_displs), self._mpi.BYTE]), what)
-        return [rbuf[d : d + s].tobytes() for d, s in zip(recv_displs, recv_sizes.tolist(), strict=True)]
+        view = rbuf.data  # no copy: callers unpack straight from the receive buffer
+        return [view[d : d + s] for d, s in zip(recv_displs, recv_sizes.tolist(), strict=True)]
 
 
 class TorchComm(Comm):
@@ -202,10 +203,10 @@ class TorchComm(Comm):
         if self._owns_group:
             self._dist.destroy_process_group()
 
-    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[bytes]:
+    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[memoryview]:
         # gloo has no all-to-all of variable sizes: gather every payload (fine at torchrun scales)
         everything = self.allgather(send)
-        return [everything[src][self.world.rank] for src in range(self.world.size)]
+        return [memoryview(everything[src][self.world.rank]) for src in range(self.world.size)]
 
 
 def init_comm(timeout: float = DEFAULT_TIMEOUT) -> Comm:

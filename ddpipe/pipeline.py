@@ -68,7 +68,7 @@ class Loader:
         self._pending: np.ndarray | None = None  # samples left of a resumed epoch
         self._batches_done = 0
         self._plan: EpochPlan | None = None
-        self.stats: dict[str, int] = {}
+        self.stats: dict[str, Any] = {}
 
     @property
     def rank(self) -> int:
@@ -126,20 +126,18 @@ class Loader:
         rank_plan = plan.ranks[self.rank]
 
         def emit(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    out.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
+            return _put(out, item, stop)
 
         try:
             samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access)
             if rank_plan.rounds:
+                # reading gets a thread of its own, so the next round is read (the GIL released in I/O)
+                # while this one is exchanged
+                ahead = 2 * self.options.round_size
                 shuffler = ExchangeShuffler(self.comm, rank_plan)
-                finished = shuffler.run(samples, emit)
-                self.stats = {"samples_sent": shuffler.samples_sent, "bytes_sent": shuffler.bytes_sent}
+                finished = shuffler.run(_read_ahead(samples, ahead, stop), emit)
+                self.stats = {"samples_sent": shuffler.samples_sent, "bytes_sent": shuffler.bytes_sent,
+                              "exchange_seconds": shuffler.exchange_seconds, "round_bytes": shuffler.round_bytes}
                 if not finished:
                     emit(_END)
                     return
@@ -178,3 +176,38 @@ class Loader:
         self._pending = remaining
         self._batches_done = 0
         self._plan = None
+
+
+def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` unless ``stop`` is set first; a full queue never blocks a stopped pipeline."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _read_ahead(samples: Iterator[Sample], depth: int, stop: threading.Event) -> Iterator[Sample]:
+    """``samples`` produced by a thread of its own, at most ``depth`` ahead of the caller."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+
+    def fill() -> None:
+        try:
+            for sample in samples:
+                if not _put(q, sample, stop):
+                    return
+            _put(q, _END, stop)
+        except BaseException as e:  # reaches the consumer intact
+            _put(q, e, stop)
+
+    reader = threading.Thread(target=fill, daemon=True, name="ddpipe-reader")
+    reader.start()
+    while True:
+        item = q.get()
+        if item is _END:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item

@@ -1,28 +1,39 @@
-"""Small datasets written straight through the format writers (no images needed)."""
+"""Small datasets written straight through ddpipe.write_dataset (no images needed)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+from ddpipe.convert import write_dataset
 from ddpipe.formats import get_format
 from ddpipe.manifest import Manifest, ShardInfo, file_checksum, save_manifest
+from ddpipe.sample import Sample
+
+
+def tiny_samples(total: int, classes: int, payload: int) -> Iterator[Sample]:
+    """Sample i: key ``s/<i>``, ``cls`` = class (class-sorted), ``bin`` = ``payload`` bytes derived from i."""
+    per_class = -(-total // classes)
+    for i in range(total):
+        yield {"__key__": f"s/{i:06d}", "cls": str(i // per_class).encode(),
+               "bin": (i.to_bytes(4, "little") * (payload // 4 + 1))[:payload]}
 
 
 def make_dataset(root: Path, fmt: str, sizes: list[int], classes: int = 4, payload: int = 64) -> Path:
-    """Shards of the given sample counts; sample i has key ``s/<i>``, ``cls`` = i % classes, and
-    ``bin`` = ``payload`` bytes derived from i. Samples are class-sorted within the dataset."""
+    """Shards of the given (possibly uneven) sample counts, of :func:`tiny_samples`."""
+    if len(set(sizes)) == 1:
+        write_dataset(root, tiny_samples(sum(sizes), classes, payload), format=fmt, samples_per_shard=sizes[0],
+                      classes=[str(c) for c in range(classes)])
+        return root
     f = get_format(fmt)
     root.mkdir(parents=True, exist_ok=True)
-    shards, i = [], 0
-    total = sum(sizes)
-    per_class = -(-total // classes)
+    samples = tiny_samples(sum(sizes), classes, payload)
+    shards = []
     for k, n in enumerate(sizes):
         path = root / f"shard-{k:06d}{f.suffix}"
         with f.writer(path) as w:
             for _ in range(n):
-                w.write({"__key__": f"s/{i:06d}", "cls": str(i // per_class).encode(),
-                         "bin": (i.to_bytes(4, "little") * (payload // 4 + 1))[:payload]})
-                i += 1
+                w.write(next(samples))
         shards.append(ShardInfo(path.name, n, path.stat().st_size, file_checksum(path)))
     save_manifest(root, Manifest(fmt, ("bin", "cls"), tuple(str(c) for c in range(classes)), tuple(shards)))
     return root

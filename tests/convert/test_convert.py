@@ -259,3 +259,13 @@ def test_killed_conversion_resumes(raw_copy: Path, tmp_path: Path) -> None:
     assert {n: (out / n).stat().st_mtime_ns for n in done} == done  # finished shards kept as they were
     convert(raw_copy, tmp_path / "clean", opts())
     assert dir_bytes(out) == dir_bytes(tmp_path / "clean")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_write_dataset_from_code(tmp_path: Path, fmt: str) -> None:
+    items = [{KEY: f"k/{i}", "txt": f"sample {i}".encode(), "cls": b"%d" % (i % 2)} for i in range(11)]
+    m = ddpipe.write_dataset(tmp_path / "d", iter(items), format=fmt, samples_per_shard=4, classes=["a", "b"])
+    assert [s.samples for s in m.shards] == [4, 4, 3] and m.fields == ("cls", "txt")
+    assert list(ddpipe.open_dataset(tmp_path / "d")) == items
+    with pytest.raises(ConversionConflictError):
+        ddpipe.write_dataset(tmp_path / "d", iter(items), format=fmt)

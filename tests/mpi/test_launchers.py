@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -34,11 +35,12 @@ def test_launcher_detection() -> None:
 
 @pytest.mark.mpi
 def test_mpiexec_world_and_node() -> None:
-    code = ("from ddpipe.comm import init_comm; w = init_comm().world; "
-            "print(w.rank, w.size, w.local_rank, w.local_size, w.node, w.num_nodes)")
+    code = ("from ddpipe.comm import init_comm; c = init_comm(); w = c.world; "
+            "rows = c.allgather((w.rank, w.size, w.local_rank, w.local_size, w.node, w.num_nodes)); "
+            "w.rank == 0 and print(rows)")  # one print: lines from several ranks would interleave
     proc = mpiexec(3, "-c", code)
     assert proc.returncode == 0, proc.stderr
-    rows = sorted(tuple(map(int, line.split())) for line in proc.stdout.splitlines())
+    rows = sorted(ast.literal_eval(proc.stdout))
     assert rows == [(r, 3, r, 3, 0, 1) for r in range(3)]
 
 

@@ -1,0 +1,128 @@
+"""The cost of the partial exchange: epoch time with Q = 0.3 against Q = 0, and the exchange's
+throughput against raw MPI Alltoallv of the same bytes, on real ranks.
+
+    python benchmarks/exchange.py [--n 2000] [--ranks 2 4] [--repeats 5]
+
+Data: synth ImageNet-like JPEGs in 16 MB WebDataset shards. Each repeat runs one epoch per Q,
+alternating, with the shards evicted from the page cache first (cold, the I/O-bound case the
+exchange is meant to hide behind) and then again warm; the epoch time is the slowest rank's.
+The reference for throughput replays each round's byte counts, rank by rank, through plain
+``MPI.Ialltoallv`` on preallocated buffers in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from _common import DATA, evict, machine, median, mpiexec, save, synth_images, table
+
+import ddpipe
+from ddpipe.comm import init_comm
+
+BATCH, ROUND = 64, 256
+
+
+def epoch(loader: ddpipe.Loader, files: list[Path], cold: bool) -> float:
+    if cold and loader.rank == 0:
+        evict(files)
+    loader.comm.barrier()
+    t0 = time.perf_counter()
+    for _ in loader:
+        pass
+    return max(loader.comm.allgather(time.perf_counter() - t0))
+
+
+def raw_alltoallv(round_bytes_all: list[list[list[int]]], rank: int) -> float:
+    """Seconds plain MPI needs to move the same byte matrix, round by round."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    total = 0.0
+    for j in range(len(round_bytes_all[rank])):
+        send = round_bytes_all[rank][j]
+        recv = [round_bytes_all[src][j][rank] for src in range(len(round_bytes_all))]
+        sbuf = np.ones(sum(send), dtype=np.uint8)
+        rbuf = np.empty(sum(recv), dtype=np.uint8)
+        sd = np.concatenate([[0], np.cumsum(send)[:-1]]).tolist()
+        rd = np.concatenate([[0], np.cumsum(recv)[:-1]]).tolist()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Ialltoallv([sbuf, (send, sd), MPI.BYTE], [rbuf, (recv, rd), MPI.BYTE]).Wait()
+        total += time.perf_counter() - t0
+    return total
+
+
+def worker(root: Path, out: Path, repeats: int) -> None:
+    comm = init_comm()
+    files = [root / s.file for s in ddpipe.load_manifest(root).shards]
+    loaders = {q: ddpipe.Loader(root, BATCH, shuffle="partial", exchange_fraction=q, round_size=ROUND, comm=comm)
+               for q in (0.0, 0.3)}
+    times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm") for q in (0.0, 0.3)}
+    exchange, raw, moved = [], [], []
+    for rep in range(repeats):
+        for q in (0.0, 0.3) if rep % 2 == 0 else (0.3, 0.0):
+            times[f"cold-{q}"].append(epoch(loaders[q], files, cold=True))
+            times[f"warm-{q}"].append(epoch(loaders[q], files, cold=False))
+        stats = loaders[0.3].stats
+        everyone = comm.allgather(stats["round_bytes"])
+        exchange.append(max(comm.allgather(stats["exchange_seconds"])))
+        raw.append(max(comm.allgather(raw_alltoallv(everyone, comm.world.rank))))
+        moved.append(sum(sum(sum(r) for r in rank) for rank in everyone))
+    if comm.world.rank == 0:
+        out.write_text(json.dumps({"times": times, "exchange_s": exchange, "raw_s": raw, "bytes": moved}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--worker", nargs=2, metavar=("DATA", "OUT"))
+    args = ap.parse_args()
+    if args.worker:
+        worker(Path(args.worker[0]), Path(args.worker[1]), args.repeats)
+        return
+    images = synth_images(args.n)
+    root = DATA / "exchange" / "wds"
+    if not (root / "index.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        ddpipe.convert(images, root, ddpipe.ConvertOptions(format="wds", shard_bytes=16_000_000, progress=False))
+    rows = []
+    for ranks in args.ranks:
+        out = DATA / f"exchange-{ranks}.json"
+        mpiexec(ranks, __file__, "--repeats", args.repeats, "--worker", root, out)
+        r = json.loads(out.read_text())
+        t = r["times"]
+        rows.append({
+            "ranks": ranks,
+            "cold_q0": median(t["cold-0.0"]), "cold_q3": median(t["cold-0.3"]),
+            "cold_ratio": median([b / a for a, b in zip(t["cold-0.0"], t["cold-0.3"], strict=True)]),
+            "warm_q0": median(t["warm-0.0"]), "warm_q3": median(t["warm-0.3"]),
+            "warm_ratio": median([b / a for a, b in zip(t["warm-0.0"], t["warm-0.3"], strict=True)]),
+            "exchanged_mb": median(r["bytes"]) / 1e6,
+            "exchange_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["exchange_s"], strict=True)]),
+            "raw_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["raw_s"], strict=True)]),
+            "vs_raw": median([raw / ours for raw, ours in zip(r["raw_s"], r["exchange_s"], strict=True)]),
+        })
+    cols = [("ranks", "ranks", "d"), ("cold_q0", "cold Q=0 s", ".2f"), ("cold_q3", "cold Q=0.3 s", ".2f"),
+            ("cold_ratio", "cold Q=0.3 / Q=0", ".2f"), ("warm_q0", "warm Q=0 s", ".2f"),
+            ("warm_q3", "warm Q=0.3 s", ".2f"), ("warm_ratio", "warm Q=0.3 / Q=0", ".2f"),
+            ("exchanged_mb", "MB exchanged", ".0f"), ("exchange_mb_s", "exchange MB/s", ".0f"),
+            ("raw_mb_s", "raw Alltoallv MB/s", ".0f"), ("vs_raw", "exchange / raw", ".2f")]
+    text = table(rows, cols)
+    ranks = " ".join(map(str, args.ranks))
+    command = f"python benchmarks/exchange.py --n {args.n} --ranks {ranks} --repeats {args.repeats}"
+    path = save("exchange", {"benchmark": "exchange", "command": command, "machine": machine(), "rows": rows,
+                             "batch_size": BATCH, "round_size": ROUND, "table": text})
+    print(text)
+    print(f"\nwrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""``write_dataset``: any iterable of samples -> a dataset, for data made in code rather than on disk."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import ConversionConflictError
+from ..formats import ShardWriter, get_format
+from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, file_checksum, save_manifest
+from ..sample import KEY, Sample
+
+
+def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, format: str = "wds",
+                  samples_per_shard: int = 1000, classes: Iterable[str] = ()) -> Manifest:
+    """Write ``samples`` in order, ``samples_per_shard`` to a shard; the manifest comes last."""
+    if samples_per_shard < 1:
+        raise ValueError("samples_per_shard must be at least 1")
+    root = Path(out)
+    if (root / MANIFEST_NAME).exists():
+        raise ConversionConflictError("already holds a dataset", path=root)
+    root.mkdir(parents=True, exist_ok=True)
+    fmt = get_format(format)
+    shards: list[ShardInfo] = []
+    fields: set[str] = set()
+    writer = None
+    for sample in samples:
+        if writer is None:
+            writer = fmt.writer(root / f"shard-{len(shards):06d}{fmt.suffix}")
+        try:
+            writer.write(sample)
+        except BaseException:
+            writer.abort()
+            raise
+        fields.update(k for k in sample if k != KEY)
+        if writer.count == samples_per_shard:
+            shards.append(_commit(writer))
+            writer = None
+    if writer is not None:
+        shards.append(_commit(writer))
+    manifest = Manifest(format, tuple(sorted(fields)), tuple(classes), tuple(shards))
+    save_manifest(root, manifest)
+    return manifest
+
+
+def _commit(writer: ShardWriter) -> ShardInfo:
+    path = writer.commit()
+    return ShardInfo(path.name, writer.count, path.stat().st_size, file_checksum(path))
