@@ -25,7 +25,7 @@ from _common import DATA, evict, machine, median, mpiexec, save, synth_images, t
 import ddpipe
 from ddpipe.comm import init_comm
 
-BATCH, ROUND = 64, 256
+BATCH = 64
 
 
 def epoch(loader: ddpipe.Loader, files: list[Path], cold: bool) -> float:
@@ -58,10 +58,11 @@ def raw_alltoallv(round_bytes_all: list[list[list[int]]], rank: int) -> float:
     return total
 
 
-def worker(root: Path, out: Path, repeats: int) -> None:
+def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
     comm = init_comm()
     files = [root / s.file for s in ddpipe.load_manifest(root).shards]
-    loaders = {q: ddpipe.Loader(root, BATCH, shuffle="partial", exchange_fraction=q, round_size=ROUND, comm=comm)
+    loaders = {q: ddpipe.Loader(root, BATCH, shuffle="partial", exchange_fraction=q, round_size=round_size,
+                                  comm=comm)
                for q in (0.0, 0.3)}
     times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm") for q in (0.0, 0.3)}
     exchange, raw, moved = [], [], []
@@ -83,20 +84,21 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--round-size", type=int, default=256)
     ap.add_argument("--worker", nargs=2, metavar=("DATA", "OUT"))
     args = ap.parse_args()
     if args.worker:
-        worker(Path(args.worker[0]), Path(args.worker[1]), args.repeats)
+        worker(Path(args.worker[0]), Path(args.worker[1]), args.repeats, args.round_size)
         return
     images = synth_images(args.n)
-    root = DATA / "exchange" / "wds"
+    root = DATA / f"exchange-{args.n}" / "wds"
     if not (root / "index.json").exists():
         shutil.rmtree(root, ignore_errors=True)
         ddpipe.convert(images, root, ddpipe.ConvertOptions(format="wds", shard_bytes=16_000_000, progress=False))
     rows = []
     for ranks in args.ranks:
         out = DATA / f"exchange-{ranks}.json"
-        mpiexec(ranks, __file__, "--repeats", args.repeats, "--worker", root, out)
+        mpiexec(ranks, __file__, "--repeats", args.repeats, "--round-size", args.round_size, "--worker", root, out)
         r = json.loads(out.read_text())
         t = r["times"]
         rows.append({
@@ -117,9 +119,10 @@ def main() -> None:
             ("raw_mb_s", "raw Alltoallv MB/s", ".0f"), ("vs_raw", "exchange / raw", ".2f")]
     text = table(rows, cols)
     ranks = " ".join(map(str, args.ranks))
-    command = f"python benchmarks/exchange.py --n {args.n} --ranks {ranks} --repeats {args.repeats}"
+    command = (f"python benchmarks/exchange.py --n {args.n} --ranks {ranks} --repeats {args.repeats} "
+               f"--round-size {args.round_size}")
     path = save("exchange", {"benchmark": "exchange", "command": command, "machine": machine(), "rows": rows,
-                             "batch_size": BATCH, "round_size": ROUND, "table": text})
+                             "batch_size": BATCH, "round_size": args.round_size, "table": text})
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
 

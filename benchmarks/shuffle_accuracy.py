@@ -120,7 +120,7 @@ def main() -> None:
     if args.worker:
         worker(Path(args.worker[0]), Path(args.worker[1]), args.epochs, args.seeds)
         return
-    root, out = DATA / "shuffle-accuracy", DATA / "shuffle-accuracy.json"
+    root, out = DATA / "shuffle-accuracy", DATA / f"shuffle-accuracy-{args.ranks}.json"
     make_data(root)
     mpiexec(args.ranks, __file__, "--epochs", args.epochs, "--seeds", args.seeds, "--worker", root, out)
     runs = json.loads(out.read_text())
@@ -137,9 +137,9 @@ def main() -> None:
             ("min", "min", ".2f"), ("max", "max", ".2f"), ("vs_global", "vs global (points)", "+.2f")]
     text = table(rows, cols)
     command = f"python benchmarks/shuffle_accuracy.py --ranks {args.ranks} --epochs {args.epochs} --seeds {args.seeds}"
-    path = save("shuffle_accuracy", {"benchmark": "shuffle_accuracy", "command": command, "machine": machine(),
-                                     "ranks": args.ranks, "batch_per_rank": BATCH, "epochs": args.epochs,
-                                     "rows": rows, "runs": runs, "table": text})
+    doc = {"benchmark": "shuffle_accuracy", "command": command, "machine": machine(), "ranks": args.ranks,
+           "batch_per_rank": BATCH, "epochs": args.epochs, "rows": rows, "runs": runs, "table": text}
+    path = save(f"shuffle_accuracy_{args.ranks}ranks", doc)
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
 

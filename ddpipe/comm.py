@@ -4,9 +4,13 @@ A process started without a launcher is a world of one and never loads MPI. Unde
 ``srun`` ranks come from MPI itself. Under ``torchrun`` (which starts no MPI) the world comes from
 its environment and ddpipe's collectives go through ``torch.distributed`` (gloo).
 
-No collective waits forever: each is posted non-blocking and polled against a deadline. A rank that
-dies makes the launcher end the job; a rank that hangs makes the others, after ``timeout`` seconds,
-print which collective stalled and abort the whole job with a non-zero exit.
+No collective waits forever, and none burns a core while waiting. Small collectives, where ranks
+wait for each other to arrive, are posted non-blocking and polled with short sleeps (a blocking
+MPI call spins, taking the core from the peer it waits for). Bulk transfers, which start once every
+rank has arrived, are blocking calls (MPI progresses a transfer only inside MPI calls, so sleeping
+between polls would stall it) under a watchdog thread. A rank that dies makes the launcher end the
+job; a rank that hangs makes the others, after ``timeout`` seconds, print which collective stalled
+and abort the whole job with a non-zero exit.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,10 +55,6 @@ class World:
     num_nodes: int = 1
 
 
-class CommTimeoutError(RuntimeError):
-    """A collective did not complete in time (raised only where aborting is switched off)."""
-
-
 class Comm:
     """Collectives over the job's world. A world of one needs no MPI and returns at once."""
 
@@ -67,11 +68,13 @@ class Comm:
     def barrier(self) -> None:
         return None
 
-    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[memoryview]:
-        """``send[d]`` goes to rank ``d``; returns what each rank sent here (views of one buffer)."""
-        if len(send) != self.world.size:
-            raise ValueError("one payload per rank")
-        return [memoryview(b) for b in send]
+    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange") -> list[memoryview]:
+        """``send`` holds one segment per rank, back to back, ``counts[d]`` bytes for rank ``d``;
+        returns the segment each rank sent here: views of a receive buffer that the next call
+        reuses, so copy out what must outlive it."""
+        if len(counts) != self.world.size or sum(counts) > len(send):
+            raise ValueError("one segment per rank, within the send buffer")
+        return [send[: counts[0]].data]
 
     def allreduce_max(self, value: int, what: str = "agreement") -> int:
         return value
@@ -84,8 +87,60 @@ class Comm:
         """Leave the job's collectives cleanly (every rank calls it, at the end)."""
 
 
+class Watchdog:
+    """Calls ``on_timeout(what)`` if a watched call outlives its deadline. One thread per communicator."""
+
+    def __init__(self, timeout: float, on_timeout: Any) -> None:
+        self.timeout = timeout
+        self._on_timeout = on_timeout
+        self._cond = threading.Condition()
+        self._what: str | None = None
+        self._deadline = 0.0
+        threading.Thread(target=self._watch, daemon=True, name="ddpipe-watchdog").start()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                if self._what is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    self._on_timeout(self._what)
+                    self._what = None
+                    continue
+                self._cond.wait(timeout=left)
+
+    def watch(self, what: str) -> _Watched:
+        return _Watched(self, what)
+
+    def _arm(self, what: str) -> None:
+        with self._cond:
+            self._what, self._deadline = what, time.monotonic() + self.timeout
+            self._cond.notify()
+
+    def _disarm(self) -> None:
+        with self._cond:
+            self._what = None
+
+
+class _Watched:
+    def __init__(self, dog: Watchdog, what: str) -> None:
+        self._dog, self._what = dog, what
+
+    def __enter__(self) -> None:
+        self._dog._arm(self._what)
+
+    def __exit__(self, *exc: object) -> None:
+        self._dog._disarm()
+
+
 class MPIComm(Comm):
-    """Collectives through mpi4py, each polled against the deadline (MPI has no timed wait)."""
+    """Collectives through mpi4py, each under the watchdog's deadline.
+
+    One thread issues ddpipe's collectives at a time (the loader's producer), on a communicator
+    of ddpipe's own, so one watchdog deadline at a time suffices.
+    """
 
     def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
         from mpi4py import MPI
@@ -101,28 +156,31 @@ class MPIComm(Comm):
                       local_size=local.Get_size(), node=leaders.index(leader), num_nodes=len(leaders))
         self.node_comm = local
         super().__init__(world, timeout)
-
-    def _wait(self, request: Any, what: str) -> None:
-        deadline = time.monotonic() + self.timeout
-        delay = 1e-5
-        # Polling with a growing sleep: the only way to put a deadline on an MPI request.
-        while not request.Test():
-            if time.monotonic() > deadline:
-                self.abort(f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung; "
-                           "aborting the job")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.005)
+        self._recv = np.empty(0, dtype=np.uint8)  # reused: fresh pages would fault inside every exchange
+        self._dog = Watchdog(timeout, lambda what: self.abort(
+            f"{what} did not complete within {timeout:.0f} s: another rank died or hung; aborting the job"))
 
     def abort(self, message: str) -> None:
         print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
         self._comm.Abort(1)
 
+    def _arrive(self, request: Any, what: str) -> None:
+        """Wait for a small collective, sleeping between polls, until the deadline."""
+        deadline = time.monotonic() + self.timeout
+        delay = 2e-5
+        while not request.Test():
+            if time.monotonic() > deadline:
+                self.abort(f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung; "
+                           "aborting the job")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1e-3)
+
     def barrier(self) -> None:
-        self._wait(self._comm.Ibarrier(), "barrier")
+        self._arrive(self._comm.Ibarrier(), "barrier")
 
     def allreduce_max(self, value: int, what: str = "agreement") -> int:
         out = np.zeros(1, dtype=np.int64)
-        self._wait(self._comm.Iallreduce(np.array([value], dtype=np.int64), out, op=self._mpi.MAX), what)
+        self._arrive(self._comm.Iallreduce(np.array([value], dtype=np.int64), out, op=self._mpi.MAX), what)
         return int(out[0])
 
     def allgather(self, value: T) -> list[T]:
@@ -133,28 +191,33 @@ class MPIComm(Comm):
     def _allgatherv(self, payload: bytes, what: str) -> list[bytes]:
         size = self.world.size
         sizes = np.zeros(size, dtype=np.int64)
-        self._wait(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes), what)
-        displs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        out = np.empty(int(sizes.sum()), dtype=np.uint8)
-        send = np.frombuffer(payload, dtype=np.uint8)
-        self._wait(self._comm.Iallgatherv(send, [out, (sizes.tolist(), displs.tolist()), self._mpi.BYTE]), what)
+        displs = np.zeros(size, dtype=np.int64)
+        self._arrive(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes), what)
+        with self._dog.watch(what):
+            displs[1:] = np.cumsum(sizes)[:-1]
+            out = np.empty(int(sizes.sum()), dtype=np.uint8)
+            send = np.frombuffer(payload, dtype=np.uint8)
+            self._comm.Allgatherv(send, [out, (sizes.tolist(), displs.tolist()), self._mpi.BYTE])
         return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
 
-    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[memoryview]:
+    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange") -> list[memoryview]:
         size = self.world.size
-        if len(send) != size:
-            raise ValueError("one payload per rank")
-        send_sizes = np.array([len(b) for b in send], dtype=np.int64)
-        recv_sizes = np.zeros(size, dtype=np.int64)
-        self._wait(self._comm.Ialltoall(send_sizes, recv_sizes), what)
-        if send_sizes.max(initial=0) >= 2**31 or recv_sizes.max(initial=0) >= 2**31:
+        if len(counts) != size or sum(counts) > len(send):
+            raise ValueError("one segment per rank, within the send buffer")
+        if max(counts, default=0) >= 2**31:
             raise ValueError("an exchange round moves over 2 GiB between two ranks: lower round_size")
+        send_sizes = np.array(counts, dtype=np.int64)
+        recv_sizes = np.zeros(size, dtype=np.int64)
         send_displs = np.concatenate([[0], np.cumsum(send_sizes)[:-1]]).tolist()
-        recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]]).tolist()
-        sbuf = np.frombuffer(b"".join(send), dtype=np.uint8)
-        rbuf = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
-        self._wait(self._comm.Ialltoallv([sbuf, (send_sizes.tolist(), send_displs), self._mpi.BYTE],
-                                         [rbuf, (recv_sizes.tolist(), recv_displs), self._mpi.BYTE]), what)
+        sbuf = send[: sum(counts)]
+        self._arrive(self._comm.Ialltoall(send_sizes, recv_sizes), what)
+        with self._dog.watch(what):
+            recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]]).tolist()
+            if len(self._recv) < recv_sizes.sum():
+                self._recv = np.empty(int(recv_sizes.sum() * 1.25), dtype=np.uint8)
+            rbuf = self._recv
+            self._comm.Alltoallv([sbuf, (send_sizes.tolist(), send_displs), self._mpi.BYTE],
+                                 [rbuf, (recv_sizes.tolist(), recv_displs), self._mpi.BYTE])
         view = rbuf.data  # no copy: callers unpack straight from the receive buffer
         return [view[d : d + s] for d, s in zip(recv_displs, recv_sizes.tolist(), strict=True)]
 
@@ -203,9 +266,11 @@ class TorchComm(Comm):
         if self._owns_group:
             self._dist.destroy_process_group()
 
-    def alltoall_bytes(self, send: list[bytes], what: str = "exchange") -> list[memoryview]:
-        # gloo has no all-to-all of variable sizes: gather every payload (fine at torchrun scales)
-        everything = self.allgather(send)
+    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange") -> list[memoryview]:
+        # gloo has no all-to-all of variable sizes: gather every segment (fine at torchrun scales)
+        starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        segments = [send[starts[d] : starts[d + 1]].tobytes() for d in range(self.world.size)]
+        everything = self.allgather(segments)
         return [memoryview(everything[src][self.world.rank]) for src in range(self.world.size)]
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from .comm import Comm, init_comm
 from .dataset import Dataset, open_dataset
 from .errors import DdpipeError
+from .memory import keep_freed_memory
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import Sample
 from .shufflers.exchange import ExchangeShuffler
@@ -57,6 +58,7 @@ class Loader:
     ) -> None:
         if decode != "none":
             raise DdpipeError(f"decode={decode!r} is not available yet; use decode='none' for encoded samples")
+        keep_freed_memory()
         self.dataset: Dataset = path if isinstance(path, Dataset) else open_dataset(path)
         self.options = PlanOptions(shuffle=shuffle, exchange_fraction=exchange_fraction, assignment=shard_assignment,
                                    drop_last=drop_last, batch_size=batch_size, buffer_size=buffer_size,
@@ -133,7 +135,7 @@ class Loader:
             if rank_plan.rounds:
                 # reading gets a thread of its own, so the next round is read (the GIL released in I/O)
                 # while this one is exchanged
-                ahead = 2 * self.options.round_size
+                ahead = 8 * self.options.round_size
                 shuffler = ExchangeShuffler(self.comm, rank_plan)
                 finished = shuffler.run(_read_ahead(samples, ahead, stop), emit)
                 self.stats = {"samples_sent": shuffler.samples_sent, "bytes_sent": shuffler.bytes_sent,

@@ -8,15 +8,17 @@ stopped iterating, so a loop broken on every rank (to checkpoint, say) never lea
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Iterator
 
 import msgpack
+import numpy as np
 
 from ..comm import Comm
 from ..errors import DdpipeError
 from ..plan import RankPlan
-from ..sample import Sample
+from ..sample import KEY, Sample
 
 # emit((global index, sample)) -> False once the consumer has stopped
 Emit = Callable[[tuple[int, Sample]], bool]
@@ -30,6 +32,7 @@ class ExchangeShuffler:
         self.bytes_sent = 0
         self.exchange_seconds = 0.0  # inside the collectives, for comparison with raw Alltoallv
         self.round_bytes: list[list[int]] = []  # bytes sent to each rank, per round
+        self._send = np.empty(0, dtype=np.uint8)  # reused across rounds, like the receive buffer
 
     def run(self, samples: Iterator[Sample], emit: Emit) -> bool:
         """Read, exchange and emit every round; False if the epoch was stopped early on some rank."""
@@ -39,23 +42,23 @@ class ExchangeShuffler:
             if self.comm.allreduce_max(int(stopped), f"exchange round {j} (agreement)"):
                 return False
             chunk = [next(samples) for _ in range(rnd.stop - rnd.start)]
-            payloads = [b""] * size
+            outgoing: list[list[tuple[int, Sample]]] = [[] for _ in range(size)]
             sent: set[int] = set()
             for positions, dest in zip(rnd.send, rnd.dests, strict=True):
-                # one msgpack array per destination: one copy of the bytes, one object to unpack
-                payloads[dest] = msgpack.packb([(int(plan.reads[p]), chunk[p - rnd.start]) for p in positions.tolist()],
-                                               use_bin_type=True)
+                outgoing[dest] = [(int(plan.reads[p]), chunk[p - rnd.start]) for p in positions.tolist()]
                 sent.update(positions.tolist())
+            self._send, counts = pack_segments(outgoing, self._send)
+            buffer = self._send
             self.samples_sent += len(sent)
-            self.round_bytes.append([len(p) for p in payloads])
-            self.bytes_sent += sum(self.round_bytes[-1])
+            self.round_bytes.append(counts)
+            self.bytes_sent += sum(counts)
             t0 = time.perf_counter()
-            received = self.comm.alltoall_bytes(payloads, f"exchange round {j}")
+            received = self.comm.alltoallv(buffer, counts, f"exchange round {j}")
             self.exchange_seconds += time.perf_counter() - t0
             out: list[tuple[int, Sample]] = [(int(plan.reads[p]), chunk[p - rnd.start])
                                              for p in range(rnd.start, rnd.stop) if p not in sent]
             for source, expected in zip(rnd.sources, rnd.recv, strict=True):
-                items = [(int(g), s) for g, s in msgpack.unpackb(received[source], raw=False)] if expected.size else []
+                items = unpack_segment(received[source]) if expected.size else []
                 if [g for g, _ in items] != expected.tolist():
                     raise DdpipeError(f"exchange round {j}: rank {source} sent samples the plan does not expect; "
                                       "do all ranks run the same ddpipe version, dataset and options?")
@@ -66,3 +69,56 @@ class ExchangeShuffler:
                         stopped = True
                         break
         return not stopped
+
+
+# A segment: u64 header length, a msgpack header [[index, key, [[field, length], ...]], ...], then
+# every field's bytes back to back. Hand-framed rather than one msgpack object because the bulk is
+# then copied once, straight into the MPI send buffer (msgpack's packer measured about 1 GB/s here).
+_LEN = struct.Struct("<Q")
+
+
+def pack_segments(outgoing: list[list[tuple[int, Sample]]],
+                  buffer: np.ndarray | None = None) -> tuple[np.ndarray, list[int]]:
+    """A send buffer holding a segment per destination rank (``buffer`` when large enough, else a
+    new one), and each segment's length."""
+    headers, counts = [], []
+    for items in outgoing:
+        if not items:
+            headers.append(b"")
+            counts.append(0)
+            continue
+        meta = [[g, s[KEY], [[k, len(v)] for k, v in s.items() if k != KEY]] for g, s in items]
+        header = msgpack.packb(meta, use_bin_type=True)
+        headers.append(header)
+        counts.append(_LEN.size + len(header) + sum(length for _, _, f in meta for _, length in f))
+    if buffer is None or len(buffer) < sum(counts):
+        buffer = np.empty(int(sum(counts) * 1.25), dtype=np.uint8)
+    view = buffer.data
+    at = 0
+    for items, header in zip(outgoing, headers, strict=True):
+        if not items:
+            continue
+        view[at : at + _LEN.size] = _LEN.pack(len(header))
+        at += _LEN.size
+        view[at : at + len(header)] = header
+        at += len(header)
+        for _, sample in items:
+            for k, v in sample.items():
+                if k != KEY:
+                    view[at : at + len(v)] = v
+                    at += len(v)
+    return buffer, counts
+
+
+def unpack_segment(segment: memoryview) -> list[tuple[int, Sample]]:
+    (header_len,) = _LEN.unpack_from(segment)
+    at = _LEN.size + header_len
+    meta = msgpack.unpackb(segment[_LEN.size : at], raw=False)
+    items = []
+    for g, key, fields in meta:
+        sample: Sample = {KEY: key}
+        for name, length in fields:
+            sample[name] = segment[at : at + length].tobytes()
+            at += length
+        items.append((int(g), sample))
+    return items
