@@ -1,7 +1,7 @@
 """The cost of the partial exchange: epoch time with Q = 0.3 against Q = 0, and the exchange's
 throughput against raw MPI Alltoallv of the same bytes, on real ranks.
 
-    python benchmarks/exchange.py [--n 2000] [--ranks 2 4] [--repeats 5]
+    python benchmarks/exchange.py [--n 3000] [--ranks 2 4] [--repeats 7] [--round-size 128]
 
 Data: synth ImageNet-like JPEGs in 16 MB WebDataset shards. Each repeat runs one epoch per Q,
 alternating, with the shards evicted from the page cache first (cold, the I/O-bound case the
@@ -81,10 +81,10 @@ def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--round-size", type=int, default=256)
+    ap.add_argument("--round-size", type=int, default=128)
     ap.add_argument("--worker", nargs=2, metavar=("DATA", "OUT"))
     args = ap.parse_args()
     if args.worker:

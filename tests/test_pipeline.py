@@ -1,0 +1,92 @@
+"""The Loader in one process: batches follow the plan, resume, early stops and errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ddpipe
+from ddpipe.errors import CorruptShardError, DdpipeError
+
+from .helpers import make_dataset
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("pipe") / "lmdb", "lmdb", [12, 30, 5, 17])
+
+
+def keys(batches: list[list[dict]]) -> list[str]:
+    return [s["__key__"] for b in batches for s in b]
+
+
+@pytest.mark.parametrize("mode", ["none", "local", "partial", "global"])
+def test_batches_follow_the_plan(data: Path, mode: str) -> None:
+    loader = ddpipe.Loader(data, 8, shuffle=mode, seed=4, buffer_size=10)
+    loader.set_epoch(2)
+    got = list(loader)
+    assert len(got) == len(loader) == 8 and all(len(b) == 8 for b in got[:-1]) and len(got[-1]) == 64 - 56
+    expected = [f"s/{g:06d}" for g in loader.plan().ranks[0].order]
+    assert keys(got) == expected
+    assert sorted(keys(got)) == [f"s/{i:06d}" for i in range(64)]
+
+
+def test_resume_after_break_and_after_a_full_epoch(data: Path) -> None:
+    loader = ddpipe.Loader(data, 5, shuffle="local", seed=1)
+    loader.set_epoch(0)
+    first = []
+    for b, batch in enumerate(loader):
+        first.append(batch)
+        if b == 3:
+            break
+    state = loader.state_dict()
+    assert state["batches"] == 4 and state["epoch"] == 0
+    fresh = ddpipe.Loader(data, 5, shuffle="local", seed=1)
+    fresh.load_state_dict(state)
+    rest = list(fresh)
+    assert len(fresh) == len(rest) == 9  # 44 samples left, in batches of 5
+    assert sorted(keys(first) + keys(rest)) == [f"s/{i:06d}" for i in range(64)]
+    fresh.set_epoch(1)  # the next epoch is whole again
+    assert len(list(fresh)) == 13
+    assert fresh.state_dict()["pending"] is None
+
+
+def test_state_of_another_dataset_is_refused(data: Path, tmp_path: Path) -> None:
+    other = make_dataset(tmp_path / "o", "wds", [10])
+    state = ddpipe.Loader(other, 4).state_dict()
+    with pytest.raises(DdpipeError, match="dataset of 10 samples"):
+        ddpipe.Loader(data, 4).load_state_dict(state)
+
+
+def test_breaking_early_stops_the_producer(data: Path) -> None:
+    loader = ddpipe.Loader(data, 2, shuffle="partial", prefetch=2)
+    for _ in loader:
+        break  # must not hang, and the loader stays usable
+    assert len(keys(list(loader))) == 64
+
+
+def test_decode_is_none_for_now(data: Path) -> None:
+    with pytest.raises(DdpipeError, match="decode='none'"):
+        ddpipe.Loader(data, 4, decode="dali-cpu")
+
+
+def test_a_corrupt_shard_reaches_the_consumer(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "wds", "wds", [6, 6])
+    shard = root / "shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[3072:3584] = bytes(512)  # a member header zeroed in the middle: the same size, a shorter archive
+    shard.write_bytes(bytes(data))
+    (root / "shard-000001.idx").unlink()  # and the index must be rebuilt from the damaged headers
+    loader = ddpipe.Loader(root, 4, shuffle="none")
+    with pytest.raises(CorruptShardError, match=r"shard-000001\.tar"):
+        list(loader)
+
+
+def test_plan_is_cached_per_epoch(data: Path) -> None:
+    loader = ddpipe.Loader(data, 4, seed=3)
+    a = loader.plan()
+    assert loader.plan() is a
+    loader.set_epoch(1)
+    assert not np.array_equal(loader.plan().ranks[0].order, a.ranks[0].order)
