@@ -14,9 +14,7 @@ class TestHDF5Conformance(FormatConformance):
 def test_documented_layout_reads_with_plain_h5py(tmp_path: Path) -> None:
     items = example_samples()
     path = tmp_path / "s.h5"
-    with TestHDF5Conformance().fmt.writer(path) as w:
-        for s in items:
-            w.write(s)
+    TestHDF5Conformance().write(path, items)
     with h5py.File(path, "r") as f:
         assert f.attrs["samples"] == len(items)
         g = f["fields/jpg"]
@@ -31,8 +29,6 @@ def test_documented_layout_reads_with_plain_h5py(tmp_path: Path) -> None:
 def test_samples_with_different_fields(tmp_path: Path) -> None:
     items = [{"__key__": "a", "jpg": b"1"}, {"__key__": "b", "png": b"22", "cls": b"0"}, {"__key__": "c", "jpg": b""}]
     path = tmp_path / "s.h5"
-    with TestHDF5Conformance().fmt.writer(path) as w:
-        for s in items:
-            w.write(s)
+    TestHDF5Conformance().write(path, items)
     with TestHDF5Conformance().fmt.reader(path) as r:
         assert list(r) == items

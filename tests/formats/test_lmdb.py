@@ -16,9 +16,7 @@ class TestLMDBConformance(FormatConformance):
 def test_one_file_per_shard_readable_with_plain_lmdb(tmp_path: Path) -> None:
     items = example_samples()
     path = tmp_path / "s.lmdb"
-    with TestLMDBConformance().fmt.writer(path) as w:
-        for s in items:
-            w.write(s)
+    TestLMDBConformance().write(path, items)
     assert os.listdir(tmp_path) == ["s.lmdb"] and path.is_file()  # no directory, no lock file
     env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
     with env.begin() as txn:

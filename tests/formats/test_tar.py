@@ -28,11 +28,7 @@ def test_split_member_name_follows_webdataset() -> None:
 
 def test_dali_index_matches_dalis_own_indexer(tmp_path: Path) -> None:
     wds2idx = pytest.importorskip("wds2idx", reason="ships with nvidia-dali (ddpipe[dali])")
-    fmt = TestTarConformance().fmt
-    shard = tmp_path / "s.tar"
-    with fmt.writer(shard) as w:
-        for s in example_samples():
-            w.write(s)
+    shard = TestTarConformance().write(tmp_path / "s.tar", example_samples())
     theirs = tmp_path / "theirs.idx"
     with wds2idx.IndexCreator(str(shard), str(theirs), verbose=False) as creator:
         creator.create_index()
@@ -42,9 +38,7 @@ def test_dali_index_matches_dalis_own_indexer(tmp_path: Path) -> None:
 def test_tar_readable_by_webdataset_library(tmp_path: Path) -> None:
     items = example_samples()
     shard = tmp_path / "s.tar"
-    with TestTarConformance().fmt.writer(shard) as w:
-        for s in items:
-            w.write(s)
+    TestTarConformance().write(shard, items)
     theirs = list(wds.WebDataset(str(shard), shardshuffle=False))
     assert [t[KEY] for t in theirs] == [s[KEY] for s in items]
     assert [(t["jpg"], t["cls"]) for t in theirs] == [(s["jpg"], s["cls"]) for s in items]
@@ -103,11 +97,7 @@ def test_dali_webdataset_reader_reads_ddpipe_tars(tmp_path: Path) -> None:
     items = example_samples(20)
     shards = []
     for k in range(2):
-        shard = tmp_path / f"s{k}.tar"
-        with TestTarConformance().fmt.writer(shard) as w:
-            for s in items[k * 10 : (k + 1) * 10]:
-                w.write(s)
-        shards.append(shard)
+        shards.append(TestTarConformance().write(tmp_path / f"s{k}.tar", items[k * 10 : (k + 1) * 10]))
 
     @dali.pipeline_def(batch_size=5, num_threads=1, device_id=None)
     def pipe():  # type: ignore[no-untyped-def]
