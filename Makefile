@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ddpipe tests benchmarks
+	$(PY) benchmarks/report.py --check
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy ddpipe
@@ -34,6 +35,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/formats.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_quality.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/exchange.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_accuracy.py --ranks 4
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_accuracy.py --ranks 8
+	$(PY) benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) build *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
