@@ -67,7 +67,10 @@ class Loader:
         self.prefetch = prefetch
         self.comm = comm or init_comm()
         self.epoch = 0
-        self._pending: np.ndarray | None = None  # samples left of a resumed epoch
+        # the samples this epoch plans over: None for all, or what a resumed epoch had left; it changes
+        # only with set_epoch, so iterating again repeats the same stream and a state taken after the
+        # last batch resumes to nothing
+        self._pending: np.ndarray | None = None
         self._batches_done = 0
         self._plan: EpochPlan | None = None
         self.stats: dict[str, Any] = {}
@@ -119,7 +122,6 @@ class Loader:
                         del held[g]
                 self._batches_done = b + 1
                 yield batch
-            self._pending = None
         finally:
             stop.set()  # the producer notices within one queue timeout, even when the queue is full
             producer.join()

@@ -48,6 +48,11 @@ def test_resume_after_break_and_after_a_full_epoch(data: Path) -> None:
     rest = list(fresh)
     assert len(fresh) == len(rest) == 9  # 44 samples left, in batches of 5
     assert sorted(keys(first) + keys(rest)) == [f"s/{i:06d}" for i in range(64)]
+    done = fresh.state_dict()  # taken after the resumed epoch's last batch: nothing is left of it
+    after = ddpipe.Loader(data, 5, shuffle="local", seed=1)
+    after.load_state_dict(done)
+    assert len(after) == 0 and list(after) == []
+    assert keys(list(fresh)) == keys(rest)  # iterating again repeats the same (resumed) epoch
     fresh.set_epoch(1)  # the next epoch is whole again
     assert len(list(fresh)) == 13
     assert fresh.state_dict()["pending"] is None
