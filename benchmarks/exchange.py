@@ -61,8 +61,8 @@ def raw_alltoallv(round_bytes_all: list[list[list[int]]], rank: int) -> float:
 def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
     comm = init_comm()
     files = [root / s.file for s in ddpipe.load_manifest(root).shards]
-    loaders = {q: ddpipe.Loader(root, BATCH, shuffle="partial", exchange_fraction=q, round_size=round_size,
-                                  comm=comm)
+    loaders = {q: ddpipe.Loader(root, BATCH, decode="none", shuffle="partial", exchange_fraction=q,
+                                  round_size=round_size, comm=comm)
                for q in (0.0, 0.3)}
     times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm") for q in (0.0, 0.3)}
     exchange, raw, moved = [], [], []

@@ -81,7 +81,7 @@ def worker(root: Path, out: Path, epochs: int, seeds: int) -> None:
                 nn.Flatten(), nn.Linear(32 * 16, 10))
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
             params = [p for p in model.parameters()]
-            loader = ddpipe.Loader(root / "train", BATCH, shuffle=mode, exchange_fraction=q, seed=seed,
+            loader = ddpipe.Loader(root / "train", BATCH, decode="none", shuffle=mode, exchange_fraction=q, seed=seed,
                                    buffer_size=256, round_size=64, drop_last=True, comm=comm)
             for epoch in range(epochs):
                 loader.set_epoch(epoch)

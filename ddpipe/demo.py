@@ -82,7 +82,7 @@ def _load_epoch(dataset: Path) -> int:
     from .pipeline import Loader
 
     comm = init_comm(timeout=120)
-    loader = Loader(dataset, 64, shuffle="partial", exchange_fraction=0.3, seed=0, comm=comm)
+    loader = Loader(dataset, 64, decode="none", shuffle="partial", exchange_fraction=0.3, seed=0, comm=comm)
     comm.barrier()
     t0 = time.perf_counter()
     keys = [s["__key__"] for batch in loader for s in batch]

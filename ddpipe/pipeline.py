@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -21,10 +21,13 @@ import numpy as np
 
 from .comm import Comm, init_comm
 from .dataset import Dataset, open_dataset
-from .errors import DdpipeError
+from .decode.batches import EncodedBatch
+from .decode.spec import DecodeOptions
+from .errors import DdpipeError, SampleError
 from .memory import keep_freed_memory
 from .plan import EpochPlan, PlanOptions, plan_epoch
-from .sample import Sample
+from .sample import KEY, Sample
+from .seeding import DECODE, derive_rng
 from .shufflers.exchange import ExchangeShuffler
 
 STATE_VERSION = 1
@@ -34,7 +37,13 @@ _END = object()
 class Loader:
     """Batches of this rank's samples, the same number on every rank.
 
-    With ``decode="none"`` each batch is a list of sample dicts (``__key__`` and raw fields).
+    Each batch is ``(images, labels)``: images as a torch tensor on ``device`` (NCHW; float32,
+    float16 or uint8 per ``decode_options``), labels as int64. ``decode`` picks the decoder
+    (``"auto"``, ``"dali-gpu"``, ``"dali-cpu"``, ``"pil"``); with ``decode="none"`` each batch is a
+    list of encoded sample dicts instead. ``on_error="fail"`` stops at an image that does not decode,
+    naming its key and shard; ``"skip"`` drops it from its batch and counts it in ``stats``, so every
+    rank still yields the same number of batches.
+
     Call :meth:`set_epoch` before each epoch; :meth:`state_dict` mid-epoch and
     :meth:`load_state_dict` in a fresh loader (any world size) continue with exactly the samples
     not yet yielded.
@@ -50,14 +59,17 @@ class Loader:
         seed: int = 0,
         shard_assignment: str = "sticky",
         drop_last: bool = False,
-        decode: str = "none",
+        decode: str = "auto",
+        device: str = "auto",
+        decode_options: DecodeOptions | None = None,
+        on_error: str = "fail",
         buffer_size: int = 1024,
         round_size: int = 512,
         prefetch: int = 256,
         comm: Comm | None = None,
     ) -> None:
-        if decode != "none":
-            raise DdpipeError(f"decode={decode!r} is not available yet; use decode='none' for encoded samples")
+        if on_error not in ("fail", "skip"):
+            raise DdpipeError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
         keep_freed_memory()
         self.dataset: Dataset = path if isinstance(path, Dataset) else open_dataset(path)
         self.options = PlanOptions(shuffle=shuffle, exchange_fraction=exchange_fraction, assignment=shard_assignment,
@@ -66,6 +78,13 @@ class Loader:
         self.seed = seed
         self.prefetch = prefetch
         self.comm = comm or init_comm()
+        self.on_error = on_error
+        self.decode_options = decode_options or DecodeOptions()
+        self.decode, self.device = "none", None
+        if decode != "none":
+            from .decode.output import resolve
+
+            self.decode, self.device = resolve(decode, device, self.comm.world.local_rank)
         self.epoch = 0
         # the samples this epoch plans over: None for all, or what a resumed epoch had left; it changes
         # only with set_epoch, so iterating again repeats the same stream and a state taken after the
@@ -74,6 +93,7 @@ class Loader:
         self._batches_done = 0
         self._plan: EpochPlan | None = None
         self.stats: dict[str, Any] = {}
+        self.skipped: list[tuple[str, str, str]] = []  # (key, shard, reason) of skipped samples, first 1,000
 
     @property
     def rank(self) -> int:
@@ -96,19 +116,51 @@ class Loader:
     def __len__(self) -> int:
         return self.plan().num_batches
 
-    def __iter__(self) -> Iterator[list[Sample]]:
+    def __iter__(self) -> Iterator[Any]:
         plan = self.plan()
+        self._batches_done = 0
+        self.stats["skipped"] = 0
+        stream = self._encoded(plan)
+        try:
+            if self.decode == "none":
+                for _, samples in stream:
+                    self._batches_done += 1
+                    yield samples
+                return
+            from .decode.output import make_decoder
+
+            assert self.device is not None  # set with every decode but "none"
+            decoder = make_decoder(self.decode, self.decode_options, self.options.batch_size, self.device, self.epoch)
+            encoded = (EncodedBatch.of(indices, samples, self._on_bad) for indices, samples in stream)
+            seed = int(derive_rng(self.seed, DECODE, self.epoch, self.rank).integers(2**31 - 1))
+            for batch in decoder.decode(encoded, seed, self._on_bad):
+                self._batches_done += 1  # what the caller has received, not what decoding prefetched
+                yield batch
+        finally:
+            stream.close()
+
+    def _on_bad(self, index: int, sample: Sample, reason: str) -> None:
+        shard, _ = self.dataset.locate(np.array([index]))
+        where = str(self.dataset.shard_path(int(shard[0])))
+        if self.on_error == "fail":
+            raise SampleError(reason, key=sample.get(KEY), path=where)
+        self.stats["skipped"] += 1
+        if len(self.skipped) < 1000:
+            self.skipped.append((str(sample.get(KEY)), where, reason))
+
+    def _encoded(self, plan: EpochPlan) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
+        """This rank's batches of encoded samples, in the plan's order, with their global indices."""
         out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
         producer = threading.Thread(target=self._produce, args=(plan, out, stop), daemon=True,
                                     name=f"ddpipe-producer-{self.rank}")
         producer.start()
         held: defaultdict[int, deque[Sample]] = defaultdict(deque)
-        self._batches_done = 0
         try:
             for b in range(plan.num_batches):
+                indices = plan.batch(self.rank, b)
                 batch = []
-                for g in plan.batch(self.rank, b).tolist():
+                for g in indices.tolist():
                     while not held[g]:
                         item = out.get()
                         if item is _END:
@@ -120,8 +172,7 @@ class Loader:
                     batch.append(held[g].popleft())
                     if not held[g]:
                         del held[g]
-                self._batches_done = b + 1
-                yield batch
+                yield indices, batch
         finally:
             stop.set()  # the producer notices within one queue timeout, even when the queue is full
             producer.join()

@@ -16,6 +16,8 @@ BUFFER = 4
 EXCHANGE = 5
 GLOBAL = 6
 SEND = 7
+AUGMENT = 8
+DECODE = 9
 
 
 def derive_rng(seed: int, *path: int) -> np.random.Generator:

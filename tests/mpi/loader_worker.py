@@ -32,7 +32,7 @@ def main() -> None:
             for drop_last in (False, True):
                 name = f"{fmt}-{mode}-{int(drop_last)}"
 
-                loader = functools.partial(ddpipe.Loader, data / fmt, batch_size=5, shuffle=mode,
+                loader = functools.partial(ddpipe.Loader, data / fmt, batch_size=5, decode="none", shuffle=mode,
                                            exchange_fraction=0.4, seed=11, drop_last=drop_last, buffer_size=16,
                                            round_size=9, comm=comm)
 

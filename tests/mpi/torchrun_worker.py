@@ -12,8 +12,8 @@ from ddpipe.comm import init_comm
 
 def main() -> None:
     comm = init_comm(timeout=60)
-    loader = ddpipe.Loader(sys.argv[1], batch_size=4, shuffle="partial", exchange_fraction=0.5, round_size=8,
-                           comm=comm)
+    loader = ddpipe.Loader(sys.argv[1], batch_size=4, decode="none", shuffle="partial", exchange_fraction=0.5,
+                           round_size=8, comm=comm)
     keys = [s["__key__"] for batch in loader for s in batch]
     out = Path(sys.argv[2]) / f"rank{comm.world.rank}.json"
     out.write_text(json.dumps({"world": [comm.world.rank, comm.world.size, comm.world.local_rank],

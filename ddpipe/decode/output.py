@@ -1,0 +1,103 @@
+"""Torch-side decoding: choosing the decoder and device, the PIL decoder's batches, normalisation."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..errors import DdpipeError
+from . import DECODERS
+from .batches import EncodedBatch, OnBad
+from .spec import DecodeOptions
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Decoder(Protocol):
+    def decode(self, batches: Iterator[EncodedBatch], seed: int, on_bad: OnBad) -> Iterator[Batch]: ...
+
+
+def normalize(images: torch.Tensor, options: DecodeOptions | None = None,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 NCHW images (0-255) -> normalised floats, on whatever device they are (the GPU, ideally)."""
+    o = options or DecodeOptions()
+    mean = torch.tensor(o.mean, device=images.device, dtype=dtype).view(1, 3, 1, 1) * 255
+    std = torch.tensor(o.std, device=images.device, dtype=dtype).view(1, 3, 1, 1) * 255
+    return (images.to(dtype) - mean) / std
+
+
+def resolve(decode: str, device: str, local_rank: int = 0) -> tuple[str, torch.device]:
+    """The decoder and the device that ``decode`` and ``device`` (either may be ``"auto"``) stand for."""
+    if decode not in DECODERS:
+        raise DdpipeError(f"decode must be one of {', '.join(DECODERS)}, not {decode!r}")
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        target = torch.device("cuda", local_rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    else:
+        target = torch.device(device)
+        if target.type == "cuda" and not cuda:
+            raise DdpipeError(f"device={device!r} but CUDA is not available")
+    if decode == "auto":
+        has_dali = importlib.util.find_spec("nvidia.dali") is not None
+        decode = ("dali-gpu" if target.type == "cuda" else "dali-cpu") if has_dali else "pil"
+    return decode, target
+
+
+class PilDecoder:
+    """The fallback: a pool of processes decoding with PIL, two batches in flight."""
+
+    def __init__(self, options: DecodeOptions, device: torch.device, epoch: int) -> None:
+        from .pil import PilPool
+
+        self.options = options
+        self.device = device
+        self.epoch = epoch
+        self._pool = PilPool(options)
+
+    def decode(self, batches: Iterator[EncodedBatch], seed: int, on_bad: OnBad) -> Iterator[Batch]:
+        inflight: deque[tuple[EncodedBatch, list[Future[list[np.ndarray | str]]]]] = deque()
+        try:
+            for batch in batches:
+                inflight.append((batch, self._pool.submit(batch.datas, batch.indices, seed, self.epoch)))
+                if len(inflight) >= 2:
+                    yield self._collect(*inflight.popleft(), on_bad)
+            while inflight:
+                yield self._collect(*inflight.popleft(), on_bad)
+        finally:
+            self._pool.close()
+
+    def _collect(self, batch: EncodedBatch, futures: list[Future[list[np.ndarray | str]]], on_bad: OnBad) -> Batch:
+        results = [r for f in futures for r in f.result()]
+        images, labels = [], []
+        for g, sample, label, result in zip(batch.indices, batch.samples, batch.labels, results, strict=True):
+            if isinstance(result, str):
+                on_bad(g, sample, f"does not decode: {result}")
+                continue
+            images.append(result)
+            labels.append(label)
+        s = self.options.size
+        hwc = torch.from_numpy(np.stack(images)) if images else torch.empty((0, s, s, 3), dtype=torch.uint8)
+        hwc = hwc.to(self.device, non_blocking=True)
+        nchw = hwc.permute(0, 3, 1, 2)  # channels-last memory
+        if self.options.dtype != "uint8":
+            nchw = normalize(nchw, self.options, torch.float16 if self.options.dtype == "float16" else torch.float32)
+        if not self.options.channels_last:
+            nchw = nchw.contiguous()
+        elif self.options.dtype != "uint8":
+            nchw = nchw.contiguous(memory_format=torch.channels_last)
+        return nchw, torch.tensor(labels, dtype=torch.int64, device=self.device)
+
+
+def make_decoder(kind: str, options: DecodeOptions, batch_size: int, device: torch.device, epoch: int) -> Decoder:
+    if kind == "pil":
+        return PilDecoder(options, device, epoch)
+    from .dali import DaliDecoder
+
+    return DaliDecoder(options, batch_size, device, gpu_decode=kind == "dali-gpu")
+

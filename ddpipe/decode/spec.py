@@ -1,0 +1,79 @@
+"""What decoding produces: the transform, the output type, and how images are seeded."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "gif")
+DTYPES = ("float32", "float16", "uint8")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """The training transform (random-resized crop, flip, normalise) or the evaluation one (resize
+    the shorter side, centre crop). ``uint8`` output skips normalisation, to be done on the device
+    with :func:`ddpipe.decode.normalize`; float outputs are normalised with ``mean`` and ``std``
+    (given for pixels in [0, 1])."""
+
+    train: bool = True
+    size: int = 224
+    resize_shorter: int = 256
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.5
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    dtype: str = "float32"
+    channels_last: bool = False
+    threads: int = 0  # decoding threads (DALI) or processes (pil); 0: one per core
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.size < 1 or self.resize_shorter < self.size:
+            raise ValueError("size must be positive and resize_shorter at least size")
+
+    @property
+    def workers(self) -> int:
+        return self.threads or os.cpu_count() or 1
+
+
+def image_field(sample: dict[str, bytes]) -> str | None:
+    """The field holding the sample's image, if any."""
+    return next((f for f in IMAGE_FIELDS if f in sample), None)
+
+
+def label_of(sample: dict[str, bytes]) -> int:
+    """The sample's integer class from its ``cls`` field, or -1 when it has none."""
+    value = sample.get("cls")
+    if value is None:
+        return -1
+    return int(bytes(value).decode().strip())
+
+
+def random_resized_crop(width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float],
+                        rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """(left, top, crop width, crop height): torchvision's RandomResizedCrop choice."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1)), w, h
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif in_ratio > ratio[1]:
+        w, h = round(height * ratio[1]), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h

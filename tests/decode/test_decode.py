@@ -1,0 +1,173 @@
+"""Decoding: labels match images, documented outputs, determinism, PIL/DALI agreement, bad images."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import ddpipe
+from ddpipe.decode import DecodeOptions, normalize
+from ddpipe.errors import SampleError
+
+COLORS = [(230, 20, 20), (20, 230, 20), (20, 20, 230), (230, 230, 20), (20, 230, 230), (230, 20, 230)]
+DECODERS = ["dali-cpu", "pil"]
+
+
+def solid_jpeg(color: tuple[int, int, int], size: tuple[int, int], mode: str = "RGB", fmt: str = "JPEG") -> bytes:
+    buf = io.BytesIO()
+    img = Image.new("RGB", size, color)
+    if mode != "RGB":
+        img = img.convert(mode)
+    img.save(buf, format=fmt, quality=95)
+    return buf.getvalue()
+
+
+def labelled_samples(n: int, rng: np.random.Generator) -> list[dict]:
+    """Sample i is a solid image of its class's colour: its label can be read back from its pixels."""
+    out = []
+    for i in range(n):
+        c = int(rng.integers(len(COLORS)))
+        size = (int(rng.integers(60, 200)), int(rng.integers(60, 200)))
+        out.append({"__key__": f"img/{i:04d}", "jpg": solid_jpeg(COLORS[c], size), "cls": b"%d" % c})
+    return out
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("dec") / "wds"
+    ddpipe.write_dataset(root, iter(labelled_samples(40, np.random.default_rng(0))), samples_per_shard=16,
+                         classes=[str(c) for c in range(len(COLORS))])
+    return root
+
+
+@pytest.fixture(scope="module")
+def natural(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ddpipe.synth import encode_jpeg, render_image
+
+    root = tmp_path_factory.mktemp("nat") / "wds"
+    samples = ({"__key__": f"n/{i}", "jpg": encode_jpeg(render_image(i, seed=5, long_side=200)), "cls": b"%d" % (i % 3)}
+               for i in range(24))
+    ddpipe.write_dataset(root, samples, samples_per_shard=12, classes=["a", "b", "c"])
+    return root
+
+
+def loader(root: Path, decode: str, **kw: object) -> ddpipe.Loader:
+    opts = DecodeOptions(size=kw.pop("size", 32), resize_shorter=kw.pop("resize_shorter", 40),  # type: ignore[arg-type]
+                         dtype=kw.pop("dtype", "uint8"), train=kw.pop("train", True),  # type: ignore[arg-type]
+                         channels_last=kw.pop("channels_last", False), threads=2)  # type: ignore[arg-type]
+    return ddpipe.Loader(root, 8, decode=decode, device="cpu", decode_options=opts, shuffle="local", seed=3, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+def test_labels_match_images(labelled: Path, decode: str) -> None:
+    seen = 0
+    for images, labels in loader(labelled, decode):
+        means = images.float().mean(dim=(2, 3))  # N x 3
+        nearest = torch.cdist(means, torch.tensor(COLORS, dtype=torch.float32)).argmin(dim=1)
+        assert torch.equal(nearest, labels)
+        seen += len(labels)
+    assert seen == 40
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "uint8"])
+def test_documented_outputs(natural: Path, decode: str, dtype: str) -> None:
+    images, labels = next(iter(loader(natural, decode, dtype=dtype, size=48, resize_shorter=56)))
+    assert images.shape == (8, 3, 48, 48) and images.device.type == "cpu"
+    assert images.dtype == {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}[dtype]
+    assert labels.dtype == torch.int64 and labels.shape == (8,) and set(labels.tolist()) <= {0, 1, 2}
+    if dtype == "uint8":
+        assert images.max() > 100 and images.min() < 100
+    else:  # ImageNet-normalised: roughly zero mean, unit spread, within the normalised pixel range
+        assert float(images.min()) >= -2.2 and float(images.max()) <= 2.7
+        assert abs(float(images.float().mean())) < 1.0 and 0.3 < float(images.float().std()) < 2.0
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+def test_channels_last_and_eval_transform(natural: Path, decode: str) -> None:
+    images, _ = next(iter(loader(natural, decode, dtype="float32", channels_last=True)))
+    assert images.shape == (8, 3, 32, 32) and images.is_contiguous(memory_format=torch.channels_last)
+    evals, _ = next(iter(loader(natural, decode, train=False)))
+    again, _ = next(iter(loader(natural, decode, train=False)))
+    assert evals.shape == (8, 3, 32, 32) and torch.equal(evals, again)  # no randomness in evaluation
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+def test_same_seed_bit_identical_other_epoch_different(natural: Path, decode: str) -> None:
+    a = [x for x, _ in loader(natural, decode)]
+    b = [x for x, _ in loader(natural, decode)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    other = loader(natural, decode)
+    other.set_epoch(1)
+    c = [x for x, _ in other]
+    assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_uint8_then_normalize_matches_float_output(natural: Path) -> None:
+    u8, _ = next(iter(loader(natural, "dali-cpu", dtype="uint8")))
+    f32, _ = next(iter(loader(natural, "dali-cpu", dtype="float32")))
+    assert torch.allclose(normalize(u8), f32, atol=0.03)
+
+
+def test_pil_and_dali_agree_in_shape_and_statistics(natural: Path) -> None:
+    stats = {}
+    for decode in DECODERS:
+        x = torch.cat([images for images, _ in loader(natural, decode, train=False, size=64, resize_shorter=72)])
+        stats[decode] = (x.shape, x.float().mean(dim=(0, 2, 3)), x.float().std())
+    assert stats["pil"][0] == stats["dali-cpu"][0]
+    assert torch.allclose(stats["pil"][1], stats["dali-cpu"][1], atol=3.0)  # per-channel means, 0-255 scale
+    assert abs(float(stats["pil"][2] - stats["dali-cpu"][2])) < 3.0
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+def test_grayscale_cmyk_png_decode_to_three_channels(tmp_path: Path, decode: str) -> None:
+    samples = [{"__key__": "g", "jpg": solid_jpeg((90, 90, 90), (50, 40), "L"), "cls": b"0"},
+               {"__key__": "c", "jpg": solid_jpeg((200, 30, 30), (50, 40), "CMYK"), "cls": b"1"},
+               {"__key__": "p", "png": solid_jpeg((30, 200, 30), (50, 40), "RGBA", "PNG"), "cls": b"2"}]
+    ddpipe.write_dataset(tmp_path / "d", iter(samples), samples_per_shard=3)
+    ld = ddpipe.Loader(tmp_path / "d", 3, decode=decode, device="cpu", shuffle="none",
+                       decode_options=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
+    images, labels = next(iter(ld))
+    assert images.shape == (3, 3, 16, 16) and labels.tolist() == [0, 1, 2]
+    means = images.float().mean(dim=(2, 3))
+    assert torch.allclose(means[0], torch.tensor([90.0, 90, 90]), atol=6)
+    assert means[1].argmax() == 0 and means[2].argmax() == 1  # CMYK red stays red; the PNG is green
+
+
+def corrupt_dataset(root: Path) -> Path:
+    samples = labelled_samples(20, np.random.default_rng(1))
+    samples[5]["jpg"] = samples[5]["jpg"][: len(samples[5]["jpg"]) // 2]  # truncated
+    samples[13]["jpg"] = b"definitely not a jpeg"
+    ddpipe.write_dataset(root, iter(samples), samples_per_shard=8)
+    return root
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+def test_corrupt_image_fails_naming_key_and_shard(tmp_path: Path, decode: str) -> None:
+    root = corrupt_dataset(tmp_path / "bad")
+    with pytest.raises(SampleError, match=r"img/0005.*|img/0013.*") as info:
+        list(ddpipe.Loader(root, 4, decode=decode, device="cpu", shuffle="none",
+                           decode_options=DecodeOptions(size=16, resize_shorter=16, threads=1)))
+    assert "shard-00000" in str(info.value) and info.value.key in ("img/0005", "img/0013")
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+def test_corrupt_images_skipped_and_counted_batches_stay_equal(tmp_path: Path, decode: str) -> None:
+    root = corrupt_dataset(tmp_path / "bad")
+    ld = ddpipe.Loader(root, 4, decode=decode, device="cpu", shuffle="none", on_error="skip",
+                       decode_options=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
+    batches = list(ld)
+    assert len(batches) == len(ld) == 5  # every rank still yields the same number of batches
+    assert sum(len(labels) for _, labels in batches) == 18
+    assert ld.stats["skipped"] == 2 and sorted(k for k, _, _ in ld.skipped) == ["img/0005", "img/0013"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none; run on the device machine)")
+def test_gpu_decoding_lands_on_the_gpu(natural: Path) -> None:
+    images, labels = next(iter(loader(natural, "dali-gpu", dtype="float16")))
+    assert images.device.type == "cuda" and labels.device.type == "cuda" and images.dtype == torch.float16
