@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.dlpack
 
 from ..errors import DdpipeError
 from ..seeding import DECODE, derive_rng
@@ -73,8 +74,10 @@ class DaliDecoder:
         out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[o.dtype]
         device_id = self.device.index or 0 if self.gpu_decode else None
 
+        # the dynamic executor keeps an output alive while anything refers to it, so outputs are handed
+        # to torch without a copy (a copy of each float32 batch cost 14% of CPU decoding throughput)
         @dali.pipeline_def(batch_size=self.batch_size, num_threads=o.workers, device_id=device_id, seed=seed,
-                           prefetch_queue_depth=2)
+                           prefetch_queue_depth=2, exec_dynamic=True)
         def pipe():  # type: ignore[no-untyped-def]
             encoded, labels = fn.external_source(source=feed, num_outputs=2, batch=True, cycle="raise",
                                                  dtype=[types.UINT8, types.INT64])
@@ -83,12 +86,12 @@ class DaliDecoder:
                 images = fn.decoders.image_random_crop(encoded, device=where, output_type=types.RGB,
                                                        random_area=list(o.scale), random_aspect_ratio=list(o.ratio),
                                                        num_attempts=10)
-                images = fn.resize(images, resize_x=o.size, resize_y=o.size)
+                images = fn.resize(images, resize_x=o.size, resize_y=o.size, antialias=o.antialias)
                 mirror = fn.random.coin_flip(probability=o.flip)
                 crop = None
             else:
                 images = fn.decoders.image(encoded, device=where, output_type=types.RGB)
-                images = fn.resize(images, resize_shorter=o.resize_shorter)
+                images = fn.resize(images, resize_shorter=o.resize_shorter, antialias=o.antialias)
                 mirror, crop = 0, (o.size, o.size)
             # uint8 output leaves normalisation to the training device; DALI's mean and std are in pixels
             norm = {} if o.dtype == "uint8" else {"mean": [m * 255 for m in o.mean], "std": [s * 255 for s in o.std]}
@@ -102,16 +105,12 @@ class DaliDecoder:
         return p
 
     def _to_torch(self, images: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        from nvidia.dali.plugin import pytorch as dali_torch
-
-        tensor = images.as_tensor()
         where = self.device if self.gpu_decode else torch.device("cpu")
-        out = torch.empty(tensor.shape(), dtype=_TORCH_DTYPE[self.options.dtype], device=where)
-        stream = torch.cuda.current_stream(where) if where.type == "cuda" else None
-        dali_torch.feed_ndarray(tensor, out, cuda_stream=stream)
+        with where:
+            out = torch.utils.dlpack.from_dlpack(images.as_tensor())
         if self.options.channels_last:
             out = out.permute(0, 3, 1, 2)  # NCHW shape with NHWC memory: torch's channels_last
-        target = torch.from_numpy(np.array(labels.as_tensor()).reshape(-1))
+        target = torch.utils.dlpack.from_dlpack(labels.as_tensor()).reshape(-1)
         if out.device != self.device:
             out = out.to(self.device, non_blocking=True)
         return out, target.to(self.device, non_blocking=True)

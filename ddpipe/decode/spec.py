@@ -31,6 +31,10 @@ class DecodeOptions:
     std: tuple[float, float, float] = IMAGENET_STD
     dtype: str = "float32"
     channels_last: bool = False
+    # Antialiased resizing, as torchvision and PIL do, costs DALI on the CPU about 15% of its throughput
+    # (benchmarks/loader.py); switching it off trades aliasing in strong downscales for speed. The PIL
+    # decoder always antialiases.
+    antialias: bool = True
     threads: int = 0  # decoding threads (DALI) or processes (pil); 0: one per core
 
     def __post_init__(self) -> None:
