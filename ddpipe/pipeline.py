@@ -10,6 +10,8 @@ holds samples that arrived before their turn: at most about one buffer plus one 
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import queue
 import threading
 from collections import defaultdict, deque
@@ -80,6 +82,9 @@ class Loader:
         self.comm = comm or init_comm()
         self.on_error = on_error
         self.decode_options = decode_options or DecodeOptions()
+        if self.decode_options.threads == 0:  # the node's cores, shared among the ranks on it
+            share = max(1, (os.cpu_count() or 1) // self.comm.world.local_size)
+            self.decode_options = dataclasses.replace(self.decode_options, threads=share)
         self.decode, self.device = "none", None
         if decode != "none":
             from .decode.output import resolve

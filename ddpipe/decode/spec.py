@@ -35,7 +35,7 @@ class DecodeOptions:
     # (benchmarks/loader.py); switching it off trades aliasing in strong downscales for speed. The PIL
     # decoder always antialiases.
     antialias: bool = True
-    threads: int = 0  # decoding threads (DALI) or processes (pil); 0: one per core
+    threads: int = 0  # decoding threads (DALI) or processes (pil); 0: the node's cores over its ranks
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
