@@ -194,9 +194,12 @@ class Loader:
                 # reading gets a thread of its own, so later rounds are read (the GIL released in I/O)
                 # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead
                 # (~110 MB of JPEGs) brought Q = 0.3 from 1.14 to 1.06 of Q = 0 in benchmarks/exchange.py
-                ahead = max(2 * self.options.round_size, 1024)
+                ahead = _read_ahead(samples, max(2 * self.options.round_size, 1024))
                 shuffler = ExchangeShuffler(self.comm, rank_plan)
-                finished = shuffler.run(_read_ahead(samples, ahead, stop), emit)
+                try:
+                    finished = shuffler.run(ahead, emit)
+                finally:
+                    ahead.close()  # only now may reading stop: a round in progress needs its samples
                 self.stats = {"samples_sent": shuffler.samples_sent, "bytes_sent": shuffler.bytes_sent,
                               "exchange_seconds": shuffler.exchange_seconds, "round_bytes": shuffler.round_bytes}
                 if not finished:
@@ -250,9 +253,12 @@ def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _read_ahead(samples: Iterator[Sample], depth: int, stop: threading.Event) -> Iterator[Sample]:
-    """``samples`` produced by a thread of its own, at most ``depth`` ahead of the caller."""
+def _read_ahead(samples: Iterator[Sample], depth: int) -> Generator[Sample, None, None]:
+    """``samples`` produced by a thread of its own, at most ``depth`` ahead of the caller, until the
+    caller closes this generator. Not stopped by the loader's stop: a rank that stops iterating still
+    completes the exchange round in progress, which the other ranks are waiting in."""
     q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
 
     def fill() -> None:
         try:
@@ -265,10 +271,14 @@ def _read_ahead(samples: Iterator[Sample], depth: int, stop: threading.Event) ->
 
     reader = threading.Thread(target=fill, daemon=True, name="ddpipe-reader")
     reader.start()
-    while True:
-        item = q.get()
-        if item is _END:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        reader.join()

@@ -2,8 +2,10 @@
 ``Alltoallv`` and emit what this rank keeps, then what it received, in the plan's order.
 
 Runs in the loader's producer thread, so the exchange overlaps with the consumer's work. Every rank
-runs the same rounds in the same order; before each round the ranks agree whether any of them has
-stopped iterating, so a loop broken on every rank (to checkpoint, say) never leaves one waiting.
+runs the same rounds in the same order. A rank whose consumer stopped (a loop broken to checkpoint,
+say) goes on reading and exchanging, discarding its own output, for as long as any other rank still
+iterates: the others need what it sends. Before each round the ranks agree whether all of them have
+stopped, and end together when they have.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ class ExchangeShuffler:
         self._send = np.empty(0, dtype=np.uint8)  # reused across rounds, like the receive buffer
 
     def run(self, samples: Iterator[Sample], emit: Emit) -> bool:
-        """Read, exchange and emit every round; False if the epoch was stopped early on some rank."""
+        """Read, exchange and emit every round; False if every rank stopped before the last one."""
         plan, size = self.plan, self.comm.world.size
         stopped = False
         for j, rnd in enumerate(plan.rounds):
-            if self.comm.allreduce_max(int(stopped), f"exchange round {j} (agreement)"):
+            still_iterating = self.comm.allreduce_max(int(not stopped), f"exchange round {j} (agreement)")
+            if not still_iterating:
                 return False
             chunk = [next(samples) for _ in range(rnd.stop - rnd.start)]
             outgoing: list[list[tuple[int, Sample]]] = [[] for _ in range(size)]

@@ -97,3 +97,13 @@ def test_resume_into_a_different_world_size(data: Path, tmp_path: Path, first: i
             assert set(before) | set(after) == epoch, name  # nothing lost
         else:  # drop_last may drop a few of the rest to give the new ranks whole, equal batches
             assert len(epoch - set(before) - set(after)) < second * 5 + second, name
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_breaking_mid_epoch_never_hangs(tmp_path: Path, world: int) -> None:
+    """Regression: a rank that stopped iterating also stopped reading, while its exchange round
+    still needed samples; the other ranks then waited in that round forever."""
+    data = make_dataset(tmp_path / "wds", "wds", [23, 19, 31], payload=4096)
+    proc = mpiexec(world, Path(__file__).with_name("break_worker.py"), data, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all trials ok" in proc.stdout
