@@ -92,6 +92,38 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_stage(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .comm import init_comm
+    from .pipeline import Loader
+
+    comm = init_comm()
+    loader = Loader(args.dataset, 1, decode="none", shuffle=args.shuffle, seed=args.seed,
+                    shard_assignment=args.shard_assignment, stage_dir=args.local_dir, stage_capacity=args.capacity,
+                    source_limits=args.source_throttle, comm=comm)
+    stager = loader.stager
+    assert stager is not None
+    show = stager.is_leader and not args.quiet
+    t0 = time.perf_counter()
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        with tqdm(desc=f"stage epoch {epoch}", unit="shard", disable=not show, dynamic_ncols=True) as bar:
+            stager.on_staged = lambda _: bar.update(1)
+            loader.start_staging(loader.plan())
+            stager.wait()
+    seconds = time.perf_counter() - t0
+    totals = comm.allgather(dict(stager.stats))
+    comm.barrier()
+    if comm.world.rank == 0:
+        copied = sum(t["copied"] for t in totals)
+        nbytes = sum(t["bytes"] for t in totals)
+        print(f"{stager.dir}: staged {copied} shards ({nbytes / 1e6:.1f} MB) in {seconds:.1f} s, "
+              f"{nbytes / 1e6 / max(seconds, 1e-9):.1f} MB/s; {sum(t['reused'] for t in totals)} already staged; "
+              f"{comm.world.num_nodes} node(s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -124,6 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.add_argument("--classes", help="file of class names, one per line, in label order")
     p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser("stage", help="copy this node's shards to node-local storage ahead of a job")
+    p.add_argument("dataset")
+    p.add_argument("--local-dir", required=True, help="node-local directory (an SSD, or memory)")
+    p.add_argument("--capacity", type=_size, default=None, help="bytes of local storage to use, e.g. 100GB")
+    p.add_argument("--epochs", type=_positive, default=1, help="stage the shards of this many epochs")
+    p.add_argument("--shuffle", choices=["none", "local", "partial", "global"], default="partial",
+                   help="the training job's shuffle mode (decides which shards each node reads)")
+    p.add_argument("--shard-assignment", choices=["sticky", "rotate"], default="sticky")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--source-throttle", default=None, help="model a slow source, e.g. 100MB/s,5ms")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_stage)
 
     p = sub.add_parser("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
     p.add_argument("dataset")

@@ -79,6 +79,11 @@ class Comm:
     def allreduce_max(self, value: int, what: str = "agreement") -> int:
         return value
 
+    def node_ranks(self) -> list[int]:
+        """The global ranks on this process's node (itself included)."""
+        w = self.world
+        return list(range(w.node * w.local_size, (w.node + 1) * w.local_size))
+
     def abort(self, message: str) -> None:
         print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
         raise SystemExit(1)
@@ -155,6 +160,7 @@ class MPIComm(Comm):
         world = World(rank=rank, size=mpi_comm.Get_size(), local_rank=local.Get_rank(),
                       local_size=local.Get_size(), node=leaders.index(leader), num_nodes=len(leaders))
         self.node_comm = local
+        self._node_ranks = [int(r) for r in local.allgather(rank)]
         super().__init__(world, timeout)
         self._recv = np.empty(0, dtype=np.uint8)  # reused: fresh pages would fault inside every exchange
         self._dog = Watchdog(timeout, lambda what: self.abort(
@@ -163,6 +169,9 @@ class MPIComm(Comm):
     def abort(self, message: str) -> None:
         print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
         self._comm.Abort(1)
+
+    def node_ranks(self) -> list[int]:
+        return list(self._node_ranks)
 
     def _arrive(self, request: Any, what: str) -> None:
         """Wait for a small collective, sleeping between polls, until the deadline."""

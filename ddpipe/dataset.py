@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,9 @@ from .errors import CorruptShardError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .manifest import Manifest, ShardInfo, load_manifest
 from .sample import Sample
+
+if TYPE_CHECKING:
+    from .staging.throttle import SourceLimits
 
 # shards kept open by random access (global shuffling): enough to reuse, few enough for file limits
 _OPEN_SHARDS = 16
@@ -25,6 +29,11 @@ class Dataset:
         self.root = Path(root)
         self.manifest = manifest
         self.format: ShardFormat = get_format(manifest.format)
+        # Set by the loader when shards are staged: where to read a shard, and "done with it".
+        self.staged_path: Callable[[int], Path] | None = None
+        self.on_shard_done: Callable[[int], None] | None = None
+        # A slow source (tests and benchmarks): every shard opened and byte read from ``root`` pays.
+        self.limits: SourceLimits | None = None
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -49,8 +58,8 @@ class Dataset:
         """:meth:`check_files` for one shard."""
         self._check_file(self.manifest.shards[shard])
 
-    def _check_file(self, info: ShardInfo) -> None:
-        path = self.root / info.file
+    def _check_file(self, info: ShardInfo, path: Path | None = None) -> None:
+        path = path or self.root / info.file
         try:
             size = path.stat().st_size
         except FileNotFoundError:
@@ -60,21 +69,28 @@ class Dataset:
             raise CorruptShardError(f"{what}: index.json says {info.bytes} bytes, file has {size}", path=path)
 
     def open_shard(self, shard: int) -> ShardReader:
-        """A reader over one shard, checked against its manifest entry."""
+        """A reader over one shard (its staged copy when staging), checked against its manifest entry."""
         info = self.manifest.shards[shard]
-        self._check_file(info)
-        reader = self.format.reader(self.root / info.file)
+        path = self.staged_path(shard) if self.staged_path is not None else self.root / info.file
+        self._check_file(info, path)
+        reader = self.format.reader(path)
         if len(reader) != info.samples:
             reader.close()
-            raise CorruptShardError(
-                f"holds {len(reader)} samples, index.json says {info.samples}", path=self.root / info.file
-            )
+            raise CorruptShardError(f"holds {len(reader)} samples, index.json says {info.samples}", path=path)
         return reader
 
     def iter_shard(self, shard: int, start: int = 0) -> Iterator[Sample]:
         """The samples of one shard from position ``start``, read sequentially."""
         with self.open_shard(shard) as reader:
-            yield from reader.scan(start)
+            slow = self.limits if self.limits is not None and str(reader.path).startswith(str(self.root)) else None
+            if slow is not None:
+                slow.on_open()
+            info = self.manifest.shards[shard]
+            share = info.bytes // max(info.samples, 1)  # a scan reads the whole file: each sample its share
+            for sample in reader.scan(start):
+                if slow is not None:
+                    slow.on_read(share)
+                yield sample
 
     def __iter__(self) -> Iterator[Sample]:
         for shard in range(len(self.manifest.shards)):
@@ -111,6 +127,8 @@ class Dataset:
                     k += 1
                     if k == len(wanted):
                         break
+            if self.on_shard_done is not None and (j == n or shards[j] != shards[i]):
+                self.on_shard_done(int(shards[i]))
             i = j
 
     def _read_random(self, shards: list[int], positions: list[int]) -> Iterator[Sample]:

@@ -17,6 +17,7 @@ import threading
 from collections import defaultdict, deque
 from collections.abc import Generator, Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,10 @@ from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import KEY, Sample
 from .seeding import DECODE, derive_rng
 from .shufflers.exchange import ExchangeShuffler
+from .staging import NodeStager, StageOptions, default_stage_dir
+from .staging.order import node_shard_order
+from .staging.throttle import ENV_VAR as THROTTLE_ENV
+from .staging.throttle import SourceLimits
 
 STATE_VERSION = 1
 _END = object()
@@ -68,6 +73,9 @@ class Loader:
         buffer_size: int = 1024,
         round_size: int = 512,
         prefetch: int = 256,
+        stage_dir: str | os.PathLike[str] | None = None,
+        stage_capacity: int | None = None,
+        source_limits: SourceLimits | str | None = None,
         comm: Comm | None = None,
     ) -> None:
         if on_error not in ("fail", "skip"):
@@ -98,6 +106,20 @@ class Loader:
         self._batches_done = 0
         self._plan: EpochPlan | None = None
         self.stats: dict[str, Any] = {}
+        if isinstance(source_limits, str):
+            source_limits = SourceLimits.parse(source_limits)
+        elif source_limits is None and os.environ.get(THROTTLE_ENV):  # the environment, read at the edge
+            source_limits = SourceLimits.parse(os.environ[THROTTLE_ENV])
+        self.dataset.limits = source_limits
+        self.stager: NodeStager | None = None
+        if stage_dir is not None:
+            if stage_capacity is not None and self.options.shuffle == "global":
+                raise DdpipeError("a staging capacity needs sequential reading: use shuffle='partial' or 'local' "
+                                  "with stage_capacity, or stage the whole share (no capacity) for 'global'")
+            root = Path(default_stage_dir() if str(stage_dir) == "auto" else stage_dir)
+            self.stager = NodeStager(self.dataset, StageOptions(root, stage_capacity, source_limits), self.comm)
+            self.dataset.staged_path = self.stager.path
+            self.dataset.on_shard_done = self.stager.release
         self.skipped: list[tuple[str, str, str]] = []  # (key, shard, reason) of skipped samples, first 1,000
 
     @property
@@ -123,6 +145,8 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         plan = self.plan()
+        if self.stager is not None:
+            self.start_staging(plan)
         self._batches_done = 0
         self.stats["skipped"] = 0
         stream = self._encoded(plan)
@@ -143,6 +167,20 @@ class Loader:
                 yield batch
         finally:
             stream.close()
+
+    def start_staging(self, plan: EpochPlan) -> None:
+        """Start copying this node's shards for ``plan`` (``loader.plan()``) to the stage directory;
+        iterating does this itself, ``ddpipe stage`` calls it ahead of a job."""
+        if self.stager is None:
+            raise DdpipeError("this loader has no stage_dir")
+        starts = self.dataset.manifest.shard_starts()
+        order, readers = node_shard_order(plan, self.comm.node_ranks(), starts)
+        shards, _ = self.dataset.locate(plan.ranks[self.rank].reads)
+        runs = np.concatenate([[True], np.diff(shards) != 0]) if len(shards) else np.zeros(0, dtype=bool)
+        my_runs: dict[int, int] = {}
+        for s in shards[runs].tolist():
+            my_runs[s] = my_runs.get(s, 0) + 1
+        self.stager.start(self.epoch, order, readers, my_runs)
 
     def _on_bad(self, index: int, sample: Sample, reason: str) -> None:
         shard, _ = self.dataset.locate(np.array([index]))

@@ -1,0 +1,206 @@
+"""Node-local staging: one copy per node of the shards its ranks read, made ahead of the readers.
+
+On each node, local rank 0 copies (in a background thread) the shards that the node's ranks will
+read this epoch, in the order they will read them, from the source dataset to ``stage_dir``; every
+rank asks :meth:`NodeStager.path` for a shard and waits until its copy is complete and verified, and
+never sees a partial file (copies are renamed into place once their checksum matches). Valid copies
+are reused across epochs and runs. With a ``capacity`` in bytes, the stager keeps a window ahead of
+the readers and evicts shards every local rank has finished with.
+
+Coordination between the processes of a node goes through the stage directory: a verification
+stamp per staged shard, a ``flock`` per shard while it is copied (two jobs may share a directory),
+a ``.failed`` note per shard the stager could not copy, and per-rank ``.done`` notes for eviction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from ..comm import Comm
+from ..dataset import Dataset
+from ..errors import DdpipeError, DiskFullError
+from ..formats.atomic import atomic_write_bytes, discard
+from .copy import is_staged, remove_staged, verified_copy, write_stamp
+from .throttle import SourceLimits
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    stage_dir: Path
+    capacity: int | None = None  # bytes on the node's local storage; None: the whole share
+    limits: SourceLimits | None = None  # a slow source, for tests and benchmarks
+    wait_timeout: float = 600.0  # how long a reader waits for one shard's copy
+
+
+def dataset_stage_dir(root: Path, dataset: Dataset) -> Path:
+    """Where a dataset's copies live under a stage directory: named by its shard checksums, so two
+    jobs staging the same dataset share copies and different datasets never mix."""
+    h = xxhash.xxh3_64("".join(s.checksum for s in dataset.manifest.shards).encode()).hexdigest()
+    return root / f"ddpipe-{h}"
+
+
+class NodeStager:
+    def __init__(self, dataset: Dataset, options: StageOptions, comm: Comm) -> None:
+        self.dataset = dataset
+        self.options = options
+        self.comm = comm
+        self.dir = dataset_stage_dir(Path(options.stage_dir), dataset)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.is_leader = comm.world.local_rank == 0
+        self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._epoch = 0
+        self._readers: dict[int, int] = {}  # shard -> how many local ranks read it this epoch
+        self._my_runs: dict[int, int] = {}  # shard -> runs of it left in this rank's reads
+        self.on_staged: Callable[[int], None] | None = None  # called by the leader after each shard
+
+    # ---- leader ----------------------------------------------------------------------------------
+
+    def start(self, epoch: int, order: list[int], readers: dict[int, int], my_runs: dict[int, int]) -> None:
+        """Begin staging ``order`` (this node's shards, in the order its ranks read them). ``readers``:
+        how many of the node's ranks read each shard; ``my_runs``: how many separate runs of each shard
+        this rank reads (it is done with a shard after the last)."""
+        self.close()
+        self._epoch, self._readers, self._my_runs = epoch, readers, dict(my_runs)
+        self._stop.clear()
+        if self.is_leader:
+            self._thread = threading.Thread(target=self._stage_all, args=(order,), daemon=True,
+                                             name="ddpipe-stager")
+            self._thread.start()
+
+    def _stage_all(self, order: list[int]) -> None:
+        shards = self.dataset.manifest.shards
+        # copies left from earlier epochs or runs count against the capacity too
+        staged = [s for s, info in enumerate(shards) if is_staged(self.dir / info.file, info)]
+        position = {s: i for i, s in enumerate(order)}
+        try:
+            for i, shard in enumerate(order):
+                if self._stop.is_set():
+                    return
+                if self.options.capacity is not None and shard not in staged:
+                    self._make_room(shard, staged, position, i)
+                self._stage_one(shard)
+                if shard not in staged:
+                    staged.append(shard)
+                if self.on_staged is not None:
+                    self.on_staged(shard)
+        except BaseException as e:  # reaches the readers through path()
+            self._error = e
+
+    def _stage_one(self, shard: int) -> None:
+        info = self.dataset.manifest.shards[shard]
+        dest = self.dir / info.file
+        with self._locked(dest):
+            if is_staged(dest, info):
+                self.stats["reused"] += 1
+                return
+            remove_staged(dest)  # a stale or damaged copy is fetched again
+            t0 = time.perf_counter()
+            try:
+                for sidecar in self.dataset.format.sidecar_files(self.dataset.shard_path(shard)):
+                    atomic_write_bytes(self.dir / sidecar.name, sidecar.read_bytes())
+                verified_copy(self.dataset.shard_path(shard), dest, info, self.options.limits)
+            except DiskFullError as e:
+                print(f"ddpipe: warning: {e}; readers use the source for {info.file}", file=sys.stderr, flush=True)
+                atomic_write_bytes(self._failed(dest), str(e).encode())
+                return
+            write_stamp(dest, info)
+            self.stats["copied"] += 1
+            self.stats["bytes"] += info.bytes
+            self.stats["seconds"] += time.perf_counter() - t0
+
+    def _make_room(self, shard: int, staged: list[int], position: dict[int, int], now: int) -> None:
+        """Evict until ``shard`` fits: first shards this epoch is done with (every local reader finished,
+        or not read at all), else the staged shard needed latest (staged again when its turn comes; a rank
+        that has it open keeps reading the unlinked file). Wait for readers only when neither exists."""
+        shards = self.dataset.manifest.shards
+        need = shards[shard].bytes
+        while sum(shards[s].bytes for s in staged) + need > self.options.capacity and staged:  # type: ignore[operator]
+            done = [s for s in staged if position.get(s, -1) < now and self._all_done(s)]
+            later = [s for s in staged if position.get(s, -1) > now]
+            if done or later:
+                victim = done[0] if done else max(later, key=lambda s: position[s])
+                remove_staged(self.dir / shards[victim].file)
+                staged.remove(victim)
+                self.stats["evicted"] += 1
+            elif self._stop.wait(0.01):
+                return
+
+    @contextlib.contextmanager
+    def _locked(self, dest: Path) -> Iterator[None]:
+        with open(dest.with_name(f".{dest.name}.lock"), "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # another job staging the same shard: wait, then reuse its copy
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    # ---- readers ---------------------------------------------------------------------------------
+
+    def path(self, shard: int) -> Path:
+        """The staged copy of ``shard`` once complete and verified (waiting for it), or the source if
+        the stager could not copy it."""
+        info = self.dataset.manifest.shards[shard]
+        dest = self.dir / info.file
+        deadline = time.monotonic() + self.options.wait_timeout
+        delay = 1e-3
+        while not is_staged(dest, info):
+            if self._failed(dest).exists():
+                self.stats["fallbacks"] += 1
+                return self.dataset.shard_path(shard)
+            if self._error is not None:
+                raise self._error
+            if time.monotonic() > deadline:
+                raise DdpipeError(f"shard {info.file} was not staged within {self.options.wait_timeout:.0f} s; "
+                                  "is local rank 0 of this node alive?", path=dest)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return dest
+
+    def release(self, shard: int) -> None:
+        """This rank has finished reading ``shard`` this epoch (eviction may take it back)."""
+        if self.options.capacity is None:
+            return
+        self._my_runs[shard] = self._my_runs.get(shard, 1) - 1
+        if self._my_runs[shard] > 0:
+            return  # this rank comes back to the shard later in the epoch
+        info = self.dataset.manifest.shards[shard]
+        marker = self.dir / f".{info.file}.done.{self._epoch}.{self.comm.world.local_rank}"
+        marker.touch()
+
+    def _all_done(self, shard: int) -> bool:
+        name = self.dataset.manifest.shards[shard].file
+        done = len(list(self.dir.glob(f".{name}.done.{self._epoch}.*")))
+        return done >= self._readers.get(shard, 0)
+
+    def _failed(self, dest: Path) -> Path:
+        return dest.with_name(f".{dest.name}.failed")
+
+    def wait(self) -> None:
+        """Block until this epoch's staging is done (on the leader); raise what stopped it."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def clear_failures(self) -> None:
+        for p in self.dir.glob(".*.failed"):
+            discard(p)

@@ -1,0 +1,146 @@
+"""Node-local staging in one process, and the faults: damaged copies, missing source, full disk,
+interrupted staging, a shared stage directory, and a capacity smaller than the node's share."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ddpipe
+from ddpipe.errors import ChecksumMismatchError, MissingShardError
+from ddpipe.manifest import load_manifest
+from ddpipe.staging import SourceLimits
+from ddpipe.staging.copy import verified_copy
+from ddpipe.staging.stager import dataset_stage_dir
+
+from ..helpers import make_dataset
+
+ALL = {f"s/{i:06d}" for i in range(60)}
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return make_dataset(tmp_path / "src", "wds", [12] * 5, payload=2048)
+
+
+def keys(loader: ddpipe.Loader) -> list[str]:
+    return [s["__key__"] for batch in loader for s in batch]
+
+
+def staged(root: Path, data: Path) -> Path:
+    return dataset_stage_dir(root, ddpipe.open_dataset(data))
+
+
+def test_staged_epoch_reads_local_copies_and_reuses_them(data: Path, tmp_path: Path) -> None:
+    plain = keys(ddpipe.Loader(data, 8, decode="none", shuffle="local", seed=2))
+    loader = ddpipe.Loader(data, 8, decode="none", shuffle="local", seed=2, stage_dir=tmp_path / "stage")
+    assert keys(loader) == plain
+    assert loader.stager is not None and loader.stager.stats["copied"] == 5
+    local = staged(tmp_path / "stage", data)
+    for info in load_manifest(data).shards:
+        assert (local / info.file).read_bytes() == (data / info.file).read_bytes()
+    again = ddpipe.Loader(data, 8, decode="none", shuffle="local", seed=2, stage_dir=tmp_path / "stage")
+    assert keys(again) == plain  # a second run reads the copies made by the first
+    assert again.stager is not None and again.stager.stats == {**again.stager.stats, "copied": 0, "reused": 5}
+
+
+def test_damaged_copy_is_fetched_again(data: Path, tmp_path: Path) -> None:
+    list(ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage"))
+    victim = staged(tmp_path / "stage", data) / "shard-000002.tar"
+    victim.write_bytes(victim.read_bytes()[:5000])
+    loader = ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage")
+    assert set(keys(loader)) == ALL
+    assert loader.stager is not None and loader.stager.stats["copied"] == 1
+    assert victim.read_bytes() == (data / "shard-000002.tar").read_bytes()
+
+
+def test_leftover_partial_file_is_never_read(data: Path, tmp_path: Path) -> None:
+    local = staged(tmp_path / "stage", data)
+    local.mkdir(parents=True)
+    (local / ".shard-000001.tar.partial").write_bytes(b"half a copy from a killed stager")
+    assert set(keys(ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage"))) == ALL
+    assert not (local / ".shard-000001.tar.partial").exists()
+
+
+def test_missing_source_shard_is_named(data: Path, tmp_path: Path) -> None:
+    loader = ddpipe.Loader(data, 8, decode="none", shuffle="none", stage_dir=tmp_path / "stage")
+    (data / "shard-000003.tar").unlink()
+    with pytest.raises(MissingShardError, match=r"shard-000003\.tar"):
+        list(loader)
+
+
+def test_corrupt_source_is_a_checksum_error(data: Path, tmp_path: Path) -> None:
+    info = load_manifest(data).shards[0]
+    src = data / info.file
+    raw = bytearray(src.read_bytes())
+    raw[3000] ^= 1
+    src.write_bytes(bytes(raw))
+    with pytest.raises(ChecksumMismatchError, match=info.file):
+        verified_copy(src, tmp_path / "copy.tar", info)
+    assert not list(tmp_path.glob("*copy*"))  # nothing half-written left behind
+
+
+def test_capacity_evicts_and_keeps_every_sample_once(data: Path, tmp_path: Path) -> None:
+    one = load_manifest(data).shards[0].bytes
+    loader = ddpipe.Loader(data, 8, decode="none", shuffle="local", stage_dir=tmp_path / "stage",
+                           stage_capacity=2 * one + 100)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        got = keys(loader)
+        assert len(got) == 60 and set(got) == ALL
+    assert loader.stager is not None and loader.stager.stats["evicted"] >= 3
+    assert len(list(staged(tmp_path / "stage", data).glob("shard-*.tar"))) <= 2
+
+
+def test_throttled_source_is_slow(data: Path, tmp_path: Path) -> None:
+    nbytes = sum(s.bytes for s in load_manifest(data).shards)
+    limits = SourceLimits.parse(f"{nbytes * 4}B/s,20ms")  # a quarter of a second, plus 5 x 20 ms of opens
+    assert limits.bandwidth == nbytes * 4 and limits.latency == 0.02
+    t0 = time.monotonic()
+    list(ddpipe.Loader(data, 8, decode="none", shuffle="none", source_limits=limits))
+    assert time.monotonic() - t0 >= 0.25 + 5 * 0.02 - 0.05  # never faster than the modelled source
+
+
+def test_two_jobs_share_a_stage_directory(data: Path, tmp_path: Path) -> None:
+    code = ("import sys, ddpipe; l = ddpipe.Loader(sys.argv[1], 8, decode='none', stage_dir=sys.argv[2], "
+            "source_limits='20MB/s'); k = [s['__key__'] for b in l for s in b]; "
+            "print(len(set(k)), l.stager.stats['copied'])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(data), str(tmp_path / "stage")], stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert [o[0] for o in outs] == ["60", "60"]
+    assert sum(int(o[1]) for o in outs) == 5  # each shard copied once between the two jobs
+
+
+def test_full_local_disk_falls_back_to_the_source(data: Path, tmp_path: Path) -> None:
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed for the full-disk test")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    code = ("import sys, ddpipe; l = ddpipe.Loader(sys.argv[1], 8, decode='none', stage_dir=sys.argv[2]); "
+            "k = [s['__key__'] for b in l for s in b]; print('samples', len(k), len(set(k)), 'fallbacks', "
+            "l.stager.stats['fallbacks'])")
+    script = f"mount -t tmpfs -o size=40k tmpfs {mnt} || exit 99\n{sys.executable} -c \"{code}\" {data} {mnt}\n"
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "samples 60 60" in proc.stdout and "fallbacks 0" not in proc.stdout
+    assert "no space left" in proc.stderr and "use the source" in proc.stderr
+
+
+def test_stage_command(data: Path, tmp_path: Path) -> None:
+    from ..conftest import mpiexec, run_cli
+
+    proc = run_cli("stage", data, "--local-dir", tmp_path / "stage", "--epochs", "2", "--quiet", check=True)
+    assert "staged 5 shards" in proc.stdout and "MB/s" in proc.stdout
+    again = run_cli("stage", data, "--local-dir", tmp_path / "stage", "--quiet", check=True)
+    assert "staged 0 shards" in again.stdout and "5 already staged" in again.stdout
+    proc = mpiexec(2, "-m", "ddpipe", "stage", data, "--local-dir", tmp_path / "stage2", "--quiet")
+    assert proc.returncode == 0 and proc.stdout.count("staged 5 shards") == 1, proc.stdout + proc.stderr
+    loader = ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage2")
+    assert set(keys(loader)) == ALL and loader.stager is not None and loader.stager.stats["copied"] == 0
