@@ -110,7 +110,12 @@ class Loader:
             source_limits = SourceLimits.parse(source_limits)
         elif source_limits is None and os.environ.get(THROTTLE_ENV):  # the environment, read at the edge
             source_limits = SourceLimits.parse(os.environ[THROTTLE_ENV])
-        self.dataset.limits = source_limits
+        if source_limits is not None and source_limits.bandwidth and self.comm.world.local_size > 1:
+            # the modelled link is the node's: ranks reading the source directly share it
+            self.dataset.limits = SourceLimits(source_limits.bandwidth / self.comm.world.local_size,
+                                               source_limits.latency)
+        else:
+            self.dataset.limits = source_limits
         self.stager: NodeStager | None = None
         if stage_dir is not None:
             if stage_capacity is not None and self.options.shuffle == "global":

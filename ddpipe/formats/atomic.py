@@ -28,15 +28,18 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
-    """fsync ``tmp`` and rename it over ``final`` in one atomic step."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *, durable: bool = True) -> None:
+    """Rename ``tmp`` over ``final`` in one atomic step; ``durable`` first fsyncs it (and after, its
+    directory), so that the rename survives a power loss with its content."""
+    if durable:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     os.replace(tmp, final)
-    fsync_dir(Path(final).parent)
+    if durable:
+        fsync_dir(Path(final).parent)
 
 
 def discard(tmp: str | os.PathLike[str]) -> None:

@@ -43,7 +43,8 @@ def verified_copy(source: Path, dest: Path, info: ShardInfo, limits: SourceLimit
         actual = f"{CHECKSUM_ALGORITHM}:{h.hexdigest()}"
         if actual != info.checksum or copied != info.bytes:
             raise ChecksumMismatchError(source, expected=info.checksum, actual=f"{actual} ({copied} bytes)")
-        atomic.commit(tmp, dest)
+        # a cache needs no fsync: after a crash a short or empty copy fails its stamp and is fetched again
+        atomic.commit(tmp, dest, durable=False)
     except OSError as e:
         atomic.discard(tmp)
         atomic.raise_if_disk_full(e, dest)

@@ -21,6 +21,9 @@ ENV_VAR = "DDPIPE_SOURCE_THROTTLE"  # read at the edge (CLI, Loader), e.g. "100M
 class SourceLimits:
     bandwidth: float | None = None  # bytes per second; None: unlimited
     latency: float = 0.0  # seconds added to every open
+    # A link keeps streaming into socket and readahead buffers while its reader is busy elsewhere
+    # (writing a copy, say): up to this many seconds of bandwidth may be taken late without loss.
+    burst: float = 0.1
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _ready_at: float = field(default=0.0, repr=False, compare=False)
 
@@ -49,7 +52,9 @@ class SourceLimits:
             return
         with self._lock:
             now = time.monotonic()
-            start = max(now, self._ready_at)
+            if not self._ready_at:
+                self._ready_at = now  # a link starts with no credit
+            start = max(now - self.burst, self._ready_at)
             self._ready_at = start + nbytes / self.bandwidth
             wait = self._ready_at - now
         if wait > 0:
