@@ -1,0 +1,39 @@
+"""PyTorch DistributedDataParallel under any launcher: NCCL on GPUs, gloo on CPUs.
+
+Under torchrun the process group comes from its environment; under mpiexec or srun, rank 0 picks a
+free port and MPI tells every rank where to meet.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ..comm import Comm, launched_by_torchrun
+
+
+def init_process_group(comm: Comm, device: torch.device) -> None:
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if launched_by_torchrun():
+        dist.init_process_group(backend)
+        return
+    address = None
+    if comm.world.rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            address = f"tcp://{socket.gethostname()}:{s.getsockname()[1]}"
+    address = comm.allgather(address)[0]
+    dist.init_process_group(backend, init_method=address, rank=comm.world.rank, world_size=comm.world.size)
+
+
+def wrap_ddp(model: nn.Module, comm: Comm, device: torch.device, bucket_bytes: int) -> DistributedDataParallel:
+    init_process_group(comm, device)
+    ids = [device.index or 0] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket_bytes / 2**20)
+

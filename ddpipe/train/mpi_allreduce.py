@@ -1,0 +1,97 @@
+"""Data-parallel gradient averaging over MPI, in the manner of Horovod.
+
+Gradients are grouped into buckets of about ``bucket_bytes`` (a fusion buffer), in the reverse order
+of the parameters (roughly the order backward produces them). A hook on each parameter notes when its
+gradient is ready; when a bucket is complete, it is packed into its fusion buffer and its
+``Iallreduce`` posted at once, so communication overlaps the rest of the backward pass.
+:meth:`synchronize` waits for every bucket, divides by the world size and writes the averages back
+before the optimizer step. :meth:`broadcast_parameters` makes every rank start from rank 0's weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+DEFAULT_BUCKET_BYTES = 25 << 20
+
+
+class MPIGradientAverager:
+    def __init__(self, model: nn.Module, mpi_comm: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        # a communicator of its own: ddpipe's loader exchanges samples on another, in another thread
+        self.comm = (mpi_comm or MPI.COMM_WORLD).Dup()
+        self.size = self.comm.Get_size()
+        self.model = model
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.buckets: list[list[nn.Parameter]] = []
+        current: list[nn.Parameter] = []
+        nbytes = 0
+        for p in reversed(params):
+            current.append(p)
+            nbytes += p.numel() * p.element_size()
+            if nbytes >= bucket_bytes:
+                self.buckets.append(current)
+                current, nbytes = [], 0
+        if current:
+            self.buckets.append(current)
+        self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self._buffers = [np.empty(sum(p.numel() for p in bucket), dtype=np.float32) for bucket in self.buckets]
+        self._ready = [0] * len(self.buckets)
+        self._requests: list[Any] = [None] * len(self.buckets)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        b = self._bucket_of[id(param)]
+        self._ready[b] += 1
+        if self._ready[b] == len(self.buckets[b]):
+            self._post(b)
+
+    def _post(self, b: int) -> None:
+        buf = self._buffers[b]
+        at = 0
+        for p in self.buckets[b]:
+            n = p.numel()
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            buf[at : at + n] = grad.detach().reshape(-1).float().cpu().numpy()
+            at += n
+        self._requests[b] = self.comm.Iallreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+
+    def synchronize(self) -> None:
+        """Wait for every bucket (posting any whose gradients never arrived), average, write back."""
+        for b in range(len(self.buckets)):
+            if self._requests[b] is None:
+                self._post(b)
+        for b, bucket in enumerate(self.buckets):
+            self._requests[b].Wait()
+            buf = self._buffers[b]
+            buf /= self.size
+            at = 0
+            for p in bucket:
+                n = p.numel()
+                avg = torch.from_numpy(buf[at : at + n]).view_as(p).to(device=p.device, dtype=p.dtype)
+                if p.grad is None:
+                    p.grad = avg.clone()
+                else:
+                    p.grad.copy_(avg)
+                at += n
+            self._requests[b] = None
+            self._ready[b] = 0
+
+    def broadcast_parameters(self) -> None:
+        """Every rank takes rank 0's parameters and buffers (batch-norm statistics included)."""
+        with torch.no_grad():
+            for t in list(self.model.parameters()) + list(self.model.buffers()):
+                host = t.detach().cpu().numpy().copy()
+                self.comm.Bcast(host, root=0)
+                t.copy_(torch.from_numpy(host))
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self.comm.Free()

@@ -1,0 +1,40 @@
+"""Data-parallel training equals one process with the same global batch, on 1, 2 and 4 real ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpipe.train.models import SmallCNN
+from ddpipe.train.step import train_step
+
+from ..conftest import mpiexec
+from .train_worker import batches
+
+pytestmark = pytest.mark.mpi
+WORKER = Path(__file__).with_name("train_worker.py")
+
+
+def single_process() -> dict[str, torch.Tensor]:
+    torch.manual_seed(100)  # rank 0's initial weights
+    model = SmallCNN(5, batch_norm=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches():
+        train_step(model, opt, x, y)
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("path", ["mpi", "ddp"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_same_weights_as_one_process(tmp_path: Path, path: str, world: int) -> None:
+    out = tmp_path / "weights.pt"
+    proc = mpiexec(world, WORKER, path, out, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got, want = torch.load(out), single_process()
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-5, rtol=1e-4), (k, (got[k] - want[k]).abs().max())
+    moved = sum(float((got[k] - SmallCNN(5, batch_norm=False).state_dict()[k]).abs().sum()) for k in want)
+    assert moved > 0  # the steps did train
