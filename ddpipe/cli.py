@@ -124,6 +124,42 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from .comm import init_comm
+    from .decode import DecodeOptions
+    from .pipeline import Loader
+    from .train.loop import Trainer, TrainOptions
+    from .train.models import build_model
+
+    comm = init_comm()
+    torch.manual_seed(args.seed)
+    common = {"decode": args.decode, "device": args.device, "comm": comm, "seed": args.seed}
+    size = DecodeOptions(size=args.image_size, resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)),
+                         dtype=args.dtype)
+    loader = Loader(args.dataset, args.batch_size, shuffle=args.shuffle, exchange_fraction=args.exchange_fraction,
+                    shard_assignment=args.shard_assignment, drop_last=True, decode_options=size,
+                    stage_dir=args.stage_dir, stage_capacity=args.stage_capacity, **common)
+    evaluate = None
+    if args.eval:
+        evaluate = Loader(args.eval, args.batch_size, shuffle="none", drop_last=False,
+                          decode_options=DecodeOptions(train=False, size=size.size,
+                                                       resize_shorter=size.resize_shorter, dtype=args.dtype),
+                          **common)
+    classes = len(loader.dataset.classes) or args.num_classes
+    model = build_model(args.model, classes)
+    options = TrainOptions(epochs=args.epochs, allreduce=args.allreduce, lr=args.lr, warmup_epochs=args.warmup_epochs,
+                           amp=args.amp, channels_last=args.channels_last, checkpoint=args.checkpoint,
+                           checkpoint_every=args.checkpoint_every, max_steps=args.max_steps)
+    if comm.world.rank == 0:
+        print(f"training {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters) on "
+              f"{comm.world.size} rank(s), {loader.decode} decoding on {loader.device}, global batch "
+              f"{args.batch_size * comm.world.size}, allreduce {args.allreduce}", flush=True)
+    Trainer(model, loader, comm, options, evaluate).fit()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,6 +205,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-throttle", default=None, help="model a slow source, e.g. 100MB/s,5ms")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_stage)
+
+    p = sub.add_parser("train", help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
+    p.add_argument("dataset")
+    p.add_argument("--model", default="resnet50", help="resnet18, resnet34, resnet50, resnet101 or smallcnn")
+    p.add_argument("--epochs", type=_positive, default=1)
+    p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
+    p.add_argument("--allreduce", choices=["ddp", "mpi"], default="ddp")
+    p.add_argument("--lr", type=float, default=0.1, help="for a global batch of 256, scaled linearly")
+    p.add_argument("--warmup-epochs", type=float, default=0.0)
+    p.add_argument("--eval", help="a held-out dataset: top-1 accuracy after each epoch")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--dtype", choices=["float32", "float16", "uint8"], default="uint8",
+                   help="loader output; uint8 is normalised on the training device")
+    p.add_argument("--decode", default="auto", choices=["auto", "dali-gpu", "dali-cpu", "pil"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--shuffle", choices=["none", "local", "partial", "global"], default="partial")
+    p.add_argument("--exchange-fraction", type=float, default=0.3)
+    p.add_argument("--shard-assignment", choices=["sticky", "rotate"], default="sticky")
+    p.add_argument("--stage-dir", default=None, help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR)")
+    p.add_argument("--stage-capacity", type=_size, default=None)
+    p.add_argument("--checkpoint", type=Path, default=None, help="file to save to and resume from")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between mid-epoch checkpoints")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in total")
+    p.add_argument("--num-classes", type=int, default=1000, help="when the dataset names no classes")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
     p.add_argument("dataset")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ddpipe
 from ddpipe.train.models import SmallCNN
 from ddpipe.train.step import train_step
 
@@ -38,3 +39,15 @@ def test_same_weights_as_one_process(tmp_path: Path, path: str, world: int) -> N
         assert torch.allclose(got[k], want[k], atol=1e-5, rtol=1e-4), (k, (got[k] - want[k]).abs().max())
     moved = sum(float((got[k] - SmallCNN(5, batch_norm=False).state_dict()[k]).abs().sum()) for k in want)
     assert moved > 0  # the steps did train
+
+
+@pytest.mark.parametrize("path", ["mpi", "ddp"])
+def test_train_command_on_two_ranks(raw_images: Path, tmp_path: Path, path: str) -> None:
+    ddpipe.convert(raw_images, tmp_path / "wds", ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    proc = mpiexec(2, "-m", "ddpipe", "train", tmp_path / "wds", "--model", "smallcnn", "--epochs", "2",
+                   "--batch-size", "4", "--image-size", "32", "--allreduce", path, "--decode", "dali-cpu",
+                   "--eval", tmp_path / "wds", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch ")]
+    assert len(lines) == 2 and all("images/s" in ln and "top-1" in ln and "data wait per rank" in ln for ln in lines)
+    assert proc.stdout.count("training smallcnn") == 1  # rank 0 reports for the job
