@@ -2,8 +2,8 @@
 
 synth an ImageNet-like ImageFolder -> convert it to every shard format -> verify each (checksums,
 counts, every image decodes) -> one loader epoch of each on 2 MPI ranks with partial shuffling ->
-one epoch decoded into training tensors (DALI on the GPU if there is one, else on the CPU) -> print
-what was made. Later stages (staging, training) join this script as they land.
+one epoch decoded into training tensors (DALI on the GPU if there is one, else on the CPU) -> data-
+parallel training on 2 MPI ranks, staged to node-local storage, with each way of averaging gradients.
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ def main() -> int:
             return 1
         rows.append((fmt, len(m.shards), m.num_samples, m.num_bytes, convert_s, report.decoded))
 
+    launcher = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+    if launcher is None:
+        print("mpiexec not found: pip install 'ddpipe[mpi]'")
+        return 1
     for fmt in FORMAT_NAMES:
         print(f"== 4. load {fmt}: one epoch on 2 MPI ranks, partial shuffle (Q = 0.3), batches of 64")
-        launcher = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
-        if launcher is None:
-            print("   mpiexec not found: pip install 'ddpipe[mpi]'")
-            return 1
         proc = subprocess.run([launcher, "-n", "2", sys.executable, "-m", "ddpipe.demo", "--load-worker",
                                str(out / fmt)], timeout=600)
         if proc.returncode != 0:
@@ -68,6 +68,15 @@ def main() -> int:
 
     print("== 5. decode: one epoch of (images, labels) with decode='auto', random-resized crops to 224, batches of 64")
     decode_report = _decode_epoch(out / "wds")
+
+    for path in ("mpi", "ddp"):
+        print(f"== 6. train: smallcnn, 2 MPI ranks, staged shards, {path} gradient averaging, 2 epochs")
+        proc = subprocess.run([launcher, "-n", "2", sys.executable, "-m", "ddpipe", "train", str(out / "wds"),
+                               "--model", "smallcnn", "--epochs", "2", "--batch-size", "32", "--image-size", "64",
+                               "--allreduce", path, "--eval", str(out / "hdf5"), "--stage-dir", str(out / "stage")],
+                              timeout=900)
+        if proc.returncode != 0:
+            return proc.returncode
 
     print("\n== summary")
     print(f"{'format':<8}{'shards':>8}{'samples':>9}{'MB':>9}{'convert s':>11}{'MB/s':>8}{'decoded':>9}  verified")

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..comm import Comm
+from ..comm import Comm, launched_by_mpi
 from ..decode import normalize
+from ..errors import DdpipeError
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
 from .mpi_allreduce import DEFAULT_BUCKET_BYTES, MPIGradientAverager
@@ -85,6 +86,8 @@ class Trainer:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=options.lr, momentum=options.momentum,
                                          weight_decay=options.weight_decay)
         self.averager: MPIGradientAverager | None = None
+        if options.allreduce == "mpi" and comm.world.size > 1 and not launched_by_mpi():
+            raise DdpipeError("allreduce='mpi' needs an MPI launcher (mpiexec or srun); under torchrun use 'ddp'")
         if options.allreduce == "mpi" and comm.world.size > 1:
             self.averager = MPIGradientAverager(self.model, bucket_bytes=options.bucket_bytes)
             self.averager.broadcast_parameters()
