@@ -58,3 +58,11 @@ def test_resume_from_a_mid_epoch_checkpoint(data: Path, tmp_path: Path) -> None:
     assert [log.images for log in logs] == [24, 48]  # the rest of epoch 0, then a whole epoch 1
     assert resumed.step == 12 and resumed.epoch == 2
     assert logs[-1].loss_sum / logs[-1].images < logs[0].loss_sum / logs[0].images  # it learns
+
+
+def test_channels_last_training_on_cpu(data: Path, tmp_path: Path) -> None:
+    t = trainer(data, tmp_path / "c.pt", channels_last=True, max_steps=2)
+    t.fit()
+    assert t.step == 2
+    conv = next(m for m in t.model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
