@@ -30,6 +30,20 @@ def synth_images(n: int, classes: int = 100, seed: int = 0) -> Path:
     return root
 
 
+def synth_shards(n: int, name: str, fmt: str = "wds", shard_bytes: int = 16_000_000, seed: int | None = None) -> Path:
+    """The synth set converted to ``fmt`` shards under ``DATA/<name>-<n>/<fmt>``, made once and reused."""
+    import shutil
+
+    import ddpipe
+
+    root = DATA / f"{name}-{n}" / fmt
+    if not (root / "index.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        ddpipe.convert(synth_images(n), root, ddpipe.ConvertOptions(format=fmt, shard_bytes=shard_bytes, seed=seed,
+                                                                    progress=False))
+    return root
+
+
 def evict(paths: Iterable[Path]) -> None:
     """Drop files from the page cache so the next read comes from the device (a cold read)."""
     for p in paths:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from _common import DATA, evict, machine, median, mpiexec, save, synth_images, table
+from _common import DATA, evict, machine, median, mpiexec, save, synth_shards, table
 
 import ddpipe
 from ddpipe.comm import init_comm
@@ -90,11 +89,7 @@ def main() -> None:
     if args.worker:
         worker(Path(args.worker[0]), Path(args.worker[1]), args.repeats, args.round_size)
         return
-    images = synth_images(args.n)
-    root = DATA / f"exchange-{args.n}" / "wds"
-    if not (root / "index.json").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        ddpipe.convert(images, root, ddpipe.ConvertOptions(format="wds", shard_bytes=16_000_000, progress=False))
+    root = synth_shards(args.n, "exchange")
     rows = []
     for ranks in args.ranks:
         out = DATA / f"exchange-{ranks}.json"

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import DATA, machine, median, save, synth_images, table
+from _common import DATA, machine, median, save, synth_images, synth_shards, table
 
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1
@@ -224,13 +224,8 @@ def main() -> None:
     if args.run:
         child(args.run, images, data, Path(args.out))
         return
-    import ddpipe
-
     for fmt in ("wds", "hdf5", "lmdb"):
-        if not (data / fmt / "index.json").exists():
-            shutil.rmtree(data / fmt, ignore_errors=True)
-            ddpipe.convert(images, data / fmt, ddpipe.ConvertOptions(format=fmt, shard_bytes=32_000_000, seed=0,
-                                                                      progress=False))
+        synth_shards(args.n, "loader", fmt, shard_bytes=32_000_000, seed=0)
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
     results: dict[str, list[dict[str, float]]] = {}
     todo = runs(images, data)

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import DATA, evict, machine, median, mpiexec, save, synth_images, table
+from _common import DATA, evict, machine, median, mpiexec, save, synth_shards, table
 
 import ddpipe
 from ddpipe.comm import init_comm
@@ -75,11 +75,7 @@ def main() -> None:
     if args.worker:
         worker(Path(args.worker[0]), Path(args.worker[1]), args.throttle, Path(args.worker[2]))
         return
-    images = synth_images(args.n)
-    root = DATA / f"staging-{args.n}" / "wds"
-    if not (root / "index.json").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        ddpipe.convert(images, root, ddpipe.ConvertOptions(format="wds", shard_bytes=16_000_000, progress=False))
+    root = synth_shards(args.n, "staging")
     runs = []
     for _ in range(args.repeats):
         out = DATA / "staging-run.json"
