@@ -82,7 +82,8 @@ class Dataset:
     def iter_shard(self, shard: int, start: int = 0) -> Iterator[Sample]:
         """The samples of one shard from position ``start``, read sequentially."""
         with self.open_shard(shard) as reader:
-            slow = self.limits if self.limits is not None and str(reader.path).startswith(str(self.root)) else None
+            from_source = reader.path.parent.resolve() == self.root.resolve()  # not a staged copy
+            slow = self.limits if self.limits is not None and from_source else None
             if slow is not None:
                 slow.on_open()
             info = self.manifest.shards[shard]
