@@ -160,6 +160,44 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import BenchOptions, format_report, run_bench
+    from .comm import init_comm
+
+    comm = init_comm()
+    options = BenchOptions(batch_size=args.batch_size, shuffle=args.shuffle, exchange_fraction=args.exchange_fraction,
+                           decode=args.decode, image_size=args.image_size, step_time=args.step_time, cold=args.cold,
+                           stage_dir=args.stage_dir, source_limits=args.source_throttle, seed=args.seed)
+    report = run_bench(args.dataset, options, comm)
+    if comm.world.rank == 0:
+        print(format_report(report))
+        if args.json:
+            doc = {"dataset": str(args.dataset), "options": vars(args) | {"func": None, "json": str(args.json)},
+                   **report.to_dict(), "machine": _machine()}
+            Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+            print(f"wrote {args.json}")
+    return 0
+
+
+def _machine() -> dict[str, object]:
+    import os
+    import platform
+
+    import numpy
+    import torch
+
+    versions = {"python": platform.python_version(), "numpy": numpy.__version__, "torch": torch.__version__}
+    try:
+        import nvidia.dali as dali
+
+        versions["dali"] = dali.__version__
+    except ImportError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cores": os.cpu_count(), "memory_gib": round(memory, 1), "gpu": gpu, "versions": versions}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -233,6 +271,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, default=1000, help="when the dataset names no classes")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("bench", help="measure each stage and the data wait of a training step, on this dataset")
+    p.add_argument("dataset")
+    p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
+    p.add_argument("--step-time", type=float, default=0.05, help="seconds of a simulated training step")
+    p.add_argument("--shuffle", choices=["none", "local", "partial", "global"], default="partial")
+    p.add_argument("--exchange-fraction", type=float, default=0.3)
+    p.add_argument("--decode", default="auto", choices=["auto", "dali-gpu", "dali-cpu", "pil"])
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
+    p.add_argument("--stage-dir", default=None)
+    p.add_argument("--source-throttle", default=None, help="model a slow source, e.g. 100MB/s,5ms")
+    p.add_argument("--json", default=None, help="write every figure and the machine to this file")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
     p.add_argument("dataset")

@@ -1,0 +1,58 @@
+"""ddpipe bench against known cases: a slow reader, a long step, and totals that add up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ddpipe
+from ddpipe.bench import BenchOptions, run_bench
+from ddpipe.comm import Comm
+
+from ..conftest import mpiexec
+from ..decode.test_decode import labelled_samples
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bench") / "wds"
+    ddpipe.write_dataset(root, iter(labelled_samples(64, np.random.default_rng(2))), samples_per_shard=16,
+                         classes=[str(c) for c in range(6)])
+    return root
+
+
+def options(**kw: object) -> BenchOptions:
+    return BenchOptions(batch_size=8, decode="dali-cpu", image_size=32, **kw)  # type: ignore[arg-type]
+
+
+def test_slow_reader_is_the_bottleneck_and_fetch_stall_dominates(data: Path) -> None:
+    size = sum(s.bytes for s in ddpipe.load_manifest(data).shards)
+    report = run_bench(data, options(step_time=0.001, source_limits=f"{size * 2}B/s"), Comm())  # 0.5 s a read
+    assert report.bottleneck == "read"
+    assert report.fetch_stall > report.prep_stall and report.fetch_stall > 0.5
+    assert report.max_feed_images_per_s == pytest.approx(report.stages[0].images_per_s)
+
+
+def test_long_step_leaves_almost_no_stall(data: Path) -> None:
+    report = run_bench(data, options(step_time=0.15), Comm())
+    assert report.bottleneck == "step" and report.stall < 0.1
+
+
+def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = mpiexec(2, "-m", "ddpipe", "bench", data, "--batch-size", "8", "--decode", "dali-cpu", "--image-size",
+                   "32", "--step-time", "0.01", "--json", out, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "bottleneck:" in proc.stdout and proc.stdout.count("stall") == 1
+    doc = json.loads(out.read_text())
+    assert doc["world_size"] == 2 and doc["images"] == 64
+    assert doc["fetch_stall"] + doc["prep_stall"] == pytest.approx(doc["stall"])
+    full = [r for r in doc["per_rank"] if r["stage"] == "full"]
+    assert sorted(r["rank"] for r in full) == [0, 1] and sum(r["steps"] for r in full) * 8 == 64
+    reads = [r for r in doc["per_rank"] if r["stage"] == "read"]
+    assert sum(r["images"] for r in reads) == 64
+    assert {s["name"] for s in doc["stages"]} == {"read", "read+exchange", "read+decode", "full"}
+    assert doc["machine"]["cores"] and "torch" in doc["machine"]["versions"]
