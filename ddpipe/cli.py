@@ -161,7 +161,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import BenchOptions, format_report, run_bench
+    from .bench import BenchOptions, format_report, plot_report, run_bench
     from .comm import init_comm
 
     comm = init_comm()
@@ -176,6 +176,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    **report.to_dict(), "machine": _machine()}
             Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
             print(f"wrote {args.json}")
+        if args.plot:
+            plot_report(report, args.plot)
+            print(f"wrote {args.plot}")
     return 0
 
 
@@ -284,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-dir", default=None)
     p.add_argument("--source-throttle", default=None, help="model a slow source, e.g. 100MB/s,5ms")
     p.add_argument("--json", default=None, help="write every figure and the machine to this file")
+    p.add_argument("--plot", default=None, help="write a PNG of throughput by stage and stall over the epoch")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_bench)
 

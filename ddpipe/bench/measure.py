@@ -193,16 +193,18 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
 
     # the full pipeline feeding a simulated step, from storage; then the same epoch fed from memory
     full = loader(o.shuffle, o.decode)
-    steps = {"n": 0, "wait": 0.0}
+    steps: dict[str, Any] = {"n": 0, "wait": 0.0, "waits": []}
 
-    def full_body() -> dict[str, float]:
+    def full_body() -> dict[str, Any]:
         t = time.perf_counter()
         for _ in full:
-            steps["wait"] += time.perf_counter() - t
+            waited = time.perf_counter() - t
+            steps["wait"] += waited
+            steps["waits"].append(waited)
             steps["n"] += 1
             time.sleep(o.step_time)
             t = time.perf_counter()
-        return {"steps": steps["n"], "wait": steps["wait"]}
+        return {"steps": steps["n"], "wait": steps["wait"], "waits": steps["waits"]}
 
     epoch_seconds, mine = _timed(comm, full, o.cold, full_body)
     stages.append(StageFigures("full", stages[-1].images, stages[0].bytes, epoch_seconds, stages[-1].images,
@@ -254,3 +256,37 @@ def format_report(report: BenchReport) -> str:
         wait = 100 * r["wait"] / r["seconds"] if r["seconds"] else 0.0
         lines.append(f"  rank {int(r['rank'])}: {int(r['steps'])} steps, {r['seconds']:.2f} s, data wait {wait:.0f}%")
     return "\n".join(lines)
+
+
+def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> None:
+    """Throughput by stage, against what the step consumes; and each rank's data wait through the epoch."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        from ..errors import DdpipeError
+
+        raise DdpipeError("--plot needs matplotlib: pip install matplotlib") from e
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [s.name for s in report.stages]
+    rates = [s.images_per_s for s in report.stages]
+    left.barh(names, rates, color=["#4c72b0" if n != report.bottleneck else "#c44e52" for n in names])
+    left.axvline(report.step_images_per_s, color="black", linestyle="--", label="the step consumes")
+    left.set_xlabel("images/s (whole job)")
+    left.set_title(f"throughput by stage (bottleneck: {report.bottleneck})")
+    left.legend(loc="lower right")
+    for r in report.per_rank:
+        if r.get("stage") == "full" and r.get("waits"):
+            waits = [1000 * w for w in r["waits"]]
+            right.plot(range(1, len(waits) + 1), waits, marker=".", label=f"rank {int(r['rank'])}")
+    right.xaxis.get_major_locator().set_params(integer=True)
+    right.set_xlabel("step")
+    right.set_ylabel("data wait per step (ms)")
+    right.set_title(f"stall over the epoch: {100 * report.stall:.0f}% (fetch {100 * report.fetch_stall:.0f}%, "
+                    f"prep {100 * report.prep_stall:.0f}%)")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

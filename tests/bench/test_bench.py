@@ -44,7 +44,7 @@ def test_long_step_leaves_almost_no_stall(data: Path) -> None:
 def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = mpiexec(2, "-m", "ddpipe", "bench", data, "--batch-size", "8", "--decode", "dali-cpu", "--image-size",
-                   "32", "--step-time", "0.01", "--json", out, timeout=300)
+                   "32", "--step-time", "0.01", "--json", out, "--plot", tmp_path / "bench.png", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "bottleneck:" in proc.stdout and proc.stdout.count("stall") == 1
     doc = json.loads(out.read_text())
@@ -56,3 +56,5 @@ def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
     assert sum(r["images"] for r in reads) == 64
     assert {s["name"] for s in doc["stages"]} == {"read", "read+exchange", "read+decode", "full"}
     assert doc["machine"]["cores"] and "torch" in doc["machine"]["versions"]
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert all(len(r["waits"]) == r["steps"] for r in full)  # the stall over the epoch, step by step
