@@ -3,7 +3,8 @@
 synth an ImageNet-like ImageFolder -> convert it to every shard format -> verify each (checksums,
 counts, every image decodes) -> one loader epoch of each on 2 MPI ranks with partial shuffling ->
 one epoch decoded into training tensors (DALI on the GPU if there is one, else on the CPU) -> data-
-parallel training on 2 MPI ranks, staged to node-local storage, with each way of averaging gradients.
+parallel training on 2 MPI ranks, staged to node-local storage, with each way of averaging gradients ->
+a `ddpipe bench` report of the demo dataset on 2 ranks.
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ def main() -> int:
                               timeout=900)
         if proc.returncode != 0:
             return proc.returncode
+
+    print("== 7. bench: each stage, the stall of a 50 ms step and its causes, 2 MPI ranks")
+    proc = subprocess.run([launcher, "-n", "2", sys.executable, "-m", "ddpipe", "bench", str(out / "wds"),
+                           "--image-size", "128", "--json", str(out / "bench.json"), "--plot", str(out / "bench.png")],
+                          timeout=900)
+    if proc.returncode != 0:
+        return proc.returncode
 
     print("\n== summary")
     print(f"{'format':<8}{'shards':>8}{'samples':>9}{'MB':>9}{'convert s':>11}{'MB/s':>8}{'decoded':>9}  verified")
