@@ -8,8 +8,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import DdpipeError
+
+if TYPE_CHECKING:
+    from .bench import BenchReport
 
 
 def _size(text: str) -> int:
@@ -171,6 +175,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(args.dataset, options, comm)
     if comm.world.rank == 0:
         print(format_report(report))
+        if args.project:
+            _print_projection(args, report)
         if args.json:
             doc = {"dataset": str(args.dataset), "options": vars(args) | {"func": None, "json": str(args.json)},
                    **report.to_dict(), "machine": _machine()}
@@ -180,6 +186,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             plot_report(report, args.plot)
             print(f"wrote {args.plot}")
     return 0
+
+
+def _print_projection(args: argparse.Namespace, report: BenchReport) -> None:
+    from .bench.projection import Cluster, Workload, projection_table
+
+    stages = {s.name: s for s in report.stages}
+    decode = stages["read+decode"]
+    nodes = [int(n) for n in args.project.removeprefix("nodes=").split(",") if n]
+    cluster = Cluster(nodes=1, gpus_per_node=args.gpus_per_node, fs_bandwidth=args.fs_bandwidth,
+                      local_bandwidth=args.local_bandwidth, local_capacity=args.local_capacity,
+                      link_bandwidth=args.link_bandwidth, link_latency=args.link_latency)
+    images = args.project_images or decode.images
+    work = Workload(images=images, image_bytes=decode.bytes / decode.images, batch_size=args.batch_size,
+                    step_time=args.model_step_time or args.step_time,
+                    decode_rate=args.decode_rate or decode.images_per_s / report.world_size,
+                    exchange_fraction=args.exchange_fraction)
+    _, text = projection_table(cluster, work, nodes)
+    print(f"\nprojection (ddpipe/bench/projection.py): {images:,} images of {work.image_bytes / 1e3:.0f} KB, "
+          f"{args.gpus_per_node} GPUs per node, step {work.step_time * 1e3:.0f} ms per batch of {args.batch_size}, "
+          f"decode {work.decode_rate:.0f} images/s per rank")
+    print(text)
 
 
 def _machine() -> dict[str, object]:
@@ -288,6 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-throttle", default=None, help="model a slow source, e.g. 100MB/s,5ms")
     p.add_argument("--json", default=None, help="write every figure and the machine to this file")
     p.add_argument("--plot", default=None, help="write a PNG of throughput by stage and stall over the epoch")
+    p.add_argument("--project", default=None, metavar="nodes=1,8,64,512", help="project to these cluster sizes")
+    p.add_argument("--project-images", type=int, default=0, help="dataset size to project (default: this one)")
+    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument("--fs-bandwidth", type=_size, default=10 * 10**9, help="shared file system, aggregate, per second")
+    p.add_argument("--local-bandwidth", type=_size, default=3 * 10**9, help="node-local storage, per second")
+    p.add_argument("--local-capacity", type=_size, default=3800 * 10**9)
+    p.add_argument("--link-bandwidth", type=_size, default=25 * 10**9, help="per node, per second")
+    p.add_argument("--link-latency", type=float, default=5e-6, help="seconds per message")
+    p.add_argument("--model-step-time", type=float, default=0.0, help="the real model's step (default: --step-time)")
+    p.add_argument("--decode-rate", type=float, default=0.0,
+                   help="images/s one rank decodes on the cluster (default: measured here)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_bench)
 

@@ -44,9 +44,12 @@ def test_long_step_leaves_almost_no_stall(data: Path) -> None:
 def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = mpiexec(2, "-m", "ddpipe", "bench", data, "--batch-size", "8", "--decode", "dali-cpu", "--image-size",
-                   "32", "--step-time", "0.01", "--json", out, "--plot", tmp_path / "bench.png", timeout=300)
+                   "32", "--step-time", "0.01", "--json", out, "--plot", tmp_path / "bench.png",
+                   "--project", "nodes=1,8", "--project-images", "1281167", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "bottleneck:" in proc.stdout and proc.stdout.count("stall") == 1
+    assert "bottleneck:" in proc.stdout and proc.stdout.count("stall") == 2  # the report, the projection's head
+    projected = [ln.split() for ln in proc.stdout.splitlines() if ln.strip().startswith(("1 ", "8 "))]
+    assert len(projected) == 10 and {row[2] for row in projected} == {"local", "partial", "global"}
     doc = json.loads(out.read_text())
     assert doc["world_size"] == 2 and doc["images"] == 64
     assert doc["fetch_stall"] + doc["prep_stall"] == pytest.approx(doc["stall"])
