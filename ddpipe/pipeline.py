@@ -160,16 +160,21 @@ class Loader:
                 for _, samples in stream:
                     self._batches_done += 1
                     yield samples
-                return
-            from .decode.output import make_decoder
+            else:
+                from .decode.output import make_decoder
 
-            assert self.device is not None  # set with every decode but "none"
-            decoder = make_decoder(self.decode, self.decode_options, self.options.batch_size, self.device, self.epoch)
-            encoded = (EncodedBatch.of(indices, samples, self._on_bad) for indices, samples in stream)
-            seed = int(derive_rng(self.seed, DECODE, self.epoch, self.rank).integers(2**31 - 1))
-            for batch in decoder.decode(encoded, seed, self._on_bad):
-                self._batches_done += 1  # what the caller has received, not what decoding prefetched
-                yield batch
+                assert self.device is not None  # set with every decode but "none"
+                decoder = make_decoder(self.decode, self.decode_options, self.options.batch_size, self.device,
+                                       self.epoch)
+                encoded = (EncodedBatch.of(indices, samples, self._on_bad) for indices, samples in stream)
+                seed = int(derive_rng(self.seed, DECODE, self.epoch, self.rank).integers(2**31 - 1))
+                for batch in decoder.decode(encoded, seed, self._on_bad):
+                    self._batches_done += 1  # what the caller has received, not what decoding prefetched
+                    yield batch
+            if self.stager is not None:
+                # a whole epoch was read: its staging is done, bar the stager's own bookkeeping, which
+                # is waited for so that its figures (stats) are final when the epoch ends
+                self.stager.wait()
         finally:
             stream.close()
 
