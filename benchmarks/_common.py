@@ -46,13 +46,22 @@ def synth_shards(n: int, name: str, fmt: str = "wds", shard_bytes: int = 16_000_
 
 def evict(paths: Iterable[Path]) -> None:
     """Drop files from the page cache so the next read comes from the device (a cold read)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages cannot be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    from ddpipe.bench.measure import evict_page_cache
+
+    evict_page_cache(paths)
+
+
+def timed_epoch(loader: Any, evict_first: Iterable[Path] = ()) -> float:
+    """One epoch of ``loader`` on every rank, after evicting ``evict_first`` (once per node); the
+    slowest rank's seconds."""
+    files = list(evict_first)
+    if files and loader.comm.world.local_rank == 0:
+        evict(files)
+    loader.comm.barrier()
+    t0 = time.perf_counter()
+    for _ in loader:
+        pass
+    return float(max(loader.comm.allgather(time.perf_counter() - t0)))
 
 
 def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:

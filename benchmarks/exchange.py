@@ -19,22 +19,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import DATA, evict, machine, median, mpiexec, save, synth_shards, table
+from _common import DATA, machine, median, mpiexec, save, synth_shards, table, timed_epoch
 
 import ddpipe
 from ddpipe.comm import init_comm
 
 BATCH = 64
-
-
-def epoch(loader: ddpipe.Loader, files: list[Path], cold: bool) -> float:
-    if cold and loader.rank == 0:
-        evict(files)
-    loader.comm.barrier()
-    t0 = time.perf_counter()
-    for _ in loader:
-        pass
-    return max(loader.comm.allgather(time.perf_counter() - t0))
 
 
 def raw_alltoallv(round_bytes_all: list[list[list[int]]], rank: int) -> float:
@@ -67,8 +57,8 @@ def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
     exchange, raw, moved = [], [], []
     for rep in range(repeats):
         for q in (0.0, 0.3) if rep % 2 == 0 else (0.3, 0.0):
-            times[f"cold-{q}"].append(epoch(loaders[q], files, cold=True))
-            times[f"warm-{q}"].append(epoch(loaders[q], files, cold=False))
+            times[f"cold-{q}"].append(timed_epoch(loaders[q], files))
+            times[f"warm-{q}"].append(timed_epoch(loaders[q]))
         stats = loaders[0.3].stats
         everyone = comm.allgather(stats["round_bytes"])
         exchange.append(max(comm.allgather(stats["exchange_seconds"])))

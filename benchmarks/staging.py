@@ -16,25 +16,14 @@ import argparse
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
-from _common import DATA, evict, machine, median, mpiexec, save, synth_shards, table
+from _common import DATA, machine, median, mpiexec, save, synth_shards, table, timed_epoch
 
 import ddpipe
 from ddpipe.comm import init_comm
 from ddpipe.staging import SourceLimits
 from ddpipe.staging.stager import dataset_stage_dir
-
-
-def epoch_time(loader: ddpipe.Loader, files: list[Path]) -> float:
-    if loader.comm.world.local_rank == 0:
-        evict(files)
-    loader.comm.barrier()
-    t0 = time.perf_counter()
-    for _ in loader:
-        pass
-    return max(loader.comm.allgather(time.perf_counter() - t0))
 
 
 def worker(root: Path, stage: Path, throttle: str, out: Path) -> None:
@@ -47,17 +36,17 @@ def worker(root: Path, stage: Path, throttle: str, out: Path) -> None:
         return ddpipe.Loader(root, 256, decode="none", shuffle="partial", comm=comm, **kw)  # type: ignore[arg-type]
 
     result: dict[str, float] = {}
-    result["direct"] = epoch_time(loader(source_limits=throttle), source)
+    result["direct"] = timed_epoch(loader(source_limits=throttle), source)
     if comm.world.rank == 0:
         shutil.rmtree(stage, ignore_errors=True)
     comm.barrier()
     staging = loader(source_limits=throttle, stage_dir=stage)
-    result["staged_epoch1"] = epoch_time(staging, source)
+    result["staged_epoch1"] = timed_epoch(staging, source)
     assert staging.stager is not None
     stats = comm.allgather(dict(staging.stager.stats))
     staging.set_epoch(1)
-    result["staged_epoch2"] = epoch_time(staging, staged)
-    result["local"] = epoch_time(loader(), source)
+    result["staged_epoch2"] = timed_epoch(staging, staged)
+    result["local"] = timed_epoch(loader(), source)
     copied = sum(s["bytes"] for s in stats)
     result["copy_mb_s"] = copied / 1e6 / max(max(s["seconds"] for s in stats), 1e-9)
     if comm.world.rank == 0:

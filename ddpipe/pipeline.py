@@ -248,8 +248,9 @@ class Loader:
                     finished = shuffler.run(ahead, emit)
                 finally:
                     ahead.close()  # only now may reading stop: a round in progress needs its samples
-                self.stats = {"samples_sent": shuffler.samples_sent, "bytes_sent": shuffler.bytes_sent,
-                              "exchange_seconds": shuffler.exchange_seconds, "round_bytes": shuffler.round_bytes}
+                # update, not replace: the consumer may still be counting skipped samples in stats
+                self.stats.update({"samples_sent": shuffler.samples_sent, "bytes_sent": shuffler.bytes_sent,
+                                   "exchange_seconds": shuffler.exchange_seconds, "round_bytes": shuffler.round_bytes})
                 if not finished:
                     emit(_END)
                     return

@@ -12,6 +12,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .dataset import Dataset
+from .decode.spec import IMAGE_FIELDS
 from .errors import DdpipeError
 from .formats.tar import check_dali_index
 from .manifest import file_checksum, load_manifest
@@ -20,7 +21,6 @@ from .sample import KEY
 # format -> checks of the files kept beside each shard, which the manifest's checksum does not cover
 _SIDECAR_CHECKS: dict[str, tuple[Callable[[Path], None], ...]] = {"wds": (check_dali_index,)}
 
-IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tiff", "ppm")
 
 
 @dataclass

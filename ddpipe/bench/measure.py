@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,15 +119,20 @@ def _encoded_bytes(batch: list[Sample]) -> int:
     return sum(len(v) for s in batch for k, v in s.items() if k != KEY)
 
 
-def _evict(loader: Loader) -> None:
-    if loader.comm.world.local_rank != 0:
-        return
-    for info in loader.dataset.manifest.shards:
-        fd = os.open(loader.dataset.root / info.file, os.O_RDONLY)
+def evict_page_cache(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Drop files from the page cache, so that the next read comes from the device (a cold read)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
         try:
+            os.fsync(fd)  # dirty pages cannot be dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def _evict(loader: Loader) -> None:
+    if loader.comm.world.local_rank == 0:  # once per node
+        evict_page_cache(loader.dataset.root / info.file for info in loader.dataset.manifest.shards)
 
 
 def _timed(comm: Comm, loader: Loader, cold: bool, body: Any) -> tuple[float, dict[str, float]]:

@@ -106,6 +106,7 @@ class NodeStager:
                 self.stats["reused"] += 1
                 return
             remove_staged(dest)  # a stale or damaged copy is fetched again
+            discard(self._failed(dest))  # and a failure of an earlier run is tried again
             t0 = time.perf_counter()
             try:
                 for sidecar in self.dataset.format.sidecar_files(self.dataset.shard_path(shard)):
@@ -200,7 +201,3 @@ class NodeStager:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-
-    def clear_failures(self) -> None:
-        for p in self.dir.glob(".*.failed"):
-            discard(p)

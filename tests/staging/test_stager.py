@@ -172,3 +172,12 @@ def test_killed_stager_resumes_with_the_rest(data: Path, tmp_path: Path) -> None
     assert f"staged {5 - done} shards" in rerun.stdout and f"{done} already staged" in rerun.stdout
     assert not list(local.glob(".*.partial"))
     assert set(keys(ddpipe.Loader(data, 8, decode="none", stage_dir=stage))) == ALL
+
+
+def test_failure_of_an_earlier_run_is_tried_again(data: Path, tmp_path: Path) -> None:
+    local = staged(tmp_path / "stage", data)
+    local.mkdir(parents=True)
+    (local / ".shard-000001.tar.failed").write_text("no space left (a full disk, last week)")
+    assert set(keys(ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage"))) == ALL
+    assert not (local / ".shard-000001.tar.failed").exists()
+    assert (local / "shard-000001.tar").read_bytes() == (data / "shard-000001.tar").read_bytes()
