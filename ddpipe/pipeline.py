@@ -18,7 +18,7 @@ from collections import defaultdict, deque
 from collections.abc import Generator, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,12 +30,14 @@ from .errors import DdpipeError, SampleError
 from .memory import keep_freed_memory
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import KEY, Sample
-from .seeding import DECODE, derive_rng
 from .shufflers.exchange import ExchangeShuffler
 from .staging import NodeStager, StageOptions, default_stage_dir
 from .staging.order import node_shard_order
 from .staging.throttle import ENV_VAR as THROTTLE_ENV
 from .staging.throttle import SourceLimits
+
+if TYPE_CHECKING:  # torch loads only when something decodes
+    from .decode.output import Decoder
 
 STATE_VERSION = 1
 _END = object()
@@ -126,6 +128,19 @@ class Loader:
             self.dataset.staged_path = self.stager.path
             self.dataset.on_shard_done = self.stager.release
         self.skipped: list[tuple[str, str, str]] = []  # (key, shard, reason) of skipped samples, first 1,000
+        self._decoder: Decoder | None = None
+
+    def close(self) -> None:
+        """Release the decoder (its DALI pipeline, threads or processes); iterating again makes a new one."""
+        if self._decoder is not None:
+            self._decoder.close()
+            self._decoder = None
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def rank(self) -> int:
@@ -164,11 +179,11 @@ class Loader:
                 from .decode.output import make_decoder
 
                 assert self.device is not None  # set with every decode but "none"
-                decoder = make_decoder(self.decode, self.decode_options, self.options.batch_size, self.device,
-                                       self.epoch)
+                if self._decoder is None:  # one for every epoch: its pipeline, pools and buffers stay
+                    self._decoder = make_decoder(self.decode, self.decode_options, self.options.batch_size,
+                                                 self.device)
                 encoded = (EncodedBatch.of(indices, samples, self._on_bad) for indices, samples in stream)
-                seed = int(derive_rng(self.seed, DECODE, self.epoch, self.rank).integers(2**31 - 1))
-                for batch in decoder.decode(encoded, seed, self._on_bad):
+                for batch in self._decoder.decode(encoded, self.seed, self.epoch, self._on_bad):
                     self._batches_done += 1  # what the caller has received, not what decoding prefetched
                     yield batch
             if self.stager is not None:

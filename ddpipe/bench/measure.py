@@ -231,7 +231,7 @@ def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step_time: float
     plan = encoded.plan()
     batches = [(plan.batch(encoded.rank, b), batch) for b, batch in enumerate(encoded)]
     assert decoding.device is not None
-    decoder = make_decoder(decoding.decode, decoding.decode_options, decoding.options.batch_size, decoding.device, 0)
+    decoder = make_decoder(decoding.decode, decoding.decode_options, decoding.options.batch_size, decoding.device)
 
     def skip(index: int, sample: Sample, reason: str) -> None:
         return None
@@ -242,8 +242,9 @@ def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step_time: float
 
     comm.barrier()
     t0 = time.perf_counter()
-    for _ in decoder.decode(stream(), 0, skip):
+    for _ in decoder.decode(stream(), 0, 0, skip):
         time.sleep(step_time)
+    decoder.close()
     return max(comm.allgather(time.perf_counter() - t0))
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..sample import KEY, Sample
 from .spec import image_field, label_of
+
+if TYPE_CHECKING:
+    from .augment import Crops
 
 # on_bad(global index, sample, reason): raises under on_error="fail", counts under "skip"
 OnBad = Callable[[int, Sample, str], None]
@@ -22,6 +26,7 @@ class EncodedBatch:
     samples: list[Sample]
     datas: list[bytes] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
+    crops: Crops | None = None  # each sample's crop window and flip, once chosen (augment.py)
 
     @classmethod
     def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad) -> EncodedBatch:

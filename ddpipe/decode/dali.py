@@ -1,9 +1,12 @@
 """Decoding with NVIDIA DALI: ``mixed`` (GPU JPEG decoding) where CUDA is present, ``cpu`` otherwise.
 
 The pipeline is fed by ``fn.external_source`` with this rank's encoded batches (after exchange and
-local shuffle), decodes only the random crop's region of interest, resizes, flips and normalises,
-and hands back torch tensors on the training device. DALI runs a few batches ahead (its prefetch
-queue) while the caller trains on the current one.
+local shuffle) and each sample's crop window (chosen in augment.py from the seed, the epoch and the
+sample), decodes only that region, resizes, flips and normalises, and hands back torch tensors on
+the training device. On the CPU the resizing is torch's (resample.py). DALI runs a few batches
+ahead (its prefetch queue) while the caller trains on the current one, and one pipeline serves
+every epoch: building one per epoch cost start-up time and let DALI's memory pools grow for ~8
+epochs (benchmarks/soak.py).
 
 A corrupt image stops a DALI pipeline without saying which sample it was. The decoder keeps the
 batches DALI has taken but not returned; on an error it finds the bad samples of the failing batch
@@ -23,8 +26,9 @@ import torch
 import torch.utils.dlpack
 
 from ..errors import DdpipeError
-from ..seeding import DECODE, derive_rng
+from .augment import image_size, random_crops
 from .batches import EncodedBatch, OnBad
+from .resample import Resampler
 from .spec import DecodeOptions
 
 _TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
@@ -39,23 +43,81 @@ def _import_dali() -> Any:
 
 
 class _Feed:
-    """The external source: encoded batches in, each remembered until its output comes back."""
+    """The external source: encoded batches in, each remembered until its output comes back.
 
-    def __init__(self, batches: Iterator[EncodedBatch], inflight: deque[EncodedBatch]) -> None:
-        self._batches = batches
-        self._inflight = inflight
+    A batch's samples whose header cannot be read are reported through ``on_bad`` first. An error
+    on the way in (``on_error="fail"``, a damaged shard) ends the feed: the batches before it come
+    out, then the decoder raises it as it was, not wrapped in DALI's own."""
+
+    def __init__(self, options: DecodeOptions, gpu: bool) -> None:
+        self.options = options
+        self.gpu = gpu
+        self.inflight: deque[EncodedBatch] = deque()
+        self.error: BaseException | None = None
+        self._batches: Iterator[EncodedBatch] = iter(())
+        self._seed = self._epoch = 0
+        self._on_bad: OnBad | None = None
+
+    def attach(self, batches: Iterator[EncodedBatch], seed: int, epoch: int, on_bad: OnBad) -> None:
+        self._batches, self._seed, self._epoch, self._on_bad = batches, seed, epoch, on_bad
+        self.inflight.clear()
+        self.error = None
 
     def __iter__(self) -> _Feed:
         return self
 
-    def __next__(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        batch = next(self._batches)
-        while not batch.datas:  # every sample of it was skipped: it still counts as a batch
-            self._inflight.append(batch)
+    def _next_batch(self) -> EncodedBatch:
+        if self.error is not None:
+            raise StopIteration
+        try:
             batch = next(self._batches)
-        self._inflight.append(batch)
-        return ([np.frombuffer(d, dtype=np.uint8) for d in batch.datas],
-                [np.array([label], dtype=np.int64) for label in batch.labels])
+            if not self.options.train or not batch.datas:
+                return batch
+            return with_crops(batch, self._seed, self._epoch, self.options, self._on_bad)
+        except StopIteration:
+            raise
+        except Exception as e:  # a bad sample or shard: raised by the decoder after the batches before it
+            self.error = e
+            raise StopIteration from e
+
+    def __next__(self) -> tuple[Any, ...]:
+        batch = self._next_batch()
+        while not batch.datas:  # every sample of it was skipped: it still counts as a batch
+            self.inflight.append(batch)
+            batch = self._next_batch()
+        self.inflight.append(batch)
+        out: tuple[Any, ...] = ([np.frombuffer(d, dtype=np.uint8) for d in batch.datas],
+                                np.asarray(batch.labels, dtype=np.int64).reshape(-1, 1))
+        if self.options.train:
+            c = batch.crops
+            assert c is not None
+            out += (np.stack([c.left, c.top], axis=1).astype(np.int32),
+                    np.stack([c.width, c.height], axis=1).astype(np.int32))
+            if self.gpu:
+                out += (c.flip.astype(np.int32).reshape(-1, 1),)
+        return out
+
+
+def with_crops(batch: EncodedBatch, seed: int, epoch: int, options: DecodeOptions,
+               on_bad: OnBad | None) -> EncodedBatch:
+    """The batch with each sample's crop window and flip; samples without a readable header are
+    reported and left out."""
+    sizes: list[tuple[int, int]] = []
+    bad: set[int] = set()
+    for g, sample, data in zip(batch.indices, batch.samples, batch.datas, strict=True):
+        try:
+            sizes.append(image_size(data))
+        except ValueError as e:
+            if on_bad is not None:
+                on_bad(g, sample, f"does not decode: {e}")
+            bad.add(g)
+            sizes.append((0, 0))
+    if bad:
+        sizes = [s for g, s in zip(batch.indices, sizes, strict=True) if g not in bad]
+        batch = batch.without(bad)
+    wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    batch.crops = random_crops(seed, epoch, np.asarray(batch.indices, dtype=np.int64), wh[:, 0], wh[:, 1], options)
+    return batch
 
 
 class DaliDecoder:
@@ -67,30 +129,42 @@ class DaliDecoder:
         self.gpu_decode = gpu_decode
         if gpu_decode and device.type != "cuda":
             raise DdpipeError("decode='dali-gpu' needs a CUDA device")
+        self._resampler: Resampler | None = None if gpu_decode else Resampler(options, options.workers)
+        self._feed = _Feed(options, gpu_decode)
+        self._pipe: Any = None  # built on first use, kept while epochs end cleanly
 
-    def _pipeline(self, feed: _Feed, seed: int) -> Any:
-        dali, o = self.dali, self.options
+    def close(self) -> None:
+        self._pipe = None
+        if self._resampler is not None:
+            self._resampler.close()
+
+    def _pipeline(self) -> Any:
+        dali, o, feed = self.dali, self.options, self._feed
         fn, types = dali.fn, dali.types
         out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[o.dtype]
         device_id = self.device.index or 0 if self.gpu_decode else None
+        where = "mixed" if self.gpu_decode else "cpu"
+        inputs = 2 + (2 + self.gpu_decode if o.train else 0)
 
         # the dynamic executor keeps an output alive while anything refers to it, so outputs are handed
         # to torch without a copy (a copy of each float32 batch cost 14% of CPU decoding throughput)
-        @dali.pipeline_def(batch_size=self.batch_size, num_threads=o.workers, device_id=device_id, seed=seed,
+        @dali.pipeline_def(batch_size=self.batch_size, num_threads=o.workers, device_id=device_id, seed=0,
                            prefetch_queue_depth=2, exec_dynamic=True)
         def pipe():  # type: ignore[no-untyped-def]
-            encoded, labels = fn.external_source(source=feed, num_outputs=2, batch=True, cycle="raise",
-                                                 dtype=[types.UINT8, types.INT64])
-            where = "mixed" if self.gpu_decode else "cpu"
-            if o.train:
-                images = fn.decoders.image_random_crop(encoded, device=where, output_type=types.RGB,
-                                                       random_area=list(o.scale), random_aspect_ratio=list(o.ratio),
-                                                       num_attempts=10)
-                images = fn.resize(images, resize_x=o.size, resize_y=o.size, antialias=o.antialias)
-                mirror = fn.random.coin_flip(probability=o.flip)
-                crop = None
+            fed = fn.external_source(source=feed, num_outputs=inputs, batch=True, cycle="raise",
+                                     dtype=[types.UINT8, types.INT64, types.INT32, types.INT32, types.INT32][:inputs])
+            encoded, labels = fed[0], fed[1]
+            if o.train:  # decode only the crop window, as EXIF-blind as the window's choice
+                images = fn.decoders.image_slice(encoded, device=where, output_type=types.RGB, start=fed[2],
+                                                 shape=fed[3], axis_names="WH", adjust_orientation=False)
             else:
-                images = fn.decoders.image(encoded, device=where, output_type=types.RGB)
+                images = fn.decoders.image(encoded, device=where, output_type=types.RGB, adjust_orientation=False)
+            if not self.gpu_decode:  # the Resampler resizes, flips and normalises (see resample.py)
+                return images, labels
+            if o.train:
+                images = fn.resize(images, resize_x=o.size, resize_y=o.size, antialias=o.antialias)
+                mirror, crop = fed[4], None
+            else:
                 images = fn.resize(images, resize_shorter=o.resize_shorter, antialias=o.antialias)
                 mirror, crop = 0, (o.size, o.size)
             # uint8 output leaves normalisation to the training device; DALI's mean and std are in pixels
@@ -104,12 +178,15 @@ class DaliDecoder:
         p.build()
         return p
 
-    def _to_torch(self, images: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        where = self.device if self.gpu_decode else torch.device("cpu")
-        with where:
-            out = torch.utils.dlpack.from_dlpack(images.as_tensor())
-        if self.options.channels_last:
-            out = out.permute(0, 3, 1, 2)  # NCHW shape with NHWC memory: torch's channels_last
+    def _to_torch(self, images: Any, labels: Any, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._resampler is not None:
+            flips = batch.crops.flip if batch.crops is not None else np.zeros(len(images), dtype=bool)
+            out = self._resampler([np.asarray(images[i]) for i in range(len(images))], flips)
+        else:
+            with self.device:
+                out = torch.utils.dlpack.from_dlpack(images.as_tensor())
+            if self.options.channels_last:
+                out = out.permute(0, 3, 1, 2)  # NCHW shape with NHWC memory: torch's channels_last
         target = torch.utils.dlpack.from_dlpack(labels.as_tensor()).reshape(-1)
         if out.device != self.device:
             out = out.to(self.device, non_blocking=True)
@@ -123,18 +200,33 @@ class DaliDecoder:
             images = images.permute(0, 3, 1, 2)
         return images, torch.empty(0, dtype=torch.int64, device=self.device)
 
-    def decode(self, batches: Iterator[EncodedBatch], seed: int,
+    def decode(self, batches: Iterator[EncodedBatch], seed: int, epoch: int,
                on_bad: OnBad) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        inflight: deque[EncodedBatch] = deque()
-        rebuilds = 0
-        pipe = self._pipeline(_Feed(batches, inflight), seed)
+        """This epoch's batches, decoded. Crops and flips follow (seed, epoch, sample)."""
+        feed, clean = self._feed, False
+        feed.attach(batches, seed, epoch, on_bad)
+        if self._pipe is None:
+            self._pipe = self._pipeline()
+        else:
+            self._pipe.reset()  # the source is iterated afresh: this epoch's batches
+        try:
+            yield from self._run(on_bad)
+            clean = True
+        finally:
+            if not clean:  # left mid-epoch or failed: what DALI prefetched belongs to no later epoch
+                self._pipe = None
+
+    def _run(self, on_bad: OnBad) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        feed, inflight = self._feed, self._feed.inflight
         while True:
             try:
-                images, labels = pipe.run()
+                images, labels = self._pipe.run()
             except StopIteration:
                 while inflight:  # trailing batches whose samples were all skipped
                     inflight.popleft()
                     yield self._empty()
+                if feed.error is not None:
+                    raise feed.error from None
                 return
             except RuntimeError as e:
                 while inflight and not inflight[0].datas:
@@ -145,16 +237,14 @@ class DaliDecoder:
                 failing = inflight.popleft()
                 bad = _find_bad(failing, str(e), on_bad)
                 rest = [failing.without(bad), *inflight]
-                inflight.clear()
-                rebuilds += 1
-                seed_again = int(derive_rng(seed, DECODE, rebuilds).integers(2**31 - 1))
-                pipe = self._pipeline(_Feed(itertools.chain(rest, batches), inflight), seed_again)
+                # a pipeline that has failed is not run again: a new one takes over from the failing batch
+                feed.attach(itertools.chain(rest, feed._batches), feed._seed, feed._epoch, on_bad)
+                self._pipe = self._pipeline()
                 continue
             while inflight and not inflight[0].datas:
                 inflight.popleft()
                 yield self._empty()
-            inflight.popleft()
-            yield self._to_torch(images, labels)
+            yield self._to_torch(images, labels, inflight.popleft())
 
 
 def _find_bad(batch: EncodedBatch, dali_error: str, on_bad: OnBad) -> set[int]:

@@ -20,7 +20,12 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class Decoder(Protocol):
-    def decode(self, batches: Iterator[EncodedBatch], seed: int, on_bad: OnBad) -> Iterator[Batch]: ...
+    """Turns a stream of encoded batches into (images, labels) on the device. One decoder serves a
+    loader's every epoch; crops and flips follow (seed, epoch, global sample index)."""
+
+    def decode(self, batches: Iterator[EncodedBatch], seed: int, epoch: int, on_bad: OnBad) -> Iterator[Batch]: ...
+
+    def close(self) -> None: ...
 
 
 def normalize(images: torch.Tensor, options: DecodeOptions | None = None,
@@ -52,25 +57,29 @@ def resolve(decode: str, device: str, local_rank: int = 0) -> tuple[str, torch.d
 class PilDecoder:
     """The fallback: a pool of processes decoding with PIL, two batches in flight."""
 
-    def __init__(self, options: DecodeOptions, device: torch.device, epoch: int) -> None:
+    def __init__(self, options: DecodeOptions, device: torch.device) -> None:
         from .pil import PilPool
 
         self.options = options
         self.device = device
-        self.epoch = epoch
         self._pool = PilPool(options)
 
-    def decode(self, batches: Iterator[EncodedBatch], seed: int, on_bad: OnBad) -> Iterator[Batch]:
+    def close(self) -> None:
+        self._pool.close()
+
+    def decode(self, batches: Iterator[EncodedBatch], seed: int, epoch: int, on_bad: OnBad) -> Iterator[Batch]:
         inflight: deque[tuple[EncodedBatch, list[Future[list[np.ndarray | str]]]]] = deque()
         try:
             for batch in batches:
-                inflight.append((batch, self._pool.submit(batch.datas, batch.indices, seed, self.epoch)))
+                inflight.append((batch, self._pool.submit(batch.datas, batch.indices, seed, epoch)))
                 if len(inflight) >= 2:
                     yield self._collect(*inflight.popleft(), on_bad)
             while inflight:
                 yield self._collect(*inflight.popleft(), on_bad)
         finally:
-            self._pool.close()
+            for _, futures in inflight:  # left mid-epoch: the pool stays, its stale work does not
+                for f in futures:
+                    f.cancel()
 
     def _collect(self, batch: EncodedBatch, futures: list[Future[list[np.ndarray | str]]], on_bad: OnBad) -> Batch:
         results = [r for f in futures for r in f.result()]
@@ -94,9 +103,9 @@ class PilDecoder:
         return nchw, torch.tensor(labels, dtype=torch.int64, device=self.device)
 
 
-def make_decoder(kind: str, options: DecodeOptions, batch_size: int, device: torch.device, epoch: int) -> Decoder:
+def make_decoder(kind: str, options: DecodeOptions, batch_size: int, device: torch.device) -> Decoder:
     if kind == "pil":
-        return PilDecoder(options, device, epoch)
+        return PilDecoder(options, device)
     from .dali import DaliDecoder
 
     return DaliDecoder(options, batch_size, device, gpu_decode=kind == "dali-gpu")

@@ -1,8 +1,8 @@
 """``decode="pil"``: the fallback where DALI cannot be installed. A pool of worker processes decodes
 with PIL in draft mode: libjpeg-turbo scales by 1/2, 1/4 or 1/8 while decoding, as far as the crop
 still covers the output size (measured on the synth set: see benchmarks/loader.py). Each image's
-crop and flip come from (seed, epoch, global sample index), so output does not depend on which
-worker decodes it."""
+crop and flip come from (seed, epoch, global sample index) as in every decoder (augment.py), so
+output does not depend on which worker decodes it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from multiprocessing import get_context
 import numpy as np
 from PIL import Image
 
-from ..seeding import AUGMENT, derive_rng
-from .spec import DecodeOptions, random_resized_crop
+from .augment import random_crops
+from .spec import DecodeOptions
 
 
 def decode_one(data: bytes, options: DecodeOptions, seed: int, epoch: int, index: int) -> np.ndarray:
@@ -24,9 +24,8 @@ def decode_one(data: bytes, options: DecodeOptions, seed: int, epoch: int, index
         width, height = img.size
         size = options.size
         if options.train:
-            rng = derive_rng(seed, AUGMENT, epoch, index)
-            left, top, w, h = random_resized_crop(width, height, options.scale, options.ratio, rng)
-            flip = rng.random() < options.flip
+            c = random_crops(seed, epoch, np.array([index]), np.array([width]), np.array([height]), options)
+            left, top, w, h, flip = int(c.left[0]), int(c.top[0]), int(c.width[0]), int(c.height[0]), bool(c.flip[0])
             # decode at the smallest DCT scale at which the crop still covers the output
             img.draft("RGB", (math.ceil(width * size / w), math.ceil(height * size / h)))
             sx, sy = img.size[0] / width, img.size[1] / height

@@ -108,6 +108,48 @@ def test_same_seed_bit_identical_other_epoch_different(natural: Path, decode: st
     assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
 
 
+@pytest.mark.parametrize("decode", DECODERS)
+def test_a_later_epoch_repeats_after_resume_and_after_an_abandoned_epoch(natural: Path, decode: str) -> None:
+    straight = loader(natural, decode)
+    list(straight)
+    straight.set_epoch(1)
+    want = [x for x, _ in straight]
+    fresh = loader(natural, decode)  # a resumed job starts at epoch 1
+    fresh.set_epoch(1)
+    assert all(torch.equal(x, y) for x, y in zip(want, [x for x, _ in fresh], strict=True))
+    left = loader(natural, decode)
+    next(iter(left))  # epoch 0 abandoned after one batch: what was prefetched must not leak into epoch 1
+    left.set_epoch(1)
+    assert all(torch.equal(x, y) for x, y in zip(want, [x for x, _ in left], strict=True))
+    for ld in (straight, fresh, left):
+        ld.close()
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+def test_batches_the_caller_holds_are_never_written_again(natural: Path, dtype: str) -> None:
+    ld = loader(natural, "dali-cpu", dtype=dtype)
+    held = [x for x, _ in ld]  # every batch kept: the decoder's reused buffers must not be among them
+    copied = [x.clone() for x, _ in ld]
+    assert len({x.data_ptr() for x in held}) == len(held)
+    assert all(torch.equal(x, y) for x, y in zip(held, copied, strict=True))
+
+
+def test_pil_and_dali_choose_the_same_crop_windows(tmp_path: Path) -> None:
+    """Pixels encode their own position, so an output's mean colour says which window it came from."""
+    yy, xx = np.mgrid[0:150, 0:200]
+    pixels = np.stack([xx * 255 // 199, yy * 255 // 149, np.full_like(xx, 128)], axis=-1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", quality=98)
+    samples = [{"__key__": f"p/{i}", "jpg": buf.getvalue(), "cls": b"0"} for i in range(16)]
+    ddpipe.write_dataset(tmp_path / "pos", iter(samples), samples_per_shard=8)
+    means = {}
+    for decode in DECODERS:
+        x = torch.cat([images for images, _ in loader(tmp_path / "pos", decode)])
+        means[decode] = x.float().mean(dim=(2, 3))[:, :2]  # where each crop lies: x and y
+    assert means["pil"].std(dim=0).min() > 10  # the windows differ from sample to sample...
+    assert torch.allclose(means["pil"], means["dali-cpu"], atol=4.0)  # ...and both decoders chose the same
+
+
 def test_uint8_then_normalize_matches_float_output(natural: Path) -> None:
     u8, _ = next(iter(loader(natural, "dali-cpu", dtype="uint8")))
     f32, _ = next(iter(loader(natural, "dali-cpu", dtype="float32")))
