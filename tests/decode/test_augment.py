@@ -43,7 +43,7 @@ def test_seed_and_epoch_change_the_draws_and_nothing_else_does() -> None:
     a = uniforms(1, 0, idx, 4)
     assert np.array_equal(a, uniforms(1, 0, idx, 4))
     assert not np.allclose(a, uniforms(2, 0, idx, 4)) and not np.allclose(a, uniforms(1, 1, idx, 4))
-    assert 0.0 <= a.min() and a.max() < 1.0 and abs(a.mean() - 0.5) < 0.02  # uniform on [0, 1)
+    assert a.min() >= 0.0 and a.max() < 1.0 and abs(a.mean() - 0.5) < 0.02  # uniform on [0, 1)
 
 
 def test_the_distribution_is_torchvisions() -> None:
