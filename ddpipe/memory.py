@@ -6,6 +6,10 @@ so every round faults the same pages in again: copying 100 KB samples into fresh
 1.6 GB/s that way and 30 GB/s with trimming held back (benchmarks/exchange.py, this machine).
 Keeping up to ``TRIM_THRESHOLD`` of freed memory for reuse bounds the cost: peak memory is still
 set by the pipeline's bounded queues, not by the dataset or the epoch count.
+
+What is kept is given back once per epoch (``release_freed_memory``): otherwise the heap holds the
+high-water mark of every epoch so far, and a 20-epoch soak run (benchmarks/soak.py) grew ~30% in
+rare steps as an epoch's exchange rounds and decode buffers peaked a little higher than before.
 """
 
 from __future__ import annotations
@@ -16,18 +20,40 @@ import sys
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 TRIM_THRESHOLD = 512 << 20
 MMAP_THRESHOLD = 32 << 20  # samples and rounds come from the heap, not one mmap each
+# glibc gives each new thread an arena of its own, up to 8 per core. Samples are made on the reader
+# and exchange threads and freed on the decoding one, so every arena grew to its own high-water
+# mark: resident memory rose in steps for ~5 epochs (+25%). Two arenas stayed flat, at no cost in
+# throughput measurable here (benchmarks/soak.py, benchmarks/loader.py).
+ARENA_MAX = 2
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
 
 
 def keep_freed_memory() -> bool:
     """Tune glibc malloc for sample churn; a no-op (returning False) on other C libraries."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    return all(mallopt(option, value) for option, value in
+               ((M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_ARENA_MAX, ARENA_MAX)))
+
+
+def release_freed_memory() -> bool:
+    """Give the memory malloc keeps for reuse back to the OS (every arena, free pages in the middle
+    of the heap too); a no-op (returning False) on other C libraries."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))

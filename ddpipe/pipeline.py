@@ -27,7 +27,7 @@ from .dataset import Dataset, open_dataset
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
 from .errors import DdpipeError, SampleError
-from .memory import keep_freed_memory
+from .memory import keep_freed_memory, release_freed_memory
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import KEY, Sample
 from .shufflers.exchange import ExchangeShuffler
@@ -190,6 +190,7 @@ class Loader:
                 # a whole epoch was read: its staging is done, bar the stager's own bookkeeping, which
                 # is waited for so that its figures (stats) are final when the epoch ends
                 self.stager.wait()
+            release_freed_memory()  # the epoch's high-water mark is not the next one's floor
         finally:
             stream.close()
 
