@@ -7,18 +7,17 @@ ratio 3/4-4/3, horizontal flip, ImageNet normalisation to float32 NCHW; or uint8
 batches of 256, on the same synth ImageNet-like JPEGs, on the same cores. Each runs in a process
 of its own (its peak resident memory, with its workers', is reported) for two epochs; the second
 is timed. References in the same run: the raw decode limit (simplejpeg full decode of the images
-in memory, per core, times the cores), the PyTorch DataLoader over the ImageFolder with PIL,
-the webdataset library's pipeline over the same tars, and DALI's own file and webdataset readers.
+in memory, one process per core at once), the PyTorch DataLoader over the ImageFolder with PIL,
+the webdataset library's pipeline over the same tars, and DALI's own file and webdataset readers
+(ddpipe/bench/peers.py, as ``ddpipe bench --compare`` runs them).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
-import random
 import resource
 import shutil
 import subprocess
@@ -26,13 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from _common import DATA, machine, median, save, synth_images, synth_shards, table
 
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1
-MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
-STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
 
 
 def peak_mb() -> float:
@@ -51,92 +47,13 @@ def timed_epochs(batches_of_epoch) -> tuple[int, float]:  # type: ignore[no-unty
     return n, time.perf_counter() - t0
 
 
-# ---- the peers -------------------------------------------------------------------------------
+# ---- the peers (ddpipe/bench/peers.py: the same ones ``ddpipe bench --compare`` runs) -------------
 
-def torch_transform(img):  # type: ignore[no-untyped-def]
-    """torchvision's RandomResizedCrop + RandomHorizontalFlip + ToTensor + Normalize, in plain PIL/numpy
-    (torchvision has no CPU build on this machine)."""
-    from PIL import Image
+def run_peer(name: str, images: Path, shards: Path, dtype: str) -> tuple[int, float]:
+    from ddpipe.bench.peers import PeerInputs, PeerOptions, make_peer
 
-    from ddpipe.decode.spec import random_resized_crop
-
-    rng = np.random.default_rng(random.getrandbits(32))
-    img = img.convert("RGB")
-    left, top, w, h = random_resized_crop(img.size[0], img.size[1], (0.08, 1.0), (3 / 4, 4 / 3), rng)
-    img = img.resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
-    if rng.random() < 0.5:
-        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    x = (np.asarray(img, dtype=np.float32) - MEAN) / STD
-    return x.transpose(2, 0, 1)
-
-
-class ImageFolderDataset:
-    def __init__(self, root: Path) -> None:
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        self.items = [(p, i) for i, c in enumerate(classes) for p in sorted((root / c).iterdir())]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
-        from PIL import Image
-
-        path, label = self.items[i]
-        with Image.open(path) as img:
-            return torch_transform(img), label
-
-
-def run_torch_dataloader(images: Path) -> tuple[int, float]:
-    import torch
-
-    loader = torch.utils.data.DataLoader(ImageFolderDataset(images), batch_size=BATCH, shuffle=True,
-                                         num_workers=CORES, persistent_workers=True)
-    return timed_epochs(lambda: (x for x, _ in loader))
-
-
-def run_webdataset(shards: Path) -> tuple[int, float]:
-    import webdataset as wds
-
-    urls = [str(p) for p in sorted(shards.glob("*.tar"))]
-
-    def sample(s):  # type: ignore[no-untyped-def]
-        from PIL import Image
-
-        with Image.open(io.BytesIO(s["jpg"])) as img:
-            return torch_transform(img), int(s["cls"])
-
-    pipeline = wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node,
-                              workersplitter=wds.split_by_worker).shuffle(1000).map(sample).batched(BATCH)
-    loader = wds.WebLoader(pipeline, batch_size=None, num_workers=CORES, persistent_workers=True)
-    return timed_epochs(lambda: (x for x, _ in loader))
-
-
-def run_dali_reader(kind: str, images: Path, shards: Path, uint8: bool = False) -> tuple[int, float]:
-    from nvidia.dali import fn, pipeline_def, types
-
-    @pipeline_def(batch_size=BATCH, num_threads=CORES, device_id=None, seed=1, prefetch_queue_depth=2)
-    def pipe():  # type: ignore[no-untyped-def]
-        if kind == "file":
-            jpg, _ = fn.readers.file(file_root=str(images), random_shuffle=True, name="r")
-        else:
-            urls = [str(p) for p in sorted(shards.glob("*.tar"))]
-            jpg, _ = fn.readers.webdataset(paths=urls, index_paths=[u[:-4] + ".idx" for u in urls],
-                                               ext=["jpg", "cls"], random_shuffle=True, name="r")
-        img = fn.decoders.image_random_crop(jpg, device="cpu", output_type=types.RGB, random_area=[0.08, 1.0],
-                                            random_aspect_ratio=[0.75, 4 / 3], num_attempts=10)
-        img = fn.resize(img, resize_x=SIZE, resize_y=SIZE)
-        norm = {} if uint8 else {"mean": MEAN.tolist(), "std": STD.tolist()}
-        img = fn.crop_mirror_normalize(img, dtype=types.UINT8 if uint8 else types.FLOAT, output_layout="CHW",
-                                       mirror=fn.random.coin_flip(), **norm)
-        return img  # the webdataset reader's cls bytes are variable-length: they cannot leave as a tensor
-
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
-    p = pipe()
-    p.build()
-    it = DALIGenericIterator(p, ["images"], reader_name="r", last_batch_policy=LastBatchPolicy.PARTIAL,
-                             auto_reset=True)
-    return timed_epochs(lambda: (b[0]["images"] for b in it))
+    inputs = PeerInputs(images, sorted(shards.glob("*.tar")))
+    return timed_epochs(make_peer(name, inputs, PeerOptions(batch_size=BATCH, size=SIZE, dtype=dtype, workers=CORES)))
 
 
 def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, antialias: bool = True) -> tuple[int, float]:
@@ -157,17 +74,27 @@ def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, antialias: boo
     return sum(loader.comm.allgather(n)), seconds
 
 
-def raw_decode(images: Path) -> tuple[int, float]:
-    """simplejpeg full decode of images held in memory, on one core."""
+def _decode_all(paths: list[Path]) -> float:
     import simplejpeg
 
-    datas = [p.read_bytes() for p in sorted(images.rglob("*.jpg"))[:400]]
+    datas = [p.read_bytes() for p in paths]
     for d in datas[:20]:
         simplejpeg.decode_jpeg(d)
     t0 = time.perf_counter()
     for d in datas:
         simplejpeg.decode_jpeg(d)
-    return len(datas), time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def raw_decode(images: Path) -> tuple[int, float]:
+    """simplejpeg full decode of images held in memory, one process per core at once (so that the
+    limit is what these cores do together, not one core's rate times their number)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    paths = sorted(images.rglob("*.jpg"))[:600]
+    with ProcessPoolExecutor(CORES) as pool:
+        seconds = list(pool.map(_decode_all, [paths] * CORES))
+    return len(paths) * CORES, max(seconds)
 
 
 # ---- the harness ------------------------------------------------------------------------------
@@ -175,12 +102,12 @@ def raw_decode(images: Path) -> tuple[int, float]:
 def runs(images: Path, data: Path) -> dict[str, tuple[int, list[str]]]:
     """name -> (ranks, arguments of --run)."""
     out: dict[str, tuple[int, list[str]]] = {
-        "raw decode limit (simplejpeg, per core x cores)": (1, ["raw"]),
+        "raw decode limit (simplejpeg, every core at once)": (1, ["raw"]),
         "PyTorch DataLoader + PIL (ImageFolder)": (1, ["torch"]),
-        "webdataset library + PIL (same tars)": (1, ["wds"]),
+        "webdataset library + PIL (same tars)": (1, ["webdataset"]),
         "DALI file reader": (1, ["dali-file"]),
         "DALI webdataset reader": (1, ["dali-wds"]),
-        "DALI webdataset reader, uint8": (1, ["dali-wds-u8"]),
+        "DALI webdataset reader, uint8": (1, ["dali-wds", "uint8"]),
     }
     for fmt in ("wds", "hdf5", "lmdb"):
         out[f"ddpipe {fmt}, dali-cpu, none"] = (1, ["ddpipe", str(data / fmt), "none", "dali-cpu", "float32"])
@@ -198,13 +125,8 @@ def child(args: list[str], images: Path, data: Path, out: Path) -> None:
     kind = args[0]
     if kind == "raw":
         n, s = raw_decode(images)
-        n, s = n * CORES, s  # the limit for the cores every pipeline here may use
-    elif kind == "torch":
-        n, s = run_torch_dataloader(images)
-    elif kind == "wds":
-        n, s = run_webdataset(data / "wds")
-    elif kind.startswith("dali-"):
-        n, s = run_dali_reader("file" if kind == "dali-file" else "wds", images, data / "wds", kind.endswith("u8"))
+    elif kind in ("torch", "webdataset", "dali-file", "dali-wds"):
+        n, s = run_peer(kind, images, data / "wds", args[1] if len(args) > 1 else "float32")
     else:
         n, s = run_ddpipe(Path(args[1]), args[2], args[3], args[4], antialias=args[5:] != ["noaa"])
     if os.environ.get("PMI_RANK", "0") == "0":

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -169,9 +170,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .comm import init_comm
 
     comm = init_comm()
+    from .bench.peers import PEERS, available_peers
+
+    compare: tuple[str, ...] = ()
+    if args.compare is not None:  # --compare alone: every peer installed here
+        compare = tuple(args.compare) or tuple(p for p in PEERS if p in available_peers())
     options = BenchOptions(batch_size=args.batch_size, shuffle=args.shuffle, exchange_fraction=args.exchange_fraction,
                            decode=args.decode, image_size=args.image_size, step_time=args.step_time, cold=args.cold,
-                           stage_dir=args.stage_dir, source_limits=args.source_throttle, seed=args.seed)
+                           stage_dir=args.stage_dir, source_limits=args.source_throttle, seed=args.seed,
+                           epochs=args.epochs, model=args.model, compare=compare, compare_dir=args.compare_dir,
+                           progress=sys.stderr.isatty() and not args.no_progress)
     report = run_bench(args.dataset, options, comm)
     if comm.world.rank == 0:
         print(format_report(report))
@@ -229,6 +237,7 @@ def _machine() -> dict[str, object]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .bench.peers import PEERS
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -306,6 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset")
     p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
     p.add_argument("--step-time", type=float, default=0.05, help="seconds of a simulated training step")
+    p.add_argument("--model", default=None, help="time a real model's SGD step instead of a simulated one: "
+                   "resnet18, resnet34, resnet50, resnet101 or smallcnn")
+    p.add_argument("--epochs", type=_positive, default=1, help="epochs of the full pipeline feeding the step")
+    p.add_argument("--compare", nargs="*", default=None, choices=list(PEERS), metavar="PEER",
+                   help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
+    p.add_argument("--compare-dir", default=None, help="where the peers' inputs are written once (default: temp dir)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--shuffle", choices=["none", "local", "partial", "global"], default="partial")
     p.add_argument("--exchange-fraction", type=float, default=0.3)
     p.add_argument("--decode", default="auto", choices=["auto", "dali-gpu", "dali-cpu", "pil"])
@@ -343,16 +359,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _end_the_job(code: int) -> None:
+    """After an error on one rank of an MPI job, end every rank now: the others would otherwise wait
+    for it in their next collective until the watchdog's timeout."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
     except DdpipeError as e:
         print(f"ddpipe: error: {e}", file=sys.stderr)
+        _end_the_job(1)
         return 1
     except KeyboardInterrupt:
         print("ddpipe: interrupted", file=sys.stderr)
+        _end_the_job(130)
         return 130
+    except Exception:
+        traceback.print_exc()
+        _end_the_job(1)
+        raise
     return code
 
 

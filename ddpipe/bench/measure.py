@@ -26,6 +26,7 @@ import numpy as np
 
 from ..comm import Comm
 from ..decode.spec import DecodeOptions
+from ..errors import DdpipeError
 from ..pipeline import Loader
 from ..sample import KEY, Sample
 
@@ -42,6 +43,11 @@ class BenchOptions:
     stage_dir: str | None = None
     source_limits: str | None = None  # a slow source, e.g. "100MB/s,5ms"
     seed: int = 0
+    epochs: int = 1  # epochs of the full pipeline feeding the step
+    model: str | None = None  # a real model's training step (ddpipe.train.models) instead of a simulated one
+    compare: tuple[str, ...] = ()  # peers to run on the same data (bench/peers.py)
+    compare_dir: str | None = None  # where the peers' inputs are written once (default: the temp dir)
+    progress: bool = False  # a progress bar on rank 0
 
 
 @dataclass
@@ -73,6 +79,13 @@ class BenchReport:
     memory_seconds: float
     images: int
     per_rank: list[dict[str, Any]] = field(default_factory=list)
+    epochs: list[float] = field(default_factory=list)  # each epoch of the full pipeline, slowest rank
+    step: str = "simulated"  # or the model whose real step was timed
+    compare: list[dict[str, Any]] = field(default_factory=list)  # the peers: pipeline, images, seconds
+
+    @property
+    def decode_images_per_s(self) -> float:
+        return next((s.images_per_s for s in self.stages if s.name == "read+decode"), 0.0)
 
     @property
     def stall(self) -> float:
@@ -112,6 +125,9 @@ class BenchReport:
                 "bottleneck": self.bottleneck, "max_feed_images_per_s": self.max_feed_images_per_s,
                 "step_images_per_s": self.step_images_per_s,
                 "stages": [{**asdict(s), "images_per_s": s.images_per_s, "mb_per_s": s.mb_per_s} for s in self.stages],
+                "epochs": self.epochs, "step": self.step,
+                "compare": [{**c, "ddpipe_over_peer": self.decode_images_per_s / c["images_per_s"]
+                             if c["images_per_s"] else None} for c in self.compare],
                 "per_rank": self.per_rank}
 
 
@@ -147,6 +163,13 @@ def _timed(comm: Comm, loader: Loader, cold: bool, body: Any) -> tuple[float, di
 
 def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm) -> BenchReport:
     o = options
+    if o.model is not None:
+        from ..train.models import MODELS
+
+        if o.model not in MODELS:
+            raise DdpipeError(f"unknown model {o.model!r}; choose one of {', '.join(MODELS)}")
+    if o.epochs < 1:
+        raise DdpipeError("epochs must be at least 1")
     decode_options = DecodeOptions(size=o.image_size, resize_shorter=max(o.image_size, round(o.image_size * 8 / 7)),
                                    dtype="uint8")
 
@@ -191,39 +214,103 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
         stages.append(StageFigures(name, images, total_bytes, seconds, rate_images, rate_seconds))
         per_rank.append({"stage": name, **figures})
 
+    phases = ["read", *(["read+exchange"] if o.shuffle == "partial" and comm.world.size > 1 else []), "read+decode",
+              *(f"full, epoch {e}" for e in range(o.epochs)), "from memory", *(f"peer {p}" for p in o.compare)]
+    bar = _progress(phases, o.progress and comm.world.rank == 0)
     stage("read", loader(base, "none"), steady=False)
+    bar.update()
     if o.shuffle == "partial" and comm.world.size > 1:
         stage("read+exchange", loader("partial", "none"), steady=False)
+        bar.update()
     stage("read+decode", loader(base, o.decode), steady=True)
+    bar.update()
 
-    # the full pipeline feeding a simulated step, from storage; then the same epoch fed from memory
+    # the full pipeline feeding the step (simulated, or a real model's), from storage; then the same
+    # epoch fed from memory
     full = loader(o.shuffle, o.decode)
-    steps: dict[str, Any] = {"n": 0, "wait": 0.0, "waits": []}
+    assert full.device is not None
+    step = _make_step(o, full.device, len(full.dataset.classes) or 1000)
+    mine: dict[str, Any] = {"steps": 0, "wait": 0.0, "waits": [], "compute": 0.0, "seconds": 0.0}
 
-    def full_body() -> dict[str, Any]:
+    def epoch_body() -> dict[str, Any]:
         t = time.perf_counter()
-        for _ in full:
+        for batch in full:
             waited = time.perf_counter() - t
-            steps["wait"] += waited
-            steps["waits"].append(waited)
-            steps["n"] += 1
-            time.sleep(o.step_time)
+            mine["wait"] += waited
+            mine["waits"].append(waited)
+            mine["steps"] += 1
             t = time.perf_counter()
-        return {"steps": steps["n"], "wait": steps["wait"], "waits": steps["waits"]}
+            step(batch)
+            mine["compute"] += time.perf_counter() - t
+            t = time.perf_counter()
+        return {}
 
-    epoch_seconds, mine = _timed(comm, full, o.cold, full_body)
+    epochs = []
+    for e in range(o.epochs):
+        full.set_epoch(e)
+        seconds, figures = _timed(comm, full, o.cold, epoch_body)
+        mine["seconds"] += figures["seconds"]
+        epochs.append(seconds)
+        bar.update()
+    full.close()
+    epoch_seconds = sum(epochs) / len(epochs)
     stages.append(StageFigures("full", stages[-1].images, stages[0].bytes, epoch_seconds, stages[-1].images,
                                epoch_seconds))
     per_rank.append({"stage": "full", **mine})
 
-    memory_seconds = _from_memory(comm, loader(o.shuffle, "none"), full, o.step_time)
-    compute_seconds = max(comm.allgather(steps["n"] * o.step_time))
+    memory_seconds = _from_memory(comm, loader(o.shuffle, "none"), full, step)
+    bar.update()
+    compute_seconds = max(comm.allgather(mine["compute"] / o.epochs))
+    compare = _run_peers(full, o, comm, bar) if o.compare else []
+    bar.close()
     everyone = [dict(r, rank=rank) for rank, rows in enumerate(comm.allgather(per_rank)) for r in rows]
     return BenchReport(comm.world.size, stages, epoch_seconds, compute_seconds, memory_seconds, stages[-1].images,
-                       everyone)
+                       everyone, epochs, o.model or "simulated", compare)
 
 
-def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step_time: float) -> float:
+def _progress(phases: list[str], show: bool) -> Any:
+    from tqdm import tqdm
+
+    class Phases(tqdm):  # type: ignore[misc]
+        """Names the phase under way."""
+
+        def update(self, n: float | None = 1) -> bool | None:
+            out: bool | None = super().update(n)
+            if self.n < len(phases):
+                self.set_description(f"bench: {phases[int(self.n)]}")
+            return out
+
+    bar = Phases(total=len(phases), disable=not show, unit="phase", dynamic_ncols=True, leave=False)
+    bar.set_description(f"bench: {phases[0]}")
+    return bar
+
+
+def _make_step(o: BenchOptions, device: Any, num_classes: int) -> Any:
+    """The training step the pipeline feeds: ``step_time`` of sleep, or one SGD step of a real model."""
+    if o.model is None:
+        return lambda batch: time.sleep(o.step_time)
+    import torch
+
+    from ..decode.output import normalize
+    from ..train.models import build_model
+
+    model = build_model(o.model, num_classes).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        images, labels = batch
+        x = normalize(images) if images.dtype == torch.uint8 else images.float()
+        loss = torch.nn.functional.cross_entropy(model(x), labels.clamp(0, num_classes - 1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        if device.type == "cuda":  # the step is over when the GPU is done with it
+            torch.cuda.synchronize(device)
+
+    return step
+
+
+def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step: Any) -> float:
     """The full epoch again, fed from memory: its encoded batches are read first, untimed."""
     from ..decode.batches import EncodedBatch
     from ..decode.output import make_decoder
@@ -242,57 +329,53 @@ def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step_time: float
 
     comm.barrier()
     t0 = time.perf_counter()
-    for _ in decoder.decode(stream(), 0, 0, skip):
-        time.sleep(step_time)
+    for batch in decoder.decode(stream(), 0, 0, skip):
+        step(batch)
+    seconds = max(comm.allgather(time.perf_counter() - t0))
     decoder.close()
-    return max(comm.allgather(time.perf_counter() - t0))
+    return seconds
 
 
-def format_report(report: BenchReport) -> str:
-    lines = [f"{'stage':<16}{'images/s':>10}{'MB/s':>9}{'seconds':>9}",
-             *(f"{s.name:<16}{s.images_per_s:>10.0f}{s.mb_per_s:>9.1f}{s.seconds:>9.2f}" for s in report.stages),
-             "",
-             f"epoch {report.epoch_seconds:.2f} s on {report.world_size} rank(s), {report.images} images: "
-             f"stall {100 * report.stall:.0f}% (fetch {100 * report.fetch_stall:.0f}%, "
-             f"prep {100 * report.prep_stall:.0f}%)",
-             f"bottleneck: {report.bottleneck}; the pipeline could feed {report.max_feed_images_per_s:.0f} images/s, "
-             f"the step takes {report.step_images_per_s:.0f}"]
-    full = [r for r in report.per_rank if r.get("stage") == "full"]
-    for r in full:
-        wait = 100 * r["wait"] / r["seconds"] if r["seconds"] else 0.0
-        lines.append(f"  rank {int(r['rank'])}: {int(r['steps'])} steps, {r['seconds']:.2f} s, data wait {wait:.0f}%")
-    return "\n".join(lines)
+def _run_peers(ld: Loader, o: BenchOptions, comm: Comm, bar: Any) -> list[dict[str, Any]]:
+    """Each peer's epoch on this data, every rank on its share, as ddpipe's read+decode stage ran."""
+    import tempfile
 
+    import xxhash
 
-def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> None:
-    """Throughput by stage, against what the step consumes; and each rank's data wait through the epoch."""
-    try:
-        import matplotlib
+    from . import peers
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        from ..errors import DdpipeError
-
-        raise DdpipeError("--plot needs matplotlib: pip install matplotlib") from e
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    names = [s.name for s in report.stages]
-    rates = [s.images_per_s for s in report.stages]
-    left.barh(names, rates, color=["#4c72b0" if n != report.bottleneck else "#c44e52" for n in names])
-    left.axvline(report.step_images_per_s, color="black", linestyle="--", label="the step consumes")
-    left.set_xlabel("images/s (whole job)")
-    left.set_title(f"throughput by stage (bottleneck: {report.bottleneck})")
-    left.legend(loc="lower right")
-    for r in report.per_rank:
-        if r.get("stage") == "full" and r.get("waits"):
-            waits = [1000 * w for w in r["waits"]]
-            right.plot(range(1, len(waits) + 1), waits, marker=".", label=f"rank {int(r['rank'])}")
-    right.xaxis.get_major_locator().set_params(integer=True)
-    right.set_xlabel("step")
-    right.set_ylabel("data wait per step (ms)")
-    right.set_title(f"stall over the epoch: {100 * report.stall:.0f}% (fetch {100 * report.fetch_stall:.0f}%, "
-                    f"prep {100 * report.prep_stall:.0f}%)")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    name = f"ddpipe-peers-{xxhash.xxh3_64_hexdigest(str(ld.dataset.root.resolve()).encode())}"
+    scratch = Path(o.compare_dir or Path(tempfile.gettempdir()) / name)
+    if comm.world.local_rank == 0:  # written once per node
+        peers.peer_inputs(ld.dataset, scratch)
+    comm.barrier()
+    inputs = peers.peer_inputs(ld.dataset, scratch)
+    files = peers.input_files(inputs)
+    popts = peers.PeerOptions(batch_size=o.batch_size, size=o.image_size, dtype="uint8",
+                              workers=ld.decode_options.workers, rank=comm.world.rank, world=comm.world.size,
+                              cold=o.cold, seed=o.seed)
+    have = peers.available_peers()
+    rows = []
+    for name in o.compare:
+        if name not in have:
+            rows.append({"peer": name, "pipeline": peers.PEER_NAMES[name], "images": 0, "seconds": 0.0,
+                         "images_per_s": 0.0, "note": "not installed"})
+            bar.update()
+            continue
+        epoch = peers.make_peer(name, inputs, popts)
+        if not o.cold:
+            for _ in epoch():  # warm-up: workers started, page cache filled, as ddpipe's stages had
+                pass
+        elif comm.world.local_rank == 0:
+            evict_page_cache(files)
+        comm.barrier()
+        t0, n = time.perf_counter(), 0
+        for batch in epoch():
+            n += len(batch)
+        seconds = max(comm.allgather(time.perf_counter() - t0))
+        images = sum(comm.allgather(n))
+        rows.append({"peer": name, "pipeline": peers.PEER_NAMES[name], "images": images, "seconds": seconds,
+                     "images_per_s": images / seconds if seconds else 0.0})
+        del epoch
+        bar.update()
+    return rows

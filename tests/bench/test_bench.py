@@ -44,8 +44,9 @@ def test_long_step_leaves_almost_no_stall(data: Path) -> None:
 def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = mpiexec(2, "-m", "ddpipe", "bench", data, "--batch-size", "8", "--decode", "dali-cpu", "--image-size",
-                   "32", "--step-time", "0.01", "--json", out, "--plot", tmp_path / "bench.png",
-                   "--project", "nodes=1,8", "--project-images", "1281167", timeout=300)
+                   "32", "--step-time", "0.01", "--json", out, "--plot", tmp_path / "bench.png", "--epochs", "2",
+                   "--project", "nodes=1,8", "--project-images", "1281167", "--compare", "torch", "dali-wds",
+                   "--compare-dir", tmp_path / "peers", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "bottleneck:" in proc.stdout and proc.stdout.count("stall") == 2  # the report, the projection's head
     projected = [ln.split() for ln in proc.stdout.splitlines() if ln.strip().startswith(("1 ", "8 "))]
@@ -54,10 +55,31 @@ def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
     assert doc["world_size"] == 2 and doc["images"] == 64
     assert doc["fetch_stall"] + doc["prep_stall"] == pytest.approx(doc["stall"])
     full = [r for r in doc["per_rank"] if r["stage"] == "full"]
-    assert sorted(r["rank"] for r in full) == [0, 1] and sum(r["steps"] for r in full) * 8 == 64
+    assert sorted(r["rank"] for r in full) == [0, 1]
     reads = [r for r in doc["per_rank"] if r["stage"] == "read"]
     assert sum(r["images"] for r in reads) == 64
     assert {s["name"] for s in doc["stages"]} == {"read", "read+exchange", "read+decode", "full"}
     assert doc["machine"]["cores"] and "torch" in doc["machine"]["versions"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert all(len(r["waits"]) == r["steps"] for r in full)  # the stall over the epoch, step by step
+    assert len(doc["epochs"]) == 2 and doc["epoch_seconds"] == pytest.approx(sum(doc["epochs"]) / 2)
+    assert sum(r["steps"] for r in full) * 8 == 2 * 64  # two epochs fed the step
+    # the peers ran on the same 64 images, split over both ranks, and their ratios are printed
+    assert [c["peer"] for c in doc["compare"]] == ["torch", "dali-wds"]
+    assert all(c["images"] == 64 and c["images_per_s"] > 0 for c in doc["compare"])
+    decode = next(s["images_per_s"] for s in doc["stages"] if s["name"] == "read+decode")
+    assert all(c["ddpipe_over_peer"] == pytest.approx(decode / c["images_per_s"]) for c in doc["compare"])
+    assert "PyTorch DataLoader" in proc.stdout and "ddpipe / it" in proc.stdout
+
+
+def test_a_real_model_step_is_timed(data: Path) -> None:
+    report = run_bench(data, options(model="smallcnn", shuffle="local"), Comm())
+    assert report.step == "smallcnn" and report.compute_seconds > 0
+    full = next(r for r in report.per_rank if r["stage"] == "full")
+    assert full["steps"] == 8 and full["compute"] == pytest.approx(report.compute_seconds)
+    assert 0.0 <= report.stall <= 1.0 and report.fetch_stall + report.prep_stall == pytest.approx(report.stall)
+
+
+def test_bad_options_are_refused(data: Path) -> None:
+    with pytest.raises(ddpipe.DdpipeError, match="unknown model"):
+        run_bench(data, options(model="resnet9000"), Comm())

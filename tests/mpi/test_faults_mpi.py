@@ -39,3 +39,24 @@ def test_hung_rank_makes_the_others_abort(data: Path) -> None:
     assert elapsed < 60
     assert "did not complete within 5 s: another rank died or hung; aborting the job" in proc.stderr, proc.stderr
     assert "exchange round" in proc.stderr
+
+
+def test_an_error_on_one_rank_ends_the_whole_job_at_once(tmp_path: Path) -> None:
+    """A corrupt image on one rank's share: that rank names it, and the other does not wait for it in
+    its next collective until the watchdog's timeout."""
+    import numpy as np
+
+    import ddpipe
+
+    from ..decode.test_decode import labelled_samples
+
+    samples = labelled_samples(32, np.random.default_rng(4))
+    samples[20]["jpg"] = b"not a jpeg at all"  # in the second of two shards: one rank's share
+    ddpipe.write_dataset(tmp_path / "d", iter(samples), samples_per_shard=16, classes=[str(c) for c in range(6)])
+    t0 = time.monotonic()
+    proc = mpiexec(2, "-m", "ddpipe", "train", tmp_path / "d", "--model", "smallcnn", "--batch-size", "4",
+                   "--image-size", "32", "--decode", "dali-cpu", "--device", "cpu", "--shuffle", "none",
+                   timeout=120)
+    assert proc.returncode != 0
+    assert "img/0020" in proc.stderr and "shard-000001" in proc.stderr
+    assert time.monotonic() - t0 < 60  # not the 300 s watchdog

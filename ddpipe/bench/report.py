@@ -1,0 +1,69 @@
+"""``ddpipe bench``'s output for people: the table, and the chart of stages and stall."""
+
+from __future__ import annotations
+
+import os
+
+from .measure import BenchReport
+
+
+def format_report(report: BenchReport) -> str:
+    lines = [f"{'stage':<16}{'images/s':>10}{'MB/s':>9}{'seconds':>9}",
+             *(f"{s.name:<16}{s.images_per_s:>10.0f}{s.mb_per_s:>9.1f}{s.seconds:>9.2f}" for s in report.stages),
+             "",
+             f"epoch {report.epoch_seconds:.2f} s on {report.world_size} rank(s), {report.images} images, "
+             f"step {report.step}: stall {100 * report.stall:.0f}% (fetch {100 * report.fetch_stall:.0f}%, "
+             f"prep {100 * report.prep_stall:.0f}%)",
+             f"bottleneck: {report.bottleneck}; the pipeline could feed {report.max_feed_images_per_s:.0f} images/s, "
+             f"the step takes {report.step_images_per_s:.0f}"]
+    if len(report.epochs) > 1:
+        lines.append("epochs (s): " + ", ".join(f"{e:.2f}" for e in report.epochs))
+    full = [r for r in report.per_rank if r.get("stage") == "full"]
+    for r in full:
+        wait = 100 * r["wait"] / r["seconds"] if r["seconds"] else 0.0
+        lines.append(f"  rank {int(r['rank'])}: {int(r['steps'])} steps, {r['seconds']:.2f} s, data wait {wait:.0f}%")
+    if report.compare:
+        ours = report.decode_images_per_s
+        lines += ["", "compare: the same data, transform, batch and cores per rank (ddpipe = its read+decode stage)",
+                  f"  {'pipeline':<42}{'images/s':>10}{'ddpipe / it':>13}",
+                  f"  {'ddpipe read+decode':<42}{ours:>10.0f}{1.0:>13.2f}"]
+        for c in report.compare:
+            rate = c["images_per_s"]
+            ratio = f"{ours / rate:>13.2f}" if rate else f"{c.get('note', '-'):>13}"
+            lines.append(f"  {c['pipeline']:<42}{rate:>10.0f}{ratio}")
+    return "\n".join(lines)
+
+
+def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> None:
+    """Throughput by stage, against what the step consumes; and each rank's data wait through the epoch."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        from ..errors import DdpipeError
+
+        raise DdpipeError("--plot needs matplotlib: pip install matplotlib") from e
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [s.name for s in report.stages] + [f"peer: {c['peer']}" for c in report.compare]
+    rates = [s.images_per_s for s in report.stages] + [c["images_per_s"] for c in report.compare]
+    colors = ["#c44e52" if n == report.bottleneck else "#999999" if n.startswith("peer") else "#4c72b0" for n in names]
+    left.barh(names, rates, color=colors)
+    left.axvline(report.step_images_per_s, color="black", linestyle="--", label="the step consumes")
+    left.set_xlabel("images/s (whole job)")
+    left.set_title(f"throughput by stage (bottleneck: {report.bottleneck})")
+    left.legend(loc="lower right")
+    for r in report.per_rank:
+        if r.get("stage") == "full" and r.get("waits"):
+            waits = [1000 * w for w in r["waits"]]
+            right.plot(range(1, len(waits) + 1), waits, marker=".", label=f"rank {int(r['rank'])}")
+    right.xaxis.get_major_locator().set_params(integer=True)
+    right.set_xlabel("step")
+    right.set_ylabel("data wait per step (ms)")
+    right.set_title(f"stall over the epoch: {100 * report.stall:.0f}% (fetch {100 * report.fetch_stall:.0f}%, "
+                    f"prep {100 * report.prep_stall:.0f}%)")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
