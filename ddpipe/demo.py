@@ -4,7 +4,7 @@ synth an ImageNet-like ImageFolder -> convert it to every shard format -> verify
 counts, every image decodes) -> one loader epoch of each on 2 MPI ranks with partial shuffling ->
 one epoch decoded into training tensors (DALI on the GPU if there is one, else on the CPU) -> data-
 parallel training on 2 MPI ranks, staged to node-local storage, with each way of averaging gradients ->
-a `ddpipe bench` report of the demo dataset on 2 ranks.
+a `ddpipe bench` report of the demo dataset on 2 ranks, with the peer pipelines beside it.
 """
 
 from __future__ import annotations
@@ -79,10 +79,10 @@ def main() -> int:
         if proc.returncode != 0:
             return proc.returncode
 
-    print("== 7. bench: each stage, the stall of a 50 ms step and its causes, 2 MPI ranks")
+    print("== 7. bench: each stage, the stall of a 50 ms step and its causes, against the peer pipelines, 2 MPI ranks")
     proc = subprocess.run([launcher, "-n", "2", sys.executable, "-m", "ddpipe", "bench", str(out / "wds"),
-                           "--image-size", "128", "--json", str(out / "bench.json"), "--plot", str(out / "bench.png")],
-                          timeout=900)
+                           "--image-size", "128", "--json", str(out / "bench.json"), "--plot", str(out / "bench.png"),
+                           "--compare", "--compare-dir", str(out / "peers")], timeout=900)
     if proc.returncode != 0:
         return proc.returncode
 

@@ -15,7 +15,7 @@ rare steps as an epoch's exchange rounds and decode buffers peaked a little high
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import sys
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
@@ -30,11 +30,15 @@ MMAP_THRESHOLD = 32 << 20  # samples and rounds come from the heap, not one mmap
 ARENA_MAX = 2
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library, found without ``ctypes.util.find_library``: that runs ``ldconfig`` in a forked
+    child, once per call, and a child forked from a loader holding a gigabyte reports that gigabyte
+    as its own peak (ru_maxrss), which doubled the figures of benchmarks/loader.py."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return ctypes.CDLL(None)  # the process's own symbols: libc's among them
     except OSError:
         return None
 
