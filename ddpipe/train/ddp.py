@@ -6,7 +6,9 @@ free port and MPI tells every rank where to meet.
 
 from __future__ import annotations
 
+import atexit
 import socket
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -30,6 +32,20 @@ def init_process_group(comm: Comm, device: torch.device) -> None:
             address = f"tcp://{socket.gethostname()}:{s.getsockname()[1]}"
     address = comm.allgather(address)[0]
     dist.init_process_group(backend, init_method=address, rank=comm.world.rank, world_size=comm.world.size)
+    # a rank leaving while another's gloo threads still talked to it ended the job with "terminate called
+    # without an active exception" about one run in three on 4 ranks: leave together, then tear down
+    atexit.register(_leave_process_group)
+
+
+def _leave_process_group() -> None:
+    if not dist.is_initialized():
+        return
+    try:
+        if dist.get_backend() == "gloo":  # bounded: a rank that died must not hang the others' exit
+            dist.monitored_barrier(timeout=timedelta(seconds=60))
+    except RuntimeError:
+        pass
+    dist.destroy_process_group()
 
 
 def wrap_ddp(model: nn.Module, comm: Comm, device: torch.device, bucket_bytes: int) -> DistributedDataParallel:
