@@ -61,6 +61,11 @@ class _Feed:
         self.inflight.clear()
         self.error = None
 
+    def requeue(self, batches: list[EncodedBatch]) -> None:
+        """Feed ``batches`` again before the rest (to a new pipeline, after a failed one)."""
+        self._batches = itertools.chain(batches, self._batches)
+        self.inflight.clear()
+
     def __iter__(self) -> _Feed:
         return self
 
@@ -233,7 +238,7 @@ class DaliDecoder:
                 bad = _find_bad(failing, str(e), on_bad)
                 rest = [failing.without(bad), *inflight]
                 # a pipeline that has failed is not run again: a new one takes over from the failing batch
-                feed.attach(itertools.chain(rest, feed._batches), feed._seed, feed._epoch, on_bad)
+                feed.requeue(rest)
                 self._pipe = self._pipeline()
                 continue
             while inflight and not inflight[0].datas:
