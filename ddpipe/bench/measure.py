@@ -363,19 +363,28 @@ def _run_peers(ld: Loader, o: BenchOptions, comm: Comm, bar: Any) -> list[dict[s
             bar.update()
             continue
         epoch = peers.make_peer(name, inputs, popts)
-        if not o.cold:
+        if o.cold:
+            if comm.world.local_rank == 0:
+                evict_page_cache(files)
+        else:
             for _ in epoch():  # warm-up: workers started, page cache filled, as ddpipe's stages had
                 pass
-        elif comm.world.local_rank == 0:
-            evict_page_cache(files)
         comm.barrier()
-        t0, n = time.perf_counter(), 0
-        for batch in epoch():
+        t0 = time.perf_counter()
+        n, after_first, first_at = 0, 0, 0.0
+        for b, batch in enumerate(epoch()):
             n += len(batch)
-        seconds = max(comm.allgather(time.perf_counter() - t0))
-        images = sum(comm.allgather(n))
-        rows.append({"peer": name, "pipeline": peers.PEER_NAMES[name], "images": images, "seconds": seconds,
-                     "images_per_s": images / seconds if seconds else 0.0})
+            if b == 0:
+                first_at = time.perf_counter()
+            else:
+                after_first += len(batch)
+        end = time.perf_counter()
+        # the rate as ddpipe's read+decode stage takes it: after the first batch (start-up excluded)
+        steady = comm.allgather((after_first, end - first_at))
+        rate_images, rate_seconds = sum(k for k, _ in steady), max(t for _, t in steady)
+        rows.append({"peer": name, "pipeline": peers.PEER_NAMES[name], "images": sum(comm.allgather(n)),
+                     "seconds": max(comm.allgather(end - t0)),
+                     "images_per_s": rate_images / rate_seconds if rate_seconds else 0.0})
         del epoch
         bar.update()
     return rows

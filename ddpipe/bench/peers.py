@@ -194,8 +194,9 @@ def _dali_loader(kind: str, inputs: PeerInputs, o: PeerOptions) -> Callable[[], 
 
     p = pipe()
     p.build()
+    # not a batch decoded before the caller asks: a cold epoch's clock would miss it
     it = DALIGenericIterator(p, ["images"], reader_name="r", last_batch_policy=LastBatchPolicy.PARTIAL,
-                             auto_reset=True)
+                             auto_reset=True, prepare_first_batch=False)
     return lambda: (b[0]["images"] for b in it)
 
 
