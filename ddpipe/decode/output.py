@@ -57,55 +57,64 @@ def resolve(decode: str, device: str, local_rank: int = 0) -> tuple[str, torch.d
 class PilDecoder:
     """The fallback: a pool of processes decoding with PIL, two batches in flight."""
 
-    def __init__(self, options: DecodeOptions, device: torch.device) -> None:
+    def __init__(self, options: DecodeOptions, batch_size: int, device: torch.device) -> None:
         from .pil import PilPool
+        from .resample import BatchRing
 
         self.options = options
         self.device = device
-        self._pool = PilPool(options)
+        self._pool = PilPool(options, batch_size)
+        self._ring = BatchRing(options)
 
     def close(self) -> None:
         self._pool.close()
+        self._ring.clear()
 
     def decode(self, batches: Iterator[EncodedBatch], seed: int, epoch: int, on_bad: OnBad) -> Iterator[Batch]:
-        inflight: deque[tuple[EncodedBatch, list[Future[list[np.ndarray | str]]]]] = deque()
+        inflight: deque[tuple[EncodedBatch, list[Future[list[np.ndarray | str | None]]], np.ndarray | None]] = deque()
         try:
             for batch in batches:
-                inflight.append((batch, self._pool.submit(batch.datas, batch.indices, seed, epoch)))
+                inflight.append((batch, *self._pool.submit(batch.datas, batch.indices, seed, epoch)))
                 if len(inflight) >= 2:
                     yield self._collect(*inflight.popleft(), on_bad)
             while inflight:
                 yield self._collect(*inflight.popleft(), on_bad)
         finally:
-            for _, futures in inflight:  # left mid-epoch: the pool stays, its stale work does not
+            for _, futures, _ in inflight:  # left mid-epoch: the pool stays, its stale work does not
                 for f in futures:
                     f.cancel()
+            for _, futures, _ in inflight:  # nor may it write into a batch handed out again
+                for f in futures:
+                    if not f.cancelled():
+                        f.exception()
 
-    def _collect(self, batch: EncodedBatch, futures: list[Future[list[np.ndarray | str]]], on_bad: OnBad) -> Batch:
+    def _collect(self, batch: EncodedBatch, futures: list[Future[list[np.ndarray | str | None]]],
+                 rows: np.ndarray | None, on_bad: OnBad) -> Batch:
         results = [r for f in futures for r in f.result()]
-        images, labels = [], []
-        for g, sample, label, result in zip(batch.indices, batch.samples, batch.labels, results, strict=True):
+        keep, images, labels = [], [], []
+        for i, (g, sample, label, result) in enumerate(zip(batch.indices, batch.samples, batch.labels, results,
+                                                           strict=True)):
             if isinstance(result, str):
                 on_bad(g, sample, f"does not decode: {result}")
                 continue
-            images.append(result)
+            keep.append(i)
+            if result is not None:
+                images.append(result)
             labels.append(label)
-        s = self.options.size
-        hwc = torch.from_numpy(np.stack(images)) if images else torch.empty((0, s, s, 3), dtype=torch.uint8)
-        hwc = hwc.to(self.device, non_blocking=True)
-        nchw = hwc.permute(0, 3, 1, 2)  # channels-last memory
-        if self.options.dtype != "uint8":
-            nchw = normalize(nchw, self.options, torch.float16 if self.options.dtype == "float16" else torch.float32)
-        if not self.options.channels_last:
-            nchw = nchw.contiguous()
-        elif self.options.dtype != "uint8":
-            nchw = nchw.contiguous(memory_format=torch.channels_last)
+        if rows is not None:  # read out now: the shared rows are written again two batches on
+            hwc = torch.from_numpy(rows[: len(results)] if len(keep) == len(results) else rows[keep])
+        else:
+            s = self.options.size
+            hwc = torch.from_numpy(np.stack(images)) if images else torch.empty((0, s, s, 3), dtype=torch.uint8)
+        out = self._ring.take(len(keep))
+        self._ring.fill(out, hwc.permute(0, 3, 1, 2))
+        nchw = out.detach().to(self.device, non_blocking=True)  # detach: the ring sees when the caller lets go
         return nchw, torch.tensor(labels, dtype=torch.int64, device=self.device)
 
 
 def make_decoder(kind: str, options: DecodeOptions, batch_size: int, device: torch.device) -> Decoder:
     if kind == "pil":
-        return PilDecoder(options, device)
+        return PilDecoder(options, batch_size, device)
     from .dali import DaliDecoder
 
     return DaliDecoder(options, batch_size, device, gpu_decode=kind == "dali-gpu")

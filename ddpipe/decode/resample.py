@@ -32,27 +32,32 @@ def _storage_users(t: torch.Tensor) -> int:
     return int(count(t.untyped_storage()._cdata)) - 1  # less the temporary storage wrapper
 
 
-class Resampler:
-    """Crops (HxWx3 uint8, any size) -> one NCHW batch of ``options.size``, flipped and normalised.
+def resize_crop(crop: np.ndarray, size: int, antialias: bool, flip: bool) -> np.ndarray:
+    """One HxWx3 uint8 crop resized to size x size (bilinear, antialiased), flipped if asked: HxWx3."""
+    x = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1).unsqueeze(0)
+    y = F.interpolate(x, size=(size, size), mode="bilinear", antialias=antialias, align_corners=False)[0]
+    if flip:
+        y = y.flip(-1)
+    return y.permute(1, 2, 0).contiguous().numpy()
 
-    Output batches come from a small ring that is reused only once nothing else refers to a batch:
-    a fresh 150 MB float32 batch costs ~38,000 page faults to fill, ~40 ms on one core per 256 images.
-    """
 
-    def __init__(self, options: DecodeOptions, threads: int) -> None:
+class BatchRing:
+    """Output batches (N x 3 x size x size, the options' dtype and layout) from a small ring, each
+    reused only once nothing else refers to it: a fresh 150 MB float32 batch costs ~38,000 page
+    faults to fill, ~40 ms on one core per 256 images."""
+
+    def __init__(self, options: DecodeOptions) -> None:
         self.options = options
-        self.threads = max(1, threads)
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ddpipe-resample")
         self._ring: list[torch.Tensor] = []
-        scale = 1.0 / (255.0 * torch.tensor(options.std, dtype=torch.float32))
-        self._mean = (torch.tensor(options.mean, dtype=torch.float32) * 255).view(3, 1, 1)
-        self._inv_std = scale.view(3, 1, 1)
+        self.mean = (torch.tensor(options.mean, dtype=torch.float32) * 255).view(3, 1, 1)
+        self.inv_std = (1.0 / (255.0 * torch.tensor(options.std, dtype=torch.float32))).view(3, 1, 1)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+    def clear(self) -> None:
         self._ring.clear()
 
-    def _batch(self, n: int) -> torch.Tensor:
+    def take(self, n: int) -> torch.Tensor:
+        """A batch to fill; hand the caller ``batch.detach()`` (a second tensor on the same memory), so
+        that the ring sees when the caller lets go."""
         s, dtype = self.options.size, _TORCH_DTYPE[self.options.dtype]
         for t in self._ring:
             if t.shape[0] == n and _storage_users(t) == 1:
@@ -66,8 +71,33 @@ class Resampler:
         self._ring.append(t)
         return t
 
+    def fill(self, out: torch.Tensor, images: torch.Tensor) -> None:
+        """``out`` (from :meth:`take`) = uint8 NCHW ``images``, normalised unless the output is uint8."""
+        if self.options.dtype == "uint8":
+            out.copy_(images)
+        elif self.options.dtype == "float32":
+            torch.sub(images, self.mean, out=out)
+            out.mul_(self.inv_std)
+        else:  # float16: normalised in float32, rounded once
+            out.copy_((images - self.mean).mul_(self.inv_std))
+
+
+class Resampler:
+    """Crops (HxWx3 uint8, any size) -> one NCHW batch of ``options.size``, flipped and normalised,
+    one slice of the batch per thread, into a :class:`BatchRing`'s batch."""
+
+    def __init__(self, options: DecodeOptions, threads: int) -> None:
+        self.options = options
+        self.threads = max(1, threads)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ddpipe-resample")
+        self._ring = BatchRing(options)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._ring.clear()
+
     def __call__(self, crops: Sequence[np.ndarray], flips: np.ndarray) -> torch.Tensor:
-        out = self._batch(len(crops))
+        out = self._ring.take(len(crops))
         n = len(crops)
         step = -(-n // self.threads)
         chunks = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
@@ -90,10 +120,4 @@ class Resampler:
                 y = y[:, top : top + s, left : left + s]
             if flips[i]:
                 y = y.flip(-1)
-            if o.dtype == "uint8":
-                out[i].copy_(y)
-            elif o.dtype == "float32":
-                torch.sub(y, self._mean, out=out[i])
-                out[i].mul_(self._inv_std)
-            else:  # float16: normalised in float32, rounded once
-                out[i].copy_((y - self._mean).mul_(self._inv_std))
+            self._ring.fill(out[i], y)

@@ -31,9 +31,8 @@ class DecodeOptions:
     std: tuple[float, float, float] = IMAGENET_STD
     dtype: str = "float32"
     channels_last: bool = False
-    # Antialiased resizing, as torchvision and PIL do, costs DALI on the CPU about 15% of its throughput
-    # (benchmarks/loader.py); switching it off trades aliasing in strong downscales for speed. The PIL
-    # decoder always antialiases.
+    # Antialiased resizing, as torchvision and PIL do, costs ~3-5% of CPU decoding throughput
+    # (benchmarks/loader.py); switching it off trades aliasing in strong downscales for speed.
     antialias: bool = True
     threads: int = 0  # decoding threads (DALI) or processes (pil); 0: the node's cores over its ranks
 

@@ -125,13 +125,27 @@ def test_a_later_epoch_repeats_after_resume_and_after_an_abandoned_epoch(natural
         ld.close()
 
 
+@pytest.mark.parametrize("decode", DECODERS)
 @pytest.mark.parametrize("dtype", ["uint8", "float32"])
-def test_batches_the_caller_holds_are_never_written_again(natural: Path, dtype: str) -> None:
-    ld = loader(natural, "dali-cpu", dtype=dtype)
+def test_batches_the_caller_holds_are_never_written_again(natural: Path, decode: str, dtype: str) -> None:
+    ld = loader(natural, decode, dtype=dtype)
     held = [x for x, _ in ld]  # every batch kept: the decoder's reused buffers must not be among them
     copied = [x.clone() for x, _ in ld]
     assert len({x.data_ptr() for x in held}) == len(held)
     assert all(torch.equal(x, y) for x, y in zip(held, copied, strict=True))
+
+
+def test_pil_without_room_in_shared_memory_pickles_images_back(labelled: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpipe.decode.pil import PilPool
+
+    monkeypatch.setattr(PilPool, "_rows_bytes", lambda self: 1 << 60)  # more than any /dev/shm holds
+    seen = 0
+    for images, labels in loader(labelled, "pil"):
+        means = images.float().mean(dim=(2, 3))
+        assert torch.equal(torch.cdist(means, torch.tensor(COLORS, dtype=torch.float32)).argmin(dim=1), labels)
+        seen += len(labels)
+    assert seen == 40
 
 
 def test_pil_and_dali_choose_the_same_crop_windows(tmp_path: Path) -> None:
