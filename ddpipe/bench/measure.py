@@ -350,7 +350,7 @@ def _run_peers(ld: Loader, o: BenchOptions, comm: Comm, bar: Any) -> list[dict[s
         peers.peer_inputs(ld.dataset, scratch)
     comm.barrier()
     inputs = peers.peer_inputs(ld.dataset, scratch)
-    files = peers.input_files(inputs)
+    files = peers.input_files(inputs) if o.cold and comm.world.local_rank == 0 else []  # what evicting drops
     popts = peers.PeerOptions(batch_size=o.batch_size, size=o.image_size, dtype="uint8",
                               workers=ld.decode_options.workers, rank=comm.world.rank, world=comm.world.size,
                               cold=o.cold, seed=o.seed)

@@ -26,10 +26,8 @@ import torch.utils.dlpack
 from ..errors import DdpipeError
 from .augment import image_size, random_crops
 from .batches import EncodedBatch, OnBad
-from .resample import Resampler
+from .resample import TORCH_DTYPES, Resampler
 from .spec import DecodeOptions
-
-_TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
 
 
 def _import_dali() -> Any:
@@ -198,7 +196,7 @@ class DaliDecoder:
     def _empty(self) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.options.size
         shape = (0, s, s, 3) if self.options.channels_last else (0, 3, s, s)
-        images = torch.empty(shape, dtype=_TORCH_DTYPE[self.options.dtype], device=self.device)
+        images = torch.empty(shape, dtype=TORCH_DTYPES[self.options.dtype], device=self.device)
         if self.options.channels_last:
             images = images.permute(0, 3, 1, 2)
         return images, torch.empty(0, dtype=torch.int64, device=self.device)

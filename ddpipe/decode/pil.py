@@ -124,7 +124,8 @@ class PilPool:
         a worker with SIGBUS mid-write: images are pickled back instead)."""
         if self._ring is None:
             try:
-                free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+                shm = os.statvfs("/dev/shm")
+                free = shm.f_bavail * shm.f_frsize
             except OSError:
                 free = 0
             room = free >= 2 * self.RING * self._rows_bytes()

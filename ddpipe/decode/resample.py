@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .spec import DecodeOptions
 
-_TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
 
 
 def _storage_users(t: torch.Tensor) -> int:
@@ -32,13 +32,17 @@ def _storage_users(t: torch.Tensor) -> int:
     return int(count(t.untyped_storage()._cdata)) - 1  # less the temporary storage wrapper
 
 
+def resized(crop: np.ndarray, height: int, width: int, antialias: bool, flip: bool = False) -> torch.Tensor:
+    """One HxWx3 uint8 image resized (bilinear, antialiased unless told not to) and flipped if asked:
+    3 x height x width uint8."""
+    x = torch.from_numpy(np.asarray(crop)).permute(2, 0, 1).unsqueeze(0)
+    y = F.interpolate(x, size=(height, width), mode="bilinear", antialias=antialias, align_corners=False)[0]
+    return y.flip(-1) if flip else y
+
+
 def resize_crop(crop: np.ndarray, size: int, antialias: bool, flip: bool) -> np.ndarray:
-    """One HxWx3 uint8 crop resized to size x size (bilinear, antialiased), flipped if asked: HxWx3."""
-    x = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1).unsqueeze(0)
-    y = F.interpolate(x, size=(size, size), mode="bilinear", antialias=antialias, align_corners=False)[0]
-    if flip:
-        y = y.flip(-1)
-    return y.permute(1, 2, 0).contiguous().numpy()
+    """:func:`resized` to size x size, as HxWx3 numpy (what the PIL workers hand back)."""
+    return resized(crop, size, size, antialias, flip).permute(1, 2, 0).contiguous().numpy()
 
 
 class BatchRing:
@@ -58,7 +62,7 @@ class BatchRing:
     def take(self, n: int) -> torch.Tensor:
         """A batch to fill; hand the caller ``batch.detach()`` (a second tensor on the same memory), so
         that the ring sees when the caller lets go."""
-        s, dtype = self.options.size, _TORCH_DTYPE[self.options.dtype]
+        s, dtype = self.options.size, TORCH_DTYPES[self.options.dtype]
         for t in self._ring:
             if t.shape[0] == n and _storage_users(t) == 1:
                 return t
@@ -108,16 +112,12 @@ class Resampler:
     def _fill(self, crops: Sequence[np.ndarray], flips: np.ndarray, out: torch.Tensor, lo: int, hi: int) -> None:
         o, s = self.options, self.options.size
         for i in range(lo, hi):
-            x = torch.from_numpy(np.asarray(crops[i])).permute(2, 0, 1).unsqueeze(0)
             if o.train:
-                y = F.interpolate(x, size=(s, s), mode="bilinear", antialias=o.antialias, align_corners=False)[0]
+                y = resized(crops[i], s, s, o.antialias, bool(flips[i]))
             else:  # the shorter side to resize_shorter, then the centre
-                h, w = x.shape[2:]
+                h, w = crops[i].shape[:2]
                 scale = o.resize_shorter / min(h, w)
                 nh, nw = max(o.resize_shorter, round(h * scale)), max(o.resize_shorter, round(w * scale))
-                y = F.interpolate(x, size=(nh, nw), mode="bilinear", antialias=o.antialias, align_corners=False)[0]
                 top, left = (nh - s) // 2, (nw - s) // 2
-                y = y[:, top : top + s, left : left + s]
-            if flips[i]:
-                y = y.flip(-1)
+                y = resized(crops[i], nh, nw, o.antialias)[:, top : top + s, left : left + s]
             self._ring.fill(out[i], y)
