@@ -359,9 +359,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _end_the_job(code: int) -> None:
+def _end_the_job(code: int, error: BaseException | None = None) -> None:
     """After an error on one rank of an MPI job, end every rank now: the others would otherwise wait
-    for it in their next collective until the watchdog's timeout."""
+    for it in their next collective until the watchdog's timeout. Not for an error every rank raises
+    (``job_wide``): each reports it and leaves on its own."""
+    if getattr(error, "job_wide", False):
+        return
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
         sys.stderr.flush()
@@ -374,15 +377,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except DdpipeError as e:
         print(f"ddpipe: error: {e}", file=sys.stderr)
-        _end_the_job(1)
+        _end_the_job(1, e)
         return 1
     except KeyboardInterrupt:
         print("ddpipe: interrupted", file=sys.stderr)
         _end_the_job(130)
         return 130
-    except Exception:
+    except Exception as e:
         traceback.print_exc()
-        _end_the_job(1)
+        _end_the_job(1, e)
         raise
     return code
 

@@ -14,6 +14,9 @@ from typing import Any
 class DdpipeError(Exception):
     """Base of every expected error: the CLI prints it as one line and exits non-zero."""
 
+    # raised on every rank of the job alike (the ranks agreed on it): the CLI need not end the job
+    job_wide = False
+
     def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None) -> None:
         super().__init__(message)
         self.message = message

@@ -180,10 +180,13 @@ def _all_ranks(comm: Comm, action: Callable[[], object]) -> None:
         error, caught = str(e), e
     errors = comm.allgather(error)
     if caught is not None:
+        caught.job_wide = True  # type: ignore[attr-defined]  # every rank raises it: nothing to abort
         raise caught
     for rank, message in enumerate(errors):
         if message is not None:
-            raise DdpipeError(f"rank {rank} failed: {message}")
+            agreed = DdpipeError(f"rank {rank} failed: {message}")
+            agreed.job_wide = True
+            raise agreed
 
 
 def convert(
