@@ -237,12 +237,17 @@ class TorchComm(Comm):
     def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         import datetime
 
+        import torch
         import torch.distributed as dist
 
         self._dist = dist
         self._owns_group = not dist.is_initialized()
         if self._owns_group:
-            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+            # The default group is the training script's: with a GPU its CUDA tensors go over NCCL, so
+            # DDP set up after the loader averages over NCCL (gloo-only left DDP on gloo). ddpipe's own
+            # collectives use the gloo group of their own below.
+            backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
         env = os.environ
         local_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
         world = World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(env.get("LOCAL_RANK", "0")),

@@ -2,8 +2,11 @@
 
 - ``torch``: the PyTorch DataLoader over an ImageFolder of the images, PIL, ``workers`` processes;
 - ``webdataset``: the webdataset library's pipeline over tar shards, PIL, ``workers`` processes;
-- ``dali-file`` and ``dali-wds``: DALI's own file and webdataset readers, its CPU decoder with
-  region-of-interest decoding, where DALI is installed.
+- ``dali-file`` and ``dali-wds``: DALI's own file and webdataset readers with region-of-interest
+  decoding, where DALI is installed: its CPU decoder, or its ``mixed`` (GPU) one when ``device`` is
+  ``"cuda"``;
+- ``torchvision``: torchvision's GPU JPEG decoder (``decode_jpeg(..., device="cuda")``, one batched
+  call per batch) and its v2 transforms on the GPU, fed the tars' bytes by the webdataset library.
 
 Every peer does the training transform of ``ddpipe.decode`` (random-resized crop, flip; uint8, or
 ImageNet-normalised float32) into batches of ``batch_size``, on this rank's 1/world of the data.
@@ -27,9 +30,11 @@ import numpy as np
 from ..dataset import Dataset
 from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD, image_field, label_of, random_resized_crop
 
-PEERS = ("torch", "webdataset", "dali-file", "dali-wds")
+PEERS = ("torch", "webdataset", "dali-file", "dali-wds", "torchvision")
 PEER_NAMES = {"torch": "PyTorch DataLoader + PIL (image files)", "webdataset": "webdataset library + PIL (tars)",
-              "dali-file": "DALI file reader", "dali-wds": "DALI webdataset reader"}
+              "dali-file": "DALI file reader", "dali-wds": "DALI webdataset reader",
+              "torchvision": "torchvision decode_jpeg on the GPU (tars)"}
+GPU_PEERS = ("dali-file", "dali-wds", "torchvision")  # peers that decode on the GPU when device is "cuda"
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class PeerOptions:
     world: int = 1
     cold: bool = False  # evict the inputs before the timed epoch, instead of a warm-up epoch
     seed: int = 0
+    device: str = "cpu"  # "cuda": DALI decodes with its mixed (GPU) decoder, outputs on the GPU
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,9 @@ def _dali_loader(kind: str, inputs: PeerInputs, o: PeerOptions) -> Callable[[], 
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    @pipeline_def(batch_size=o.batch_size, num_threads=o.workers, device_id=None, seed=o.seed + 1,
+    gpu = o.device == "cuda"
+
+    @pipeline_def(batch_size=o.batch_size, num_threads=o.workers, device_id=0 if gpu else None, seed=o.seed + 1,
                   prefetch_queue_depth=2)
     def pipe():  # type: ignore[no-untyped-def]
         shard: dict[str, Any] = {"shard_id": o.rank, "num_shards": o.world, "random_shuffle": True, "name": "r"}
@@ -183,8 +191,9 @@ def _dali_loader(kind: str, inputs: PeerInputs, o: PeerOptions) -> Callable[[], 
             urls = [str(p) for p in inputs.tars]
             read = fn.readers.webdataset(paths=urls, index_paths=[u[:-4] + ".idx" for u in urls], ext=["jpg", "cls"],
                                          **shard)
-        img: Any = fn.decoders.image_random_crop(read[0], device="cpu", output_type=types.RGB, random_area=[0.08, 1.0],
-                                                 random_aspect_ratio=[0.75, 4 / 3], num_attempts=10)
+        img: Any = fn.decoders.image_random_crop(read[0], device="mixed" if gpu else "cpu", output_type=types.RGB,
+                                                 random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3],
+                                                 num_attempts=10)
         img = fn.resize(img, resize_x=o.size, resize_y=o.size)
         norm: dict[str, Any] = {} if o.dtype == "uint8" else {"mean": [m * 255 for m in IMAGENET_MEAN],
                                                               "std": [s * 255 for s in IMAGENET_STD]}
@@ -200,6 +209,48 @@ def _dali_loader(kind: str, inputs: PeerInputs, o: PeerOptions) -> Callable[[], 
     return lambda: (b[0]["images"] for b in it)
 
 
+class _RawSample:
+    """(jpeg bytes, label) of a webdataset sample, undecoded (a class, so that workers can pickle it)."""
+
+    def __call__(self, s: dict[str, Any]) -> tuple[bytes, int]:
+        field = next(f for f in ("jpg", "jpeg") if f in s)
+        return s[field], int(s.get("cls", b"0"))
+
+
+def _collate_raw(batch: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+    return batch
+
+
+def _torchvision_loader(inputs: PeerInputs, o: PeerOptions) -> Callable[[], Iterable[Any]]:
+    """torchvision on the GPU as its documentation shows it: batched ``decode_jpeg`` on the device,
+    then ``RandomResizedCrop`` and the flip per image, then normalisation of the stacked batch."""
+    import torch
+    import torchvision
+    import webdataset as wds
+    from torchvision.transforms import v2
+
+    device = torch.device(o.device if o.device != "cpu" else "cuda")
+    urls = [str(p) for p in inputs.tars[o.rank :: o.world]] or [str(p) for p in inputs.tars]
+    workers = max(0, min(o.workers, len(urls), 4))  # the workers only read bytes: a few suffice
+    pipeline = wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=lambda src: src,
+                              workersplitter=wds.split_by_worker, empty_check=False).shuffle(1000).map(_RawSample())
+    loader: Any = torch.utils.data.DataLoader(pipeline, batch_size=o.batch_size, num_workers=workers,
+                                              collate_fn=_collate_raw, persistent_workers=workers > 0)
+    crop = v2.Compose([v2.RandomResizedCrop(o.size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), antialias=True),
+                       v2.RandomHorizontalFlip()])
+    mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
+
+    def batches() -> Iterable[Any]:
+        for batch in loader:
+            encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data, _ in batch]
+            decoded = torchvision.io.decode_jpeg(encoded, mode=torchvision.io.ImageReadMode.RGB, device=device)
+            images = torch.stack([crop(img) for img in decoded])
+            yield images if o.dtype == "uint8" else (images.float() - mean) / std
+
+    return batches
+
+
 def make_peer(name: str, inputs: PeerInputs, options: PeerOptions) -> Callable[[], Iterable[Any]]:
     """A function that runs one epoch of the peer, yielding its image batches."""
     if name == "torch":
@@ -208,6 +259,8 @@ def make_peer(name: str, inputs: PeerInputs, options: PeerOptions) -> Callable[[
         return _webdataset_loader(inputs, options)
     if name in ("dali-file", "dali-wds"):
         return _dali_loader(name, inputs, options)
+    if name == "torchvision":
+        return _torchvision_loader(inputs, options)
     raise ValueError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")
 
 
@@ -220,4 +273,8 @@ def available_peers() -> list[str]:
     out = ["torch"] if have("torch") else []
     out += ["webdataset"] if have("webdataset") else []
     out += ["dali-file", "dali-wds"] if have("nvidia.dali") else []
+    if have("torchvision") and have("webdataset"):
+        import torch
+
+        out += ["torchvision"] if torch.cuda.is_available() else []
     return out

@@ -16,12 +16,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..comm import Comm, launched_by_torchrun
+from ..errors import DdpipeError
 
 
 def init_process_group(comm: Comm, device: torch.device) -> None:
-    if dist.is_initialized():
-        return
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if dist.is_initialized():
+        existing = str(dist.get_backend())
+        if backend not in existing:
+            raise DdpipeError(f"the default process group uses {existing}, which cannot average {device.type} "
+                              f"gradients well: create it with {backend} (or let ddpipe create it)")
+        return
     if launched_by_torchrun():
         dist.init_process_group(backend)
         return

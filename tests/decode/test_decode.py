@@ -60,7 +60,8 @@ def loader(root: Path, decode: str, **kw: object) -> ddpipe.Loader:
     opts = DecodeOptions(size=kw.pop("size", 32), resize_shorter=kw.pop("resize_shorter", 40),  # type: ignore[arg-type]
                          dtype=kw.pop("dtype", "uint8"), train=kw.pop("train", True),  # type: ignore[arg-type]
                          channels_last=kw.pop("channels_last", False), threads=2)  # type: ignore[arg-type]
-    return ddpipe.Loader(root, 8, decode=decode, device="cpu", decode_options=opts, shuffle="local", seed=3, **kw)  # type: ignore[arg-type]
+    kw = {"device": "cpu", "shuffle": "local", "seed": 3, **kw}
+    return ddpipe.Loader(root, 8, decode=decode, decode_options=opts, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("decode", DECODERS)
@@ -223,7 +224,79 @@ def test_corrupt_images_skipped_and_counted_batches_stay_equal(tmp_path: Path, d
     assert ld.stats["skipped"] == 2 and sorted(k for k, _, _ in ld.skipped) == ["img/0005", "img/0013"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none; run on the device machine)")
+def dali_batches(root: Path, transform_in_dali: bool, **kw: object) -> list[torch.Tensor]:
+    """Every batch of an epoch through a DALI CPU decoder whose resize, flip and normalisation are
+    the Resampler's (the CPU path) or DALI's own (the graph the GPU path runs after ``mixed``)."""
+    from ddpipe.decode.batches import EncodedBatch
+    from ddpipe.decode.dali import DaliDecoder
+
+    def on_bad(index: int, sample: object, reason: str) -> None:
+        raise AssertionError(reason)
+
+    ld = ddpipe.Loader(root, 8, decode="none", shuffle="local", seed=3)
+    plan = ld.plan()
+    opts = DecodeOptions(size=48, resize_shorter=56, threads=2, **kw)  # type: ignore[arg-type]
+    decoder = DaliDecoder(opts, 8, torch.device("cpu"), gpu_decode=False, transform_in_dali=transform_in_dali)
+    stream = (EncodedBatch.of(plan.batch(0, b), batch, on_bad) for b, batch in enumerate(ld))
+    out = [x.clone() for x, _ in decoder.decode(stream, 3, 0, on_bad)]
+    decoder.close()
+    return out
+
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+def test_the_gpu_paths_transform_matches_the_cpu_paths(natural: Path, train: bool, dtype: str) -> None:
+    """Same crop windows, flips, centre crops and normalisation, within what two resizers differ by."""
+    ours = dali_batches(natural, False, train=train, dtype=dtype)
+    gpu_graph = dali_batches(natural, True, train=train, dtype=dtype)
+    assert len(ours) == len(gpu_graph) == 3
+    scale = 255.0 if dtype == "uint8" else 1 / 0.226  # the output's whole range, roughly
+    for a, b in zip(ours, gpu_graph, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        per_image = ((a.float() - b.float()).abs() / scale).mean(dim=(1, 2, 3))
+        assert float(per_image.max()) < 0.01, per_image  # a swapped flip or a shifted window costs 3% or more
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU (CI has none; run on the device machine)")
+
+
+def gpu_loader(root: Path, **kw: object) -> ddpipe.Loader:
+    return loader(root, "dali-gpu", device="cuda", **kw)
+
+
+@needs_cuda
 def test_gpu_decoding_lands_on_the_gpu(natural: Path) -> None:
-    images, labels = next(iter(loader(natural, "dali-gpu", dtype="float16")))
+    images, labels = next(iter(gpu_loader(natural, dtype="float16")))
     assert images.device.type == "cuda" and labels.device.type == "cuda" and images.dtype == torch.float16
+
+
+@needs_cuda
+@pytest.mark.parametrize("train", [True, False])
+def test_gpu_and_cpu_decoding_give_the_same_batches(natural: Path, train: bool) -> None:
+    """Same samples, same crop windows and flips; pixels within what two JPEG decoders and two
+    resizers differ by."""
+    for dtype in ("uint8", "float32"):
+        gpu = [(x.cpu(), y.cpu()) for x, y in gpu_loader(natural, dtype=dtype, train=train, size=48,
+                                                          resize_shorter=56)]
+        cpu = list(loader(natural, "dali-cpu", dtype=dtype, train=train, size=48, resize_shorter=56))
+        assert len(gpu) == len(cpu)
+        for (xg, yg), (xc, yc) in zip(gpu, cpu, strict=True):
+            assert torch.equal(yg, yc) and xg.shape == xc.shape and xg.dtype == xc.dtype
+            scale = 255.0 if dtype == "uint8" else 1 / 0.226  # one pixel step, in the output's units
+            diff = (xg.float() - xc.float()).abs() / scale
+            assert float(diff.mean()) < 0.02, float(diff.mean())  # 2% of the range on average
+            per_image = diff.mean(dim=(1, 2, 3))
+            assert float(per_image.max()) < 0.05  # and no image wrong: a swapped crop or flip costs far more
+
+
+@needs_cuda
+def test_gpu_decoding_channels_last_and_bad_images(tmp_path: Path) -> None:
+    images, _ = next(iter(gpu_loader(corrupt_dataset(tmp_path / "ok"), dtype="float16", channels_last=True,
+                                     on_error="skip")))
+    assert images.is_contiguous(memory_format=torch.channels_last) and images.device.type == "cuda"
+    ld = gpu_loader(corrupt_dataset(tmp_path / "bad"), on_error="skip", shuffle="none")
+    batches = list(ld)
+    assert sum(len(y) for _, y in batches) == 18 and ld.stats["skipped"] == 2
+    with pytest.raises(SampleError, match=r"img/0005|img/0013"):
+        list(gpu_loader(corrupt_dataset(tmp_path / "fail"), shuffle="none"))

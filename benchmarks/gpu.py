@@ -1,0 +1,334 @@
+"""The GPU path on one GPU: decoding against DALI's own pipeline and torchvision, and a ResNet-50 epoch.
+
+    python benchmarks/gpu.py [--n 10000] [--epochs 4] [--repeats 2] [--only NAME ...] [--skip-train]
+    python benchmarks/gpu.py --probe    # where ddpipe's dali-gpu path loses time: each piece alone
+
+Needs a CUDA GPU and DALI (CI has neither; run on a GPU machine).
+
+Decoding: every pipeline does the training transform (random-resized crop to 224x224, scale
+0.08-1, ratio 3/4-4/3, flip, ImageNet normalisation to float32 NCHW on the GPU) in batches of 256
+on the same synth ImageNet-like JPEGs. Each runs in a process of its own for ``--epochs`` epochs;
+the first is a warm-up and the median of the others, each ended by a device synchronisation, is
+its rate. References in the same run: the GPU's own JPEG decode rate (DALI's ``mixed`` decoder on
+the images held in memory, full images, nothing else done), DALI's own webdataset and file
+readers with ``mixed`` region-of-interest decoding, and torchvision's GPU ``decode_jpeg`` with its
+v2 transforms over the same tars. Published anchor: an A100's hardware JPEG decoder does about
+5,000-7,000 img/s.
+
+Training: ResNet-50, AMP (float16) and channels-last, batch 256, fed by the ``Loader``
+(``dali-gpu``, float16 channels-last batches), through ddpipe's own training loop; images/s and
+the share of each step spent waiting for data (stall), against the same step on one batch held on
+the GPU (the model alone: the most any loader could let it do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import DATA, machine, median, save, synth_images, synth_shards, table
+
+BATCH, SIZE = 256, 224
+CORES = os.cpu_count() or 1
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def epoch_rates(batches_of_epoch: Any, epochs: int) -> list[float]:
+    """Images/s of each epoch after the first, each ended when the GPU is done with it."""
+    import torch
+
+    rates = []
+    for e in range(epochs):
+        t0, n = time.perf_counter(), 0
+        for b in batches_of_epoch():
+            n += len(b)
+        torch.cuda.synchronize()
+        if e:
+            rates.append(n / (time.perf_counter() - t0))
+    return rates
+
+
+# ---- the pipelines ----------------------------------------------------------------------------
+
+def run_decoder_limit(images: Path, epochs: int) -> list[float]:
+    """DALI's mixed decoder alone on the images held in memory: full decode, no transform."""
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+
+    datas = [np.fromfile(p, dtype=np.uint8) for p in sorted(images.rglob("*.jpg"))]
+    batches = [datas[i : i + BATCH] for i in range(0, len(datas) - BATCH + 1, BATCH)]
+
+    @pipeline_def(batch_size=BATCH, num_threads=CORES, device_id=0, prefetch_queue_depth=2)
+    def pipe():  # type: ignore[no-untyped-def]
+        # a cycling source lets DALI run ahead, as the pipelines measured against it do
+        encoded = fn.external_source(source=batches, cycle=True, dtype=types.UINT8)
+        return fn.decoders.image(encoded, device="mixed", output_type=types.RGB)
+
+    p = pipe()
+    p.build()
+
+    def epoch():  # type: ignore[no-untyped-def]
+        for _ in batches:
+            (out,) = p.run()
+            yield range(len(out))  # decoded: its length is all that is counted
+
+    return epoch_rates(epoch, epochs)
+
+
+def run_peer(name: str, images: Path, shards: Path, epochs: int) -> list[float]:
+    from ddpipe.bench.peers import PeerInputs, PeerOptions, make_peer
+
+    inputs = PeerInputs(images, sorted(shards.glob("*.tar")))
+    options = PeerOptions(batch_size=BATCH, size=SIZE, dtype="float32", workers=CORES, device="cuda")
+    return epoch_rates(make_peer(name, inputs, options), epochs)
+
+
+def run_ddpipe(root: Path, shuffle: str, dtype: str, epochs: int) -> list[float]:
+    import ddpipe
+    from ddpipe.decode import DecodeOptions
+
+    loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle=shuffle,
+                           decode_options=DecodeOptions(dtype=dtype))
+    epoch = [0]
+
+    def batches():  # type: ignore[no-untyped-def]
+        loader.set_epoch(epoch[0])
+        epoch[0] += 1
+        return (x for x, _ in loader)
+
+    return epoch_rates(batches, epochs)
+
+
+def run_train(root: Path, epochs: int, classes: int) -> dict[str, Any]:
+    """ResNet-50 with AMP and channels-last fed by the Loader, then the model alone on one batch."""
+    import torch
+
+    import ddpipe
+    from ddpipe.decode import DecodeOptions
+    from ddpipe.train.loop import Trainer, TrainOptions
+    from ddpipe.train.models import build_model
+    from ddpipe.train.step import train_step
+
+    torch.backends.cudnn.benchmark = True
+    loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle="local",
+                           decode_options=DecodeOptions(dtype="float16", channels_last=True))
+    options = TrainOptions(epochs=epochs, amp=True, channels_last=True)
+    trainer = Trainer(build_model("resnet50", classes), loader, loader.comm, options, log=lambda line: None)
+    logs = trainer.fit()[1:]  # the first epoch warms up cuDNN's choices and DALI's buffers
+    fed = median([log.images_per_s for log in logs])
+    stall = median([log.stall for log in logs])
+    # the model alone: the same step on one batch that never leaves the GPU
+    images, labels = next(iter(loader))
+    images = images.contiguous(memory_format=torch.channels_last)
+    steps = max(len(loader), 20)
+    for _ in range(5):
+        train_step(trainer.trained, trainer.optimizer, images, labels, None, trainer.scaler, trainer.amp_dtype)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        train_step(trainer.trained, trainer.optimizer, images, labels, None, trainer.scaler, trainer.amp_dtype)
+    torch.cuda.synchronize()
+    alone = steps * len(labels) / (time.perf_counter() - t0)
+    return {"fed_img_s": fed, "alone_img_s": alone, "stall": stall,
+            "epochs": [{"images_per_s": log.images_per_s, "stall": log.stall} for log in logs]}
+
+
+# ---- the probe: each piece of ddpipe's GPU path alone ----------------------------------------------
+
+def probe(images: Path, root: Path, epochs: int) -> None:
+    """DALI graphs fed from memory as ddpipe feeds them (the crop windows, flips and labels as inputs),
+    with one thing changed each, against DALI's own random crop; then the Loader's encoded stream
+    alone, and a profile of the Loader's own epoch (what its calling thread spends time on)."""
+    import cProfile
+    import pstats
+
+    import numpy as np
+    import torch
+    from nvidia.dali import fn, pipeline_def, types
+
+    import ddpipe
+    from ddpipe.decode import DecodeOptions
+    from ddpipe.decode.augment import image_size, random_crops
+
+    samples = [s for b in ddpipe.Loader(root, BATCH, decode="none", shuffle="none") for s in b][: 16 * BATCH]
+    wh = np.array([image_size(s["jpg"]) for s in samples])
+    crops = random_crops(0, 0, np.arange(len(samples)), wh[:, 0], wh[:, 1], DecodeOptions())
+    start = np.stack([crops.left, crops.top], 1).astype(np.int32)
+    shape = np.stack([crops.width, crops.height], 1).astype(np.int32)
+    n = len(samples) // BATCH
+    feed = [([np.frombuffer(s["jpg"], np.uint8) for s in samples[b * BATCH : (b + 1) * BATCH]],
+             list(start[b * BATCH : (b + 1) * BATCH]), list(shape[b * BATCH : (b + 1) * BATCH])) for b in range(n)]
+
+    def rate(name: str, decode: Any, dynamic: bool = True) -> None:
+        @pipeline_def(batch_size=BATCH, num_threads=CORES, device_id=0, prefetch_queue_depth=2, exec_dynamic=dynamic)
+        def pipe():  # type: ignore[no-untyped-def]
+            enc, st, sh = fn.external_source(source=feed, num_outputs=3, cycle=True,
+                                              dtype=[types.UINT8, types.INT32, types.INT32])
+            img = fn.resize(decode(enc, st, sh), resize_x=SIZE, resize_y=SIZE, antialias=True)
+            return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="CHW")
+
+        p = pipe()
+        p.build()
+        rates = []
+        for _ in range(epochs):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                p.run()
+            torch.cuda.synchronize()
+            rates.append(n * BATCH / (time.perf_counter() - t0))
+        print(f"{name}: {median(rates[1:]):.0f} img/s", flush=True)
+
+    def sliced(enc: Any, st: Any, sh: Any, **kw: Any) -> Any:
+        return fn.decoders.image_slice(enc, device="mixed", output_type=types.RGB, start=st, shape=sh,
+                                       axis_names="WH", **kw)
+
+    rate("image_slice (ddpipe's graph)", lambda e, s, h: sliced(e, s, h, adjust_orientation=False))
+    rate("image_slice, static executor", lambda e, s, h: sliced(e, s, h, adjust_orientation=False), dynamic=False)
+    rate("image_slice, hw_decoder_load=1", lambda e, s, h: sliced(e, s, h, hw_decoder_load=1.0))
+    rate("full decode, then slice on the GPU", lambda e, s, h: fn.slice(
+        fn.decoders.image(e, device="mixed", output_type=types.RGB), s, h, axis_names="WH"))
+    rate("image_random_crop (DALI's own)", lambda e, s, h: fn.decoders.image_random_crop(
+        e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0]))
+    encoded = ddpipe.Loader(root, BATCH, decode="none", shuffle="local")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        k = sum(len(b) for b in encoded)
+    print(f"Loader, encoded samples only (local): {k / (time.perf_counter() - t0):.0f} samples/s", flush=True)
+    loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle="local")
+    list(loader)
+    profile = cProfile.Profile()
+    t0 = time.perf_counter()
+    profile.enable()
+    k = sum(len(y) for _, y in loader)
+    profile.disable()
+    torch.cuda.synchronize()
+    print(f"Loader, dali-gpu (local), profiled: {k / (time.perf_counter() - t0):.0f} img/s", flush=True)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+
+
+# ---- the harness ------------------------------------------------------------------------------
+
+def runs(data: Path) -> dict[str, list[str]]:
+    """name -> arguments of --run."""
+    out = {
+        "GPU JPEG decode alone (DALI mixed, in memory, full images)": ["limit"],
+        "DALI webdataset reader, mixed": ["dali-wds"],
+        "DALI file reader, mixed": ["dali-file"],
+        "torchvision decode_jpeg on the GPU + v2 transforms": ["torchvision"],
+    }
+    for fmt in ("wds", "hdf5", "lmdb"):
+        out[f"ddpipe {fmt}, dali-gpu, local"] = ["ddpipe", str(data / fmt), "local", "float32"]
+    out["ddpipe wds, dali-gpu, none"] = ["ddpipe", str(data / "wds"), "none", "float32"]
+    out["ddpipe wds, dali-gpu, local, float16"] = ["ddpipe", str(data / "wds"), "local", "float16"]
+    out["ddpipe wds, dali-gpu, local, uint8"] = ["ddpipe", str(data / "wds"), "local", "uint8"]
+    return out
+
+
+def child(args: list[str], images: Path, data: Path, epochs: int, out: Path) -> None:
+    kind = args[0]
+    result: dict[str, Any]
+    if kind == "limit":
+        result = {"rates": run_decoder_limit(images, epochs)}
+    elif kind in ("dali-wds", "dali-file", "torchvision"):
+        result = {"rates": run_peer(kind, images, data / "wds", epochs)}
+    elif kind == "train":
+        result = run_train(Path(args[1]), epochs, int(args[2]))
+    else:
+        result = {"rates": run_ddpipe(Path(args[1]), args[2], args[3], epochs)}
+    result["peak_mb"] = peak_mb()
+    out.write_text(json.dumps(result))
+
+
+def run_child(args: argparse.Namespace, run_args: list[str], epochs: int) -> dict[str, Any] | None:
+    out = DATA / "gpu-run.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--n", str(args.n), "--epochs", str(epochs), "--out", str(out),
+           "--run", *run_args]
+    proc = subprocess.run(cmd, timeout=1200, stdout=subprocess.DEVNULL)
+    if proc.returncode != 0:  # one pipeline failing (a peer not installed) leaves the others' figures
+        print(f"  {' '.join(run_args)}: failed with {proc.returncode}", file=sys.stderr)
+        return None
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=10000)
+    ap.add_argument("--classes", type=int, default=100)
+    ap.add_argument("--epochs", type=int, default=4, help="epochs per pipeline, the first a warm-up")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--probe", action="store_true", help="time each piece of the dali-gpu path alone")
+    ap.add_argument("--run", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    images = synth_images(args.n, args.classes)
+    data = DATA / f"gpu-{args.n}"
+    if args.run:
+        child(args.run, images, data, args.epochs, Path(args.out))
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu.py needs a CUDA GPU")
+    for fmt in ("wds", "hdf5", "lmdb"):
+        synth_shards(args.n, "gpu", fmt, shard_bytes=64_000_000, seed=0)
+    if args.probe:
+        probe(images, data / "wds", args.epochs)
+        return
+    todo = runs(data)
+    names = [n for n in todo if args.only is None or n.startswith("GPU JPEG") or any(o in n for o in args.only)]
+    results: dict[str, list[float]] = {}
+    peaks: dict[str, float] = {}
+    for rep in range(args.repeats):
+        for name in names if rep % 2 == 0 else reversed(names):  # alternate the order: drift hits all alike
+            r = run_child(args, todo[name], args.epochs)
+            if r is None:
+                continue
+            results.setdefault(name, []).extend(r["rates"])
+            peaks[name] = max(peaks.get(name, 0.0), r["peak_mb"])
+            print(f"  {name}: {median(r['rates']):.0f} img/s", file=sys.stderr)
+    rows = [{"pipeline": n, "img_s": median(results[n]), "peak_mb": peaks[n]} for n in names if n in results]
+    limit = next((r["img_s"] for r in rows if r["pipeline"].startswith("GPU JPEG")), float("nan"))
+    peer_rates = [r["img_s"] for r in rows if not r["pipeline"].startswith(("GPU JPEG", "ddpipe"))]
+    best = max(peer_rates, default=float("nan"))
+    for r in rows:
+        r["vs_best_peer"], r["vs_limit"] = r["img_s"] / best, r["img_s"] / limit
+    cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"), ("vs_best_peer", "/ best peer", ".2f"),
+            ("vs_limit", "/ GPU decode alone", ".2f"), ("peak_mb", "host peak MB", ".0f")]
+    text = table(rows, cols)
+    doc: dict[str, Any] = {"benchmark": "gpu", "command": f"python benchmarks/gpu.py --n {args.n} --epochs "
+                           f"{args.epochs} --repeats {args.repeats}", "machine": machine(), "batch": BATCH,
+                           "size": SIZE, "rows": rows, "runs": results, "table": text}
+    print(text)
+    if not args.skip_train:
+        train = run_child(args, ["train", str(data / "wds"), str(args.classes)], max(args.epochs, 3))
+        if train is not None:
+            train["vs_alone"] = train["fed_img_s"] / train["alone_img_s"]
+            doc["train"] = train
+            train_rows = [{"run": "ResNet-50, AMP, channels-last, fed by the Loader (dali-gpu)",
+                           "img_s": train["fed_img_s"], "stall": 100 * train["stall"], "vs": train["vs_alone"]},
+                          {"run": "ResNet-50, AMP, channels-last, one batch held on the GPU (model alone)",
+                           "img_s": train["alone_img_s"], "stall": None, "vs": 1.0}]
+            doc["train_table"] = table(train_rows, [("run", "training", "s"), ("img_s", "img/s", ".0f"),
+                                                    ("stall", "stall %", ".1f"), ("vs", "/ model alone", ".2f")])
+            doc["table"] = f"{text}\n\n{doc['train_table']}"  # both in the README's block
+            print("\n" + doc["train_table"])
+    path = save("gpu", doc)
+    print(f"\nwrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
