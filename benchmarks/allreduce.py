@@ -40,7 +40,7 @@ def worker(out: Path, repeats: int) -> None:
     model = build_model("resnet50")
     params = [p for p in model.parameters()]
     count = sum(p.numel() for p in params)
-    averager = MPIGradientAverager(model)
+    averager = MPIGradientAverager(model, comm.gradient_channel())
     for p in params:
         p.grad.copy_(torch.randn_like(p))  # gradients as backward leaves them (views into the buckets)
     raw = np.random.rand(count).astype(np.float32)
@@ -66,7 +66,7 @@ def worker(out: Path, repeats: int) -> None:
         times["ddp"].append(time.perf_counter() - t0)
     # step time of data parallelism on synthetic data
     small = build_model("resnet18", 10)
-    step_avg = MPIGradientAverager(small) if comm.world.size > 1 else None
+    step_avg = MPIGradientAverager(small, comm.gradient_channel()) if comm.world.size > 1 else None
     if step_avg:
         step_avg.broadcast_parameters()
     opt = torch.optim.SGD(small.parameters(), lr=0.01)

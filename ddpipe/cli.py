@@ -46,26 +46,20 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    from .comm import init_comm
     from .convert import ConvertOptions, convert
 
     options = ConvertOptions(format=args.format, shard_bytes=args.shard_size, samples_per_shard=args.samples_per_shard,
                              seed=args.seed, workers=args.workers, on_error=args.on_error, progress=not args.quiet)
+    comm = init_comm()
     t0 = time.perf_counter()
-    manifest = convert(args.src, args.out, options)
+    manifest = convert(args.src, args.out, options, comm=comm)
     dt = time.perf_counter() - t0
-    from .comm import launched_by_mpi
-
-    if not launched_by_mpi() or _rank_is_zero():
+    if comm.world.rank == 0:
         print(f"{args.out}: {manifest.format}, {len(manifest.shards)} shards, {manifest.num_samples} samples, "
               f"{manifest.num_bytes / 1e6:.1f} MB, {len(manifest.skipped)} skipped, {dt:.1f} s "
               f"({manifest.num_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s)")
     return 0
-
-
-def _rank_is_zero() -> bool:
-    import os
-
-    return os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0"
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
@@ -365,10 +359,9 @@ def _end_the_job(code: int, error: BaseException | None = None) -> None:
     (``job_wide``): each reports it and leaves on its own."""
     if getattr(error, "job_wide", False):
         return
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
-        sys.stderr.flush()
-        mpi.COMM_WORLD.Abort(code)
+    from .comm.mpi import abort_mpi_job
+
+    abort_mpi_job(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -89,7 +89,7 @@ class Trainer:
         if options.allreduce == "mpi" and comm.world.size > 1 and not launched_by_mpi():
             raise DdpipeError("allreduce='mpi' needs an MPI launcher (mpiexec or srun); under torchrun use 'ddp'")
         if options.allreduce == "mpi" and comm.world.size > 1:
-            self.averager = MPIGradientAverager(self.model, bucket_bytes=options.bucket_bytes)
+            self.averager = MPIGradientAverager(self.model, comm.gradient_channel(), options.bucket_bytes)
             self.averager.broadcast_parameters()
             self.trained: nn.Module = self.model
         elif options.allreduce == "ddp" and comm.world.size > 1:

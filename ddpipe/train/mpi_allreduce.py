@@ -20,19 +20,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..comm import GradientChannel
+
 # Horovod's fusion threshold: fewer, larger collectives than DDP's 25 MB buckets (on ResNet-50's
 # gradients here: 1.22 -> 1.11 of a raw Allreduce), still several buckets to overlap backward
 DEFAULT_BUCKET_BYTES = 64 << 20
 
 
 class MPIGradientAverager:
-    def __init__(self, model: nn.Module, mpi_comm: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        from mpi4py import MPI
+    """``channel``: a communicator of its own (``comm.gradient_channel()``), since the loader
+    exchanges samples on another, in another thread, at the same time."""
 
-        self._mpi = MPI
-        # a communicator of its own: ddpipe's loader exchanges samples on another, in another thread
-        self.comm = (mpi_comm or MPI.COMM_WORLD).Dup()
-        self.size = self.comm.Get_size()
+    def __init__(self, model: nn.Module, channel: GradientChannel, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.channel = channel
+        self.size = channel.size
         self.loss_scale = 1.0 / self.size  # backward on loss * loss_scale: the allreduced sum is the average
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
@@ -89,7 +90,7 @@ class MPIGradientAverager:
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
                 buf[at : at + n] = grad.detach().reshape(-1).float().cpu().numpy()
                 at += n
-        self._requests[b] = self.comm.Iallreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+        self._requests[b] = self.channel.iallreduce_sum(buf)
 
     def synchronize(self) -> None:
         """Wait for every bucket (posting any whose gradients never arrived) and write the averages back
@@ -119,10 +120,10 @@ class MPIGradientAverager:
         with torch.no_grad():
             for t in list(self.model.parameters()) + list(self.model.buffers()):
                 host = t.detach().cpu().numpy().copy()
-                self.comm.Bcast(host, root=0)
+                self.channel.broadcast(host)
                 t.copy_(torch.from_numpy(host))
 
     def close(self) -> None:
         for h in self._hooks:
             h.remove()
-        self.comm.Free()
+        self.channel.free()

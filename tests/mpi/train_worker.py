@@ -33,7 +33,8 @@ def main() -> None:
     model = SmallCNN(5, batch_norm=False)
     averager = None
     if path == "mpi":
-        averager = MPIGradientAverager(model, bucket_bytes=4096)  # several buckets, even for a small model
+        # several buckets, even for a small model
+        averager = MPIGradientAverager(model, comm.gradient_channel(), bucket_bytes=4096)
         averager.broadcast_parameters()
         trained = model
     else:

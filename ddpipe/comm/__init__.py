@@ -1,0 +1,34 @@
+"""The job's processes and the collectives ddpipe issues: the one package that talks to MPI and
+torch.distributed.
+
+A process started without a launcher is a world of one and never loads MPI. Under ``mpiexec`` or
+``srun`` ranks come from MPI itself (``mpi``). Under ``torchrun``, which starts no MPI, the world
+comes from its rendezvous and ddpipe's collectives go through a gloo group of its own
+(``torch_dist``), never the training script's default process group.
+"""
+
+from __future__ import annotations
+
+from .base import DEFAULT_TIMEOUT, Comm, GradientChannel, Watchdog
+from .world import World, available_cores, launched_by_mpi, launched_by_torchrun
+
+
+def init_comm(timeout: float = DEFAULT_TIMEOUT) -> Comm:
+    """The job's communicator: MPI under mpiexec/srun, torch.distributed under torchrun, else a world of one."""
+    if launched_by_mpi():
+        try:
+            from .mpi import world_comm
+        except ImportError as e:
+            from ..errors import DdpipeError
+
+            raise DdpipeError("launched under MPI but mpi4py is missing: pip install 'ddpipe[mpi]'") from e
+        return world_comm(timeout)
+    if launched_by_torchrun():
+        from .torch_dist import TorchComm
+
+        return TorchComm(timeout)
+    return Comm(World(cores=available_cores()), timeout)
+
+
+__all__ = ["DEFAULT_TIMEOUT", "Comm", "GradientChannel", "Watchdog", "World", "available_cores", "init_comm",
+           "launched_by_mpi", "launched_by_torchrun"]

@@ -1,0 +1,132 @@
+"""The collectives ddpipe issues, for a world of one, and the watchdog that bounds every wait.
+
+No collective waits forever: a rank that hangs makes the others, after ``timeout`` seconds, print
+which collective stalled and end the whole job with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from ..errors import DdpipeError
+from .world import World
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT = float(300)
+
+
+class Request(Protocol):
+    def Wait(self) -> Any: ...  # mpi4py's name
+
+
+class GradientChannel(Protocol):
+    """What gradient averaging over MPI needs: a communicator of its own for non-blocking sums of
+    float32 buffers, in place, and broadcasts from rank 0."""
+
+    size: int
+
+    def iallreduce_sum(self, buffer: np.ndarray) -> Request: ...
+
+    def broadcast(self, buffer: np.ndarray) -> None: ...
+
+    def free(self) -> None: ...
+
+
+class Comm:
+    """Collectives over the job's world. A world of one needs no MPI and returns at once."""
+
+    def __init__(self, world: World | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.world = world or World()
+        self.timeout = timeout
+
+    def allgather(self, value: T) -> list[T]:
+        return [value]
+
+    def barrier(self) -> None:
+        return None
+
+    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange") -> list[memoryview]:
+        """``send`` holds one segment per rank, back to back, ``counts[d]`` bytes for rank ``d``;
+        returns the segment each rank sent here: views of a receive buffer that the next call
+        reuses, so copy out what must outlive it."""
+        check_segments(counts, len(send), self.world.size)
+        return [send[: counts[0]].data]
+
+    def allreduce_max(self, value: int, what: str = "agreement") -> int:
+        return value
+
+    def node_ranks(self) -> list[int]:
+        """The global ranks on this process's node (itself included)."""
+        w = self.world
+        return list(range(w.node * w.local_size, (w.node + 1) * w.local_size))
+
+    def gradient_channel(self) -> GradientChannel:
+        raise DdpipeError("gradient averaging over MPI needs an MPI launcher (mpiexec or srun); "
+                          "under torchrun use DDP")
+
+    def abort(self, message: str) -> None:
+        print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+    def close(self) -> None:
+        """Leave the job's collectives cleanly (every rank calls it, at the end)."""
+
+
+def check_segments(counts: list[int], send_bytes: int, size: int) -> None:
+    if len(counts) != size or sum(counts) > send_bytes:
+        raise ValueError("one segment per rank, within the send buffer")
+    if max(counts, default=0) >= 2**31:
+        raise ValueError("an exchange round moves over 2 GiB between two ranks: lower round_size")
+
+
+class Watchdog:
+    """Calls ``on_timeout(what)`` if a watched call outlives its deadline. One thread per communicator."""
+
+    def __init__(self, timeout: float, on_timeout: Any) -> None:
+        self.timeout = timeout
+        self._on_timeout = on_timeout
+        self._cond = threading.Condition()
+        self._what: str | None = None
+        self._deadline = 0.0
+        threading.Thread(target=self._watch, daemon=True, name="ddpipe-watchdog").start()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                if self._what is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    self._on_timeout(self._what)
+                    self._what = None
+                    continue
+                self._cond.wait(timeout=left)
+
+    def watch(self, what: str) -> _Watched:
+        return _Watched(self, what)
+
+    def _arm(self, what: str) -> None:
+        with self._cond:
+            self._what, self._deadline = what, time.monotonic() + self.timeout
+            self._cond.notify()
+
+    def _disarm(self) -> None:
+        with self._cond:
+            self._what = None
+
+
+class _Watched:
+    def __init__(self, dog: Watchdog, what: str) -> None:
+        self._dog, self._what = dog, what
+
+    def __enter__(self) -> None:
+        self._dog._arm(self._what)
+
+    def __exit__(self, *exc: object) -> None:
+        self._dog._disarm()

@@ -1,0 +1,159 @@
+"""Collectives through mpi4py: the one module that imports it.
+
+Small collectives, where ranks wait for each other to arrive, are posted non-blocking and polled
+with short sleeps (a blocking MPI call spins, taking the core from the peer it waits for). Bulk
+transfers, which start once every rank has arrived, are blocking calls (MPI progresses a transfer
+only inside MPI calls, so sleeping between polls would stall it) under a watchdog thread. A rank
+that dies makes the launcher end the job; a rank that hangs makes the others abort it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .base import DEFAULT_TIMEOUT, Comm, Request, Watchdog, check_segments
+from .world import World, available_cores
+
+T = TypeVar("T")
+
+
+class MPIComm(Comm):
+    """Collectives through mpi4py, each under the watchdog's deadline.
+
+    One thread issues ddpipe's collectives at a time (the loader's producer), on a communicator
+    of ddpipe's own, so one watchdog deadline at a time suffices.
+    """
+
+    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        self._comm = mpi_comm
+        rank = mpi_comm.Get_rank()
+        local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        is_leader = local.Get_rank() == 0
+        leaders = [r for r in mpi_comm.allgather(rank if is_leader else None) if r is not None]
+        leader = local.bcast(rank if is_leader else None, root=0)
+        # the node's cores: every core some rank of it may run on (ranks bound to cores each see theirs)
+        cores = len(set().union(*local.allgather(_affinity())))
+        world = World(rank=rank, size=mpi_comm.Get_size(), local_rank=local.Get_rank(),
+                      local_size=local.Get_size(), node=leaders.index(leader), num_nodes=len(leaders),
+                      cores=cores)
+        self.node_comm = local
+        self._node_ranks = [int(r) for r in local.allgather(rank)]
+        super().__init__(world, timeout)
+        self._recv = np.empty(0, dtype=np.uint8)  # reused: fresh pages would fault inside every exchange
+        self._dog = Watchdog(timeout, lambda what: self.abort(
+            f"{what} did not complete within {timeout:.0f} s: another rank died or hung; aborting the job"))
+
+    def abort(self, message: str) -> None:
+        print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
+        self._comm.Abort(1)
+
+    def node_ranks(self) -> list[int]:
+        return list(self._node_ranks)
+
+    def gradient_channel(self) -> MPIGradientChannel:
+        return MPIGradientChannel(self._comm.Dup(), self._mpi)
+
+    def _arrive(self, request: Any, what: str) -> None:
+        """Wait for a small collective, sleeping between polls, until the deadline."""
+        deadline = time.monotonic() + self.timeout
+        delay = 2e-5
+        while not request.Test():
+            if time.monotonic() > deadline:
+                self.abort(f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung; "
+                           "aborting the job")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1e-3)
+
+    def barrier(self) -> None:
+        self._arrive(self._comm.Ibarrier(), "barrier")
+
+    def allreduce_max(self, value: int, what: str = "agreement") -> int:
+        out = np.zeros(1, dtype=np.int64)
+        self._arrive(self._comm.Iallreduce(np.array([value], dtype=np.int64), out, op=self._mpi.MAX), what)
+        return int(out[0])
+
+    def allgather(self, value: T) -> list[T]:
+        payload = pickle.dumps(value)
+        parts = self._allgatherv(payload, "allgather")
+        return [pickle.loads(p) for p in parts]
+
+    def _allgatherv(self, payload: bytes, what: str) -> list[bytes]:
+        size = self.world.size
+        sizes = np.zeros(size, dtype=np.int64)
+        displs = np.zeros(size, dtype=np.int64)
+        self._arrive(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes), what)
+        with self._dog.watch(what):
+            displs[1:] = np.cumsum(sizes)[:-1]
+            out = np.empty(int(sizes.sum()), dtype=np.uint8)
+            send = np.frombuffer(payload, dtype=np.uint8)
+            self._comm.Allgatherv(send, [out, (sizes.tolist(), displs.tolist()), self._mpi.BYTE])
+        return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
+
+    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange") -> list[memoryview]:
+        size = self.world.size
+        check_segments(counts, len(send), size)
+        send_sizes = np.array(counts, dtype=np.int64)
+        recv_sizes = np.zeros(size, dtype=np.int64)
+        send_displs = np.concatenate([[0], np.cumsum(send_sizes)[:-1]]).tolist()
+        sbuf = send[: sum(counts)]
+        self._arrive(self._comm.Ialltoall(send_sizes, recv_sizes), what)
+        with self._dog.watch(what):
+            recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]]).tolist()
+            if len(self._recv) < recv_sizes.sum():
+                self._recv = np.empty(int(recv_sizes.sum() * 1.25), dtype=np.uint8)
+            rbuf = self._recv
+            self._comm.Alltoallv([sbuf, (send_sizes.tolist(), send_displs), self._mpi.BYTE],
+                                 [rbuf, (recv_sizes.tolist(), recv_displs), self._mpi.BYTE])
+        view = rbuf.data  # no copy: callers unpack straight from the receive buffer
+        return [view[d : d + s] for d, s in zip(recv_displs, recv_sizes.tolist(), strict=True)]
+
+
+class MPIGradientChannel:
+    """A communicator of its own for gradient averaging: the loader exchanges samples on another,
+    in another thread, at the same time."""
+
+    def __init__(self, mpi_comm: Any, mpi: Any) -> None:
+        self._comm, self._mpi = mpi_comm, mpi
+        self.size: int = mpi_comm.Get_size()
+
+    def iallreduce_sum(self, buffer: np.ndarray) -> Request:
+        request: Request = self._comm.Iallreduce(self._mpi.IN_PLACE, buffer, op=self._mpi.SUM)
+        return request
+
+    def broadcast(self, buffer: np.ndarray) -> None:
+        self._comm.Bcast(buffer, root=0)
+
+    def free(self) -> None:
+        self._comm.Free()
+
+
+def world_comm(timeout: float) -> MPIComm:
+    """A communicator of ddpipe's own over the whole MPI job."""
+    from mpi4py import MPI
+
+    # our own: the training script may run collectives on COMM_WORLD at the same time
+    return MPIComm(MPI.COMM_WORLD.Dup(), timeout)
+
+
+def abort_mpi_job(code: int) -> None:
+    """End every rank of an MPI job now, if this process is one of several (a no-op otherwise)."""
+    mpi = sys.modules.get("mpi4py.MPI")  # loaded only if this process set MPI up
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(code)
+
+
+def _affinity() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(available_cores()))

@@ -1,0 +1,102 @@
+"""Collectives through torch.distributed, for jobs started by ``torchrun`` without MPI.
+
+ddpipe's collectives run on a gloo process group of its own, made from torchrun's rendezvous store
+under a prefix of its own. torch's *default* process group belongs to the training script: ddpipe
+neither creates nor uses it, so the script makes it with the backend it wants (NCCL on GPUs),
+before or after the loader exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .base import DEFAULT_TIMEOUT, Comm, check_segments
+from .world import World, available_cores
+
+T = TypeVar("T")
+
+
+class TorchComm(Comm):
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, environ: Mapping[str, str] | None = None) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import PrefixStore
+        from torch.distributed.rendezvous import rendezvous
+
+        env = os.environ if environ is None else environ
+        self._torch = torch
+        store, rank, size = next(rendezvous("env://", timeout=timedelta(seconds=timeout)))
+        # Every rank makes its communicators in the same order, so the n-th one here is the n-th one
+        # everywhere: a per-rank counter in the store names it the same on every rank.
+        n = store.add(f"ddpipe/comms/{rank}", 1)
+        self._group: Any = dist.ProcessGroupGloo(PrefixStore(f"ddpipe/{n}/", store), rank, size,
+                                                 timedelta(seconds=timeout))
+        local_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+        node = int(env.get("GROUP_RANK", "0"))
+        super().__init__(World(rank=rank, size=size, local_rank=int(env.get("LOCAL_RANK", "0")),
+                               local_size=local_size, node=node, num_nodes=max(1, size // local_size)),
+                         timeout)
+        mine = {c for n_, c in self.allgather((node, available_cores())) if n_ == node}
+        self.world = dataclasses.replace(self.world, cores=max(mine))
+        self._recv = np.empty(0, dtype=np.uint8)
+
+    def _wait(self, what: str, work: Any) -> None:
+        try:
+            work.wait()
+        except RuntimeError as e:  # gloo raises on its timeout or when a peer is gone
+            self.abort(f"{what} failed: {e}; another rank died or hung")
+
+    def _allgather_bytes(self, payload: bytes, what: str) -> list[bytes]:
+        torch, size = self._torch, self.world.size
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+        self._wait(what, self._group.allgather([sizes], [torch.tensor([len(payload)], dtype=torch.int64)]))
+        lengths = [int(s) for s in sizes]
+        longest = max(lengths)
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else mine[:0]
+        out = [torch.empty(longest, dtype=torch.uint8) for _ in range(size)]
+        self._wait(what, self._group.allgather([out], [mine]))
+        return [o[:n].numpy().tobytes() for o, n in zip(out, lengths, strict=True)]
+
+    def allgather(self, value: T) -> list[T]:
+        return [pickle.loads(p) for p in self._allgather_bytes(pickle.dumps(value), "allgather")]
+
+    def barrier(self) -> None:
+        self._wait("barrier", self._group.barrier())
+
+    def allreduce_max(self, value: int, what: str = "agreement") -> int:
+        return max(self.allgather(value))
+
+    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange") -> list[memoryview]:
+        """One all-to-all of variable sizes: each byte crosses the wire once."""
+        torch, size = self._torch, self.world.size
+        check_segments(counts, len(send), size)
+        recv_counts = torch.zeros(size, dtype=torch.int64)
+        self._wait(what, self._group.alltoall_base(recv_counts, torch.tensor(counts, dtype=torch.int64), [], [],
+                                                   _alltoall_options()))
+        incoming = recv_counts.tolist()
+        if len(self._recv) < sum(incoming):
+            self._recv = np.empty(int(sum(incoming) * 1.25), dtype=np.uint8)
+        rbuf = torch.from_numpy(self._recv[: sum(incoming)])
+        sbuf = torch.from_numpy(send[: sum(counts)])
+        self._wait(what, self._group.alltoall_base(rbuf, sbuf, incoming, list(counts), _alltoall_options()))
+        starts = np.concatenate([[0], np.cumsum(incoming)]).tolist()
+        view = self._recv.data
+        return [view[starts[s] : starts[s + 1]] for s in range(size)]
+
+    def close(self) -> None:
+        # without this, a rank leaving while gloo still talks to it can be killed with SIGABRT
+        self.barrier()
+
+
+def _alltoall_options() -> Any:
+    import torch.distributed as dist
+
+    return dist.AllToAllOptions()
