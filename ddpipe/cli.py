@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -11,7 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .decode.spec import DECODERS, DTYPES, ON_ERROR
 from .errors import DdpipeError
+from .formats import FORMAT_NAMES
+from .plan import ASSIGNMENTS
+from .shufflers import SHUFFLE_MODES
+from .throttle import ENV_VAR as THROTTLE_ENV
 
 if TYPE_CHECKING:
     from .bench import BenchReport
@@ -248,13 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert an ImageFolder, a list file or a dataset into shards")
     p.add_argument("src", help="ImageFolder root, CSV/TSV list of 'path,label', or a ddpipe dataset")
     p.add_argument("out")
-    p.add_argument("--format", choices=["wds", "hdf5", "lmdb"], default="wds")
+    p.add_argument("--format", choices=FORMAT_NAMES, default="wds")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", type=_size, default=None, help="target shard size, e.g. 256MB (default)")
     size.add_argument("--samples-per-shard", type=_positive, default=None)
     p.add_argument("--seed", type=int, default=None, help="shuffle samples across shards (default: keep source order)")
     p.add_argument("--workers", type=_positive, default=1, help="parallel shard writers")
-    p.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+    p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="an unreadable or non-image input: stop (default) or skip and record it")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_convert)
@@ -269,11 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-dir", required=True, help="node-local directory (an SSD, or memory)")
     p.add_argument("--capacity", type=_size, default=None, help="bytes of local storage to use, e.g. 100GB")
     p.add_argument("--epochs", type=_positive, default=1, help="stage the shards of this many epochs")
-    p.add_argument("--shuffle", choices=["none", "local", "partial", "global"], default="partial",
+    p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial",
                    help="the training job's shuffle mode (decides which shards each node reads)")
-    p.add_argument("--shard-assignment", choices=["sticky", "rotate"], default="sticky")
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--source-throttle", default=None, help="model a slow source, e.g. 100MB/s,5ms")
+    p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
+                   help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_stage)
 
@@ -287,15 +294,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-epochs", type=float, default=0.0)
     p.add_argument("--eval", help="a held-out dataset: top-1 accuracy after each epoch")
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--dtype", choices=["float32", "float16", "uint8"], default="uint8",
+    p.add_argument("--dtype", choices=DTYPES, default="uint8",
                    help="loader output; uint8 is normalised on the training device")
-    p.add_argument("--decode", default="auto", choices=["auto", "dali-gpu", "dali-cpu", "pil"])
+    p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])
     p.add_argument("--device", default="auto")
     p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
     p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--shuffle", choices=["none", "local", "partial", "global"], default="partial")
+    p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
     p.add_argument("--exchange-fraction", type=float, default=0.3)
-    p.add_argument("--shard-assignment", choices=["sticky", "rotate"], default="sticky")
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
     p.add_argument("--stage-dir", default=None, help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR)")
     p.add_argument("--stage-capacity", type=_size, default=None)
     p.add_argument("--checkpoint", type=Path, default=None, help="file to save to and resume from")
@@ -316,13 +323,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
     p.add_argument("--compare-dir", default=None, help="where the peers' inputs are written once (default: temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--shuffle", choices=["none", "local", "partial", "global"], default="partial")
+    p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
     p.add_argument("--exchange-fraction", type=float, default=0.3)
-    p.add_argument("--decode", default="auto", choices=["auto", "dali-gpu", "dali-cpu", "pil"])
+    p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
     p.add_argument("--stage-dir", default=None)
-    p.add_argument("--source-throttle", default=None, help="model a slow source, e.g. 100MB/s,5ms")
+    p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
+                   help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
     p.add_argument("--json", default=None, help="write every figure and the machine to this file")
     p.add_argument("--plot", default=None, help="write a PNG of throughput by stage and stall over the epoch")
     p.add_argument("--project", default=None, metavar="nodes=1,8,64,512", help="project to these cluster sizes")

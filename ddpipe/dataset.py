@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -14,26 +14,32 @@ from .errors import CorruptShardError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .manifest import Manifest, ShardInfo, load_manifest
 from .sample import Sample
-
-if TYPE_CHECKING:
-    from .staging.throttle import SourceLimits
+from .throttle import SourceLimits
 
 # shards kept open by random access (global shuffling): enough to reuse, few enough for file limits
 _OPEN_SHARDS = 16
 
 
+class ShardStore(Protocol):
+    """Where a reader finds a shard instead of the dataset's own file (a node's staged copies,
+    :class:`ddpipe.staging.NodeStager`), and what it tells the store when done with one."""
+
+    def path(self, shard: int) -> Path: ...
+
+    def release(self, shard: int) -> None: ...
+
+
 class Dataset:
-    """A dataset opened by :func:`open_dataset`: its manifest, its length, its samples shard by shard."""
+    """A dataset opened by :func:`open_dataset`: its manifest, its length, its samples shard by shard.
+
+    Reads take two optional inputs: ``store``, the staged copies to read instead of the dataset's
+    own files, and ``limits``, a slow-source model that every shard opened and byte read from the
+    dataset's own directory pays (tests and benchmarks)."""
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest) -> None:
         self.root = Path(root)
         self.manifest = manifest
         self.format: ShardFormat = get_format(manifest.format)
-        # Set by the loader when shards are staged: where to read a shard, and "done with it".
-        self.staged_path: Callable[[int], Path] | None = None
-        self.on_shard_done: Callable[[int], None] | None = None
-        # A slow source (tests and benchmarks): every shard opened and byte read from ``root`` pays.
-        self.limits: SourceLimits | None = None
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -68,10 +74,10 @@ class Dataset:
             what = "truncated" if size < info.bytes else "larger than recorded"
             raise CorruptShardError(f"{what}: index.json says {info.bytes} bytes, file has {size}", path=path)
 
-    def open_shard(self, shard: int) -> ShardReader:
-        """A reader over one shard (its staged copy when staging), checked against its manifest entry."""
+    def open_shard(self, shard: int, store: ShardStore | None = None) -> ShardReader:
+        """A reader over one shard (its copy in ``store``, if given), checked against its manifest entry."""
         info = self.manifest.shards[shard]
-        path = self.staged_path(shard) if self.staged_path is not None else self.root / info.file
+        path = store.path(shard) if store is not None else self.root / info.file
         self._check_file(info, path)
         reader = self.format.reader(path)
         if len(reader) != info.samples:
@@ -79,11 +85,12 @@ class Dataset:
             raise CorruptShardError(f"holds {len(reader)} samples, index.json says {info.samples}", path=path)
         return reader
 
-    def iter_shard(self, shard: int, start: int = 0) -> Iterator[Sample]:
+    def iter_shard(self, shard: int, start: int = 0, *, store: ShardStore | None = None,
+                   limits: SourceLimits | None = None) -> Iterator[Sample]:
         """The samples of one shard from position ``start``, read sequentially."""
-        with self.open_shard(shard) as reader:
+        with self.open_shard(shard, store) as reader:
             from_source = reader.path.parent.resolve() == self.root.resolve()  # not a staged copy
-            slow = self.limits if self.limits is not None and from_source else None
+            slow = limits if limits is not None and from_source else None
             if slow is not None:
                 slow.on_open()
             info = self.manifest.shards[shard]
@@ -103,16 +110,18 @@ class Dataset:
         shards = np.searchsorted(starts, indices, side="right") - 1
         return shards, indices - starts[shards]
 
-    def read(self, indices: np.ndarray, *, random_access: bool = False) -> Iterator[Sample]:
+    def read(self, indices: np.ndarray, *, random_access: bool = False, store: ShardStore | None = None,
+             limits: SourceLimits | None = None) -> Iterator[Sample]:
         """The samples at global ``indices``, in that order.
 
         Sequential by default: each run of increasing positions within one shard is one scan of the
-        shard from the run's first position (samples in between are skipped). ``random_access``
-        reads each sample on its own, keeping a few shards open.
+        shard from the run's first position (samples in between are skipped); ``store`` hears when
+        the last run of a shard is done. ``random_access`` reads each sample on its own, keeping a
+        few shards open.
         """
         shards, positions = self.locate(np.asarray(indices, dtype=np.int64))
         if random_access:
-            yield from self._read_random(shards.tolist(), positions.tolist())
+            yield from self._read_random(shards.tolist(), positions.tolist(), store)
             return
         n = len(shards)
         i = 0
@@ -122,21 +131,22 @@ class Dataset:
                 j += 1
             wanted = positions[i:j].tolist()
             k = 0
-            for pos, sample in enumerate(self.iter_shard(int(shards[i]), wanted[0]), start=wanted[0]):
+            scan = self.iter_shard(int(shards[i]), wanted[0], store=store, limits=limits)
+            for pos, sample in enumerate(scan, start=wanted[0]):
                 if pos == wanted[k]:
                     yield sample
                     k += 1
                     if k == len(wanted):
                         break
-            if self.on_shard_done is not None and (j == n or shards[j] != shards[i]):
-                self.on_shard_done(int(shards[i]))
+            if store is not None and (j == n or shards[j] != shards[i]):
+                store.release(int(shards[i]))
             i = j
 
-    def _read_random(self, shards: list[int], positions: list[int]) -> Iterator[Sample]:
+    def _read_random(self, shards: list[int], positions: list[int], store: ShardStore | None) -> Iterator[Sample]:
         readers: OrderedDict[int, ShardReader] = OrderedDict()
         try:
             for shard, pos in zip(shards, positions, strict=True):
-                reader = readers.pop(shard, None) or self.open_shard(shard)
+                reader = readers.pop(shard, None) or self.open_shard(shard, store)
                 readers[shard] = reader
                 if len(readers) > _OPEN_SHARDS:
                     readers.popitem(last=False)[1].close()

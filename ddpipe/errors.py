@@ -31,6 +31,10 @@ class DdpipeError(Exception):
         return (_rebuild, (type(self), self.args, self.__dict__))
 
 
+class OptionError(DdpipeError, ValueError):
+    """An option with a value it cannot take (a shuffle mode, a decoder, a fraction out of range)."""
+
+
 def _rebuild(cls: type[DdpipeError], args: tuple[Any, ...], state: dict[str, Any]) -> DdpipeError:
     error = cls.__new__(cls)
     error.args = args

@@ -17,7 +17,6 @@ import threading
 from collections import defaultdict, deque
 from collections.abc import Generator, Iterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,16 +26,19 @@ from .dataset import Dataset, open_dataset
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
 from .errors import DdpipeError, SampleError
-from .memory import keep_freed_memory, release_freed_memory
+from .exchange import ExchangeShuffler
+from .loader_options import LoaderKeywords, ReadOptions, loader_options
+from .memory import release_freed_memory
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import KEY, Sample
-from .shufflers.exchange import ExchangeShuffler
-from .staging import NodeStager, StageOptions, default_stage_dir
+from .shufflers import get_shuffler
+from .staging import NodeStager, StageOptions
 from .staging.order import node_shard_order
-from .staging.throttle import ENV_VAR as THROTTLE_ENV
-from .staging.throttle import SourceLimits
+from .throttle import SourceLimits
 
 if TYPE_CHECKING:  # torch loads only when something decodes
+    from typing_extensions import Unpack
+
     from .decode.output import Decoder
 
 STATE_VERSION = 1
@@ -58,48 +60,25 @@ class Loader:
     not yet yielded.
     """
 
-    def __init__(
-        self,
-        path: str | Any,
-        batch_size: int,
-        *,
-        shuffle: str = "partial",
-        exchange_fraction: float = 0.3,
-        seed: int = 0,
-        shard_assignment: str = "sticky",
-        drop_last: bool = False,
-        decode: str = "auto",
-        device: str = "auto",
-        decode_options: DecodeOptions | None = None,
-        on_error: str = "fail",
-        buffer_size: int = 1024,
-        round_size: int = 512,
-        prefetch: int = 256,
-        stage_dir: str | os.PathLike[str] | None = None,
-        stage_capacity: int | None = None,
-        source_limits: SourceLimits | str | None = None,
-        comm: Comm | None = None,
-    ) -> None:
-        if on_error not in ("fail", "skip"):
-            raise DdpipeError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
-        keep_freed_memory()
+    def __init__(self, path: str | os.PathLike[str] | Dataset, batch_size: int | None = None, *,
+                 plan: PlanOptions | None = None, decode: DecodeOptions | str | None = None,
+                 stage: StageOptions | None = None, read: ReadOptions | None = None, seed: int = 0,
+                 comm: Comm | None = None, **keywords: Unpack[LoaderKeywords]) -> None:
+        options = loader_options(batch_size, plan, decode, stage, read, **keywords)
         self.dataset: Dataset = path if isinstance(path, Dataset) else open_dataset(path)
-        self.options = PlanOptions(shuffle=shuffle, exchange_fraction=exchange_fraction, assignment=shard_assignment,
-                                   drop_last=drop_last, batch_size=batch_size, buffer_size=buffer_size,
-                                   round_size=round_size)
+        self.options, self.read_options = options.plan, options.read
         self.seed = seed
-        self.prefetch = prefetch
         self.comm = comm or init_comm()
-        self.on_error = on_error
-        self.decode_options = decode_options or DecodeOptions()
+        self.decode_options = options.decode
         if self.decode_options.threads == 0:  # the node's cores, shared among the ranks on it
-            share = max(1, (os.cpu_count() or 1) // self.comm.world.local_size)
-            self.decode_options = dataclasses.replace(self.decode_options, threads=share)
+            self.decode_options = dataclasses.replace(self.decode_options, threads=self.comm.world.cores_per_rank)
+        self.on_error = self.decode_options.on_error
         self.decode, self.device = "none", None
-        if decode != "none":
+        if self.decode_options.decoder != "none":
             from .decode.output import resolve
 
-            self.decode, self.device = resolve(decode, device, self.comm.world.local_rank)
+            self.decode, self.device = resolve(self.decode_options.decoder, self.decode_options.device,
+                                               self.comm.world.local_rank)
         self.epoch = 0
         # the samples this epoch plans over: None for all, or what a resumed epoch had left; it changes
         # only with set_epoch, so iterating again repeats the same stream and a state taken after the
@@ -108,25 +87,17 @@ class Loader:
         self._batches_done = 0
         self._plan: EpochPlan | None = None
         self.stats: dict[str, Any] = {}
-        if isinstance(source_limits, str):
-            source_limits = SourceLimits.parse(source_limits)
-        elif source_limits is None and os.environ.get(THROTTLE_ENV):  # the environment, read at the edge
-            source_limits = SourceLimits.parse(os.environ[THROTTLE_ENV])
-        if source_limits is not None and source_limits.bandwidth and self.comm.world.local_size > 1:
+        limits = options.read.source_limits
+        if limits is not None and limits.bandwidth and self.comm.world.local_size > 1:
             # the modelled link is the node's: ranks reading the source directly share it
-            self.dataset.limits = SourceLimits(source_limits.bandwidth / self.comm.world.local_size,
-                                               source_limits.latency)
-        else:
-            self.dataset.limits = source_limits
+            limits = SourceLimits(limits.bandwidth / self.comm.world.local_size, limits.latency)
+        self._source_limits = limits
         self.stager: NodeStager | None = None
-        if stage_dir is not None:
-            if stage_capacity is not None and self.options.shuffle == "global":
+        if options.stage is not None:
+            if options.stage.capacity is not None and get_shuffler(self.options.shuffle).random_access:
                 raise DdpipeError("a staging capacity needs sequential reading: use shuffle='partial' or 'local' "
                                   "with stage_capacity, or stage the whole share (no capacity) for 'global'")
-            root = Path(default_stage_dir() if str(stage_dir) == "auto" else stage_dir)
-            self.stager = NodeStager(self.dataset, StageOptions(root, stage_capacity, source_limits), self.comm)
-            self.dataset.staged_path = self.stager.path
-            self.dataset.on_shard_done = self.stager.release
+            self.stager = NodeStager(self.dataset, options.stage, self.comm)
         self.skipped: list[tuple[str, str, str]] = []  # (key, shard, reason) of skipped samples, first 1,000
         self._decoder: Decoder | None = None
 
@@ -219,7 +190,7 @@ class Loader:
 
     def _encoded(self, plan: EpochPlan) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
         """This rank's batches of encoded samples, in the plan's order, with their global indices."""
-        out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        out: queue.Queue[Any] = queue.Queue(maxsize=self.read_options.prefetch)
         stop = threading.Event()
         producer = threading.Thread(target=self._produce, args=(plan, out, stop), daemon=True,
                                     name=f"ddpipe-producer-{self.rank}")
@@ -253,7 +224,8 @@ class Loader:
             return _put(out, item, stop)
 
         try:
-            samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access)
+            samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access, store=self.stager,
+                                        limits=self._source_limits)
             if rank_plan.rounds:
                 # reading gets a thread of its own, so later rounds are read (the GIL released in I/O)
                 # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead

@@ -18,6 +18,8 @@ How a plan is made:
    empty). Padding is the only source of duplicates.
 4. **Reads.** ``local`` and ``partial`` permute the order of a rank's runs of shards per epoch.
 5. **Exchange** (``partial``): see :mod:`ddpipe.shufflers.partial`.
+
+Each step asks the shuffle mode's entry in :data:`ddpipe.shufflers.SHUFFLERS`.
 6. **Yield order.** ``local`` and ``partial`` pass the rank's stream (its kept samples of each
    round, then what it received, slot by slot) through a bounded shuffle buffer
    (:func:`ddpipe.shufflers.local.buffer_order`). ``none`` and ``global`` yield in read order.
@@ -33,11 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .manifest import Manifest
-from .seeding import BUFFER, DROP, GLOBAL, SEGMENTS, SHARD_ORDER, derive_rng
-from .shufflers import SHUFFLE_MODES
-from .shufflers.full import global_order
-from .shufflers.local import buffer_order, permute_runs
-from .shufflers.partial import round_shapes, send_positions
+from .seeding import DROP, derive_rng
+from .shufflers import SHUFFLE_MODES, ExchangeRound, get_shuffler
 
 ASSIGNMENTS = ("sticky", "rotate")
 
@@ -61,18 +60,6 @@ class PlanOptions:
             raise ValueError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction}")
         if self.batch_size < 1 or self.round_size < 1 or self.buffer_size < 0:
             raise ValueError("batch_size and round_size must be at least 1, buffer_size at least 0")
-
-
-@dataclass(frozen=True)
-class ExchangeRound:
-    """Round ``j`` for one rank: reads ``[start, stop)`` of its reads, sends and receives by slot."""
-
-    start: int
-    stop: int
-    send: tuple[np.ndarray, ...]  # per slot: positions in ``reads``, in send order
-    dests: tuple[int, ...]
-    sources: tuple[int, ...]
-    recv: tuple[np.ndarray, ...]  # per slot: global indices received, in arrival order
 
 
 @dataclass(frozen=True)
@@ -129,7 +116,8 @@ def plan_epoch(
     if keep.shape != (total,):
         raise ValueError(f"pending has {keep.shape[0]} entries, the dataset {total} samples")
 
-    sequence = _sequence(counts, starts, keep, seed, epoch, opt)
+    mode = get_shuffler(opt.shuffle)
+    sequence = mode.sequence(counts, starts, keep, seed, epoch, opt.assignment)
     n = len(sequence)
     bounds = [r * n // world_size for r in range(world_size + 1)]
     if opt.drop_last:
@@ -149,60 +137,10 @@ def plan_epoch(
         elif len(share) < per:
             source = share if len(share) else sequence
             share = np.concatenate([share, np.resize(source, per - len(share))])
-        if opt.shuffle in ("local", "partial") and len(share):
-            share = share[permute_runs(shard_of_sample[share], derive_rng(seed, SEGMENTS, epoch, r))]
-        reads.append(share.astype(np.int64))
+        reads.append(mode.reads(share, shard_of_sample, seed, epoch, r).astype(np.int64))
 
-    rounds: list[tuple[ExchangeRound, ...]] = [() for _ in range(world_size)]
-    streams = reads
-    if opt.shuffle == "partial":
-        rounds, streams = _exchange(reads, per, world_size, seed, epoch, opt)
-    ranks = []
-    for r in range(world_size):
-        order = streams[r]
-        if opt.shuffle in ("local", "partial"):
-            order = order[buffer_order(len(order), opt.buffer_size, derive_rng(seed, BUFFER, epoch, r))]
-        ranks.append(RankPlan(r, reads[r], order, rounds[r]))
-    return EpochPlan(epoch, world_size, opt, tuple(ranks), per, random_access=opt.shuffle == "global",
+    rounds, streams = mode.exchange(reads, per, seed, epoch, opt.exchange_fraction, opt.round_size)
+    ranks = [RankPlan(r, reads[r], mode.yield_order(streams[r], seed, epoch, r, opt.buffer_size), rounds[r])
+             for r in range(world_size)]
+    return EpochPlan(epoch, world_size, opt, tuple(ranks), per, random_access=mode.random_access,
                      dropped=np.concatenate(dropped) if dropped else np.zeros(0, dtype=np.int64))
-
-
-def _sequence(counts: np.ndarray, starts: np.ndarray, keep: np.ndarray, seed: int, epoch: int,
-              opt: PlanOptions) -> np.ndarray:
-    """Step 1: the epoch's sequence of global indices, before it is cut into shares."""
-    if opt.shuffle == "global":
-        return global_order(np.flatnonzero(keep), derive_rng(seed, GLOBAL, epoch))
-    if opt.shuffle == "none":
-        shards = np.arange(len(counts))
-    elif opt.assignment == "sticky":
-        shards = derive_rng(seed, SHARD_ORDER).permutation(len(counts))
-    else:
-        shards = derive_rng(seed, SHARD_ORDER, epoch).permutation(len(counts))
-    if len(shards) == 0:
-        return np.zeros(0, dtype=np.int64)
-    seq = np.concatenate([np.arange(starts[s], starts[s] + counts[s]) for s in shards])
-    kept: np.ndarray = seq[keep[seq]]
-    return kept
-
-
-def _exchange(reads: list[np.ndarray], per: int, world_size: int, seed: int, epoch: int,
-              opt: PlanOptions) -> tuple[list[tuple[ExchangeRound, ...]], list[np.ndarray]]:
-    """Step 5: every rank's rounds, and the stream each rank holds after them."""
-    shapes = round_shapes(per, world_size, opt.exchange_fraction, opt.round_size, seed, epoch)
-    if not shapes:
-        return [() for _ in range(world_size)], reads
-    sends = [[send_positions(shape, r, seed, epoch, j) for j, shape in enumerate(shapes)] for r in range(world_size)]
-    rounds: list[list[ExchangeRound]] = [[] for _ in range(world_size)]
-    streams: list[list[np.ndarray]] = [[] for _ in range(world_size)]
-    slots = range(len(shapes[0].shifts))
-    for j, shape in enumerate(shapes):
-        for r in range(world_size):
-            dests = tuple((r + shape.shifts[t]) % world_size for t in slots)
-            sources = tuple((r - shape.shifts[t]) % world_size for t in slots)
-            recv = tuple(reads[sources[t]][sends[sources[t]][j][t]] for t in slots)
-            sent = np.concatenate(sends[r][j]) if sends[r][j] else np.zeros(0, dtype=np.int64)
-            own = np.setdiff1d(np.arange(shape.start, shape.stop), sent, assume_unique=True)
-            rounds[r].append(ExchangeRound(shape.start, shape.stop, tuple(sends[r][j]), dests, sources, recv))
-            streams[r].append(reads[r][own])
-            streams[r].extend(recv)
-    return [tuple(x) for x in rounds], [np.concatenate(s).astype(np.int64) for s in streams]

@@ -13,8 +13,15 @@ from .base import DEFAULT_TIMEOUT, Comm, GradientChannel, Watchdog
 from .world import World, available_cores, launched_by_mpi, launched_by_torchrun
 
 
-def init_comm(timeout: float = DEFAULT_TIMEOUT) -> Comm:
-    """The job's communicator: MPI under mpiexec/srun, torch.distributed under torchrun, else a world of one."""
+def init_comm(timeout: float = DEFAULT_TIMEOUT, tune_allocator: bool = True) -> Comm:
+    """The job's communicator: MPI under mpiexec/srun, torch.distributed under torchrun, else a world
+    of one. This is a data-loading process's set-up: unless told not to, it also tunes glibc's
+    allocator for the churn of ~100 KB samples (:func:`ddpipe.memory.keep_freed_memory`), a setting
+    of the whole process."""
+    if tune_allocator:
+        from ..memory import keep_freed_memory
+
+        keep_freed_memory()
     if launched_by_mpi():
         try:
             from .mpi import world_comm

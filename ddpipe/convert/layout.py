@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..units import parse_size
+
 DEFAULT_SHARD_BYTES = 256 * 1000 * 1000
 # tar spends a 512-byte header and up to 511 bytes of padding per field; two fields per sample
 _PER_SAMPLE_OVERHEAD = 2 * 768
@@ -47,20 +49,4 @@ def pack_shards(
         ranges.append((start, n))
     return ranges
 
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-
-
-def parse_size(text: str) -> int:
-    """``"256MB"`` -> 256000000; ``"1GiB"`` -> 1073741824; a bare number is bytes."""
-    s = text.strip().upper().replace(" ", "")
-    number = s.rstrip("KMGTIB")
-    unit = s[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"cannot parse size {text!r}: use e.g. 256MB, 1GiB or 1000000") from None
-    if unit not in _UNITS or value <= 0:
-        raise ValueError(f"cannot parse size {text!r}: use e.g. 256MB, 1GiB or 1000000")
-    return int(value * _UNITS[unit])
+__all__ = ["DEFAULT_SHARD_BYTES", "pack_shards", "parse_size", "sample_order"]

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import DecodeOptions
-
-DECODERS = ("auto", "dali-gpu", "dali-cpu", "pil", "none")
+from .spec import DECODERS, DecodeOptions
 
 
 def __getattr__(name: str) -> Any:

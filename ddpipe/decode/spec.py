@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,15 +11,28 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "gif")
 DTYPES = ("float32", "float16", "uint8")
+DECODERS = ("auto", "dali-gpu", "dali-cpu", "pil", "none")
+ON_ERROR = ("fail", "skip")
 
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """The training transform (random-resized crop, flip, normalise) or the evaluation one (resize
-    the shorter side, centre crop). ``uint8`` output skips normalisation, to be done on the device
-    with :func:`ddpipe.decode.normalize`; float outputs are normalised with ``mean`` and ``std``
-    (given for pixels in [0, 1])."""
+    """How a loader turns encoded samples into batches.
 
+    ``decoder``: ``"dali-gpu"`` (DALI's ``mixed`` decoder), ``"dali-cpu"``, ``"pil"``, ``"none"``
+    (batches of encoded samples), or ``"auto"`` (the GPU where CUDA and DALI are present, else DALI
+    on the CPU, else PIL), onto ``device`` (``"auto"``: this rank's GPU, else the CPU).
+    ``on_error``: ``"fail"`` stops at an image that does not decode, naming it; ``"skip"`` drops
+    it, counts it, and refills its place in the batch.
+
+    The transform: the training one (random-resized crop, flip, normalise) or the evaluation one
+    (resize the shorter side, centre crop). ``uint8`` output skips normalisation, to be done on
+    the device with :func:`ddpipe.decode.normalize`; float outputs are normalised with ``mean`` and
+    ``std`` (given for pixels in [0, 1])."""
+
+    decoder: str = "auto"
+    device: str = "auto"
+    on_error: str = "fail"
     train: bool = True
     size: int = 224
     resize_shorter: int = 256
@@ -34,9 +46,14 @@ class DecodeOptions:
     # Antialiased resizing, as torchvision and PIL do, costs ~3-5% of CPU decoding throughput
     # (benchmarks/loader.py); switching it off trades aliasing in strong downscales for speed.
     antialias: bool = True
-    threads: int = 0  # decoding threads (DALI) or processes (pil); 0: the node's cores over its ranks
+    # decoding threads (DALI) or processes (pil); 0: the Loader gives the node's cores over its ranks
+    threads: int = 0
 
     def __post_init__(self) -> None:
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decode must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
         if self.size < 1 or self.resize_shorter < self.size:
@@ -44,7 +61,7 @@ class DecodeOptions:
 
     @property
     def workers(self) -> int:
-        return self.threads or os.cpu_count() or 1
+        return max(1, self.threads)
 
 
 def image_field(sample: dict[str, bytes]) -> str | None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..seeding import BUFFER, SEGMENTS, derive_rng
+from .base import ShuffleMode
+
 
 def permute_runs(shard_of: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Positions of a sequence reordered run by run, a run being consecutive items of one shard."""
@@ -42,3 +45,17 @@ def buffer_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.ndarr
     tail = rng.permutation(size).tolist()
     out.extend(buf[k] for k in tail)
     return np.asarray(out, dtype=np.int64)
+
+
+class LocalShuffle(ShuffleMode):
+    name = "local"
+
+    def reads(self, share: np.ndarray, shard_of_sample: np.ndarray, seed: int, epoch: int, rank: int) -> np.ndarray:
+        if not len(share):
+            return share
+        out: np.ndarray = share[permute_runs(shard_of_sample[share], derive_rng(seed, SEGMENTS, epoch, rank))]
+        return out
+
+    def yield_order(self, stream: np.ndarray, seed: int, epoch: int, rank: int, buffer_size: int) -> np.ndarray:
+        out: np.ndarray = stream[buffer_order(len(stream), buffer_size, derive_rng(seed, BUFFER, epoch, rank))]
+        return out

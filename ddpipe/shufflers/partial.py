@@ -15,6 +15,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..seeding import EXCHANGE, SEND, derive_rng
+from .local import LocalShuffle
+
+
+@dataclass(frozen=True)
+class ExchangeRound:
+    """Round ``j`` for one rank: reads ``[start, stop)`` of its reads, sends and receives by slot."""
+
+    start: int
+    stop: int
+    send: tuple[np.ndarray, ...]  # per slot: positions in ``reads``, in send order
+    dests: tuple[int, ...]
+    sources: tuple[int, ...]
+    recv: tuple[np.ndarray, ...]  # per slot: global indices received, in arrival order
 
 
 @dataclass(frozen=True)
@@ -52,3 +65,32 @@ def send_positions(shape: RoundShape, rank: int, seed: int, epoch: int, round_in
         out.append(np.sort(chosen[at : at + count]) + shape.start)
         at += count
     return out
+
+
+class PartialShuffle(LocalShuffle):
+    """``local``, after exchanging a fraction of each rank's reads with the other ranks."""
+
+    name = "partial"
+
+    def exchange(self, reads: list[np.ndarray], per_rank: int, seed: int, epoch: int, fraction: float,
+                 round_size: int) -> tuple[list[tuple[ExchangeRound, ...]], list[np.ndarray]]:
+        world_size = len(reads)
+        shapes = round_shapes(per_rank, world_size, fraction, round_size, seed, epoch)
+        if not shapes:
+            return [() for _ in range(world_size)], reads
+        sends = [[send_positions(shape, r, seed, epoch, j) for j, shape in enumerate(shapes)]
+                 for r in range(world_size)]
+        rounds: list[list[ExchangeRound]] = [[] for _ in range(world_size)]
+        streams: list[list[np.ndarray]] = [[] for _ in range(world_size)]
+        slots = range(len(shapes[0].shifts))
+        for j, shape in enumerate(shapes):
+            for r in range(world_size):
+                dests = tuple((r + shape.shifts[t]) % world_size for t in slots)
+                sources = tuple((r - shape.shifts[t]) % world_size for t in slots)
+                recv = tuple(reads[sources[t]][sends[sources[t]][j][t]] for t in slots)
+                sent = np.concatenate(sends[r][j]) if sends[r][j] else np.zeros(0, dtype=np.int64)
+                own = np.setdiff1d(np.arange(shape.start, shape.stop), sent, assume_unique=True)
+                rounds[r].append(ExchangeRound(shape.start, shape.stop, tuple(sends[r][j]), dests, sources, recv))
+                streams[r].append(reads[r][own])
+                streams[r].extend(recv)
+        return [tuple(x) for x in rounds], [np.concatenate(s).astype(np.int64) for s in streams]

@@ -6,8 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..throttle import SourceLimits
 from .stager import NodeStager, StageOptions
-from .throttle import SourceLimits
 
 LOCAL_DIR_ENV = "DDPIPE_LOCAL_DIR"
 

@@ -10,7 +10,7 @@ import xxhash
 from ..errors import ChecksumMismatchError, MissingShardError
 from ..formats import atomic
 from ..manifest import CHECKSUM_ALGORITHM, ShardInfo
-from .throttle import SourceLimits
+from ..throttle import SourceLimits
 
 _CHUNK = 8 << 20
 

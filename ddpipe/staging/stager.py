@@ -29,8 +29,8 @@ from ..comm import Comm
 from ..dataset import Dataset
 from ..errors import DdpipeError, DiskFullError
 from ..formats.atomic import atomic_write_bytes, discard
+from ..throttle import SourceLimits
 from .copy import is_staged, remove_staged, verified_copy, write_stamp
-from .throttle import SourceLimits
 
 
 @dataclass(frozen=True)

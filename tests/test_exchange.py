@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpipe.comm import Comm
-from ddpipe.shufflers.exchange import pack_segments, unpack_segment
+from ddpipe.exchange import pack_segments, unpack_segment
 
-from ..formats.conformance import samples
+from .formats.conformance import samples
 
 
 @settings(max_examples=60, deadline=None)

@@ -14,7 +14,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-ENV_VAR = "DDPIPE_SOURCE_THROTTLE"  # read at the edge (CLI, Loader), e.g. "100MB/s,5ms"
+from .units import parse_size
+
+ENV_VAR = "DDPIPE_SOURCE_THROTTLE"  # read at the edge (the CLI), e.g. "100MB/s,5ms"
 
 
 @dataclass
@@ -30,8 +32,6 @@ class SourceLimits:
     @classmethod
     def parse(cls, text: str) -> SourceLimits:
         """``"100MB/s,5ms"``, ``"1GB/s"``, ``"20ms"``: bandwidth and/or per-open latency."""
-        from ..convert.layout import parse_size
-
         limits = cls()
         for part in (p.strip() for p in text.split(",") if p.strip()):
             if part.endswith("/s"):

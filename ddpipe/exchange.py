@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 import msgpack
 import numpy as np
 
-from ..comm import Comm
-from ..errors import DdpipeError
-from ..plan import RankPlan
-from ..sample import KEY, Sample
+from .comm import Comm
+from .errors import DdpipeError
+from .plan import RankPlan
+from .sample import KEY, Sample
 
 # emit((global index, sample)) -> False once the consumer has stopped
 Emit = Callable[[tuple[int, Sample]], bool]

@@ -1,0 +1,20 @@
+"""Sizes as people write them: ``256MB``, ``1GiB``, ``100MB/s``."""
+
+from __future__ import annotations
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """``"256MB"`` -> 256000000; ``"1GiB"`` -> 1073741824; a bare number is bytes."""
+    s = text.strip().upper().replace(" ", "")
+    number = s.rstrip("KMGTIB")
+    unit = s[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"cannot parse size {text!r}: use e.g. 256MB, 1GiB or 1000000") from None
+    if unit not in _UNITS or value <= 0:
+        raise ValueError(f"cannot parse size {text!r}: use e.g. 256MB, 1GiB or 1000000")
+    return int(value * _UNITS[unit])

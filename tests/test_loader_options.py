@@ -1,0 +1,62 @@
+"""The Loader is built from the option dataclasses; its keyword conveniences map onto them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ddpipe
+from ddpipe.decode import DecodeOptions
+from ddpipe.errors import DdpipeError
+from ddpipe.loader_options import ReadOptions, loader_options
+from ddpipe.staging import StageOptions
+
+from .decode.test_decode import labelled_samples
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("opts") / "wds"
+    ddpipe.write_dataset(root, iter(labelled_samples(30, np.random.default_rng(2))), samples_per_shard=8)
+    return root
+
+
+def test_options_objects_and_keywords_give_the_same_loader(data: Path) -> None:
+    by_objects = ddpipe.Loader(data, plan=ddpipe.PlanOptions(shuffle="partial", exchange_fraction=0.5, batch_size=4,
+                                                             buffer_size=7, drop_last=True),
+                               decode=DecodeOptions(decoder="none"), read=ReadOptions(prefetch=3), seed=5)
+    by_keywords = ddpipe.Loader(data, 4, shuffle="partial", exchange_fraction=0.5, buffer_size=7, drop_last=True,
+                                decode="none", prefetch=3, seed=5)
+    assert by_objects.options == by_keywords.options and by_objects.read_options == by_keywords.read_options
+    keys = [[s["__key__"] for s in b] for b in by_objects]
+    assert keys == [[s["__key__"] for s in b] for b in by_keywords] and len(keys) == 7
+
+
+def test_keywords_win_over_the_objects_fields(tmp_path: Path) -> None:
+    o = loader_options(8, ddpipe.PlanOptions(shuffle="none", batch_size=2), DecodeOptions(dtype="uint8"),
+                       StageOptions(tmp_path, capacity=10), None, shuffle="local", on_error="skip",
+                       stage_capacity=20, source_limits="1MB/s")
+    assert (o.plan.shuffle, o.plan.batch_size) == ("local", 8)
+    assert (o.decode.dtype, o.decode.on_error, o.decode.decoder) == ("uint8", "skip", "auto")
+    assert o.stage is not None and o.stage.capacity == 20 and o.stage.stage_dir == tmp_path
+    assert o.read.source_limits is not None and o.read.source_limits.bandwidth == 1e6
+    assert o.stage.limits is o.read.source_limits  # staging copies from the same slow source
+
+
+def test_decoder_named_by_string_keeps_the_transform() -> None:
+    o = loader_options(4, None, "pil", None, None, decode_options=DecodeOptions(size=32, resize_shorter=40))
+    assert (o.decode.decoder, o.decode.size) == ("pil", 32)
+
+
+@pytest.mark.parametrize("bad", [{"shuffle": "random"}, {"exchange_fraction": 1.5}, {"on_error": "ignore"},
+                                 {"shard_assignment": "spread"}])
+def test_values_an_option_cannot_take_are_one_clear_error(data: Path, bad: dict[str, object]) -> None:
+    with pytest.raises(DdpipeError, match=next(iter(bad)).split("_")[-1]):
+        ddpipe.Loader(data, 4, decode="none", **bad)  # type: ignore[arg-type]
+
+
+def test_unknown_keywords_are_refused(data: Path) -> None:
+    with pytest.raises(TypeError, match="num_workers"):
+        ddpipe.Loader(data, 4, num_workers=2)  # type: ignore[call-arg]
