@@ -1,16 +1,18 @@
-"""The one benchmark harness: synth data cache, page-cache eviction, medians, machine, table, JSON."""
+"""What benchmarks/ adds to ddpipe's benchmark harness (ddpipe/bench/harness.py: the machine, eviction,
+timing, medians, tables): the cached synth data they read, an epoch timed across ranks, JSON results,
+and launching a script on MPI ranks."""
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from ddpipe.bench.harness import evict_page_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -44,62 +46,17 @@ def synth_shards(n: int, name: str, fmt: str = "wds", shard_bytes: int = 16_000_
     return root
 
 
-def evict(paths: Iterable[Path]) -> None:
-    """Drop files from the page cache so the next read comes from the device (a cold read)."""
-    from ddpipe.bench.measure import evict_page_cache
-
-    evict_page_cache(paths)
-
-
 def timed_epoch(loader: Any, evict_first: Iterable[Path] = ()) -> float:
     """One epoch of ``loader`` on every rank, after evicting ``evict_first`` (once per node); the
     slowest rank's seconds."""
     files = list(evict_first)
     if files and loader.comm.world.local_rank == 0:
-        evict(files)
+        evict_page_cache(files)
     loader.comm.barrier()
     t0 = time.perf_counter()
     for _ in loader:
         pass
     return float(max(loader.comm.allgather(time.perf_counter() - t0)))
-
-
-def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
-    """Seconds that ``fn(*args, **kwargs)`` took, and what it returned."""
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return time.perf_counter() - t0, out
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"cores": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()}
-    try:
-        with open("/proc/meminfo") as f:
-            info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    try:
-        import torch
-
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        info["gpu"] = None
-    return info
-
-
-def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
-    """Markdown table: columns are (key, header, format spec)."""
-    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
-    rule = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(format(r[k], f) if r.get(k) is not None else "-" for k, _, f in columns) + " |"
-            for r in rows]
-    return "\n".join([head, rule, *body])
 
 
 def save(name: str, doc: dict[str, Any]) -> Path:

@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from _common import DATA, machine, median, mpiexec, save, table
+from _common import DATA, mpiexec, save
+
+from ddpipe.bench.harness import machine, median, table
 
 
 def worker(out: Path, repeats: int) -> None:

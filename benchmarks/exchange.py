@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import DATA, machine, median, mpiexec, save, synth_shards, table, timed_epoch
+from _common import DATA, mpiexec, save, synth_shards, timed_epoch
 
 import ddpipe
+from ddpipe.bench.harness import machine, median, table
 from ddpipe.comm import init_comm
 
 BATCH = 64

@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 import webdataset as wds
-
-# benchmarks/ is on sys.path when a script here runs
-from _common import DATA, evict, machine, median, save, synth_images, table, timed
+from _common import DATA, save, synth_images
 
 import ddpipe
+
+# benchmarks/ is on sys.path when a script here runs
+from ddpipe.bench.harness import evict_page_cache, machine, median, table, timed
 from ddpipe.convert import ConvertOptions, convert, parse_size
 
 FORMATS = ["wds", "hdf5", "lmdb"]
@@ -74,14 +75,14 @@ def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: i
     speed: dict[str, list[float]] = {k: [] for k in ("cold", "cold_raw", "warm", "warm_raw", "peer_cold", "peer_warm")}
     for _ in range(repeats):
         # reference and subject alternate within each repeat, so drift in the machine hits both
-        evict(files)
+        evict_page_cache(files)
         speed["cold_raw"].append(nbytes / timed(raw_read, files)[0] / 1e6)
-        evict(files)
+        evict_page_cache(files)
         speed["cold"].append(nbytes / timed(ddpipe_read, out)[0] / 1e6)
         speed["warm_raw"].append(nbytes / timed(raw_read, files)[0] / 1e6)
         speed["warm"].append(nbytes / timed(ddpipe_read, out)[0] / 1e6)
         if fmt == "wds":
-            evict(files)
+            evict_page_cache(files)
             speed["peer_cold"].append(nbytes / timed(webdataset_read, files)[0] / 1e6)
             speed["peer_warm"].append(nbytes / timed(webdataset_read, files)[0] / 1e6)
     common = {"shards": len(files), "bytes": nbytes, "samples": manifest.num_samples,

@@ -25,7 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from _common import DATA, machine, median, save, synth_images, synth_shards, table
+from _common import DATA, save, synth_images, synth_shards
+
+from ddpipe.bench.harness import machine, median, table
 
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1

@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _common import DATA, machine, mpiexec, save, table
+from _common import DATA, mpiexec, save
+
+from ddpipe.bench.harness import machine, table
 
 CONFIGS = [("global", 0.0), ("partial", 0.5), ("partial", 0.3), ("partial", 0.1), ("local", 0.0), ("none", 0.0)]
 BATCH = 16  # per rank

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _common import DATA, machine, mpiexec, save, table
+from _common import DATA, mpiexec, save
 
 import ddpipe
+from ddpipe.bench.harness import machine, table
 from ddpipe.comm import init_comm
 from ddpipe.quality import score_epoch
 

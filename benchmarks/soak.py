@@ -17,7 +17,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from _common import DATA, machine, mpiexec, save, synth_shards, table
+from _common import DATA, mpiexec, save, synth_shards
+
+from ddpipe.bench.harness import machine, table
 
 
 def rss_mb() -> float:

@@ -18,9 +18,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from _common import DATA, machine, median, mpiexec, save, synth_shards, table, timed_epoch
+from _common import DATA, mpiexec, save, synth_shards, timed_epoch
 
 import ddpipe
+from ddpipe.bench.harness import machine, median, table
 from ddpipe.comm import init_comm
 from ddpipe.staging import SourceLimits
 from ddpipe.staging.stager import dataset_stage_dir

@@ -167,6 +167,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import BenchOptions, format_report, plot_report, run_bench
+    from .bench.harness import machine
     from .comm import init_comm
 
     comm = init_comm()
@@ -187,7 +188,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             _print_projection(args, report)
         if args.json:
             doc = {"dataset": str(args.dataset), "options": vars(args) | {"func": None, "json": str(args.json)},
-                   **report.to_dict(), "machine": _machine()}
+                   **report.to_dict(), "machine": machine()}
             Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
             print(f"wrote {args.json}")
         if args.plot:
@@ -215,25 +216,6 @@ def _print_projection(args: argparse.Namespace, report: BenchReport) -> None:
           f"{args.gpus_per_node} GPUs per node, step {work.step_time * 1e3:.0f} ms per batch of {args.batch_size}, "
           f"decode {work.decode_rate:.0f} images/s per rank")
     print(text)
-
-
-def _machine() -> dict[str, object]:
-    import os
-    import platform
-
-    import numpy
-    import torch
-
-    versions = {"python": platform.python_version(), "numpy": numpy.__version__, "torch": torch.__version__}
-    try:
-        import nvidia.dali as dali
-
-        versions["dali"] = dali.__version__
-    except ImportError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cores": os.cpu_count(), "memory_gib": round(memory, 1), "gpu": gpu, "versions": versions}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from ..decode.spec import DecodeOptions
 from ..errors import DdpipeError
 from ..pipeline import Loader
 from ..sample import KEY, Sample
+from .harness import evict_page_cache
 
 
 @dataclass(frozen=True)
@@ -133,17 +134,6 @@ class BenchReport:
 
 def _encoded_bytes(batch: list[Sample]) -> int:
     return sum(len(v) for s in batch for k, v in s.items() if k != KEY)
-
-
-def evict_page_cache(paths: Iterable[str | os.PathLike[str]]) -> None:
-    """Drop files from the page cache, so that the next read comes from the device (a cold read)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages cannot be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def _evict(loader: Loader) -> None:
@@ -293,6 +283,7 @@ def _make_step(o: BenchOptions, device: Any, num_classes: int) -> Any:
 
     from ..decode.output import normalize
     from ..train.models import build_model
+    from ..train.step import train_step
 
     model = build_model(o.model, num_classes).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -300,10 +291,7 @@ def _make_step(o: BenchOptions, device: Any, num_classes: int) -> Any:
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         images, labels = batch
         x = normalize(images) if images.dtype == torch.uint8 else images.float()
-        loss = torch.nn.functional.cross_entropy(model(x), labels.clamp(0, num_classes - 1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
+        train_step(model, optimizer, x, labels.clamp(0, num_classes - 1))
         if device.type == "cuda":  # the step is over when the GPU is done with it
             torch.cuda.synchronize(device)
 

@@ -1,0 +1,69 @@
+"""The one benchmark harness, shared by ``ddpipe bench`` and ``benchmarks/``: the machine a figure
+was measured on, page-cache eviction for cold reads, timing, medians, and Markdown tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU model, memory, GPU and the versions that matter, for every result file."""
+    info: dict[str, Any] = {"cores": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()}
+    try:
+        with open("/proc/meminfo") as f:
+            info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    versions: dict[str, str] = {}
+    for name, module in (("numpy", "numpy"), ("torch", "torch"), ("dali", "nvidia.dali"), ("mpi4py", "mpi4py")):
+        try:
+            versions[name] = __import__(module, fromlist=["__version__"]).__version__
+        except ImportError:
+            continue
+    info["versions"] = versions
+    try:
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        info["gpu"] = None
+    return info
+
+
+def evict_page_cache(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Drop files from the page cache, so that the next read comes from the device (a cold read)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
+    """Seconds that ``fn(*args, **kwargs)`` took, and what it returned."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - t0, out
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+    """A Markdown table: columns are (key, header, format spec); a missing value prints as '-'."""
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(format(r[k], f) if r.get(k) is not None else "-" for k, _, f in columns) + " |"
+            for r in rows]
+    return "\n".join([head, rule, *body])
