@@ -196,6 +196,7 @@ class Loader:
                                     name=f"ddpipe-producer-{self.rank}")
         producer.start()
         held: defaultdict[int, deque[Sample]] = defaultdict(deque)
+        holding = peak = 0  # samples that arrived before their turn: bounded by the shuffle buffer
         try:
             for b in range(plan.num_batches):
                 indices = plan.batch(self.rank, b)
@@ -209,9 +210,13 @@ class Loader:
                         if isinstance(item, BaseException):
                             raise item
                         held[item[0]].append(item[1])
+                        holding += 1
+                    peak = max(peak, holding - 1)  # less the one taken at once
                     batch.append(held[g].popleft())
+                    holding -= 1
                     if not held[g]:
                         del held[g]
+                self.stats["held_peak"] = peak
                 yield indices, batch
         finally:
             stop.set()  # the producer notices within one queue timeout, even when the queue is full

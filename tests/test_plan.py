@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpipe.manifest import Manifest, ShardInfo
-from ddpipe.plan import PlanOptions, plan_epoch
+from ddpipe.plan import EpochPlan, PlanOptions, plan_epoch
 
 
 def manifest_of(sizes: list[int]) -> Manifest:
@@ -29,6 +29,11 @@ options = st.builds(
     buffer_size=st.sampled_from([0, 1, 5, 64]),
     round_size=st.integers(1, 30),
 )
+
+
+def reads_of(plan: EpochPlan, g: int) -> set[int]:
+    """The ranks that read sample ``g``."""
+    return {r.rank for r in plan.ranks if g in set(r.reads.tolist())}
 
 
 @settings(max_examples=300, deadline=None)
@@ -50,7 +55,12 @@ def test_invariants(sizes: list[int], world: int, seed: int, epoch: int, opt: Pl
         assert len(plan.dropped) < world * opt.batch_size + world
     else:
         assert set(yielded) == set(range(n))
-        assert sum(yielded.values()) - n == world * plan.samples_per_rank - n  # copies = padding only
+        if n >= world:  # padding: each rank short of one sample repeats one of its own share
+            for r in plan.ranks:
+                own = collections.Counter(r.reads.tolist())
+                assert sum(c - 1 for c in own.values()) <= 1
+                for g, c in own.items():
+                    assert c == 1 or reads_of(plan, g) == {r.rank}  # every copy on the rank it belongs to
     # the exchange moves samples between ranks but neither creates nor loses any
     reads = collections.Counter(np.concatenate([r.reads for r in plan.ranks]).tolist())
     assert reads == yielded
