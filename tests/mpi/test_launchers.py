@@ -57,3 +57,22 @@ def test_torchrun_runs_the_exchange(tmp_path: Path) -> None:
     assert len(ranks[0]["keys"]) == len(ranks[1]["keys"]) == 17
     assert set(ranks[0]["keys"]) | set(ranks[1]["keys"]) == {f"s/{i:06d}" for i in range(33)}
     assert ranks[0]["sent"] > 0
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_torchrun_leaves_the_default_process_group_to_the_script(tmp_path: Path, when: str) -> None:
+    data = make_dataset(tmp_path / "wds", "wds", [10, 11, 12])
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(Path(__file__).with_name("torchrun_group_worker.py")), str(data), str(tmp_path), when],
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    everything = {f"s/{i:06d}" for i in range(33)}
+    for r in ranks:
+        assert r["backend"] == "gloo" and r["world"] == 2 and r["total"] == 3.0  # the script's group, as it made it
+    assert set(ranks[0]["keys"]) | set(ranks[1]["keys"]) == everything
+    assert set(ranks[0]["again"]) | set(ranks[1]["again"]) == everything
+    if when == "after":  # a whole epoch of ddpipe's collectives made no default group
+        assert all(r["untouched"] for r in ranks)
