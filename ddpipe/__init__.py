@@ -1,7 +1,20 @@
-"""ddpipe: a high-throughput distributed data pipeline for deep-learning training."""
+"""ddpipe: a high-throughput distributed data pipeline for deep-learning training.
 
+The public API, in three groups (the README's "Public API" lists the same names):
+
+- runtime: what a training job uses: the ``Loader`` and the options it is built from, the job's
+  world, the dataset and its manifest, the pure epoch plan;
+- tools: what makes and checks datasets: ``convert``, ``write_dataset``, ``index_tars``,
+  ``verify_dataset`` (the test-data generator is ``ddpipe.synth``, outside the API);
+- errors: what ddpipe raises on purpose, each a subclass of the built-in a caller would expect.
+"""
+
+from typing import Any
+
+from .comm import World, init_comm
 from .convert import ConvertOptions, convert, index_tars, write_dataset
 from .dataset import Dataset, open_dataset
+from .decode.spec import DecodeOptions
 from .errors import (
     ChecksumMismatchError,
     CorruptShardError,
@@ -9,17 +22,28 @@ from .errors import (
     DiskFullError,
     ManifestError,
     MissingShardError,
+    OptionError,
     SampleError,
     SourceError,
 )
 from .formats import FORMAT_NAMES, get_format
+from .loader_options import ReadOptions
 from .manifest import Manifest, ShardInfo, load_manifest
 from .pipeline import Loader
 from .plan import EpochPlan, PlanOptions, plan_epoch
-from .synth import SynthOptions, synth
+from .staging import StageOptions
 from .verify import verify_dataset
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "normalize":  # torch loads only when something decodes
+        from .decode.output import normalize
+
+        return normalize
+    raise AttributeError(f"module 'ddpipe' has no attribute {name!r}")
+
 
 __all__ = [
     "FORMAT_NAMES",
@@ -28,24 +52,29 @@ __all__ = [
     "CorruptShardError",
     "Dataset",
     "DdpipeError",
+    "DecodeOptions",
     "DiskFullError",
     "EpochPlan",
     "Loader",
     "Manifest",
     "ManifestError",
     "MissingShardError",
+    "OptionError",
     "PlanOptions",
+    "ReadOptions",
     "SampleError",
     "ShardInfo",
     "SourceError",
-    "SynthOptions",
+    "StageOptions",
+    "World",
     "convert",
     "get_format",
     "index_tars",
+    "init_comm",
     "load_manifest",
+    "normalize",
     "open_dataset",
     "plan_epoch",
-    "synth",
     "verify_dataset",
     "write_dataset",
 ]

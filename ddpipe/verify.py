@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PIL import Image
 from tqdm import tqdm
 
 from .dataset import Dataset
-from .decode.spec import IMAGE_FIELDS
+from .decode.spec import IMAGE_FIELDS, decode_check
 from .errors import DdpipeError
 from .formats.tar import check_dali_index
 from .manifest import file_checksum, load_manifest
@@ -34,12 +32,6 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-def decode_check(data: bytes) -> None:
-    """Fully decode an image; raise ``OSError``/``ValueError`` if it is corrupt or truncated."""
-    with Image.open(io.BytesIO(data)) as img:
-        img.load()
 
 
 def _samples(dataset: Dataset, shard: int) -> Iterator[dict[str, object]]:

@@ -27,7 +27,7 @@ from ..errors import DdpipeError
 from .augment import image_size, random_crops
 from .batches import EncodedBatch, OnBad
 from .resample import TORCH_DTYPES, Resampler
-from .spec import DecodeOptions
+from .spec import DecodeOptions, decode_check
 
 
 def _import_dali() -> Any:
@@ -255,8 +255,6 @@ class DaliDecoder:
 
 def _find_bad(batch: EncodedBatch, dali_error: str, on_bad: OnBad) -> set[int]:
     """The samples of a batch that DALI failed on, found by decoding each fully with PIL."""
-    from ..verify import decode_check
-
     bad: set[int] = set()
     for g, sample, data in zip(batch.indices, batch.samples, batch.datas, strict=True):
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 
@@ -62,6 +63,14 @@ class DecodeOptions:
     @property
     def workers(self) -> int:
         return max(1, self.threads)
+
+
+def decode_check(data: bytes) -> None:
+    """Fully decode an image with PIL; raise ``OSError``/``ValueError`` if it is corrupt or truncated."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        img.load()
 
 
 def image_field(sample: dict[str, bytes]) -> str | None:

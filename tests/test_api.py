@@ -1,0 +1,55 @@
+"""The public API is what the README says it is, and the README's loading example runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import ddpipe
+
+from .decode.test_decode import labelled_samples
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"## {title}\n")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_readme_lists_exactly_the_exported_names() -> None:
+    groups = {}
+    for group in ("runtime", "tools", "errors"):
+        bullet = re.search(rf"^- \*\*{group}\*\*:(.*?)(?=^- \*\*|^\S|\Z)", section("Public API"), re.S | re.M)
+        assert bullet is not None, group
+        groups[group] = {n for n in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", bullet.group(1))
+                         if hasattr(ddpipe, n) or n[0].isupper()}
+        groups[group] -= {"ValueError", "FileNotFoundError", "OSError"}  # built-ins named in passing
+    listed = set().union(*groups.values())
+    assert listed == set(ddpipe.__all__), (listed ^ set(ddpipe.__all__))
+    assert sum(len(g) for g in groups.values()) == len(listed)  # each name in one group
+    assert all(hasattr(ddpipe, n) for n in ddpipe.__all__)
+
+
+def test_importing_ddpipe_loads_no_torch() -> None:
+    code = "import sys, ddpipe; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_the_readmes_loading_example_runs(tmp_path: Path) -> None:
+    data = tmp_path / "wds"
+    ddpipe.write_dataset(data, iter(labelled_samples(24, np.random.default_rng(0))), samples_per_shard=8)
+    example = re.search(r"## Loading in a training job\n\n```python\n(.*?)```", README.read_text(), re.S)
+    assert example is not None
+    code = (example.group(1).replace('"demo-data/wds"', repr(str(data)))
+            .replace('"/local/ssd"', repr(str(tmp_path / "stage"))).replace("range(90)", "range(2)")
+            .replace("batch_size=256", "batch_size=8").replace("size=224", "size=32, resize_shorter=32")
+            .replace('decoder="auto"', 'decoder="dali-cpu", threads=1'))
+    code += "\nassert images.shape == (8, 3, 32, 32) and state['epoch'] == 1\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
