@@ -30,14 +30,15 @@ def worker(out: Path, repeats: int) -> None:
     import torch.distributed as dist
     from mpi4py import MPI
 
-    from ddpipe.comm import init_comm
-    from ddpipe.train.ddp import init_process_group
+    import ddpipe.distributed
     from ddpipe.train.models import build_model
     from ddpipe.train.mpi_allreduce import MPIGradientAverager
     from ddpipe.train.step import train_step
 
     torch.set_num_threads(1)
-    comm = init_comm()
+    job = ddpipe.distributed.init("cpu")
+    ddpipe.distributed.init_process_group(job)  # torch.distributed's group at every size, for the DDP figure
+    comm = job.comm
     world = MPI.COMM_WORLD
     model = build_model("resnet50")
     params = [p for p in model.parameters()]
@@ -46,7 +47,6 @@ def worker(out: Path, repeats: int) -> None:
     for p in params:
         p.grad.copy_(torch.randn_like(p))  # gradients as backward leaves them (views into the buckets)
     raw = np.random.rand(count).astype(np.float32)
-    init_process_group(comm, torch.device("cpu"))
     flat = torch.randn(count)
     chunks = list(flat.split(25 * 2**20 // 4))
     times: dict[str, list[float]] = {"mpi": [], "raw": [], "ddp": []}
@@ -68,16 +68,14 @@ def worker(out: Path, repeats: int) -> None:
         times["ddp"].append(time.perf_counter() - t0)
     # step time of data parallelism on synthetic data
     small = build_model("resnet18", 10)
-    step_avg = MPIGradientAverager(small, comm.gradient_channel()) if comm.world.size > 1 else None
-    if step_avg:
-        step_avg.broadcast_parameters()
+    stepped = ddpipe.distributed.wrap(small, job, "mpi")
     opt = torch.optim.SGD(small.parameters(), lr=0.01)
     x, y = torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))
     steps = []
     for i in range(repeats + 2):
         world.Barrier()
         t0 = time.perf_counter()
-        train_step(small, opt, x, y, step_avg)
+        train_step(stepped, opt, x, y)
         if i >= 2:
             steps.append(time.perf_counter() - t0)
     result = {k: max(world.allgather(median(v))) for k, v in times.items()}

@@ -116,6 +116,7 @@ def run_train(root: Path, epochs: int, classes: int) -> dict[str, Any]:
     import torch
 
     import ddpipe
+    import ddpipe.distributed
     from ddpipe.decode import DecodeOptions
     from ddpipe.train.loop import Trainer, TrainOptions
     from ddpipe.train.models import build_model
@@ -125,7 +126,8 @@ def run_train(root: Path, epochs: int, classes: int) -> dict[str, Any]:
     loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle="local",
                            decode_options=DecodeOptions(dtype="float16", channels_last=True))
     options = TrainOptions(epochs=epochs, amp=True, channels_last=True)
-    trainer = Trainer(build_model("resnet50", classes), loader, loader.comm, options, log=lambda line: None)
+    job = ddpipe.distributed.init("cuda", comm=loader.comm)
+    trainer = Trainer(build_model("resnet50", classes), loader, job, options, log=lambda line: None)
     logs = trainer.fit()[1:]  # the first epoch warms up cuDNN's choices and DALI's buffers
     fed = median([log.images_per_s for log in logs])
     stall = median([log.stall for log in logs])
@@ -134,11 +136,11 @@ def run_train(root: Path, epochs: int, classes: int) -> dict[str, Any]:
     images = images.contiguous(memory_format=torch.channels_last)
     steps = max(len(loader), 20)
     for _ in range(5):
-        train_step(trainer.trained, trainer.optimizer, images, labels, None, trainer.scaler, trainer.amp_dtype)
+        train_step(trainer.trained, trainer.optimizer, images, labels, trainer.scaler, trainer.amp_dtype)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
-        train_step(trainer.trained, trainer.optimizer, images, labels, None, trainer.scaler, trainer.amp_dtype)
+        train_step(trainer.trained, trainer.optimizer, images, labels, trainer.scaler, trainer.amp_dtype)
     torch.cuda.synchronize()
     alone = steps * len(labels) / (time.perf_counter() - t0)
     return {"fed_img_s": fed, "alone_img_s": alone, "stall": stall,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -132,36 +133,42 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from .comm import init_comm
     from .decode import DecodeOptions
     from .pipeline import Loader
+    from .train import distributed
     from .train.loop import Trainer, TrainOptions
     from .train.models import build_model
 
-    comm = init_comm()
+    job = distributed.init(args.device)
     torch.manual_seed(args.seed)
-    common = {"decode": args.decode, "device": args.device, "comm": comm, "seed": args.seed}
-    size = DecodeOptions(size=args.image_size, resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)),
-                         dtype=args.dtype)
-    loader = Loader(args.dataset, args.batch_size, shuffle=args.shuffle, exchange_fraction=args.exchange_fraction,
-                    shard_assignment=args.shard_assignment, drop_last=True, decode_options=size,
-                    stage_dir=args.stage_dir, stage_capacity=args.stage_capacity, **common)
+    size = DecodeOptions(decoder=args.decode, device=str(job.device), on_error=args.on_error, size=args.image_size,
+                         resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)), dtype=args.dtype)
+    loader = Loader(args.dataset, args.batch_size, decode=size, shuffle=args.shuffle,
+                    exchange_fraction=args.exchange_fraction, shard_assignment=args.shard_assignment, drop_last=True,
+                    stage_dir=args.stage_dir, stage_capacity=args.stage_capacity, seed=args.seed, comm=job.comm)
     evaluate = None
     if args.eval:
-        evaluate = Loader(args.eval, args.batch_size, shuffle="none", drop_last=False,
-                          decode_options=DecodeOptions(train=False, size=size.size,
-                                                       resize_shorter=size.resize_shorter, dtype=args.dtype),
-                          **common)
+        evaluate = Loader(args.eval, args.batch_size, decode=dataclasses.replace(size, train=False), shuffle="none",
+                          seed=args.seed, comm=job.comm)
     classes = len(loader.dataset.classes) or args.num_classes
     model = build_model(args.model, classes)
     options = TrainOptions(epochs=args.epochs, allreduce=args.allreduce, lr=args.lr, warmup_epochs=args.warmup_epochs,
                            amp=args.amp, channels_last=args.channels_last, checkpoint=args.checkpoint,
-                           checkpoint_every=args.checkpoint_every, max_steps=args.max_steps)
-    if comm.world.rank == 0:
+                           checkpoint_every=args.checkpoint_every, max_steps=args.max_steps, log_every=args.log_every)
+    if job.is_main:
         print(f"training {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters) on "
-              f"{comm.world.size} rank(s), {loader.decode} decoding on {loader.device}, global batch "
-              f"{args.batch_size * comm.world.size}, allreduce {args.allreduce}", flush=True)
-    Trainer(model, loader, comm, options, evaluate).fit()
+              f"{job.size} rank(s), {loader.decode} decoding on {loader.device}, global batch "
+              f"{args.batch_size * job.size}, allreduce {args.allreduce}", flush=True)
+    try:
+        Trainer(model, loader, job, options, evaluate).fit()
+        if loader.stats.get("skipped") and job.is_main:
+            print(f"skipped {loader.stats['skipped']} images that do not decode in the last epoch, e.g. "
+                  f"{', '.join(k for k, _, _ in loader.skipped[:3])}", flush=True)
+    finally:
+        loader.close()
+        if evaluate is not None:
+            evaluate.close()
+    distributed.shutdown(job)
     return 0
 
 
@@ -289,7 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-capacity", type=_size, default=None)
     p.add_argument("--checkpoint", type=Path, default=None, help="file to save to and resume from")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between mid-epoch checkpoints")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in total")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps, saving the checkpoint")
+    p.add_argument("--log-every", type=int, default=50, help="a progress line every this many steps (0: epochs only)")
+    p.add_argument("--on-error", choices=ON_ERROR, default="fail",
+                   help="an image that does not decode: stop naming it, or skip and count it")
     p.add_argument("--num-classes", type=int, default=1000, help="when the dataset names no classes")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_train)

@@ -14,6 +14,7 @@ import dataclasses
 import os
 import queue
 import threading
+import weakref
 from collections import defaultdict, deque
 from collections.abc import Generator, Iterator
 from dataclasses import asdict
@@ -100,6 +101,8 @@ class Loader:
             self.stager = NodeStager(self.dataset, options.stage, self.comm)
         self.skipped: list[tuple[str, str, str]] = []  # (key, shard, reason) of skipped samples, first 1,000
         self._decoder: Decoder | None = None
+        closing = weakref.WeakMethod(self.close)  # the job may end while this loader is alive
+        self.comm.at_end(lambda: (close := closing()) is not None and close())
 
     def close(self) -> None:
         """Release the decoder (its DALI pipeline, threads or processes); iterating again makes a new one."""
@@ -132,7 +135,16 @@ class Loader:
         return self._plan
 
     def __len__(self) -> int:
+        """Batches this epoch yields (what is left of it, after :meth:`load_state_dict`)."""
         return self.plan().num_batches
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches a whole epoch yields on this many ranks, resumed or not: what learning-rate
+        schedules count in (``len()`` counts what is left of a resumed epoch)."""
+        if self._pending is None:
+            return len(self)
+        return plan_epoch(self.dataset.manifest, self.comm.world.size, self.seed, self.epoch, self.options).num_batches
 
     def __iter__(self) -> Iterator[Any]:
         plan = self.plan()

@@ -23,11 +23,16 @@ def section(title: str) -> str:
 
 
 def test_readme_lists_exactly_the_exported_names() -> None:
+    import ddpipe.distributed
+
     groups = {}
     for group in ("runtime", "tools", "errors"):
         bullet = re.search(rf"^- \*\*{group}\*\*:(.*?)(?=^- \*\*|^\S|\Z)", section("Public API"), re.S | re.M)
         assert bullet is not None, group
-        groups[group] = {n for n in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", bullet.group(1))
+        text, _, distributed = bullet.group(1).partition("the module `ddpipe.distributed`")
+        for name in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", distributed):
+            assert name in ddpipe.distributed.__all__, name
+        groups[group] = {n for n in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", text)
                          if hasattr(ddpipe, n) or n[0].isupper()}
         groups[group] -= {"ValueError", "FileNotFoundError", "OSError"}  # built-ins named in passing
     listed = set().union(*groups.values())
@@ -53,3 +58,18 @@ def test_the_readmes_loading_example_runs(tmp_path: Path) -> None:
     code += "\nassert images.shape == (8, 3, 32, 32) and state['epoch'] == 1\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_readmes_training_script_runs(tmp_path: Path) -> None:
+    data = tmp_path / "train"
+    ddpipe.write_dataset(data, iter(labelled_samples(24, np.random.default_rng(0))), samples_per_shard=8,
+                         classes=[str(c) for c in range(6)])
+    script = re.search(r"## Your training script\n.*?```python\n(.*?)```", README.read_text(), re.S)
+    assert script is not None
+    code = (script.group(1).replace('"data/train"', repr(str(data)))
+            .replace('"/local/ssd"', repr(str(tmp_path / "s"))).replace('"resnet50"', '"smallcnn"')
+            .replace("range(90)", "range(2)").replace("batch_size=256", "batch_size=8")
+            .replace('"ckpt.pt"', repr(str(tmp_path / "ckpt.pt"))))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "ckpt.pt").exists()

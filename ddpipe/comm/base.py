@@ -6,9 +6,11 @@ which collective stalled and end the whole job with a non-zero exit.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -43,6 +45,18 @@ class Comm:
     def __init__(self, world: World | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.world = world or World()
         self.timeout = timeout
+        self._at_end: list[Callable[[], Any]] = []
+
+    def at_end(self, cleanup: Callable[[], Any]) -> None:
+        """Run ``cleanup`` before :meth:`end_job` ends the process (worker pools, shared memory)."""
+        self._at_end.append(cleanup)
+
+    def _clean_up(self) -> None:
+        for cleanup in reversed(self._at_end):
+            try:
+                cleanup()
+            except Exception:  # ending the job matters more than a clean-up that failed
+                continue
 
     def allgather(self, value: T) -> list[T]:
         return [value]
@@ -72,6 +86,13 @@ class Comm:
     def abort(self, message: str) -> None:
         print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
         raise SystemExit(1)
+
+    def end_job(self, code: int) -> None:
+        """End every process of the job now, with exit status ``code`` (after an error on this rank);
+        under torchrun, this process's exit makes torchrun end the others."""
+        self._clean_up()
+        sys.stderr.flush()
+        os._exit(code)
 
     def close(self) -> None:
         """Leave the job's collectives cleanly (every rank calls it, at the end)."""

@@ -9,6 +9,7 @@ that dies makes the launcher end the job; a rank that hangs makes the others abo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
@@ -40,6 +41,7 @@ class MPIComm(Comm):
         is_leader = local.Get_rank() == 0
         leaders = [r for r in mpi_comm.allgather(rank if is_leader else None) if r is not None]
         leader = local.bcast(rank if is_leader else None, root=0)
+        _unname_node_segment()  # every rank has passed MPI_Init: all have mapped it
         # the node's cores: every core some rank of it may run on (ranks bound to cores each see theirs)
         cores = len(set().union(*local.allgather(_affinity())))
         world = World(rank=rank, size=mpi_comm.Get_size(), local_rank=local.Get_rank(),
@@ -58,6 +60,11 @@ class MPIComm(Comm):
 
     def node_ranks(self) -> list[int]:
         return list(self._node_ranks)
+
+    def end_job(self, code: int) -> None:
+        self._clean_up()
+        sys.stderr.flush()
+        self._comm.Abort(code)  # the launcher ends every rank
 
     def gradient_channel(self) -> MPIGradientChannel:
         return MPIGradientChannel(self._comm.Dup(), self._mpi)
@@ -150,6 +157,19 @@ def abort_mpi_job(code: int) -> None:
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
         sys.stderr.flush()
         mpi.COMM_WORLD.Abort(code)
+
+
+def _unname_node_segment() -> None:
+    """Remove the name of MPICH's shared-memory segment for this node once every rank maps it (the
+    mappings live on): an aborted job, whose ranks the launcher kills outright, left it in /dev/shm."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/dev/shm/mpich_shm_" in line}
+    except OSError:
+        return
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _affinity() -> list[int]:

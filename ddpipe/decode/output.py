@@ -99,6 +99,8 @@ class PilDecoder:
                 continue
             keep.append(i)
             if result is not None:
+                if rows is not None:  # a worker without the shared ring sent it back: it goes in its row
+                    rows[i] = result
                 images.append(result)
             labels.append(label)
         if rows is not None:  # read out now: the shared rows are written again two batches on

@@ -12,6 +12,7 @@ import contextlib
 import io
 import math
 import os
+import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from multiprocessing.shared_memory import SharedMemory
@@ -53,92 +54,128 @@ def decode_one(data: bytes, options: DecodeOptions, seed: int, epoch: int, index
 
 Chunk = tuple[list[bytes], list[int], DecodeOptions, int, int, str | None, int]
 
+# In each worker process only: the parent's shared-memory batches, mapped once when the worker starts
+# (the parent unlinks their names once every worker has mapped them; see PilPool).
+_MAPPED: dict[str, tuple[SharedMemory, np.ndarray]] = {}
+
 
 def _decode_many(args: Chunk) -> list[np.ndarray | str | None]:
-    """Decode a chunk of a batch. With ``shm`` (a shared-memory batch), each image is written to its
-    row there and ``None`` comes back; else the image itself (pickled back to the parent)."""
+    """Decode a chunk of a batch. With ``shm`` (a shared-memory batch this worker mapped), each image
+    is written to its row there and ``None`` comes back; else the image itself (pickled back)."""
     datas, indices, options, seed, epoch, shm, first = args
     out: list[np.ndarray | str | None] = []
-    block, rows = _attach(shm, options) if shm is not None else (None, None)
-    try:
-        for j, (data, index) in enumerate(zip(datas, indices, strict=True)):
-            try:
-                image = decode_one(data, options, seed, epoch, index)
-            except (OSError, ValueError, SyntaxError) as e:  # reported per sample, not as a dead pool
-                out.append(f"{type(e).__name__}: {e}")
-                continue
-            if rows is not None:
-                rows[first + j] = image
-                out.append(None)
-            else:
-                out.append(image)
-    finally:
-        del rows
-        if block is not None:
-            block.close()
+    rows = _MAPPED[shm][1] if shm in _MAPPED else None
+    for j, (data, index) in enumerate(zip(datas, indices, strict=True)):
+        try:
+            image = decode_one(data, options, seed, epoch, index)
+        except (OSError, ValueError, SyntaxError) as e:  # reported per sample, not as a dead pool
+            out.append(f"{type(e).__name__}: {e}")
+            continue
+        if rows is not None:
+            rows[first + j] = image
+            out.append(None)
+        else:
+            out.append(image)
     return out
 
 
-def _attach(name: str, options: DecodeOptions) -> tuple[SharedMemory, np.ndarray]:
-    block = SharedMemory(name)
-    try:  # the parent owns it: this process's exit must not unlink it (Python < 3.13 tracks attachments)
-        from multiprocessing import resource_tracker
+def _start_worker(names: list[str], size: int) -> None:
+    _one_thread()
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):  # already unlinked: this worker pickles images back
+            block = SharedMemory(name)
+            _MAPPED[name] = (block, np.ndarray((block.size // (size * size * 3), size, size, 3), dtype=np.uint8,
+                                               buffer=block.buf))
 
-        resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
-    except (ImportError, AttributeError, KeyError):
-        pass
-    s = options.size
-    return block, np.ndarray((block.size // (s * s * 3), s, s, 3), dtype=np.uint8, buffer=block.buf)
+
+def _started() -> bool:
+    return True
 
 
 def _one_thread() -> None:
     """A worker is one of ``workers`` processes: torch's own threads would only oversubscribe the cores.
-    PIL's arrays are read-only and torch only reads them: its warning about that is noise here."""
+    PIL's arrays are read-only and torch only reads them: its warning about that is noise here. A
+    worker dies with its parent, however the parent ends (an aborted job kills ranks outright)."""
     import warnings
 
     import torch
+
+    _die_with_parent()
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
+def _die_with_parent() -> None:
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class PilPool:
     """Worker processes decoding batches; a batch is split into one chunk per worker. Workers write
     images into a shared-memory batch (a ring of three) rather than pickling them back: the parent
-    spent more time unpickling 150 KB images than the workers did decoding them."""
+    spent more time unpickling 150 KB images than the workers did decoding them.
+
+    The ring's names leave /dev/shm as soon as every worker has mapped it (the mappings live on), so
+    nothing is left there however the processes end: a rank killed outright by its launcher had left
+    its ring behind."""
 
     RING = 3  # two batches in flight, one being collected
 
     def __init__(self, options: DecodeOptions, batch_size: int) -> None:
         self.options = options
         self.batch_size = batch_size
-        self._pool = ProcessPoolExecutor(options.workers, mp_context=get_context("spawn"), initializer=_one_thread)
-        self._ring: list[SharedMemory] | None = None
+        self._ring = self._make_ring()
+        self._blocks = list(self._ring)  # for the release below
+        self._pool = ProcessPoolExecutor(options.workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                                         initargs=([b.name for b in self._ring], options.size))
         self._turn = 0
+        self._named = bool(self._ring)
+        # released when closed, collected, or at interpreter exit: a loader nobody closed left its
+        # shared-memory batches in /dev/shm
+        self._release = weakref.finalize(self, _release, self._pool, self._blocks)
 
     def _rows_bytes(self) -> int:
         return self.batch_size * self.options.size * self.options.size * 3
 
-    def _block(self) -> SharedMemory | None:
-        """The next shared-memory batch, or None where /dev/shm lacks room (a full tmpfs would kill
-        a worker with SIGBUS mid-write: images are pickled back instead)."""
-        if self._ring is None:
-            try:
-                shm = os.statvfs("/dev/shm")
-                free = shm.f_bavail * shm.f_frsize
-            except OSError:
-                free = 0
-            room = free >= 2 * self.RING * self._rows_bytes()
-            self._ring = [SharedMemory(create=True, size=self._rows_bytes()) for _ in range(self.RING)] if room else []
-        if not self._ring:
-            return None
-        self._turn += 1
-        return self._ring[self._turn % self.RING]
+    def _make_ring(self) -> list[SharedMemory]:
+        """The shared-memory batches, or none where /dev/shm lacks room (a full tmpfs would kill a
+        worker with SIGBUS mid-write: images are pickled back instead)."""
+        try:
+            shm = os.statvfs("/dev/shm")
+            free = shm.f_bavail * shm.f_frsize
+        except OSError:
+            free = 0
+        if free < 2 * self.RING * self._rows_bytes():
+            return []
+        return [SharedMemory(create=True, size=self._rows_bytes()) for _ in range(self.RING)]
+
+    def _unname(self) -> None:
+        """Start every worker (each submit starts one while none is idle), wait until each has mapped
+        the ring, then remove the ring's names."""
+        for f in [self._pool.submit(_started) for _ in range(self.options.workers)]:
+            f.result()
+        for block in self._ring:
+            with contextlib.suppress(FileNotFoundError):
+                block.unlink()
+        _unname_semaphores(self._pool)
+        self._named = False
 
     def submit(self, datas: list[bytes], indices: list[int], seed: int,
                epoch: int) -> tuple[list[Future[list[np.ndarray | str | None]]], np.ndarray | None]:
-        """The chunks' futures, and the rows (a view of shared memory) the images land in, if any."""
-        block = self._block()
+        """The chunks' futures, and the rows (a view of shared memory) the images land in, if any;
+        a chunk whose worker could not map the ring sends its images back instead."""
+        if self._named:
+            self._unname()
+        block = None
+        if self._ring:
+            self._turn += 1
+            block = self._ring[self._turn % self.RING]
         name = block.name if block is not None else None
         n = self.options.workers
         step = max(1, math.ceil(len(datas) / n))
@@ -150,9 +187,34 @@ class PilPool:
         return futures, rows
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for block in self._ring or []:
-            with contextlib.suppress(BufferError):  # a view of it is still about: the mapping goes with it
-                block.close()
+        self._release()
+        self._ring = []
+
+
+def _unname_semaphores(pool: ProcessPoolExecutor) -> None:
+    """Remove the names of the pool's queue semaphores (in /dev/shm) now that every worker has opened
+    them: they stay usable, and a pool killed outright leaves none behind. Done through the finalizer
+    multiprocessing itself registers for each, so its resource tracker stays in step; the queues are
+    the executor's private attributes, so anything unexpected is left as it is."""
+    from multiprocessing import util
+    from multiprocessing.synchronize import SemLock
+
+    locks = [getattr(queue, name, None) for queue in (getattr(pool, "_call_queue", None),
+                                                       getattr(pool, "_result_queue", None))
+             for name in ("_rlock", "_wlock", "_sem")]
+    mine = {id(lock) for lock in locks if isinstance(lock, SemLock)}
+    registry = getattr(util, "_finalizer_registry", {})
+    for finalizer in list(registry.values()):
+        target = getattr(finalizer, "_weakref", None)
+        if target is not None and id(target()) in mine:
+            finalizer()  # unlinks the name and tells the resource tracker
+
+
+def _release(pool: ProcessPoolExecutor, blocks: list[SharedMemory]) -> None:
+    pool.shutdown(wait=False, cancel_futures=True)
+    for block in blocks:
+        with contextlib.suppress(BufferError):  # a view of it is still about: the mapping goes with it
+            block.close()
+        with contextlib.suppress(FileNotFoundError):
             block.unlink()
-        self._ring = None
+    blocks.clear()

@@ -18,12 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..comm import Comm, launched_by_mpi
 from ..decode import normalize
-from ..errors import DdpipeError
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
-from .mpi_allreduce import DEFAULT_BUCKET_BYTES, MPIGradientAverager
+from .distributed import DataParallel, Job, wrap
+from .mpi_allreduce import DEFAULT_BUCKET_BYTES
 from .step import train_step
 
 
@@ -41,7 +40,9 @@ class TrainOptions:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     checkpoint: Path | None = None
     checkpoint_every: int = 0  # steps; 0: at the end of each epoch only
-    max_steps: int = 0  # stop after this many steps in total (0: no limit), e.g. to test resumption
+    max_steps: int = 0  # stop after this many steps in total (0: no limit), saving a checkpoint first
+    log_every: int = 0  # a progress line every this many steps (0: at epoch ends only)
+    progress_bar: bool = True  # a bar on rank 0, when it writes to a terminal
 
 
 @dataclass
@@ -73,33 +74,22 @@ def scaled_lr(opt: TrainOptions, global_batch: int, epoch_fraction: float) -> fl
 
 
 class Trainer:
-    def __init__(self, model: nn.Module, loader: Loader, comm: Comm, options: TrainOptions,
+    """``ddpipe train``'s loop, built on :mod:`ddpipe.distributed` as a user's own script would be:
+    the model is wrapped with :func:`~ddpipe.distributed.wrap` for the job ``job``."""
+
+    def __init__(self, model: nn.Module, loader: Loader, job: Job, options: TrainOptions,
                  evaluate: Loader | None = None, log: Callable[[str], None] | None = None) -> None:
         self.opt = options
-        self.loader, self.eval_loader, self.comm = loader, evaluate, comm
-        self.device = loader.device or torch.device("cpu")
+        self.loader, self.eval_loader, self.job, self.comm = loader, evaluate, job, job.comm
+        self.device = loader.device or job.device
         self.model = model.to(self.device)
         if options.channels_last:
             # supported at run time; torch's stubs omit memory_format from Module.to
             self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        self.log = log or (lambda line: print(line, flush=True) if comm.world.rank == 0 else None)
+        self.log = log or (lambda line: print(line, flush=True) if job.is_main else None)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=options.lr, momentum=options.momentum,
                                          weight_decay=options.weight_decay)
-        self.averager: MPIGradientAverager | None = None
-        if options.allreduce == "mpi" and comm.world.size > 1 and not launched_by_mpi():
-            raise DdpipeError("allreduce='mpi' needs an MPI launcher (mpiexec or srun); under torchrun use 'ddp'")
-        if options.allreduce == "mpi" and comm.world.size > 1:
-            self.averager = MPIGradientAverager(self.model, comm.gradient_channel(), options.bucket_bytes)
-            self.averager.broadcast_parameters()
-            self.trained: nn.Module = self.model
-        elif options.allreduce == "ddp" and comm.world.size > 1:
-            from .ddp import wrap_ddp
-
-            self.trained = wrap_ddp(self.model, comm, self.device, options.bucket_bytes)
-        elif options.allreduce in ("ddp", "mpi"):
-            self.trained = self.model
-        else:
-            raise ValueError(f"allreduce must be 'ddp' or 'mpi', not {options.allreduce!r}")
+        self.trained: DataParallel = wrap(self.model, job, options.allreduce, options.bucket_bytes)
         use_amp = options.amp and self.device.type == "cuda"
         self.amp_dtype = torch.float16 if use_amp else None
         self.scaler = torch.amp.GradScaler("cuda") if use_amp else None
@@ -121,6 +111,10 @@ class Trainer:
 
     def fit(self) -> list[EpochLog]:
         logs = []
+        if self.epoch >= self.opt.epochs:
+            where = f" ({self.opt.checkpoint})" if self.opt.checkpoint else ""
+            self.log(f"nothing left to do: the checkpoint{where} has finished all {self.opt.epochs} epochs; "
+                     "ask for more with --epochs")
         while self.epoch < self.opt.epochs:
             if self.opt.max_steps and self.step >= self.opt.max_steps:
                 break
@@ -132,27 +126,39 @@ class Trainer:
         if loader.epoch != self.epoch:
             loader.set_epoch(self.epoch)
         batches = max(len(loader), 1)
+        whole = max(loader.batches_per_epoch, 1)
+        before = whole - len(loader)  # batches a resumed epoch had already done
         self.trained.train()
         t_epoch = time.perf_counter()
         t_wait = time.perf_counter()
         stopped = False
+        bar = self._bar(batches)
         for images, labels in loader:
             log.wait_seconds += time.perf_counter() - t_wait
             for group in self.optimizer.param_groups:
-                group["lr"] = scaled_lr(self.opt, self.global_batch, self.epoch + log.steps / batches)
-            loss = train_step(self.trained, self.optimizer, self._images(images), labels, self.averager,
-                              self.scaler, self.amp_dtype)
+                group["lr"] = scaled_lr(self.opt, self.global_batch, self.epoch + (before + log.steps) / whole)
+            loss = train_step(self.trained, self.optimizer, self._images(images), labels, self.scaler,
+                              self.amp_dtype)
             log.loss_sum += float(loss) * len(labels)
             log.images += len(labels)
             log.steps += 1
             self.step += 1
             if self.opt.checkpoint and self.opt.checkpoint_every and self.step % self.opt.checkpoint_every == 0:
                 self.save(self.opt.checkpoint)
+            if self.opt.log_every and log.steps % self.opt.log_every == 0 and log.steps < batches:
+                self._progress(log, batches, time.perf_counter() - t_epoch)
+            if bar is not None:
+                bar.update()
             if self.opt.max_steps and self.step >= self.opt.max_steps:
                 stopped = True
+                if self.opt.checkpoint:  # a run told to stop keeps what it did
+                    self.save(self.opt.checkpoint)
+                    self.log(f"stopped after step {self.step} (--max-steps); checkpoint {self.opt.checkpoint}")
                 break
             t_wait = time.perf_counter()
         log.seconds = time.perf_counter() - t_epoch
+        if bar is not None:
+            bar.close()
         if not stopped:
             self.epoch += 1
             if self.eval_loader is not None:
@@ -172,6 +178,26 @@ class Trainer:
                 total += len(labels)
         both = self.comm.allgather((correct, total))
         return sum(c for c, _ in both) / max(sum(t for _, t in both), 1)
+
+    def _bar(self, batches: int) -> Any:
+        """A progress bar on rank 0 when it writes to a terminal."""
+        import sys
+
+        if not (self.opt.progress_bar and self.job.is_main and sys.stderr.isatty()):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=batches, desc=f"epoch {self.epoch}", unit="step", dynamic_ncols=True, leave=False)
+
+    def _progress(self, log: EpochLog, batches: int, seconds: float) -> None:
+        """A line every ``log_every`` steps: every rank's figures so far (every rank is at this step)."""
+        mine = {"images": log.images, "wait": log.wait_seconds, "loss": log.loss_sum}
+        ranks = self.comm.allgather(mine)
+        images = sum(r["images"] for r in ranks)
+        loss = sum(r["loss"] for r in ranks) / max(images, 1)
+        waits = " ".join(f"{100 * r['wait'] / max(seconds, 1e-9):.0f}%" for r in ranks)
+        self.log(f"epoch {log.epoch} step {log.steps}/{batches}: {images / max(seconds, 1e-9):.0f} images/s, "
+                 f"loss {loss:.4f}, data wait per rank {waits}")
 
     def _report(self, log: EpochLog) -> None:
         mine = {"images": log.images, "seconds": log.seconds, "wait": log.wait_seconds, "loss": log.loss_sum}
@@ -203,7 +229,5 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch = state["step"], state["epoch"]
         self.loader.load_state_dict(state["loader"])
-        if self.averager is not None:
-            self.averager.broadcast_parameters()
         self.log(f"resumed from {path}: epoch {self.epoch}, step {self.step}, "
                  f"{len(self.loader)} batches left in the epoch")

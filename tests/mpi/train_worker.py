@@ -10,10 +10,8 @@ import sys
 
 import torch
 
-from ddpipe.comm import init_comm
-from ddpipe.train.ddp import wrap_ddp
+import ddpipe.distributed
 from ddpipe.train.models import SmallCNN
-from ddpipe.train.mpi_allreduce import MPIGradientAverager
 from ddpipe.train.step import train_step
 
 GLOBAL_BATCH, STEPS = 16, 4
@@ -27,22 +25,15 @@ def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def main() -> None:
     path, out = sys.argv[1], sys.argv[2]
-    comm = init_comm(timeout=60)
-    rank, world = comm.world.rank, comm.world.size
+    job = ddpipe.distributed.init("cpu", timeout=60)
+    rank, world = job.rank, job.size
     torch.manual_seed(100 + rank)  # different on every rank: the start from rank 0 must be enforced
     model = SmallCNN(5, batch_norm=False)
-    averager = None
-    if path == "mpi":
-        # several buckets, even for a small model
-        averager = MPIGradientAverager(model, comm.gradient_channel(), bucket_bytes=4096)
-        averager.broadcast_parameters()
-        trained = model
-    else:
-        trained = wrap_ddp(model, comm, torch.device("cpu"), bucket_bytes=4096)  # DDP broadcasts rank 0's
+    trained = ddpipe.distributed.wrap(model, job, path, bucket_bytes=4096)  # several buckets, even for a small model
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     per = GLOBAL_BATCH // world
     for x, y in batches():
-        train_step(trained, opt, x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per], averager)
+        train_step(trained, opt, x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per])
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out)
 

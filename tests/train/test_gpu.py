@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import ddpipe
+import ddpipe.distributed
 from ddpipe.comm import Comm
 from ddpipe.decode import DecodeOptions
 from ddpipe.train.loop import Trainer, TrainOptions
@@ -39,7 +40,8 @@ def test_amp_channels_last_training_on_gpu_decoded_batches_learns(data: Path, dt
     torch.manual_seed(0)
     loader = ddpipe.Loader(data, 16, decode="dali-gpu", device="cuda", shuffle="local", drop_last=True,
                            decode_options=DecodeOptions(size=32, resize_shorter=36, dtype=dtype, channels_last=True))
-    trainer = Trainer(SmallCNN(6), loader, Comm(), TrainOptions(epochs=6, lr=0.05, amp=True, channels_last=True),
+    job = ddpipe.distributed.init("cuda", comm=Comm())
+    trainer = Trainer(SmallCNN(6), loader, job, TrainOptions(epochs=6, lr=0.05, amp=True, channels_last=True),
                       log=lambda line: None)
     assert trainer.scaler is not None and trainer.amp_dtype == torch.float16
     logs = trainer.fit()

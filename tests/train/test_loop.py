@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ddpipe
+import ddpipe.distributed
 from ddpipe.decode import DecodeOptions
 from ddpipe.train.loop import Trainer, TrainOptions, scaled_lr
 from ddpipe.train.models import SmallCNN
@@ -39,7 +40,7 @@ def loader(data: Path) -> ddpipe.Loader:
 
 def trainer(data: Path, checkpoint: Path, **kw: object) -> Trainer:
     torch.manual_seed(0)
-    return Trainer(SmallCNN(6), loader(data), ddpipe.comm.Comm(),
+    return Trainer(SmallCNN(6), loader(data), ddpipe.distributed.init("cpu", comm=ddpipe.comm.Comm()),
                    TrainOptions(epochs=2, lr=0.05, checkpoint=checkpoint, **kw),  # type: ignore[arg-type]
                    log=lambda line: None)
 
@@ -66,3 +67,12 @@ def test_channels_last_training_on_cpu(data: Path, tmp_path: Path) -> None:
     assert t.step == 2
     conv = next(m for m in t.model.modules() if isinstance(m, torch.nn.Conv2d))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_warm_up_continues_where_a_resumed_epoch_stopped(data: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    trainer(data, ckpt, warmup_epochs=2, checkpoint_every=1, max_steps=3).fit()
+    resumed = trainer(data, ckpt, warmup_epochs=2, max_steps=4)  # one step more: the 4th of epoch 0's 6
+    resumed.fit()
+    opt = resumed.opt
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(scaled_lr(opt, 8, 3 / 6))  # 3 of 6 done

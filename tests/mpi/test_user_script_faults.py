@@ -1,0 +1,86 @@
+"""A user's own script under mpiexec: one rank's exception ends the whole job at once, and Ctrl-C to
+the launcher leaves no process and no shared memory behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ddpipe
+
+from ..conftest import BIN, mpiexec
+
+pytestmark = pytest.mark.mpi
+WORKER = Path(__file__).with_name("user_script_worker.py")
+
+
+@pytest.fixture(scope="module")
+def data(raw_images: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("faults") / "wds"
+    ddpipe.convert(raw_images, root, ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    return root
+
+
+@pytest.mark.parametrize(("ranks", "failing"), [(2, 1), (3, 0), (3, 2)])
+def test_an_exception_on_one_rank_ends_the_job(data: Path, tmp_path: Path, ranks: int, failing: int) -> None:
+    proc = mpiexec(ranks, WORKER, data, tmp_path, "raise", str(failing), timeout=120)
+    ended = time.time()
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert output.count(f"RuntimeError: a bad thing on rank {failing}") == 1, output  # that rank's error, once
+    # the others waited in a collective the failing rank never joined: without ending the job they would
+    # have waited out the 300 s collective timeout
+    assert ended - float((tmp_path / "raised_at").read_text()) < 15
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _new_segments(before: set[str]) -> set[str]:
+    return _shm() - before  # ours (psm_), the decoder pool's semaphores (sem.mp-), MPICH's (mpich_shm_)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path) -> None:
+    exe = shutil.which("mpiexec", path=str(BIN))
+    assert exe is not None
+    before = _shm()
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    launcher = subprocess.Popen([exe, "-n", "2", sys.executable, str(WORKER), str(data), str(tmp_path), "wait"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    pid_files = [tmp_path / f"pids.{r}" for r in range(2)]
+    deadline = time.monotonic() + 120
+    while not all(f.exists() for f in pid_files) and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # polling for the ranks to get going, not a timing assertion
+    assert all(f.exists() for f in pid_files), launcher.communicate(timeout=30)[0]
+    pids = [pid for f in pid_files for pid in json.loads(f.read_text())]
+    assert len(pids) > 2  # the ranks and their decoders' worker processes
+    launcher.send_signal(signal.SIGINT)
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    # workers die with their rank and the resource tracker unlinks what is left once the ranks are gone:
+    # both happen just after the launcher returns, so wait (bounded) for them to be done
+    settle = time.monotonic() + 20
+    while time.monotonic() < settle and (any(map(_alive, pids)) or _new_segments(before)):
+        time.sleep(0.1)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:  # clean up before failing, never leave them to the next test
+        os.kill(pid, signal.SIGKILL)
+    assert not left, output
+    assert not _new_segments(before), output

@@ -1,0 +1,61 @@
+"""A user's training script, run by test_user_script_faults.py under mpiexec.
+
+argv: DATA OUT MODE [RANK]. ``raise``: rank RANK raises after its first batch, the others train on
+(and wait for it in the next collective). ``wait``: every rank writes its pid and its decoder's
+worker pids, then trains on until interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import ddpipe
+import ddpipe.distributed
+from ddpipe.train.models import SmallCNN
+
+
+def main() -> None:
+    data, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    job = ddpipe.distributed.init("cpu", timeout=300)
+    decode = ddpipe.DecodeOptions(decoder="pil" if mode == "wait" else "dali-cpu", size=32, resize_shorter=32,
+                                  dtype="uint8", threads=2)
+    loader = ddpipe.Loader(data, 4, decode=decode, shuffle="partial", drop_last=True, comm=job.comm)
+    model = ddpipe.distributed.wrap(SmallCNN(3), job)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(10_000):
+        loader.set_epoch(epoch)
+        for step, (x, y) in enumerate(loader):
+            model.zero_grad()
+            model.backward(torch.nn.functional.cross_entropy(model(ddpipe.normalize(x)), y))
+            optimizer.step()
+            if mode == "raise" and job.rank == int(sys.argv[4]) and step == 1:
+                (out / "raised_at").write_text(str(time.time()))
+                raise RuntimeError(f"a bad thing on rank {job.rank}")
+            if mode == "wait" and epoch == 0 and step == 0:
+                (out / f"pids.{job.rank}").write_text(json.dumps([os.getpid(), *descendants(os.getpid())]))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (the decoder's workers, the resource tracker), read from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parents.items() if p in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""``ddpipe train`` for a person watching it: progress lines, a checkpoint when told to stop, skipping
+images that do not decode, and a plain answer when a resumed run has nothing left to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ddpipe
+
+from ..conftest import run_cli
+from ..decode.test_decode import labelled_samples
+
+TRAIN = ["--model", "smallcnn", "--batch-size", "4", "--image-size", "32", "--decode", "dali-cpu", "--dtype", "uint8"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cmd") / "wds"
+    samples = labelled_samples(24, np.random.default_rng(5))
+    samples[7]["jpg"] = samples[7]["jpg"][: len(samples[7]["jpg"]) // 2]  # cut in half: does not decode
+    ddpipe.write_dataset(root, iter(samples), samples_per_shard=8, classes=[str(c) for c in range(6)])
+    return root
+
+
+def test_progress_lines_and_a_checkpoint_when_stopped(data: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    proc = run_cli("train", data, *TRAIN, "--epochs", "2", "--log-every", "2", "--max-steps", "5",
+                   "--on-error", "skip", "--checkpoint", ckpt, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch 0 step ")]
+    assert [ln.split()[3] for ln in steps] == ["2/6:", "4/6:"]
+    assert all("images/s" in ln and "loss" in ln and "data wait per rank" in ln for ln in steps)
+    assert "stopped after step 5 (--max-steps)" in proc.stdout and ckpt.exists()
+    rest = run_cli("train", data, *TRAIN, "--epochs", "2", "--on-error", "skip", "--checkpoint", ckpt, timeout=300)
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert "resumed from" in rest.stdout and "epoch 1:" in rest.stdout
+    again = run_cli("train", data, *TRAIN, "--epochs", "2", "--checkpoint", ckpt, timeout=300)
+    assert again.returncode == 0 and "nothing left to do" in again.stdout, again.stdout + again.stderr
+
+
+def test_a_bad_image_stops_training_naming_it_unless_skipped(data: Path) -> None:
+    proc = run_cli("train", data, *TRAIN, timeout=300)
+    assert proc.returncode == 1 and "img/0007" in proc.stderr and "Traceback" not in proc.stderr
+    skipped = run_cli("train", data, *TRAIN, "--on-error", "skip", timeout=300)
+    assert skipped.returncode == 0, skipped.stderr
+    assert "skipped 1 images that do not decode" in skipped.stdout and "img/0007" in skipped.stdout
