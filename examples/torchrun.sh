@@ -1,6 +1,6 @@
 #!/bin/bash
 # The same training on one node of 8 GPUs, launched by torchrun instead of an MPI launcher.
-# ddpipe's own collectives (the sample exchange) then go through torch.distributed (gloo), and
+# ddpipe's own collectives (the sample exchange) then go through a gloo group of its own, and
 # gradients through DDP (NCCL); allreduce=mpi needs mpiexec or srun.
 set -euo pipefail
 DATA=${1:-/data/imagenet-wds}
