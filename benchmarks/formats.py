@@ -3,7 +3,8 @@
     python benchmarks/formats.py [--n 3000] [--repeats 5] [--shard-size 64MB]
 
 For every format: conversion MB/s (ImageFolder -> shards, one writer), then sequential read MB/s
-of the whole dataset, cold (evicted from the page cache) and warm, as a ratio to a plain
+of the whole dataset (each shard's checksum checked before its samples are read, as the Loader
+does, and without that check), cold (evicted from the page cache) and warm, as a ratio to a plain
 ``open().readinto()`` of the same shard files measured in the same run, right before; and the
 ``webdataset`` library reading the same tar shards. Medians of ``--repeats`` runs.
 """
@@ -43,10 +44,13 @@ def raw_read(files: list[Path]) -> int:
     return n
 
 
-def ddpipe_read(root: Path) -> int:
+def ddpipe_read(root: Path, verify: bool = True) -> int:
+    """Every sample, shard by shard; ``verify``: each shard's checksum checked first (the Loader's default)."""
+    dataset = ddpipe.open_dataset(root)
     n = 0
-    for sample in ddpipe.open_dataset(root):
-        n += len(sample["jpg"]) + len(sample["cls"])
+    for shard in range(len(dataset.manifest.shards)):
+        for sample in dataset.iter_shard(shard, verify=verify):
+            n += len(sample["jpg"]) + len(sample["cls"])
     return n
 
 
@@ -72,7 +76,8 @@ def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: i
         convert_times.append(seconds)
     files = shard_files(out)
     nbytes = manifest.num_bytes
-    speed: dict[str, list[float]] = {k: [] for k in ("cold", "cold_raw", "warm", "warm_raw", "peer_cold", "peer_warm")}
+    speed: dict[str, list[float]] = {k: [] for k in ("cold", "cold_raw", "warm", "warm_raw", "peer_cold", "peer_warm",
+                                                     "cold_unchecked", "warm_unchecked")}
     for _ in range(repeats):
         # reference and subject alternate within each repeat, so drift in the machine hits both
         evict_page_cache(files)
@@ -81,6 +86,9 @@ def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: i
         speed["cold"].append(nbytes / timed(ddpipe_read, out)[0] / 1e6)
         speed["warm_raw"].append(nbytes / timed(raw_read, files)[0] / 1e6)
         speed["warm"].append(nbytes / timed(ddpipe_read, out)[0] / 1e6)
+        evict_page_cache(files)
+        speed["cold_unchecked"].append(nbytes / timed(ddpipe_read, out, False)[0] / 1e6)
+        speed["warm_unchecked"].append(nbytes / timed(ddpipe_read, out, False)[0] / 1e6)
         if fmt == "wds":
             evict_page_cache(files)
             speed["peer_cold"].append(nbytes / timed(webdataset_read, files)[0] / 1e6)
@@ -93,7 +101,8 @@ def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: i
                 "cold_mb_s": median(cold), "cold_ratio": ratio(cold, speed["cold_raw"]),
                 "warm_mb_s": median(warm), "warm_ratio": ratio(warm, speed["warm_raw"])}
 
-    rows = [row(f"ddpipe {fmt}", speed["cold"], speed["warm"], image_bytes / 1e6 / median(convert_times))]
+    rows = [row(f"ddpipe {fmt}", speed["cold"], speed["warm"], image_bytes / 1e6 / median(convert_times)),
+            row(f"ddpipe {fmt}, no integrity check", speed["cold_unchecked"], speed["warm_unchecked"], None)]
     if fmt == "wds":
         rows.append(row("webdataset lib (same tars)", speed["peer_cold"], speed["peer_warm"], None))
     return rows

@@ -58,12 +58,13 @@ def run_peer(name: str, images: Path, shards: Path, dtype: str) -> tuple[int, fl
     return timed_epochs(make_peer(name, inputs, PeerOptions(batch_size=BATCH, size=SIZE, dtype=dtype, workers=CORES)))
 
 
-def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, antialias: bool = True) -> tuple[int, float]:
+def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, antialias: bool = True,
+               verify: bool = True) -> tuple[int, float]:
     import ddpipe
     from ddpipe.decode import DecodeOptions
 
     loader = ddpipe.Loader(root, BATCH, decode=decode, device="cpu", shuffle=shuffle, exchange_fraction=0.3,
-                           decode_options=DecodeOptions(dtype=dtype, antialias=antialias))
+                           decode_options=DecodeOptions(dtype=dtype, antialias=antialias), verify=verify)
     epoch = [0]
 
     def batches():  # type: ignore[no-untyped-def]
@@ -116,6 +117,8 @@ def runs(images: Path, data: Path) -> dict[str, tuple[int, list[str]]]:
     out["ddpipe wds, dali-cpu, none, uint8"] = (1, ["ddpipe", str(data / "wds"), "none", "dali-cpu", "uint8"])
     out["ddpipe wds, dali-cpu, none, uint8, no antialias"] = (1, ["ddpipe", str(data / "wds"), "none", "dali-cpu",
                                                                   "uint8", "noaa"])
+    out["ddpipe wds, dali-cpu, none, no integrity check"] = (1, ["ddpipe", str(data / "wds"), "none", "dali-cpu",
+                                                                 "float32", "nocheck"])
     out["ddpipe wds, pil, none"] = (1, ["ddpipe", str(data / "wds"), "none", "pil", "float32"])
     out["ddpipe wds, dali-cpu, partial, 2 ranks"] = (2, ["ddpipe", str(data / "wds"), "partial", "dali-cpu", "float32"])
     out["ddpipe wds, dali-cpu, partial, 2 ranks, uint8"] = (2, ["ddpipe", str(data / "wds"), "partial", "dali-cpu",
@@ -130,7 +133,8 @@ def child(args: list[str], images: Path, data: Path, out: Path) -> None:
     elif kind in ("torch", "webdataset", "dali-file", "dali-wds"):
         n, s = run_peer(kind, images, data / "wds", args[1] if len(args) > 1 else "float32")
     else:
-        n, s = run_ddpipe(Path(args[1]), args[2], args[3], args[4], antialias=args[5:] != ["noaa"])
+        n, s = run_ddpipe(Path(args[1]), args[2], args[3], args[4], antialias="noaa" not in args[5:],
+                          verify="nocheck" not in args[5:])
     if os.environ.get("PMI_RANK", "0") == "0":
         out.write_text(json.dumps({"images": n, "seconds": s, "peak_mb": peak_mb()}))
 

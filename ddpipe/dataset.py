@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +29,19 @@ class ShardStore(Protocol):
 
     def release(self, shard: int) -> None: ...
 
+    def invalidate(self, shard: int) -> None:
+        """Its copy of ``shard`` differs from the manifest: drop it (to be staged again)."""
+
 
 class Dataset:
     """A dataset opened by :func:`open_dataset`: its manifest, its length, its samples shard by shard.
 
     Reads take two optional inputs: ``store``, the staged copies to read instead of the dataset's
     own files, and ``limits``, a slow-source model that every shard opened and byte read from the
-    dataset's own directory pays (tests and benchmarks)."""
+    dataset's own directory pays (tests and benchmarks). Sequential reads ``verify`` each shard
+    first: its bytes must hash to the manifest's checksum (and a tar's index must agree with it), so
+    a replaced or damaged shard is an error naming it before any of its samples is used. A staged
+    copy that fails is dropped and the source read instead."""
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest) -> None:
         self.root = Path(root)
@@ -74,21 +81,38 @@ class Dataset:
             what = "truncated" if size < info.bytes else "larger than recorded"
             raise CorruptShardError(f"{what}: index.json says {info.bytes} bytes, file has {size}", path=path)
 
-    def open_shard(self, shard: int, store: ShardStore | None = None) -> ShardReader:
-        """A reader over one shard (its copy in ``store``, if given), checked against its manifest entry."""
+    def open_shard(self, shard: int, store: ShardStore | None = None, *, verify: bool = False) -> ShardReader:
+        """A reader over one shard (its copy in ``store``, if given), checked against its manifest
+        entry: size and sample count, and with ``verify`` its content."""
         info = self.manifest.shards[shard]
-        path = store.path(shard) if store is not None else self.root / info.file
+        source = self.root / info.file
+        path = store.path(shard) if store is not None else source
+        try:
+            return self._open(info, path, verify)
+        except CorruptShardError as e:
+            if store is None or path == source:
+                raise
+            print(f"ddpipe: warning: staged copy {e}; reading the source instead", file=sys.stderr, flush=True)
+            store.invalidate(shard)
+            return self._open(info, source, verify)
+
+    def _open(self, info: ShardInfo, path: Path, verify: bool) -> ShardReader:
         self._check_file(info, path)
         reader = self.format.reader(path)
-        if len(reader) != info.samples:
+        try:
+            if len(reader) != info.samples:
+                raise CorruptShardError(f"holds {len(reader)} samples, index.json says {info.samples}", path=path)
+            if verify:
+                self.format.verify(reader, info.checksum)
+        except BaseException:
             reader.close()
-            raise CorruptShardError(f"holds {len(reader)} samples, index.json says {info.samples}", path=path)
+            raise
         return reader
 
     def iter_shard(self, shard: int, start: int = 0, *, store: ShardStore | None = None,
-                   limits: SourceLimits | None = None) -> Iterator[Sample]:
+                   limits: SourceLimits | None = None, verify: bool = True) -> Iterator[Sample]:
         """The samples of one shard from position ``start``, read sequentially."""
-        with self.open_shard(shard, store) as reader:
+        with self.open_shard(shard, store, verify=verify) as reader:
             from_source = reader.path.parent.resolve() == self.root.resolve()  # not a staged copy
             slow = limits if limits is not None and from_source else None
             if slow is not None:
@@ -111,7 +135,7 @@ class Dataset:
         return shards, indices - starts[shards]
 
     def read(self, indices: np.ndarray, *, random_access: bool = False, store: ShardStore | None = None,
-             limits: SourceLimits | None = None) -> Iterator[Sample]:
+             limits: SourceLimits | None = None, verify: bool = True) -> Iterator[Sample]:
         """The samples at global ``indices``, in that order.
 
         Sequential by default: each run of increasing positions within one shard is one scan of the
@@ -121,7 +145,7 @@ class Dataset:
         """
         shards, positions = self.locate(np.asarray(indices, dtype=np.int64))
         if random_access:
-            yield from self._read_random(shards.tolist(), positions.tolist(), store)
+            yield from self._read_random(shards.tolist(), positions.tolist(), store, verify)
             return
         n = len(shards)
         i = 0
@@ -131,7 +155,7 @@ class Dataset:
                 j += 1
             wanted = positions[i:j].tolist()
             k = 0
-            scan = self.iter_shard(int(shards[i]), wanted[0], store=store, limits=limits)
+            scan = self.iter_shard(int(shards[i]), wanted[0], store=store, limits=limits, verify=verify)
             for pos, sample in enumerate(scan, start=wanted[0]):
                 if pos == wanted[k]:
                     yield sample
@@ -142,11 +166,15 @@ class Dataset:
                 store.release(int(shards[i]))
             i = j
 
-    def _read_random(self, shards: list[int], positions: list[int], store: ShardStore | None) -> Iterator[Sample]:
+    def _read_random(self, shards: list[int], positions: list[int], store: ShardStore | None,
+                     verify: bool) -> Iterator[Sample]:
         readers: OrderedDict[int, ShardReader] = OrderedDict()
+        verified: set[int] = set()  # each shard once, however often it is reopened
         try:
             for shard, pos in zip(shards, positions, strict=True):
-                reader = readers.pop(shard, None) or self.open_shard(shard, store)
+                check = verify and shard not in verified
+                reader = readers.pop(shard, None) or self.open_shard(shard, store, verify=check)
+                verified.add(shard)
                 readers[shard] = reader
                 if len(readers) > _OPEN_SHARDS:
                     readers.popitem(last=False)[1].close()

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 class ReadOptions:
     prefetch: int = 256  # encoded samples read ahead of the consumer
     source_limits: SourceLimits | None = None  # a slow shared file system (tests, benchmarks)
+    # each shard's bytes checked against the manifest's checksum before its samples are used (a
+    # second pass over bytes the read leaves in the page cache: see benchmarks/loader.py for its cost)
+    verify: bool = True
 
 
 class LoaderKeywords(TypedDict, total=False):
@@ -44,6 +47,7 @@ class LoaderKeywords(TypedDict, total=False):
     on_error: str
     decode_options: DecodeOptions
     prefetch: int
+    verify: bool
     source_limits: SourceLimits | str | None
     stage_dir: str | os.PathLike[str] | None
     stage_capacity: int | None
@@ -89,7 +93,7 @@ def _map(batch_size: int | None, plan: PlanOptions | None, decode: DecodeOptions
 
     read = read or ReadOptions()
     limits = k.get("source_limits", read.source_limits)
-    read = ReadOptions(prefetch=k.get("prefetch", read.prefetch),
+    read = ReadOptions(prefetch=k.get("prefetch", read.prefetch), verify=k.get("verify", read.verify),
                        source_limits=SourceLimits.parse(limits) if isinstance(limits, str) else limits)
 
     stage_dir, capacity = k.get("stage_dir"), k.get("stage_capacity")

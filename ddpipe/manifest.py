@@ -25,26 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from .errors import ManifestError
 from .formats.atomic import atomic_write_bytes
 
 MANIFEST_NAME = "index.json"
 MANIFEST_VERSION = 1
-CHECKSUM_ALGORITHM = "xxh3_64"
-_CHUNK = 8 << 20
-
-
-def file_checksum(path: str | os.PathLike[str]) -> str:
-    """The checksum of a whole file as recorded in manifests: ``"xxh3_64:<hex>"``."""
-    h = xxhash.xxh3_64()
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return f"{CHECKSUM_ALGORITHM}:{h.hexdigest()}"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import weakref
 from collections import defaultdict, deque
 from collections.abc import Generator, Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -94,6 +95,7 @@ class Loader:
             limits = SourceLimits(limits.bandwidth / self.comm.world.local_size, limits.latency)
         self._source_limits = limits
         self.stager: NodeStager | None = None
+        self._check_one_stage_dir_per_node(options.stage)
         if options.stage is not None:
             if options.stage.capacity is not None and get_shuffler(self.options.shuffle).random_access:
                 raise DdpipeError("a staging capacity needs sequential reading: use shuffle='partial' or 'local' "
@@ -103,6 +105,20 @@ class Loader:
         self._decoder: Decoder | None = None
         closing = weakref.WeakMethod(self.close)  # the job may end while this loader is alive
         self.comm.at_end(lambda: (close := closing()) is not None and close())
+
+    def _check_one_stage_dir_per_node(self, stage: StageOptions | None) -> None:
+        """The ranks of a node share one staged copy of each shard: refuse, on every rank at once, a job
+        whose ranks on one node name different staging directories (they would wait on each other)."""
+        if self.comm.world.size == 1:
+            return
+        mine = str(Path(stage.stage_dir).resolve()) if stage is not None else None
+        named = [d for n, d in self.comm.allgather((self.comm.world.node, mine)) if n == self.comm.world.node]
+        if len(set(named)) > 1:
+            a, b = sorted(set(named), key=str)[:2]
+            error = DdpipeError(f"ranks of node {self.comm.world.node} were given different staging directories: "
+                                f"{a or 'none'} and {b or 'none'}; give every rank of a node the same one")
+            error.job_wide = True  # every rank raises it: none need end the others
+            raise error
 
     def close(self) -> None:
         """Release the decoder (its DALI pipeline, threads or processes); iterating again makes a new one."""
@@ -242,7 +258,7 @@ class Loader:
 
         try:
             samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access, store=self.stager,
-                                        limits=self._source_limits)
+                                        limits=self._source_limits, verify=self.read_options.verify)
             if rank_plan.rounds:
                 # reading gets a thread of its own, so later rounds are read (the GIL released in I/O)
                 # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead

@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from .formats.atomic import atomic_write_bytes
+from .workers import die_with_parent
 
 # (width / height, weight): landscape 4:3 dominates photo collections, then portrait and others
 _ASPECTS = ((4 / 3, 0.55), (3 / 4, 0.15), (3 / 2, 0.1), (1.0, 0.1), (16 / 9, 0.05), (2 / 3, 0.05))
@@ -128,7 +129,7 @@ def synth(out: str | os.PathLike[str], options: SynthOptions | None = None) -> i
                 total += _write_one(job)
                 bar.update(1)
         else:
-            with ProcessPoolExecutor(opt.workers) as pool:
+            with ProcessPoolExecutor(opt.workers, initializer=die_with_parent) as pool:
                 for size in pool.map(_write_one, jobs, chunksize=8):
                     total += size
                     bar.update(1)

@@ -9,11 +9,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .checksum import file_checksum
 from .dataset import Dataset
 from .decode.spec import IMAGE_FIELDS, decode_check
 from .errors import DdpipeError
 from .formats.tar import check_dali_index
-from .manifest import file_checksum, load_manifest
+from .manifest import load_manifest
 from .sample import KEY
 
 # format -> checks of the files kept beside each shard, which the manifest's checksum does not cover

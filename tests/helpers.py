@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from ddpipe.checksum import file_checksum
 from ddpipe.convert import write_dataset
 from ddpipe.formats import get_format
-from ddpipe.manifest import Manifest, ShardInfo, file_checksum, save_manifest
+from ddpipe.manifest import Manifest, ShardInfo, save_manifest
 from ddpipe.sample import Sample
 
 
@@ -37,3 +38,29 @@ def make_dataset(root: Path, fmt: str, sizes: list[int], classes: int = 4, paylo
         shards.append(ShardInfo(path.name, n, path.stat().st_size, file_checksum(path)))
     save_manifest(root, Manifest(fmt, ("bin", "cls"), tuple(str(c) for c in range(classes)), tuple(shards)))
     return root
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (pool workers, the resource tracker), read from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parents.items() if p in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie awaiting its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..checksum import file_checksum
 from ..errors import ConversionConflictError, DdpipeError, ManifestError
 from ..formats.atomic import atomic_write_bytes
 from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members
-from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, file_checksum, load_manifest, save_manifest
+from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, save_manifest
 
 
 def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:

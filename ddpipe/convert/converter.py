@@ -22,6 +22,7 @@ from typing import Literal
 import xxhash
 from tqdm import tqdm
 
+from ..checksum import file_checksum
 from ..comm import Comm, init_comm
 from ..errors import ConversionConflictError, DdpipeError, SourceError
 from ..formats import get_format
@@ -31,10 +32,10 @@ from ..manifest import (
     Manifest,
     ShardInfo,
     SkippedItem,
-    file_checksum,
     load_manifest,
     save_manifest,
 )
+from ..workers import die_with_parent, stop_workers
 from .layout import pack_shards, sample_order
 from .sources import ItemLoader, Source, SourceItem, open_source
 
@@ -291,7 +292,8 @@ def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, sh
             return results
         # spawn, not fork: forking a process that may hold MPI or HDF5 state is unsafe
         ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx) as pool:
+        with cf.ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx,
+                                    initializer=die_with_parent) as pool:
             futures = {pool.submit(write_shard, jobs[i]): i for i in mine}
             try:
                 for fut in cf.as_completed(futures):
@@ -299,6 +301,10 @@ def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, sh
                     results[i] = fut.result()
                     bar.update(len(jobs[i].items))
             except BaseException:
+                # an error or Ctrl-C: end the workers now rather than wait for their shards (a worker
+                # blocked on a slow source held the command for as long); what they leave is a hidden
+                # partial file, which a rerun discards
+                stop_workers(pool)
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
     return results

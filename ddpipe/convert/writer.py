@@ -6,9 +6,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..checksum import file_checksum
 from ..errors import ConversionConflictError
 from ..formats import ShardWriter, get_format
-from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, file_checksum, save_manifest
+from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, save_manifest
 from ..sample import KEY, Sample
 
 

@@ -20,6 +20,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 from PIL import Image
 
+from ..workers import die_with_parent
 from .augment import random_crops
 from .resample import resize_crop
 from .spec import DecodeOptions
@@ -100,20 +101,10 @@ def _one_thread() -> None:
 
     import torch
 
-    _die_with_parent()
+    die_with_parent()
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
-
-def _die_with_parent() -> None:
-    import ctypes
-    import signal
-    import sys
-
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class PilPool:

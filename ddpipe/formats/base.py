@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from ..errors import CorruptShardError, MissingShardError
+from ..checksum import file_checksum
+from ..errors import ChecksumMismatchError, CorruptShardError, MissingShardError
 from ..sample import Sample, check_sample
 from . import atomic
 
@@ -153,3 +154,11 @@ class ShardFormat(abc.ABC):
     def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
         """Files kept beside a shard (an index, say) that belong to it."""
         return []
+
+    def verify(self, reader: ShardReader, checksum: str) -> None:
+        """Raise :class:`ChecksumMismatchError` unless the shard's bytes hash to ``checksum`` (its
+        manifest's), so that a replaced or damaged file is caught before any of its samples is used.
+        A format that reads through a sidecar index also checks the index against the shard."""
+        actual = file_checksum(reader.path)
+        if actual != checksum:
+            raise ChecksumMismatchError(reader.path, expected=checksum, actual=actual)

@@ -136,6 +136,41 @@ def write_dali_index(shard: str | os.PathLike[str], dest: str | os.PathLike[str]
     return len(groups)
 
 
+def check_index_against_headers(shard: str | os.PathLike[str], groups: list[list[Member]]) -> None:
+    """Raise :class:`CorruptShardError` unless every index entry points at its member's data: the tar
+    header just before it names the same member and size. An index edited to swap two offsets
+    would otherwise swap two samples silently. One 512-byte read per member, from the page cache
+    right after the shard's checksum was read."""
+    from ..errors import CorruptShardError
+
+    fd = os.open(shard, os.O_RDONLY)
+    try:
+        for group in groups:
+            for _, offset, size, name in group:
+                header = os.pread(fd, 512, offset - 512) if offset >= 512 else b""
+                if not _header_matches(header, name, size):
+                    raise CorruptShardError(f"DALI index entry {name!r} (offset {offset}) does not match the tar "
+                                            "header there: the index was changed; rebuild it with 'ddpipe index'",
+                                            path=index_path(shard))
+    finally:
+        os.close(fd)
+
+
+def _header_matches(header: bytes, name: str, size: int) -> bool:
+    if len(header) != 512:
+        return False
+    try:
+        recorded = int(header[124:136].strip(b"\0 ") or b"0", 8)
+    except ValueError:
+        return False
+    short = header[:100].split(b"\0", 1)[0]
+    prefix = header[345:500].split(b"\0", 1)[0]
+    full = prefix + b"/" + short if prefix else short
+    wanted = name.encode()
+    # a name over 100 bytes lives in a PAX or GNU header before this one, truncated here
+    return recorded == size and (full == wanted or (len(wanted) > 100 and short == wanted[:100]))
+
+
 class TarReader(ShardReader):
     """Reads a tar shard through its DALI index (built from the headers when the index is absent)."""
 
@@ -153,6 +188,11 @@ class TarReader(ShardReader):
 
     def __len__(self) -> int:
         return len(self._groups)
+
+    @property
+    def groups(self) -> list[list[Member]]:
+        """Each sample's members (extension, data offset, size, name), from the index."""
+        return self._groups
 
     def _sample(self, f: BinaryIO, group: list[Member]) -> Sample:
         sample: Sample = {KEY: split_member_name(group[0][3])[0]}
@@ -221,6 +261,11 @@ class TarFormat(ShardFormat):
 
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         return TarWriter(path)
+
+    def verify(self, reader: ShardReader, checksum: str) -> None:
+        super().verify(reader, checksum)
+        if isinstance(reader, TarReader) and index_path(reader.path).is_file():
+            check_index_against_headers(reader.path, reader.groups)
 
     def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
         return [index_path(path)]

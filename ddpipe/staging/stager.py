@@ -169,6 +169,11 @@ class NodeStager:
             delay = min(delay * 2, 0.05)
         return dest
 
+    def invalidate(self, shard: int) -> None:
+        """The copy of ``shard`` differs from the manifest (found on read): remove it, stamp first, so
+        that it is staged again rather than trusted."""
+        remove_staged(self.dir / self.dataset.manifest.shards[shard].file)
+
     def release(self, shard: int) -> None:
         """This rank has finished reading ``shard`` this epoch (eviction may take it back)."""
         if self.options.capacity is None:

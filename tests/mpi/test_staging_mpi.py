@@ -32,3 +32,22 @@ def test_one_copy_per_node_and_exactly_once(tmp_path: Path, ranks: int, capacity
         seen = [k for r in report for k in r["epochs"][epoch]]
         assert len(set(seen)) == 104  # every sample, every epoch
         assert len(seen) == ranks * -(-104 // ranks)  # and copies only as the documented padding
+
+
+@pytest.mark.parametrize("shuffle", ["local", "partial"])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_of_one_node_with_different_staging_directories_are_refused(tmp_path: Path, ranks: int,
+                                                                          shuffle: str) -> None:
+    import time
+
+    data = make_dataset(tmp_path / "wds", "wds", [13] * 6, payload=2600)
+    code = ("import sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=300); "
+            f"d = sys.argv[2] + ('/b' if c.world.rank == {ranks - 1} else '/a'); "
+            f"list(ddpipe.Loader(sys.argv[1], 4, decode='none', shuffle='{shuffle}', stage_dir=d, comm=c))")
+    t0 = time.monotonic()
+    proc = mpiexec(ranks, "-c", code, data, tmp_path / "stage", timeout=200)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert "different staging directories" in proc.stderr and "/a" in proc.stderr and "/b" in proc.stderr
+    assert proc.stderr.count("Traceback") <= ranks  # each rank says it once
+    assert elapsed < 100  # refused at start, not after the 300 s collective timeout (it takes ~2 s)

@@ -1,0 +1,50 @@
+"""A conversion ended by Ctrl-C, SIGTERM or SIGKILL leaves no worker process, no resource tracker and
+nothing in /dev/shm; what it had written stays hidden, for a rerun to discard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..helpers import alive, descendants
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_an_ended_conversion_leaves_nothing_running(tmp_path: Path, sig: signal.Signals) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    lines = []
+    for i in range(4):  # images that are pipes nobody writes: the workers block reading them
+        os.mkfifo(src / f"img{i}.jpg")
+        lines.append(f"{src / f'img{i}.jpg'},{i % 2}")
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, "-m", "ddpipe", "convert", tmp_path / "list.csv", tmp_path / "out",
+                             "--workers", "2", "--samples-per-shard", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while len(descendants(proc.pid)) < 3 and time.monotonic() < deadline:  # two workers and the tracker
+        time.sleep(0.1)
+    children = descendants(proc.pid)
+    assert len(children) >= 3, proc.communicate(timeout=10)[0]
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    settle = time.monotonic() + 20  # the kernel ends the workers as their parent goes: let it finish
+    while any(map(alive, children)) and time.monotonic() < settle:
+        time.sleep(0.1)
+    left = [pid for pid in children if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, output
+    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert not [p for p in (tmp_path / "out").glob("*") if not p.name.startswith(".")]  # nothing visible
+    if sig == signal.SIGINT:
+        assert "interrupted" in output and "Traceback" not in output

@@ -1,0 +1,103 @@
+"""Nothing wrong trained on silently: bytes that differ from the manifest are caught on read, in every
+format, on source shards and on staged copies alike."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import ddpipe
+from ddpipe.errors import ChecksumMismatchError, CorruptShardError
+from ddpipe.formats import FORMAT_NAMES
+
+from .helpers import make_dataset, tiny_samples
+
+EXPECTED = {s["__key__"]: s["bin"] for s in tiny_samples(48, 4, 4000)}
+
+
+@pytest.fixture(params=FORMAT_NAMES)
+def data(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    return make_dataset(tmp_path / request.param, request.param, [12, 12, 12, 12], payload=4000)
+
+
+def epoch(root: Path, **kw: object) -> dict[str, bytes]:
+    loader = ddpipe.Loader(root, 4, decode="none", shuffle="local", **kw)  # type: ignore[arg-type]
+    return {s["__key__"]: bytes(s["bin"]) for batch in loader for s in batch}
+
+
+def shard_file(root: Path, k: int) -> Path:
+    return root / ddpipe.load_manifest(root).shards[k].file
+
+
+def flip_middle_keeping_time(path: Path) -> None:
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the size and time a quick check trusts
+
+
+def test_a_shard_replaced_by_another_of_the_same_size_is_refused(data: Path) -> None:
+    first, second = shard_file(data, 0), shard_file(data, 1)
+    if first.stat().st_size != second.stat().st_size:
+        pytest.skip("this format's shards of equal counts differ in size: the size check catches it")
+    shutil.copyfile(second, first)
+    for sidecar in ddpipe.get_format(ddpipe.load_manifest(data).format).sidecar_files(second):
+        shutil.copyfile(sidecar, sidecar.with_name(sidecar.name.replace(second.stem, first.stem)))
+    with pytest.raises(ChecksumMismatchError) as info:
+        epoch(data)
+    assert info.value.path == str(first)
+
+
+def test_a_flipped_byte_with_its_time_kept_is_refused(data: Path) -> None:
+    flip_middle_keeping_time(shard_file(data, 2))
+    with pytest.raises(ChecksumMismatchError, match=shard_file(data, 2).name):
+        epoch(data)
+
+
+def test_every_shuffle_mode_checks(data: Path) -> None:
+    flip_middle_keeping_time(shard_file(data, 3))
+    for shuffle in ("none", "partial", "global"):
+        with pytest.raises(ChecksumMismatchError):
+            list(ddpipe.Loader(data, 4, decode="none", shuffle=shuffle))
+
+
+def test_a_damaged_staged_copy_is_dropped_and_the_source_read(data: Path, tmp_path: Path,
+                                                             capfd: pytest.CaptureFixture[str]) -> None:
+    stage = tmp_path / "stage"
+    assert epoch(data, stage_dir=stage) == EXPECTED  # staged
+    copy = next(p for p in stage.rglob(shard_file(data, 1).name))
+    flip_middle_keeping_time(copy)
+    assert epoch(data, stage_dir=stage) == EXPECTED  # the right bytes, from the source
+    assert "staged copy" in capfd.readouterr().err
+    assert epoch(data, stage_dir=stage) == EXPECTED and "staged copy" not in capfd.readouterr().err  # re-staged
+
+
+def test_a_tar_index_with_two_offsets_swapped_is_refused(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "wds", "wds", [12, 12], payload=4000)
+    idx = shard_file(root, 0).with_suffix(".idx")
+    good = idx.read_text()
+    lines = good.splitlines()
+    a, b = lines[2].split(), lines[3].split()  # samples 1 and 2: swap their bin members' offsets
+    ia, ib = a.index("bin") + 1, b.index("bin") + 1
+    a[ia], b[ib] = b[ib], a[ia]
+    lines[2], lines[3] = " ".join(a), " ".join(b)
+    bad = "\n".join(lines) + "\n"
+    assert len(bad) == len(good)  # the same size: only the content tells
+    idx.write_text(bad)
+    with pytest.raises(CorruptShardError, match="does not match the tar header"):
+        epoch(root)
+    idx.write_text(good)  # the source repaired; its staged copy's index damaged instead
+    want = {k: v for k, v in EXPECTED.items() if int(k[2:]) < 24}
+    stage = tmp_path / "stage"
+    assert epoch(root, stage_dir=stage) == want
+    next(stage.rglob(idx.name)).write_text(bad)
+    assert epoch(root, stage_dir=stage) == want  # dropped, and the source read
+
+
+def test_checking_can_be_turned_off(data: Path) -> None:
+    flip_middle_keeping_time(shard_file(data, 0))
+    assert len(epoch(data, verify=False)) == 48  # the user's choice: read as it is
