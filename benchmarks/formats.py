@@ -2,7 +2,8 @@
 
     python benchmarks/formats.py [--n 3000] [--repeats 5] [--shard-size 64MB]
 
-For every format: conversion MB/s (ImageFolder -> shards, one writer), then sequential read MB/s
+For every format: conversion MB/s (ImageFolder -> shards, one writer; every image decoded whole, as
+``convert`` does by default, and with ``--no-decode-check``), then sequential read MB/s
 of the whole dataset (each shard's checksum checked before its samples are read, as the Loader
 does, and without that check), cold (evicted from the page cache) and warm, as a ratio to a plain
 ``open().readinto()`` of the same shard files measured in the same run, right before; and the
@@ -67,13 +68,14 @@ def ratio(subject: list[float], reference: list[float]) -> float:
 
 
 def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: int, shard_bytes: int) -> list[dict]:
-    convert_times = []
+    convert_times, unchecked_times = [], []
     for _ in range(max(1, repeats // 2)):
-        shutil.rmtree(out, ignore_errors=True)
-        raw_read(sorted(images.rglob("*.jpg")))  # source warm: measure the writer, not the source disk
-        seconds, manifest = timed(convert, images, out,
-                                  ConvertOptions(format=fmt, shard_bytes=shard_bytes, progress=False))
-        convert_times.append(seconds)
+        for check, times in ((False, unchecked_times), (True, convert_times)):  # the checked one is kept
+            shutil.rmtree(out, ignore_errors=True)
+            raw_read(sorted(images.rglob("*.jpg")))  # source warm: measure the writer, not the source disk
+            seconds, manifest = timed(convert, images, out, ConvertOptions(format=fmt, shard_bytes=shard_bytes,
+                                                                           progress=False, decode_check=check))
+            times.append(seconds)
     files = shard_files(out)
     nbytes = manifest.num_bytes
     speed: dict[str, list[float]] = {k: [] for k in ("cold", "cold_raw", "warm", "warm_raw", "peer_cold", "peer_warm",
@@ -96,12 +98,14 @@ def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: i
     common = {"shards": len(files), "bytes": nbytes, "samples": manifest.num_samples,
               "cold_raw_mb_s": median(speed["cold_raw"]), "warm_raw_mb_s": median(speed["warm_raw"])}
 
-    def row(reader: str, cold: list[float], warm: list[float], convert_mb_s: float | None) -> dict:
-        return {"format": reader, **common, "convert_mb_s": convert_mb_s,
+    def row(reader: str, cold: list[float], warm: list[float], convert_mb_s: float | None,
+            unchecked_mb_s: float | None = None) -> dict:
+        return {"format": reader, **common, "convert_mb_s": convert_mb_s, "convert_unchecked_mb_s": unchecked_mb_s,
                 "cold_mb_s": median(cold), "cold_ratio": ratio(cold, speed["cold_raw"]),
                 "warm_mb_s": median(warm), "warm_ratio": ratio(warm, speed["warm_raw"])}
 
-    rows = [row(f"ddpipe {fmt}", speed["cold"], speed["warm"], image_bytes / 1e6 / median(convert_times)),
+    rows = [row(f"ddpipe {fmt}", speed["cold"], speed["warm"], image_bytes / 1e6 / median(convert_times),
+                image_bytes / 1e6 / median(unchecked_times)),
             row(f"ddpipe {fmt}, no integrity check", speed["cold_unchecked"], speed["warm_unchecked"], None)]
     if fmt == "wds":
         rows.append(row("webdataset lib (same tars)", speed["peer_cold"], speed["peer_warm"], None))
@@ -123,7 +127,8 @@ def main() -> None:
     for fmt in FORMATS:
         rows += bench_format(fmt, images, image_bytes, work / fmt, args.repeats, parse_size(args.shard_size))
         print(f"  {fmt}: done", file=sys.stderr)
-    cols = [("format", "reader", "s"), ("convert_mb_s", "convert MB/s", ".0f"), ("cold_mb_s", "cold MB/s", ".0f"),
+    cols = [("format", "reader", "s"), ("convert_mb_s", "convert MB/s", ".0f"),
+            ("convert_unchecked_mb_s", "convert, no decode check", ".0f"), ("cold_mb_s", "cold MB/s", ".0f"),
             ("cold_raw_mb_s", "raw cold MB/s", ".0f"), ("cold_ratio", "cold / raw", ".2f"),
             ("warm_mb_s", "warm MB/s", ".0f"), ("warm_raw_mb_s", "raw warm MB/s", ".0f"),
             ("warm_ratio", "warm / raw", ".2f")]

@@ -57,7 +57,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from .convert import ConvertOptions, convert
 
     options = ConvertOptions(format=args.format, shard_bytes=args.shard_size, samples_per_shard=args.samples_per_shard,
-                             seed=args.seed, workers=args.workers, on_error=args.on_error, progress=not args.quiet)
+                             seed=args.seed, workers=args.workers, on_error=args.on_error, progress=not args.quiet,
+                             decode_check=not args.no_decode_check, allow_empty=args.allow_empty)
     comm = init_comm()
     t0 = time.perf_counter()
     manifest = convert(args.src, args.out, options, comm=comm)
@@ -89,7 +90,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .verify import verify_dataset
 
-    report = verify_dataset(args.dataset, decode=args.decode, progress=not args.quiet)
+    report = verify_dataset(args.dataset, decode=args.decode, progress=not args.quiet, stage_dir=args.stage_dir)
     for problem in report.problems:
         print(f"ddpipe: {problem}", file=sys.stderr)
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
@@ -251,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive, default=1, help="parallel shard writers")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="an unreadable or non-image input: stop (default) or skip and record it")
+    p.add_argument("--allow-empty", action="store_true", help="write an empty dataset if every input is skipped")
+    p.add_argument("--no-decode-check", action="store_true",
+                   help="check only each image's header, not that it decodes whole (faster; see README)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_convert)
 
@@ -348,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="check checksums and sample counts (and with --decode, every image)")
     p.add_argument("dataset")
     p.add_argument("--decode", action="store_true")
+    p.add_argument("--stage-dir", default=None, help="check this dataset's copies staged in this directory instead")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_verify)
     return parser
@@ -376,6 +381,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ddpipe: interrupted", file=sys.stderr)
         _end_the_job(130)
         return 130
+    except OSError as e:
+        if e.filename is None:
+            raise
+        # a path the user gave that is not what it must be (a file where a directory goes, say)
+        print(f"ddpipe: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        _end_the_job(1, e)
+        return 1
     except Exception as e:
         traceback.print_exc()
         _end_the_job(1, e)

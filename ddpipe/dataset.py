@@ -65,13 +65,13 @@ class Dataset:
     def check_files(self) -> None:
         """Cheap checks without reading data: every shard exists and has its recorded size."""
         for info in self.manifest.shards:
-            self._check_file(info)
+            self.check_file(info)
 
     def check_files_of(self, shard: int) -> None:
         """:meth:`check_files` for one shard."""
-        self._check_file(self.manifest.shards[shard])
+        self.check_file(self.manifest.shards[shard])
 
-    def _check_file(self, info: ShardInfo, path: Path | None = None) -> None:
+    def check_file(self, info: ShardInfo, path: Path | None = None) -> None:
         path = path or self.root / info.file
         try:
             size = path.stat().st_size
@@ -97,7 +97,7 @@ class Dataset:
             return self._open(info, source, verify)
 
     def _open(self, info: ShardInfo, path: Path, verify: bool) -> ShardReader:
-        self._check_file(info, path)
+        self.check_file(info, path)
         reader = self.format.reader(path)
         try:
             if len(reader) != info.samples:

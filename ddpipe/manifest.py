@@ -132,6 +132,10 @@ class Manifest:
 def load_manifest(dataset: str | os.PathLike[str]) -> Manifest:
     """Read and validate ``DATASET/index.json``."""
     path = Path(dataset) / MANIFEST_NAME
+    if not Path(dataset).exists():
+        raise ManifestError("no such directory", path=dataset)
+    if not Path(dataset).is_dir():
+        raise ManifestError("not a directory: a dataset is a directory holding index.json", path=dataset)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

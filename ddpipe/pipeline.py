@@ -68,6 +68,8 @@ class Loader:
                  comm: Comm | None = None, **keywords: Unpack[LoaderKeywords]) -> None:
         options = loader_options(batch_size, plan, decode, stage, read, **keywords)
         self.dataset: Dataset = path if isinstance(path, Dataset) else open_dataset(path)
+        if len(self.dataset) == 0:
+            raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.root)
         self.options, self.read_options = options.plan, options.read
         self.seed = seed
         self.comm = comm or init_comm()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,43 +35,57 @@ class VerifyReport:
         return not self.problems
 
 
-def _samples(dataset: Dataset, shard: int) -> Iterator[dict[str, object]]:
-    with dataset.open_shard(shard) as reader:
-        yield from reader.scan()
-
-
-def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progress: bool = True) -> VerifyReport:
+def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progress: bool = True,
+                   stage_dir: str | os.PathLike[str] | None = None) -> VerifyReport:
     """Check every shard: present, of the recorded size and checksum, with the recorded sample count;
-    with ``decode``, that every image field decodes. Problems are collected, not raised."""
+    with ``decode``, that every image field decodes. With ``stage_dir``, check instead the copies of
+    this dataset staged there (those staged: a partial stage is not a problem). Problems are
+    collected, not raised."""
     dataset = Dataset(path, load_manifest(path))
     report = VerifyReport()
-    shards = dataset.manifest.shards
-    with tqdm(shards, unit="shard", desc="verify", disable=not progress, dynamic_ncols=True) as bar:
-        for i, info in enumerate(bar):
+    shards = list(enumerate(dataset.manifest.shards))
+    where = {i: dataset.root / info.file for i, info in shards}
+    if stage_dir is not None:
+        from .staging.stager import dataset_stage_dir
+
+        copies = dataset_stage_dir(Path(stage_dir), dataset)
+        if not copies.is_dir():
+            report.problems.append(f"{copies}: nothing of this dataset is staged in {stage_dir}")
+            return report
+        where = {i: copies / info.file for i, info in shards if (copies / info.file).exists()}
+    with tqdm(where.items(), unit="shard", desc="verify", disable=not progress, dynamic_ncols=True) as bar:
+        for i, shard_path in bar:
             report.shards += 1
-            shard_path = dataset.root / info.file
             try:
-                dataset.check_files_of(i)
-                actual = file_checksum(shard_path)
-                if actual != info.checksum:
-                    report.problems.append(f"{shard_path}: checksum mismatch: index.json says {info.checksum}, "
-                                           f"file hashes to {actual}")
-                    continue
-                for sidecar_check in _SIDECAR_CHECKS.get(dataset.manifest.format, ()):
-                    sidecar_check(shard_path)
-                count = 0
-                for sample in _samples(dataset, i):
-                    count += 1
-                    if decode:
-                        for name in (f for f in IMAGE_FIELDS if f in sample):
-                            try:
-                                decode_check(sample[name])  # type: ignore[arg-type]
-                                report.decoded += 1
-                            except (OSError, ValueError, SyntaxError) as e:
-                                report.problems.append(
-                                    f"{shard_path}: sample {sample[KEY]!r} field {name!r} does not decode: {e}")
-                report.samples += count
-                report.bytes += info.bytes
+                _check_shard(dataset, i, shard_path, decode, report)
             except DdpipeError as e:
                 report.problems.append(str(e))
     return report
+
+
+def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, report: VerifyReport) -> None:
+    info = dataset.manifest.shards[i]
+    dataset.check_file(info, shard_path)
+    actual = file_checksum(shard_path)
+    if actual != info.checksum:
+        report.problems.append(f"{shard_path}: checksum mismatch: index.json says {info.checksum}, "
+                               f"file hashes to {actual}")
+        return
+    for sidecar_check in _SIDECAR_CHECKS.get(dataset.manifest.format, ()):
+        sidecar_check(shard_path)
+    count = 0
+    with dataset.format.reader(shard_path) as reader:
+        for sample in reader.scan():
+            count += 1
+            if not decode:
+                continue
+            for name in (f for f in IMAGE_FIELDS if f in sample):
+                try:
+                    decode_check(sample[name])
+                    report.decoded += 1
+                except (OSError, ValueError, SyntaxError) as e:
+                    report.problems.append(f"{shard_path}: sample {sample[KEY]!r} field {name!r} does not decode: {e}")
+    if count != info.samples:
+        report.problems.append(f"{shard_path}: holds {count} samples, index.json says {info.samples}")
+    report.samples += count
+    report.bytes += info.bytes

@@ -20,18 +20,21 @@ from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, save_m
 def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
     """Write ``index.json`` (and DALI ``.idx`` files) for the ``*.tar`` shards in ``directory``.
 
-    Class names come from ``classes``, else from the largest integer ``cls`` value found.
+    Class names come from ``classes``, else from the manifest already there, else from the largest
+    integer ``cls`` value found.
     """
     root = Path(directory)
     if not root.is_dir():
         raise DdpipeError("not a directory", path=root)
     if (root / MANIFEST_NAME).exists():
         try:
-            load_manifest(root)
+            recorded = load_manifest(root)
         except ManifestError:
             raise ConversionConflictError(
                 "index.json exists and is not a ddpipe manifest; move it away first", path=root / MANIFEST_NAME
             ) from None
+        if classes is None and recorded.classes:  # indexing again keeps the names given before
+            classes = list(recorded.classes)
     tars = sorted(p for p in root.glob("*.tar") if not p.name.startswith("."))
     if not tars:
         raise DdpipeError("no .tar shards found", path=root)

@@ -56,11 +56,15 @@ class ConvertOptions:
     on_error: Literal["fail", "skip"] = "fail"
     progress: bool = True
     prefix: str = "shard"
+    # decode every image fully, so that one cut short is caught here rather than hours into training
+    decode_check: bool = True
+    allow_empty: bool = False  # a conversion that skipped every input writes an empty dataset, not an error
 
     def layout_args(self) -> dict[str, object]:
         """The options that decide the output bytes (and so the resume fingerprint)."""
         return {"format": self.format, "shard_bytes": self.shard_bytes, "samples_per_shard": self.samples_per_shard,
-                "seed": self.seed, "on_error": self.on_error, "prefix": self.prefix}
+                "seed": self.seed, "on_error": self.on_error, "prefix": self.prefix,
+                "decode_check": self.decode_check}
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class ShardJob:
     format: str
     on_error: str
     fingerprint: str
+    decode_check: bool = True
 
 
 @dataclass
@@ -134,7 +139,7 @@ def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> Sha
     if done is not None:
         return done
     fmt = get_format(job.format)
-    loader = ItemLoader(job.source_kind, job.source_root)
+    loader = ItemLoader(job.source_kind, job.source_root, job.decode_check)
     fields: set[str] = set()
     skipped: list[SkippedItem] = []
     try:
@@ -249,7 +254,7 @@ def convert(
     jobs = [
         ShardJob(source.kind, source.root, tuple(items[a:b]), str(out / f"{options.prefix}-{i:06d}{fmt.suffix}"),
                  str(state / f"{options.prefix}-{i:06d}.json"), options.format, options.on_error,
-                 _shard_fingerprint(plan_fp, tuple(items[a:b])))
+                 _shard_fingerprint(plan_fp, tuple(items[a:b])), options.decode_check)
         for i, (a, b) in enumerate(ranges)
     ]
     mine = list(range(world.rank, len(jobs), world.size))
@@ -265,6 +270,10 @@ def convert(
         for part in gathered:
             merged.update(part)
         done = [merged[i] for i in range(len(jobs))]
+        if not any(r.shard is not None for r in done) and not options.allow_empty:
+            skipped = source.skipped + tuple(s for r in done for s in r.skipped)
+            example = f", e.g. {skipped[0].path}: {skipped[0].error}" if skipped else ""
+            raise SourceError(f"every input was skipped ({len(skipped)}): no dataset written{example}", path=out)
         manifest = Manifest(
             format=options.format,
             fields=tuple(sorted({f for r in done for f in r.fields})),

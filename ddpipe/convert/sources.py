@@ -15,6 +15,7 @@ from pathlib import Path
 from PIL import Image, UnidentifiedImageError
 
 from ..dataset import Dataset, open_dataset
+from ..decode.spec import decode_check
 from ..errors import DdpipeError, SourceError
 from ..formats import ShardReader
 from ..manifest import MANIFEST_NAME, SkippedItem
@@ -152,9 +153,10 @@ def _dataset_source(root: Path) -> Source:
 class ItemLoader:
     """Turns source items into samples; keeps one shard reader open for dataset sources."""
 
-    def __init__(self, kind: str, root: str) -> None:
+    def __init__(self, kind: str, root: str, decode_check: bool = True) -> None:
         self._dataset: Dataset | None = open_dataset(root) if kind == "dataset" else None
         self._reader: ShardReader | None = None
+        self._decode_check = decode_check
 
     def load(self, item: SourceItem) -> Sample:
         if self._dataset is not None:
@@ -167,8 +169,15 @@ class ItemLoader:
         try:
             with Image.open(io.BytesIO(data)) as img:
                 kind = img.format or ""
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise SourceError(f"not an image ({e})", path=item.path) from None
+        except (UnidentifiedImageError, OSError, ValueError):
+            # PIL's message names the in-memory buffer by its address: the manifest records this text,
+            # and two identical runs must write identical manifests
+            raise SourceError("not an image: no image format recognises it", path=item.path) from None
+        if self._decode_check:  # the whole image, not only its header: a JPEG cut short fails here
+            try:
+                decode_check(data, draft=True)
+            except (OSError, ValueError, SyntaxError) as e:
+                raise SourceError(f"does not decode: {e}", path=item.path) from None
         assert item.key is not None
         return {KEY: item.key, _FIELD_OF_FORMAT.get(kind, kind.lower()): data, "cls": b"%d" % (item.label or 0)}
 

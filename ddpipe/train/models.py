@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..errors import OptionError
+
 
 def _conv3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
@@ -120,4 +122,4 @@ def build_model(name: str, num_classes: int = 1000) -> nn.Module:
     try:
         return MODELS[name](num_classes)
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None
+        raise OptionError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None

@@ -1,0 +1,67 @@
+"""Every CLI mistake a user makes gives one line naming the path and what is wrong, and exit 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ddpipe
+
+from .conftest import run_cli
+
+
+def one_line(*args: str | Path) -> str:
+    proc = run_cli(*args, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ddpipe: error: "), proc.stderr
+    return lines[0]
+
+
+def test_paths_that_are_not_what_they_must_be(raw_images: Path, tmp_path: Path) -> None:
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    assert str(a_file) in one_line("convert", raw_images, a_file, "--quiet")
+    assert str(a_file) in one_line("synth", a_file, "--n", "2", "--quiet")
+    msg = one_line("inspect", tmp_path / "nonexistent")
+    assert "no such directory" in msg and "nonexistent" in msg
+    ddpipe.convert(raw_images, tmp_path / "ds", ddpipe.ConvertOptions(progress=False))
+    assert str(a_file) in one_line("stage", tmp_path / "ds", "--local-dir", a_file, "--quiet")
+    assert "unknown model 'resnet999'" in one_line("train", tmp_path / "ds", "--model", "resnet999")
+
+
+def test_a_conversion_that_skipped_everything_is_an_error_unless_asked(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for i in range(3):
+        (src / f"{i}.jpg").write_bytes(b"not an image")
+    msg = one_line("convert", tmp_path / "src", tmp_path / "out", "--on-error", "skip", "--quiet")
+    assert "every input was skipped (3)" in msg and not (tmp_path / "out" / "index.json").exists()
+    proc = run_cli("convert", tmp_path / "src", tmp_path / "out", "--on-error", "skip", "--allow-empty", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "holds no samples" in one_line("train", tmp_path / "out", "--model", "smallcnn")
+
+
+def test_verify_checks_a_staging_directory(raw_images: Path, tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+    ddpipe.convert(raw_images, ds, ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    stage = tmp_path / "stage"
+    list(ddpipe.Loader(ds, 4, decode="none", stage_dir=stage))
+    assert run_cli("verify", ds, "--stage-dir", stage, "--quiet").returncode == 0
+    copy = next(stage.rglob("shard-000001.tar"))
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 1
+    copy.write_bytes(bytes(data))
+    proc = run_cli("verify", ds, "--stage-dir", stage, "--quiet")
+    assert proc.returncode == 1 and str(copy) in proc.stderr and "checksum mismatch" in proc.stderr
+
+
+def test_indexing_again_keeps_the_class_names(raw_images: Path, tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+    ddpipe.convert(raw_images, ds, ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    names = ddpipe.load_manifest(ds).classes
+    assert names and not names[0].isdigit()
+    (ds / "index.json").unlink()
+    (tmp_path / "names.txt").write_text("\n".join(names))
+    assert run_cli("index", ds, "--classes", tmp_path / "names.txt").returncode == 0
+    assert run_cli("index", ds).returncode == 0  # again, without --classes
+    assert ddpipe.load_manifest(ds).classes == names
