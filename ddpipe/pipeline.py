@@ -184,7 +184,13 @@ class Loader:
                     self._decoder = make_decoder(self.decode, self.decode_options, self.options.batch_size,
                                                  self.device)
                 encoded = (EncodedBatch.of(indices, samples, self._on_bad) for indices, samples in stream)
-                for batch in self._decoder.decode(encoded, self.seed, self.epoch, self._on_bad):
+                decoded = self._decoder.decode(encoded, self.seed, self.epoch, self._on_bad)
+                if self.on_error == "skip":  # batches keep their size: see decode/refill.py
+                    from .decode.refill import refilled
+
+                    sizes = [len(plan.batch(self.rank, b)) for b in range(plan.num_batches)]
+                    decoded = refilled(decoded, sizes, self.stats)
+                for batch in decoded:
                     self._batches_done += 1  # what the caller has received, not what decoding prefetched
                     yield batch
             if self.stager is not None:

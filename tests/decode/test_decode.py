@@ -220,8 +220,9 @@ def test_corrupt_images_skipped_and_counted_batches_stay_equal(tmp_path: Path, d
                        decode_options=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
     batches = list(ld)
     assert len(batches) == len(ld) == 5  # every rank still yields the same number of batches
-    assert sum(len(labels) for _, labels in batches) == 18
+    assert [len(labels) for _, labels in batches] == [4] * 5  # refilled: every batch keeps its size
     assert ld.stats["skipped"] == 2 and sorted(k for k, _, _ in ld.skipped) == ["img/0005", "img/0013"]
+    assert ld.stats["repeated"] == 2  # the stream ran 2 short: the last batch repeats 2 of its samples
 
 
 def dali_batches(root: Path, transform_in_dali: bool, **kw: object) -> list[torch.Tensor]:

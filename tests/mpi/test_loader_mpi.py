@@ -107,3 +107,39 @@ def test_breaking_mid_epoch_never_hangs(tmp_path: Path, world: int) -> None:
     proc = mpiexec(world, Path(__file__).with_name("break_worker.py"), data, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all trials ok" in proc.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: Path, ranks: int) -> None:
+    import json as _json
+
+    import ddpipe
+
+    from ..decode.test_decode import solid_jpeg
+
+    samples = [{"__key__": f"img/{i:04d}", "jpg": solid_jpeg((20 * (i % 10), 90, 90), (40, 30)), "cls": b"%d" % i}
+               for i in range(20)]  # the label is the sample's own index: it tells samples apart
+    for bad in (5, 13):
+        samples[bad]["jpg"] = samples[bad]["jpg"][: len(samples[bad]["jpg"]) // 2]
+    data = tmp_path / "bad"
+    ddpipe.write_dataset(data, iter(samples), samples_per_shard=4)
+    out = tmp_path / "out.json"
+    code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
+            "ld = ddpipe.Loader(sys.argv[1], 3, decode='dali-cpu', device='cpu', shuffle='partial', "
+            "exchange_fraction=0.5, round_size=4, on_error='skip', comm=c, "
+            "decode_options=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
+            "b = [y.tolist() for _, y in ld]; p = ld.plan(); "
+            "s = [len(p.batch(c.world.rank, i)) for i in range(p.num_batches)]; "
+            "r = c.allgather({'batches': b, 'sizes': s, 'repeated': ld.stats['repeated']}); "
+            "c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
+    proc = mpiexec(ranks, "-c", code, data, out, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = _json.loads(out.read_text())
+    assert len({len(r["batches"]) for r in report}) == 1  # every rank yields the same number of batches
+    for r in report:  # every batch has the size the plan gave it: none short by a skipped image
+        assert [len(b) for b in r["batches"]] == r["sizes"]
+    labels = [y for r in report for b in r["batches"] for y in b]
+    assert set(labels) == set(range(20)) - {5, 13}  # every decodable sample, none that does not decode
+    planned_copies = sum(sum(r["sizes"]) for r in report) - 20  # the plan's own padding (pad, not drop)
+    repeats = sum(r["repeated"] for r in report)
+    assert len(labels) - 18 <= planned_copies + repeats  # beyond each once: only padding and counted repeats
