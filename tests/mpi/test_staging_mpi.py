@@ -51,3 +51,34 @@ def test_ranks_of_one_node_with_different_staging_directories_are_refused(tmp_pa
     assert "different staging directories" in proc.stderr and "/a" in proc.stderr and "/b" in proc.stderr
     assert proc.stderr.count("Traceback") <= ranks  # each rank says it once
     assert elapsed < 100  # refused at start, not after the 300 s collective timeout (it takes ~2 s)
+
+
+def test_ctrl_c_while_staging_from_a_slow_source_ends_at_once(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ..conftest import BIN
+    from ..helpers import alive, descendants
+
+    data = make_dataset(tmp_path / "wds", "wds", [50] * 8, payload=100_000)  # 40 MB at 2 MB/s: 20 s
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    launcher = subprocess.Popen([str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "ddpipe", "stage", str(data),
+                                 "--local-dir", str(tmp_path / "local"), "--source-throttle", "2MB/s", "--quiet"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "local").rglob("*.tar*")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # until a copy is under way
+    ranks = descendants(launcher.pid)
+    launcher.send_signal(signal.SIGINT)
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0 and "interrupted" in output, output
+    settle = time.monotonic() + 20  # the launcher's proxies and the ranks go just after it returns
+    while any(map(alive, ranks)) and time.monotonic() < settle:
+        time.sleep(0.1)
+    assert not [pid for pid in ranks if alive(pid)]
+    visible = [p for p in (tmp_path / "local").rglob("*.tar") if not p.name.startswith(".")]
+    for copy in visible:  # a copy in place is whole: the rest were hidden partial files
+        assert copy.stat().st_size == (data / copy.name).stat().st_size
