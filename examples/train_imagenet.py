@@ -98,7 +98,8 @@ def main() -> None:
         if train.epoch != epoch:
             train.set_epoch(epoch)
         batches = len(train)  # what is left of this epoch (all of it, unless resumed)
-        before = train.batches_per_epoch - batches  # what a resumed epoch had done
+        whole = train.batches_per_epoch
+        before = whole - batches  # what a resumed epoch had done
         done = images = 0
         loss_sum = wait = 0.0
         t_epoch = t_wait = time.perf_counter()
@@ -107,7 +108,7 @@ def main() -> None:
             if first_batch and job.is_main:
                 print(f"first batch after {time.perf_counter() - started:.1f} s", flush=True)
                 first_batch = False
-            warm = (epoch + (before + done) / train.batches_per_epoch) / args.warmup_epochs if args.warmup_epochs else 1.0
+            warm = (epoch + (before + done) / whole) / args.warmup_epochs if args.warmup_epochs else 1.0
             for group in optimizer.param_groups:
                 group["lr"] = peak_lr * (0.1 + 0.9 * min(warm, 1.0))
             x = ddpipe.normalize(x, decode)  # uint8 batches become floats on the device

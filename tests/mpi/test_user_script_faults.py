@@ -17,6 +17,7 @@ import pytest
 import ddpipe
 
 from ..conftest import BIN, mpiexec
+from ..helpers import alive
 
 pytestmark = pytest.mark.mpi
 WORKER = Path(__file__).with_name("user_script_worker.py")
@@ -49,14 +50,6 @@ def _new_segments(before: set[str]) -> set[str]:
     return _shm() - before  # ours (psm_), the decoder pool's semaphores (sem.mp-), MPICH's (mpich_shm_)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path) -> None:
     exe = shutil.which("mpiexec", path=str(BIN))
     assert exe is not None
@@ -77,9 +70,9 @@ def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path
     # workers die with their rank and the resource tracker unlinks what is left once the ranks are gone:
     # both happen just after the launcher returns, so wait (bounded) for them to be done
     settle = time.monotonic() + 20
-    while time.monotonic() < settle and (any(map(_alive, pids)) or _new_segments(before)):
+    while time.monotonic() < settle and (any(map(alive, pids)) or _new_segments(before)):
         time.sleep(0.1)
-    left = [pid for pid in pids if _alive(pid)]
+    left = [pid for pid in pids if alive(pid)]
     for pid in left:  # clean up before failing, never leave them to the next test
         os.kill(pid, signal.SIGKILL)
     assert not left, output

@@ -18,6 +18,9 @@ import ddpipe
 import ddpipe.distributed
 from ddpipe.train.models import SmallCNN
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
+from tests.helpers import descendants
+
 
 def main() -> None:
     data, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
@@ -38,23 +41,6 @@ def main() -> None:
                 raise RuntimeError(f"a bad thing on rank {job.rank}")
             if mode == "wait" and epoch == 0 and step == 0:
                 (out / f"pids.{job.rank}").write_text(json.dumps([os.getpid(), *descendants(os.getpid())]))
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under ``pid`` (the decoder's workers, the resource tracker), read from /proc."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = [], [pid]
-    while frontier:
-        kids = [c for c, p in parents.items() if p in frontier]
-        found += kids
-        frontier = kids
-    return found
 
 
 if __name__ == "__main__":
