@@ -163,7 +163,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         Trainer(model, loader, job, options, evaluate).fit()
         if loader.stats.get("skipped") and job.is_main:
-            print(f"skipped {loader.stats['skipped']} images that do not decode in the last epoch, e.g. "
+            corrupt = loader.stats.get("corrupt_shards") or []
+            shards = f" (including every sample of corrupt shard(s) {', '.join(corrupt)})" if corrupt else ""
+            print(f"skipped {loader.stats['skipped']} images that do not decode in the last epoch{shards}, e.g. "
                   f"{', '.join(k for k, _, _ in loader.skipped[:3])}", flush=True)
     finally:
         loader.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -14,8 +14,11 @@ import numpy as np
 from .errors import CorruptShardError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .manifest import Manifest, ShardInfo, load_manifest
-from .sample import Sample
+from .sample import BAD, KEY, Sample
 from .throttle import SourceLimits
+
+# on_corrupt(shard, error): under on_error="skip", hears of a shard whose content is not the manifest's
+OnCorrupt = Callable[[int, CorruptShardError], None]
 
 # shards kept open by random access (global shuffling): enough to reuse, few enough for file limits
 _OPEN_SHARDS = 16
@@ -41,7 +44,10 @@ class Dataset:
     dataset's own directory pays (tests and benchmarks). Sequential reads ``verify`` each shard
     first: its bytes must hash to the manifest's checksum (and a tar's index must agree with it), so
     a replaced or damaged shard is an error naming it before any of its samples is used. A staged
-    copy that fails is dropped and the source read instead."""
+    copy that fails is dropped and the source read instead. Given ``on_corrupt``, a shard whose
+    source fails too is reported to it instead, and each of its samples read comes out as a
+    placeholder marked :data:`~ddpipe.sample.BAD`: the stream keeps the plan's length and order (the
+    exchange and every rank's batch count depend on it) while the decoder drops and counts them."""
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest) -> None:
         self.root = Path(root)
@@ -110,9 +116,18 @@ class Dataset:
         return reader
 
     def iter_shard(self, shard: int, start: int = 0, *, store: ShardStore | None = None,
-                   limits: SourceLimits | None = None, verify: bool = True) -> Iterator[Sample]:
+                   limits: SourceLimits | None = None, verify: bool = True,
+                   on_corrupt: OnCorrupt | None = None) -> Iterator[Sample]:
         """The samples of one shard from position ``start``, read sequentially."""
-        with self.open_shard(shard, store, verify=verify) as reader:
+        try:
+            opened = self.open_shard(shard, store, verify=verify)
+        except CorruptShardError as e:
+            if on_corrupt is None:
+                raise
+            on_corrupt(shard, e)
+            yield from (self.placeholder(shard, pos, e) for pos in range(start, self.manifest.shards[shard].samples))
+            return
+        with opened as reader:
             from_source = reader.path.parent.resolve() == self.root.resolve()  # not a staged copy
             slow = limits if limits is not None and from_source else None
             if slow is not None:
@@ -123,6 +138,10 @@ class Dataset:
                 if slow is not None:
                     slow.on_read(share)
                 yield sample
+
+    def placeholder(self, shard: int, position: int, error: CorruptShardError) -> Sample:
+        """What stands in for a sample of a shard dropped as corrupt (see ``on_corrupt``)."""
+        return {KEY: f"{self.manifest.shards[shard].file}#{position}", BAD: f"its shard is corrupt: {error}".encode()}
 
     def __iter__(self) -> Iterator[Sample]:
         for shard in range(len(self.manifest.shards)):
@@ -135,45 +154,70 @@ class Dataset:
         return shards, indices - starts[shards]
 
     def read(self, indices: np.ndarray, *, random_access: bool = False, store: ShardStore | None = None,
-             limits: SourceLimits | None = None, verify: bool = True) -> Iterator[Sample]:
+             limits: SourceLimits | None = None, verify: bool = True,
+             on_corrupt: OnCorrupt | None = None) -> Iterator[Sample]:
         """The samples at global ``indices``, in that order.
 
         Sequential by default: each run of increasing positions within one shard is one scan of the
         shard from the run's first position (samples in between are skipped); ``store`` hears when
         the last run of a shard is done. ``random_access`` reads each sample on its own, keeping a
-        few shards open.
+        few shards open. ``on_corrupt``: see the class.
         """
         shards, positions = self.locate(np.asarray(indices, dtype=np.int64))
         if random_access:
-            yield from self._read_random(shards.tolist(), positions.tolist(), store, verify)
+            yield from self._read_random(shards.tolist(), positions.tolist(), store, verify, on_corrupt)
             return
         n = len(shards)
         i = 0
+        corrupt: dict[int, CorruptShardError] = {}  # found once, told once, however many runs it has
+
+        def found_corrupt(shard: int, error: CorruptShardError) -> None:
+            corrupt[shard] = error
+            if on_corrupt is not None:
+                on_corrupt(shard, error)
+
         while i < n:
             j = i + 1
             while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
                 j += 1
             wanted = positions[i:j].tolist()
             k = 0
-            scan = self.iter_shard(int(shards[i]), wanted[0], store=store, limits=limits, verify=verify)
-            for pos, sample in enumerate(scan, start=wanted[0]):
-                if pos == wanted[k]:
-                    yield sample
-                    k += 1
-                    if k == len(wanted):
-                        break
+            if int(shards[i]) in corrupt:
+                error = corrupt[int(shards[i])]
+                yield from (self.placeholder(int(shards[i]), p, error) for p in wanted)
+            else:
+                scan = self.iter_shard(int(shards[i]), wanted[0], store=store, limits=limits, verify=verify,
+                                       on_corrupt=found_corrupt if on_corrupt is not None else None)
+                for pos, sample in enumerate(scan, start=wanted[0]):
+                    if pos == wanted[k]:
+                        yield sample
+                        k += 1
+                        if k == len(wanted):
+                            break
             if store is not None and (j == n or shards[j] != shards[i]):
                 store.release(int(shards[i]))
             i = j
 
     def _read_random(self, shards: list[int], positions: list[int], store: ShardStore | None,
-                     verify: bool) -> Iterator[Sample]:
+                     verify: bool, on_corrupt: OnCorrupt | None) -> Iterator[Sample]:
         readers: OrderedDict[int, ShardReader] = OrderedDict()
         verified: set[int] = set()  # each shard once, however often it is reopened
+        corrupt: dict[int, CorruptShardError] = {}
         try:
             for shard, pos in zip(shards, positions, strict=True):
+                if shard in corrupt:
+                    yield self.placeholder(shard, pos, corrupt[shard])
+                    continue
                 check = verify and shard not in verified
-                reader = readers.pop(shard, None) or self.open_shard(shard, store, verify=check)
+                try:
+                    reader = readers.pop(shard, None) or self.open_shard(shard, store, verify=check)
+                except CorruptShardError as e:
+                    if on_corrupt is None:
+                        raise
+                    on_corrupt(shard, e)
+                    corrupt[shard] = e
+                    yield self.placeholder(shard, pos, e)
+                    continue
                 verified.add(shard)
                 readers[shard] = reader
                 if len(readers) > _OPEN_SHARDS:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections import defaultdict, deque
@@ -27,12 +28,12 @@ from .comm import Comm, init_comm
 from .dataset import Dataset, open_dataset
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
-from .errors import DdpipeError, SampleError
+from .errors import CorruptShardError, DdpipeError, SampleError
 from .exchange import ExchangeShuffler
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
 from .memory import release_freed_memory
 from .plan import EpochPlan, PlanOptions, plan_epoch
-from .sample import KEY, Sample
+from .sample import BAD, KEY, Sample
 from .shufflers import get_shuffler
 from .staging import NodeStager, StageOptions
 from .staging.order import node_shard_order
@@ -55,7 +56,9 @@ class Loader:
     (``"auto"``, ``"dali-gpu"``, ``"dali-cpu"``, ``"pil"``); with ``decode="none"`` each batch is a
     list of encoded sample dicts instead. ``on_error="fail"`` stops at an image that does not decode,
     naming its key and shard; ``"skip"`` drops it from its batch and counts it in ``stats``, so every
-    rank still yields the same number of batches.
+    rank still yields the same number of batches. The same holds for a shard whose bytes fail the
+    manifest's checksum: an error naming it, or under ``"skip"`` its samples dropped and counted and
+    the shard listed in ``stats["corrupt_shards"]``.
 
     Call :meth:`set_epoch` before each epoch; :meth:`state_dict` mid-epoch and
     :meth:`load_state_dict` in a fresh loader (any world size) continue with exactly the samples
@@ -170,12 +173,13 @@ class Loader:
             self.start_staging(plan)
         self._batches_done = 0
         self.stats["skipped"] = 0
+        self.stats["corrupt_shards"] = []
         stream = self._encoded(plan)
         try:
             if self.decode == "none":
-                for _, samples in stream:
+                for indices, samples in stream:
                     self._batches_done += 1
-                    yield samples
+                    yield self._without_placeholders(indices, samples)
             else:
                 from .decode.output import make_decoder
 
@@ -224,6 +228,21 @@ class Loader:
         if len(self.skipped) < 1000:
             self.skipped.append((str(sample.get(KEY)), where, reason))
 
+    def _without_placeholders(self, indices: np.ndarray, samples: list[Sample]) -> list[Sample]:
+        """Encoded samples as yielded (``decode="none"``): those of a corrupt shard dropped and counted."""
+        kept = []
+        for g, sample in zip(indices.tolist(), samples, strict=True):
+            if BAD in sample:
+                self._on_bad(g, sample, bytes(sample[BAD]).decode())
+            else:
+                kept.append(sample)
+        return kept
+
+    def _on_corrupt(self, shard: int, error: CorruptShardError) -> None:
+        """Under ``on_error="skip"``: a shard failed its checksum; its samples come as placeholders."""
+        self.stats["corrupt_shards"].append(self.dataset.manifest.shards[shard].file)
+        print(f"ddpipe: warning: skipping the samples of a corrupt shard: {error}", file=sys.stderr, flush=True)
+
     def _encoded(self, plan: EpochPlan) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
         """This rank's batches of encoded samples, in the plan's order, with their global indices."""
         out: queue.Queue[Any] = queue.Queue(maxsize=self.read_options.prefetch)
@@ -266,7 +285,8 @@ class Loader:
 
         try:
             samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access, store=self.stager,
-                                        limits=self._source_limits, verify=self.read_options.verify)
+                                        limits=self._source_limits, verify=self.read_options.verify,
+                                        on_corrupt=self._on_corrupt if self.on_error == "skip" else None)
             if rank_plan.rounds:
                 # reading gets a thread of its own, so later rounds are read (the GIL released in I/O)
                 # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead

@@ -19,6 +19,10 @@ Sample = dict[str, Any]
 
 KEY = "__key__"
 
+#: Marks a placeholder for a sample that could not be read (its shard failed its checksum under
+#: ``on_error="skip"``); its value is the reason, as bytes. Decoders drop and count such samples.
+BAD = "__bad__"
+
 _KEY_PART = re.compile(r"[A-Za-z0-9_\-+=,@~%]+")
 _FIELD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
 

@@ -98,6 +98,19 @@ def test_a_tar_index_with_two_offsets_swapped_is_refused(tmp_path: Path) -> None
     assert epoch(root, stage_dir=stage) == want  # dropped, and the source read
 
 
+@pytest.mark.parametrize("shuffle", ["none", "local", "partial", "global"])
+def test_under_skip_a_corrupt_shard_is_dropped_and_counted(data: Path, tmp_path: Path, shuffle: str,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    flip_middle_keeping_time(shard_file(data, 1))
+    stage = {"stage_dir": tmp_path / "stage"} if shuffle != "global" else {}
+    loader = ddpipe.Loader(data, 4, decode="none", shuffle=shuffle, on_error="skip", **stage)  # type: ignore[arg-type]
+    got = [s["__key__"] for batch in loader for s in batch]
+    assert sorted(got) == sorted(k for k in EXPECTED if not 12 <= int(k[2:]) < 24)  # the rest, each once
+    assert loader.stats["corrupt_shards"] == [shard_file(data, 1).name]
+    assert loader.stats["skipped"] == 12
+    assert shard_file(data, 1).name in capfd.readouterr().err
+
+
 def test_checking_can_be_turned_off(data: Path) -> None:
     flip_middle_keeping_time(shard_file(data, 0))
     assert len(epoch(data, verify=False)) == 48  # the user's choice: read as it is

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..sample import KEY, Sample
+from ..sample import BAD, KEY, Sample
 from .spec import image_field, label_of
 
 if TYPE_CHECKING:
@@ -32,6 +32,9 @@ class EncodedBatch:
     def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad) -> EncodedBatch:
         batch = cls([], [])
         for g, sample in zip(indices.tolist(), samples, strict=True):
+            if BAD in sample:  # a placeholder for a sample of a corrupt shard (dataset.py)
+                on_bad(g, sample, bytes(sample[BAD]).decode())
+                continue
             name = image_field(sample)
             if name is None:
                 on_bad(g, sample, f"no image field among {sorted(k for k in sample if k != KEY)}")

@@ -27,7 +27,7 @@ import xxhash
 
 from ..comm import Comm
 from ..dataset import Dataset
-from ..errors import DdpipeError, DiskFullError
+from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError
 from ..formats.atomic import atomic_write_bytes, discard
 from ..throttle import SourceLimits
 from .copy import is_staged, remove_staged, verified_copy, write_stamp
@@ -114,6 +114,11 @@ class NodeStager:
                 verified_copy(self.dataset.shard_path(shard), dest, info, self.options.limits)
             except DiskFullError as e:
                 print(f"ddpipe: warning: {e}; readers use the source for {info.file}", file=sys.stderr, flush=True)
+                atomic_write_bytes(self._failed(dest), str(e).encode())
+                return
+            except ChecksumMismatchError as e:
+                # the source itself is damaged: readers verify it too, and fail naming it or, under
+                # on_error="skip", drop its samples, as they would without staging
                 atomic_write_bytes(self._failed(dest), str(e).encode())
                 return
             write_stamp(dest, info)

@@ -110,7 +110,9 @@ def test_breaking_mid_epoch_never_hangs(tmp_path: Path, world: int) -> None:
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: Path, ranks: int) -> None:
+@pytest.mark.parametrize("damage", ["images", "shard"])
+def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: Path, ranks: int, damage: str) -> None:
+    """Two truncated JPEGs, or a shard whose bytes fail its checksum (samples 8-11)."""
     import json as _json
 
     import ddpipe
@@ -119,10 +121,16 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
 
     samples = [{"__key__": f"img/{i:04d}", "jpg": solid_jpeg((20 * (i % 10), 90, 90), (40, 30)), "cls": b"%d" % i}
                for i in range(20)]  # the label is the sample's own index: it tells samples apart
-    for bad in (5, 13):
-        samples[bad]["jpg"] = samples[bad]["jpg"][: len(samples[bad]["jpg"]) // 2]
+    bad = {5, 13} if damage == "images" else {8, 9, 10, 11}
+    if damage == "images":
+        for i in bad:
+            samples[i]["jpg"] = samples[i]["jpg"][: len(samples[i]["jpg"]) // 2]
     data = tmp_path / "bad"
     ddpipe.write_dataset(data, iter(samples), samples_per_shard=4)
+    if damage == "shard":
+        from ..test_integrity import flip_middle_keeping_time, shard_file
+
+        flip_middle_keeping_time(shard_file(data, 2))
     out = tmp_path / "out.json"
     code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
             "ld = ddpipe.Loader(sys.argv[1], 3, decode='dali-cpu', device='cpu', shuffle='partial', "
@@ -139,7 +147,7 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
     for r in report:  # every batch has the size the plan gave it: none short by a skipped image
         assert [len(b) for b in r["batches"]] == r["sizes"]
     labels = [y for r in report for b in r["batches"] for y in b]
-    assert set(labels) == set(range(20)) - {5, 13}  # every decodable sample, none that does not decode
+    assert set(labels) == set(range(20)) - bad  # every decodable sample, none that does not decode
     planned_copies = sum(sum(r["sizes"]) for r in report) - 20  # the plan's own padding (pad, not drop)
     repeats = sum(r["repeated"] for r in report)
-    assert len(labels) - 18 <= planned_copies + repeats  # beyond each once: only padding and counted repeats
+    assert len(labels) - (20 - len(bad)) <= planned_copies + repeats  # beyond each once: padding, counted repeats

@@ -47,3 +47,19 @@ def test_a_bad_image_stops_training_naming_it_unless_skipped(data: Path) -> None
     skipped = run_cli("train", data, *TRAIN, "--on-error", "skip", timeout=300)
     assert skipped.returncode == 0, skipped.stderr
     assert "skipped 1 images that do not decode" in skipped.stdout and "img/0007" in skipped.stdout
+
+
+def test_a_corrupt_shard_stops_training_naming_it_unless_skipped(data: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from ..test_integrity import flip_middle_keeping_time, shard_file
+
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy)
+    flip_middle_keeping_time(shard_file(copy, 2))
+    proc = run_cli("train", copy, *TRAIN, timeout=300)
+    assert proc.returncode == 1 and "checksum mismatch" in proc.stderr and "Traceback" not in proc.stderr
+    assert shard_file(copy, 2).name in proc.stderr
+    skipped = run_cli("train", copy, *TRAIN, "--on-error", "skip", timeout=300)
+    assert skipped.returncode == 0, skipped.stderr
+    assert f"corrupt shard(s) {shard_file(copy, 2).name}" in skipped.stdout
