@@ -267,7 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stage", help="copy this node's shards to node-local storage ahead of a job")
     p.add_argument("dataset")
-    p.add_argument("--local-dir", required=True, help="node-local directory (an SSD, or memory)")
+    p.add_argument("--local-dir", required=True,
+                   help="node-local directory (an SSD, or memory); {node} gives each node its own, "
+                        "$VAR takes it from the node's environment")
     p.add_argument("--capacity", type=_size, default=None, help="bytes of local storage to use, e.g. 100GB")
     p.add_argument("--epochs", type=_positive, default=1, help="stage the shards of this many epochs")
     p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial",
@@ -298,7 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
     p.add_argument("--exchange-fraction", type=float, default=0.3)
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
-    p.add_argument("--stage-dir", default=None, help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR)")
+    p.add_argument("--stage-dir", default=None,
+                   help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR; {node} and $VAR are resolved "
+                        "on each node)")
     p.add_argument("--stage-capacity", type=_size, default=None)
     p.add_argument("--checkpoint", type=Path, default=None, help="file to save to and resume from")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between mid-epoch checkpoints")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypedDict
 from .decode.spec import DecodeOptions
 from .errors import OptionError
 from .plan import PlanOptions
-from .staging import StageOptions, default_stage_dir
+from .staging import StageOptions
 from .throttle import SourceLimits
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _map(batch_size: int | None, plan: PlanOptions | None, decode: DecodeOptions
 
     stage_dir, capacity = k.get("stage_dir"), k.get("stage_capacity")
     if stage is None and stage_dir is not None:
-        stage = StageOptions(default_stage_dir() if str(stage_dir) == "auto" else Path(stage_dir), capacity)
+        stage = StageOptions(Path(stage_dir), capacity)  # "auto" and {node} are resolved on each node
     elif stage is not None and capacity is not None:
         stage = dataclasses.replace(stage, capacity=capacity)
     if stage is not None and stage.limits is None:

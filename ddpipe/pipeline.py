@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import socket
 import sys
 import threading
 import weakref
@@ -35,7 +36,7 @@ from .memory import release_freed_memory
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
 from .shufflers import get_shuffler
-from .staging import NodeStager, StageOptions
+from .staging import NodeStager, StageOptions, default_stage_dir, node_local_dir
 from .staging.order import node_shard_order
 from .throttle import SourceLimits
 
@@ -100,12 +101,17 @@ class Loader:
             limits = SourceLimits(limits.bandwidth / self.comm.world.local_size, limits.latency)
         self._source_limits = limits
         self.stager: NodeStager | None = None
-        self._check_one_stage_dir_per_node(options.stage)
-        if options.stage is not None:
-            if options.stage.capacity is not None and get_shuffler(self.options.shuffle).random_access:
+        stage = options.stage
+        if stage is not None:  # the job names one local directory; each node resolves it to its own
+            template = default_stage_dir(os.environ) if str(stage.stage_dir) == "auto" else stage.stage_dir
+            stage = dataclasses.replace(stage, stage_dir=node_local_dir(template, self.comm.world.node,
+                                                                        socket.gethostname(), os.environ))
+        self._check_one_stage_dir_per_node(stage)
+        if stage is not None:
+            if stage.capacity is not None and get_shuffler(self.options.shuffle).random_access:
                 raise DdpipeError("a staging capacity needs sequential reading: use shuffle='partial' or 'local' "
                                   "with stage_capacity, or stage the whole share (no capacity) for 'global'")
-            self.stager = NodeStager(self.dataset, options.stage, self.comm)
+            self.stager = NodeStager(self.dataset, stage, self.comm)
         self.skipped: list[tuple[str, str, str]] = []  # (key, shard, reason) of skipped samples, first 1,000
         self._decoder: Decoder | None = None
         closing = weakref.WeakMethod(self.close)  # the job may end while this loader is alive

@@ -43,12 +43,16 @@ def run_cli(*args: str | os.PathLike[str], check: bool = False, timeout: float =
     return proc
 
 
-def mpiexec(n: int, *args: str | os.PathLike[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """Launch ``n`` real MPI ranks of ``python ARGS`` with the mpich wheel's mpiexec."""
+def mpiexec(n: int, *args: str | os.PathLike[str], timeout: float = 180,
+            nodes: int | None = None) -> subprocess.CompletedProcess[str]:
+    """Launch ``n`` real MPI ranks of ``python ARGS`` with the mpich wheel's mpiexec. ``nodes``: split
+    them into that many nodes, as MPI itself sees nodes (MPICH's cliques: rank r is on node r % nodes)."""
     exe = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
     if exe is None:
         raise AssertionError("mpiexec not found: install ddpipe[mpi] (make test does)")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if nodes is not None:
+        env["MPIR_CVAR_NUM_CLIQUES"] = str(nodes)
     return subprocess.run([exe, "-n", str(n), sys.executable, *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env)
 

@@ -1,0 +1,85 @@
+"""Several nodes on one machine, as MPI itself sees them (MPICH's cliques split the ranks into nodes
+for MPI_COMM_TYPE_SHARED): one staged copy per node in each node's own directory, every sample once
+per epoch, equal batches, eviction per node, the exchange crossing nodes, and a mid-epoch state
+resumed on another node count."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+
+from ..conftest import mpiexec
+from ..helpers import make_dataset
+
+pytestmark = pytest.mark.mpi
+WORKER = Path(__file__).with_name("nodes_worker.py")
+SHARDS, PER_SHARD, PAYLOAD = 12, 10, 2600
+TOTAL = SHARDS * PER_SHARD
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("nodes") / "wds", "wds", [PER_SHARD] * SHARDS, payload=PAYLOAD)
+
+
+def launch(data: Path, tmp: Path, nodes: int, phase: str, *extra: str) -> list[dict]:
+    out = tmp / f"{phase}-{nodes}.json"
+    proc = mpiexec(2 * nodes, WORKER, data, tmp / "local" / "node{node}", out, phase, *extra, timeout=300,
+                   nodes=nodes)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+def flat(batches: list[list[str]]) -> list[str]:
+    return [k for b in batches for k in b]
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_nodes_stage_one_copy_each_and_yield_every_sample_once(data: Path, tmp_path: Path, nodes: int) -> None:
+    report = launch(data, tmp_path, nodes, "run")
+    by_node = collections.defaultdict(list)
+    for r in report:
+        by_node[r["node"]].append(r)
+    assert sorted(by_node) == list(range(nodes)) and all(len(rs) == 2 for rs in by_node.values())
+    dirs = {r["node"]: r["stage_dir"] for r in report}
+    assert len(set(dirs.values())) == nodes  # a directory per node, named from {node}
+    for node, ranks in by_node.items():
+        assert {r["stage_dir"] for r in ranks} == {dirs[node]}
+        assert f"node{node}" in dirs[node]
+        leader, other = sorted(ranks, key=lambda r: r["local_rank"])
+        assert other["copied"] == 0  # one copy per node: local rank 0 makes it
+        assert leader["copied"] == len(leader["staged"])  # each of its shards once, kept for epoch 1
+    staged = [s for r in report if r["local_rank"] == 0 for s in r["staged"]]
+    assert len(staged) == len(set(staged)) == SHARDS  # sticky shares: each shard on exactly one node
+    for epoch in range(2):
+        per_rank = [r["epochs"][epoch] for r in report]
+        assert len({len(b) for b in per_rank}) == 1  # equal batch counts
+        seen = collections.Counter(k for b in per_rank for k in flat(b))
+        assert len(seen) == TOTAL and sum(seen.values()) == len(report) * -(-TOTAL // len(report))
+    assert all(r["cross_node_bytes"] > 0 for r in report)  # every rank sent samples to other nodes
+
+
+def test_capacity_evicts_on_each_node(data: Path, tmp_path: Path) -> None:
+    capacity = 3 * PER_SHARD * (PAYLOAD + 1024)  # three shards of the node's six
+    report = launch(data, tmp_path, 2, "run", str(capacity))
+    leaders = [r for r in report if r["local_rank"] == 0]
+    for r in leaders:
+        assert r["evicted"] > 0 and r["copied"] > len(r["staged"])  # evicted shards staged again
+        assert len(r["staged"]) <= 3
+    for epoch in range(2):
+        seen = {k for r in report for k in flat(r["epochs"][epoch])}
+        assert len(seen) == TOTAL
+
+
+def test_a_state_from_two_nodes_resumes_on_three(data: Path, tmp_path: Path) -> None:
+    first = launch(data, tmp_path, 2, "run")
+    second = launch(data, tmp_path, 3, "resume")
+    assert len(second) == 6 and len({r["node"] for r in second}) == 3
+    before = [k for r in first for k in flat(r["part"])]
+    after = [k for r in second for k in flat(r["rest"])]
+    assert not set(before) & set(after)  # nothing twice
+    assert set(before) | set(after) == {k for r in first for k in flat(r["epochs"][0])}  # nothing lost
+    assert len({len(r["rest"]) for r in second}) == 1  # equal batches on the new nodes' ranks

@@ -1,0 +1,43 @@
+"""One local-directory name for the whole job, resolved on each node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddpipe.errors import DdpipeError
+from ddpipe.staging import default_stage_dir, node_local_dir
+
+
+@given(st.lists(st.integers(0, 4096), min_size=2, max_size=8, unique=True))
+def test_node_in_the_name_gives_every_node_its_own_directory(nodes: list[int]) -> None:
+    dirs = [node_local_dir("/scratch/job/node-{node}", n, "h", {}) for n in nodes]
+    assert len(set(dirs)) == len(nodes)
+
+
+def test_a_plain_name_is_the_same_on_every_node() -> None:
+    assert node_local_dir("/local/ssd", 0, "a", {}) == node_local_dir("/local/ssd", 7, "b", {}) == Path("/local/ssd")
+
+
+def test_the_host_and_the_nodes_environment() -> None:
+    env = {"SLURM_TMPDIR": "/tmp/slurm-42", "USER": "ada"}
+    assert node_local_dir("$SLURM_TMPDIR/ddpipe", 1, "gpu07", env) == Path("/tmp/slurm-42/ddpipe")
+    assert node_local_dir("/nvme/${USER}/{host}-{node}", 3, "gpu07", env) == Path("/nvme/ada/gpu07-3")
+
+
+@pytest.mark.parametrize(("template", "message"), [
+    ("$SLURM_TMPDIR/x", r"names \$SLURM_TMPDIR, which is not set on node 2"),
+    ("/x/{rank}", r"names \{rank\}; it may name \{node\}, \{host\}"),
+    ("/x/{node", "not a valid template"),
+])
+def test_a_name_that_cannot_be_resolved_says_why(template: str, message: str) -> None:
+    with pytest.raises(DdpipeError, match=message):
+        node_local_dir(template, 2, "h", {})
+
+
+def test_auto_is_the_environments_choice() -> None:
+    assert default_stage_dir({"DDPIPE_LOCAL_DIR": "/fast/{node}"}) == Path("/fast/{node}")
+    assert default_stage_dir({}).name == "ddpipe-stage"
