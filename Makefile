@@ -8,7 +8,9 @@ STAMP  := $(VENV)/.ddpipe-installed
 DEMO   ?= demo-data
 DEMO_N ?= 600
 
-.PHONY: setup test lint typecheck demo bench clean
+SLURM_DIR ?= /tmp/ddpipe-slurm
+
+.PHONY: setup test test-slurm lint typecheck demo bench clean
 
 setup: $(STAMP)
 
@@ -28,6 +30,15 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
+
+# Real Slurm on this machine: install slurm-wlm and munge (root, apt), start a one-node cluster under
+# $(SLURM_DIR), run tests/slurm (srun on ddpipe train and a user script, sbatch on the example), stop it.
+test-slurm: $(STAMP)
+	tests/slurm/cluster.sh install
+	tests/slurm/cluster.sh stop $(SLURM_DIR); rm -rf $(SLURM_DIR)
+	tests/slurm/cluster.sh start $(SLURM_DIR)
+	SLURM_CONF=$(SLURM_DIR)/slurm.conf PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -rs tests/slurm; \
+	  status=$$?; tests/slurm/cluster.sh stop $(SLURM_DIR); exit $$status
 
 # The main job end to end on a generated dataset: synth -> convert to every format -> verify -> inspect.
 demo: $(STAMP)

@@ -1,5 +1,12 @@
 #!/bin/bash
 # Stage, then train: ResNet-50 on ImageNet-sized shards, 64 nodes x 4 GPUs.
+#
+#   sbatch examples/slurm_train.sh
+#
+# Every setting below is a variable with the cluster's value as its default, so the same script runs
+# elsewhere by overriding them (tests/slurm submits it on a one-node test cluster, CPUs only):
+#   sbatch --nodes=1 --ntasks=2 --cpus-per-task=1 --gpus-per-node=0 \
+#          --export=ALL,DATA=...,MODEL=smallcnn,EPOCHS=1,BATCH=8,TRAIN_FLAGS= examples/slurm_train.sh
 #SBATCH --job-name=ddpipe-resnet50
 #SBATCH --nodes=64
 #SBATCH --ntasks-per-node=4
@@ -8,17 +15,26 @@
 #SBATCH --time=12:00:00
 set -euo pipefail
 
-DATA=/lustre/datasets/imagenet-wds          # made once with: ddpipe convert ImageFolder DATA --format wds
-LOCAL=${DDPIPE_LOCAL_DIR:-/local/ssd/$USER}  # node-local NVMe
-export DDPIPE_LOCAL_DIR=$LOCAL
+DATA=${DATA:-/lustre/datasets/imagenet-wds}         # made once with: ddpipe convert ImageFolder DATA --format wds
+EVAL=${EVAL-/lustre/datasets/imagenet-val-wds}       # empty: no evaluation
+LOCAL=${LOCAL:-${DDPIPE_LOCAL_DIR:-/local/ssd/$USER}} # node-local NVMe; {node} gives each node its own
+MODEL=${MODEL:-resnet50}
+EPOCHS=${EPOCHS:-90}
+BATCH=${BATCH:-256}                                  # per GPU
+TRAIN_FLAGS=${TRAIN_FLAGS---amp --channels-last}     # GPU settings
+CHECKPOINT=${CHECKPOINT:-${SLURM_SUBMIT_DIR:-.}/$MODEL.ckpt}
+# srun starts the ranks with the cluster's MpiDefault (pmix for Open MPI, pmi2 for MPICH's wheel);
+# ddpipe takes rank, size and node from MPI itself
+SRUN=${SRUN:-srun}
 
 # 1. one stager per node copies the shards its 4 ranks will read (sticky assignment: the same shards
 #    every epoch, so this is the only time the shared file system is read)
-srun --mpi=pmix ddpipe stage "$DATA" --local-dir "$LOCAL" --shuffle partial --seed 0
+$SRUN ddpipe stage "$DATA" --local-dir "$LOCAL" --shuffle partial --seed 0
 
 # 2. train: each rank reads its staged shards, exchanges 30% of its samples with other ranks every
-#    epoch, decodes on its GPU with DALI and averages gradients with DDP (NCCL)
-srun --mpi=pmix ddpipe train "$DATA" --model resnet50 --epochs 90 --batch-size 256 \
-    --allreduce ddp --lr 0.1 --warmup-epochs 5 --amp --channels-last \
+#    epoch, decodes on its GPU with DALI and averages gradients with DDP (NCCL on GPUs)
+# shellcheck disable=SC2086  # TRAIN_FLAGS is a list of flags
+$SRUN ddpipe train "$DATA" --model "$MODEL" --epochs "$EPOCHS" --batch-size "$BATCH" \
+    --allreduce ddp --lr 0.1 --warmup-epochs 5 $TRAIN_FLAGS \
     --shuffle partial --exchange-fraction 0.3 --stage-dir "$LOCAL" \
-    --eval /lustre/datasets/imagenet-val-wds --checkpoint "$SLURM_SUBMIT_DIR/resnet50.ckpt" --checkpoint-every 1000
+    ${EVAL:+--eval "$EVAL"} --checkpoint "$CHECKPOINT" --checkpoint-every 1000
