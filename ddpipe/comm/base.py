@@ -39,6 +39,21 @@ class GradientChannel(Protocol):
     def free(self) -> None: ...
 
 
+class PeerLink(Protocol):
+    """Files sent whole from one rank to another on request, beside the collectives: how a node
+    fetches a shard that another node has staged (:mod:`ddpipe.staging.peers`)."""
+
+    def serve(self, lookup: Callable[[int], str | None]) -> None:
+        """Answer other ranks' requests in a thread of this rank's own: ``lookup(item)`` is the file to
+        send, or None when this rank no longer has it."""
+
+    def fetch(self, rank: int, item: int, sink: Callable[[memoryview], None], timeout: float) -> bool:
+        """Ask ``rank`` for ``item`` and pass its bytes to ``sink`` chunk by chunk; False if that rank
+        does not have it or does not answer within ``timeout`` seconds (nothing was passed to ``sink``)."""
+
+    def close(self) -> None: ...
+
+
 class Comm:
     """Collectives over the job's world. A world of one needs no MPI and returns at once."""
 
@@ -78,6 +93,10 @@ class Comm:
         """The global ranks on this process's node (itself included)."""
         w = self.world
         return list(range(w.node * w.local_size, (w.node + 1) * w.local_size))
+
+    def peer_link(self) -> PeerLink | None:
+        """A link for sending files between ranks, where the launcher gives one (MPI), else None."""
+        return None
 
     def gradient_channel(self) -> GradientChannel:
         raise DdpipeError("gradient averaging over MPI needs an MPI launcher (mpiexec or srun); "

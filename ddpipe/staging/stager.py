@@ -5,7 +5,8 @@ read this epoch, in the order they will read them, from the source dataset to ``
 rank asks :meth:`NodeStager.path` for a shard and waits until its copy is complete and verified, and
 never sees a partial file (copies are renamed into place once their checksum matches). Valid copies
 are reused across epochs and runs. With a ``capacity`` in bytes, the stager keeps a window ahead of
-the readers and evicts shards every local rank has finished with.
+the readers and evicts shards every local rank has finished with. On several nodes, a shard that
+another node holds is fetched from that node rather than from the source (``peers.py``).
 
 Coordination between the processes of a node goes through the stage directory: a verification
 stamp per staged shard, a ``flock`` per shard while it is copied (two jobs may share a directory),
@@ -31,6 +32,7 @@ from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError
 from ..formats.atomic import atomic_write_bytes, discard
 from ..throttle import SourceLimits
 from .copy import is_staged, remove_staged, verified_copy, write_stamp
+from .peers import fetch_from_peer, holders, inventory_bits
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class StageOptions:
     capacity: int | None = None  # bytes on the node's local storage; None: the whole share
     limits: SourceLimits | None = None  # a slow source, for tests and benchmarks
     wait_timeout: float = 600.0  # how long a reader waits for one shard's copy
+    peers: bool = True  # fetch a shard another node holds from that node rather than the source
 
 
 def dataset_stage_dir(root: Path, dataset: Dataset) -> Path:
@@ -64,6 +67,12 @@ class NodeStager:
         self._readers: dict[int, int] = {}  # shard -> how many local ranks read it this epoch
         self._my_runs: dict[int, int] = {}  # shard -> runs of it left in this rank's reads
         self.on_staged: Callable[[int], None] | None = None  # called by the leader after each shard
+        self.stats.update(peer_copied=0, peer_bytes=0)
+        link = comm.peer_link() if options.peers and comm.world.num_nodes > 1 else None
+        self._link = link
+        self._holders: dict[int, int] = {}  # shard -> the leader rank of another node that holds it
+        if link is not None and self.is_leader:
+            link.serve(self._serve_lookup)
 
     # ---- leader ----------------------------------------------------------------------------------
 
@@ -73,6 +82,13 @@ class NodeStager:
         this rank reads (it is done with a shard after the last)."""
         self.close()
         self._epoch, self._readers, self._my_runs = epoch, readers, dict(my_runs)
+        if self._link is not None:  # every rank takes part: who holds what, as the epoch starts
+            shards = self.dataset.manifest.shards
+            mine = (inventory_bits([s for s, info in enumerate(shards) if is_staged(self.dir / info.file, info)],
+                                   len(shards)) if self.is_leader else None)
+            everyone = self.comm.allgather((self.comm.world.node, mine))
+            self._holders = holders([bits for _, bits in everyone], [node for node, _ in everyone],
+                                    self.comm.world.node, len(shards))
         self._stop.clear()
         if self.is_leader:
             self._thread = threading.Thread(target=self._stage_all, args=(order,), daemon=True,
@@ -111,7 +127,12 @@ class NodeStager:
             try:
                 for sidecar in self.dataset.format.sidecar_files(self.dataset.shard_path(shard)):
                     atomic_write_bytes(self.dir / sidecar.name, sidecar.read_bytes())
-                verified_copy(self.dataset.shard_path(shard), dest, info, self.options.limits)
+                peer = self._holders.get(shard)
+                if peer is not None and self._link is not None and fetch_from_peer(self._link, peer, shard, dest, info):
+                    self.stats["peer_copied"] += 1
+                    self.stats["peer_bytes"] += info.bytes
+                else:
+                    verified_copy(self.dataset.shard_path(shard), dest, info, self.options.limits)
             except DiskFullError as e:
                 print(f"ddpipe: warning: {e}; readers use the source for {info.file}", file=sys.stderr, flush=True)
                 atomic_write_bytes(self._failed(dest), str(e).encode())
@@ -125,6 +146,14 @@ class NodeStager:
             self.stats["copied"] += 1
             self.stats["bytes"] += info.bytes
             self.stats["seconds"] += time.perf_counter() - t0
+
+    def _serve_lookup(self, shard: int) -> str | None:
+        """What this node sends a peer asking for ``shard``: its verified copy, if it still has one."""
+        shards = self.dataset.manifest.shards
+        if not 0 <= shard < len(shards):
+            return None
+        dest = self.dir / shards[shard].file
+        return str(dest) if is_staged(dest, shards[shard]) else None
 
     def _make_room(self, shard: int, staged: list[int], position: dict[int, int], now: int) -> None:
         """Evict until ``shard`` fits: first shards this epoch is done with (every local reader finished,

@@ -59,6 +59,9 @@ def main() -> None:
         ld = loader()
         ld.load_state_dict(pickle.loads(state_file.read_bytes()))
         mine.update(rest=keys(list(ld)))
+        assert ld.stager is not None
+        mine.update({k: ld.stager.stats[k] for k in ("copied", "peer_copied", "peer_bytes")},
+                    stage_dir=str(ld.stager.dir))
     everyone = comm.allgather(mine)
     if w.rank == 0:
         out.write_text(json.dumps(everyone))

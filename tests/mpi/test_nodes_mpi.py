@@ -83,3 +83,23 @@ def test_a_state_from_two_nodes_resumes_on_three(data: Path, tmp_path: Path) -> 
     assert not set(before) & set(after)  # nothing twice
     assert set(before) | set(after) == {k for r in first for k in flat(r["epochs"][0])}  # nothing lost
     assert len({len(r["rest"]) for r in second}) == 1  # equal batches on the new nodes' ranks
+    # peer staging: the new shares were staged from the nodes that held them, not all from the source
+    leaders = [r for r in second if r["local_rank"] == 0]
+    assert sum(r["peer_copied"] for r in leaders) > 0
+    new_node = next(r for r in leaders if r["node"] == 2)  # its directory was empty: every shard from peers
+    assert new_node["peer_copied"] == new_node["copied"] > 0
+    for r in leaders:  # every copy, from a peer or the source, is the source's bytes
+        for copy in Path(r["stage_dir"]).glob("*.tar"):
+            assert copy.read_bytes() == (data / copy.name).read_bytes()
+
+
+def test_a_peer_gives_its_copy_or_says_it_cannot(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "shard.bin").write_bytes(os.urandom(20 << 20))  # more than one chunk
+    proc = mpiexec(2, Path(__file__).with_name("peer_worker.py"), tmp_path, timeout=120, nodes=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the right bytes; a refusal when it no longer has them; other bytes refused by checksum; a timeout
+    said = [w for w in proc.stdout.split() if w in ("fetched", "refused", "checked", "gone")]  # UCX may warn too
+    assert said == ["fetched", "refused", "checked", "gone"]
+    assert "copying from the source instead" in proc.stderr
