@@ -66,14 +66,16 @@ def save(name: str, doc: dict[str, Any]) -> Path:
     return path
 
 
-def mpiexec(ranks: int, *args: str | os.PathLike[str], timeout: float = 1800) -> None:
-    """Run ``python ARGS`` on ``ranks`` real MPI ranks (the mpich wheel's mpiexec); raise on failure."""
+def mpiexec(ranks: int, *args: str | os.PathLike[str], timeout: float = 1800, nodes: int | None = None) -> None:
+    """Run ``python ARGS`` on ``ranks`` real MPI ranks (the mpich wheel's mpiexec); raise on failure.
+    ``nodes``: as that many nodes, as MPI sees them (MPICH's cliques: rank r on node r % nodes)."""
     import shutil
     import subprocess
 
     exe = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     if exe is None:
         raise SystemExit("mpiexec not found: pip install 'ddpipe[mpi]' (make setup does)")
-    proc = subprocess.run([exe, "-n", str(ranks), sys.executable, *map(str, args)], timeout=timeout)
+    env = {**os.environ, **({"MPIR_CVAR_NUM_CLIQUES": str(nodes)} if nodes else {})}
+    proc = subprocess.run([exe, "-n", str(ranks), sys.executable, *map(str, args)], timeout=timeout, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"mpiexec -n {ranks} {' '.join(map(str, args))} failed with {proc.returncode}")
