@@ -71,11 +71,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from .convert import index_tars
+    from .convert import index_command
 
-    classes = Path(args.classes).read_text().split() if args.classes else None
-    m = index_tars(args.dir, classes=classes)
-    print(f"{args.dir}: indexed {len(m.shards)} tar shards, {m.num_samples} samples, fields {', '.join(m.fields)}")
+    m = index_command.run(args)
+    print(f"{args.dir}: adopted {len(m.shards)} {m.format} shard(s) in place, {m.num_samples} samples, "
+          f"fields {', '.join(m.fields)}")
     return 0
 
 
@@ -260,9 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_convert)
 
-    p = sub.add_parser("index", help="adopt WebDataset tar shards in place: write their index.json")
-    p.add_argument("dir")
-    p.add_argument("--classes", help="file of class names, one per line, in label order")
+    p = sub.add_parser("index", help="adopt tar shards, HDF5 files or an LMDB in place: write their index.json")
+    from .convert.index_command import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser("stage", help="copy this node's shards to node-local storage ahead of a job")

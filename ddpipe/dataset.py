@@ -52,7 +52,9 @@ class Dataset:
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest) -> None:
         self.root = Path(root)
         self.manifest = manifest
-        self.format: ShardFormat = get_format(manifest.format)
+        # the shard files: beside index.json, or where an adopted dataset's manifest says
+        self.data_root = self.root / manifest.data_dir if manifest.data_dir is not None else self.root
+        self.format: ShardFormat = get_format(manifest.format).configured(manifest.layout, self.data_root)
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -66,7 +68,7 @@ class Dataset:
         return self.manifest.classes
 
     def shard_path(self, shard: int) -> Path:
-        return self.root / self.manifest.shards[shard].file
+        return self.data_root / self.manifest.shards[shard].file
 
     def check_files(self) -> None:
         """Cheap checks without reading data: every shard exists and has its recorded size."""
@@ -78,7 +80,7 @@ class Dataset:
         self.check_file(self.manifest.shards[shard])
 
     def check_file(self, info: ShardInfo, path: Path | None = None) -> None:
-        path = path or self.root / info.file
+        path = path or self.data_root / info.file
         try:
             size = path.stat().st_size
         except FileNotFoundError:
@@ -91,7 +93,7 @@ class Dataset:
         """A reader over one shard (its copy in ``store``, if given), checked against its manifest
         entry: size and sample count, and with ``verify`` its content."""
         info = self.manifest.shards[shard]
-        source = self.root / info.file
+        source = self.data_root / info.file
         path = store.path(shard) if store is not None else source
         try:
             return self._open(info, path, verify)
@@ -128,7 +130,7 @@ class Dataset:
             yield from (self.placeholder(shard, pos, e) for pos in range(start, self.manifest.shards[shard].samples))
             return
         with opened as reader:
-            from_source = reader.path.parent.resolve() == self.root.resolve()  # not a staged copy
+            from_source = reader.path.parent.resolve() == self.data_root.resolve()  # not a staged copy
             slow = limits if limits is not None and from_source else None
             if slow is not None:
                 slow.on_open()

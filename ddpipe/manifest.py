@@ -15,6 +15,10 @@ A dataset is a directory holding shard files and ``index.json``::
 
 It is written atomically and holds nothing that varies between runs (no time stamps), so the
 same conversion gives the same bytes.
+
+A dataset adopted in place from files another tool wrote (``ddpipe index``) may keep its manifest
+elsewhere: ``"data_dir"`` names the directory of its files (relative to the manifest's, or absolute),
+and ``"layout"`` tells the format's reader how those files hold samples.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class Manifest:
     shards: tuple[ShardInfo, ...]
     skipped: tuple[SkippedItem, ...] = ()
     origin: dict[str, str] = field(default_factory=dict)
+    layout: dict[str, Any] = field(default_factory=dict)  # how an adopted format's files hold samples
+    data_dir: str | None = None  # where the shard files are, when not beside index.json
 
     @property
     def num_samples(self) -> int:
@@ -92,6 +98,10 @@ class Manifest:
         }
         if self.origin:
             doc["origin"] = dict(sorted(self.origin.items()))
+        if self.layout:
+            doc["layout"] = dict(sorted(self.layout.items()))
+        if self.data_dir is not None:
+            doc["data_dir"] = self.data_dir
         return json.dumps(doc, indent=1) + "\n"
 
     @classmethod
@@ -113,6 +123,8 @@ class Manifest:
                 shards=shards,
                 skipped=tuple(SkippedItem(str(s["path"]), str(s["error"])) for s in doc.get("skipped", [])),
                 origin={str(k): str(v) for k, v in doc.get("origin", {}).items()},
+                layout=dict(doc.get("layout", {})),
+                data_dir=None if doc.get("data_dir") is None else str(doc["data_dir"]),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"malformed manifest: {type(e).__name__}: {e}", path=path) from None

@@ -44,7 +44,7 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
     dataset = Dataset(path, load_manifest(path))
     report = VerifyReport()
     shards = list(enumerate(dataset.manifest.shards))
-    where = {i: dataset.root / info.file for i, info in shards}
+    where = {i: dataset.data_root / info.file for i, info in shards}
     if stage_dir is not None:
         from .staging.stager import dataset_stage_dir
 

@@ -138,7 +138,7 @@ def _encoded_bytes(batch: list[Sample]) -> int:
 
 def _evict(loader: Loader) -> None:
     if loader.comm.world.local_rank == 0:  # once per node
-        evict_page_cache(loader.dataset.root / info.file for info in loader.dataset.manifest.shards)
+        evict_page_cache(loader.dataset.data_root / info.file for info in loader.dataset.manifest.shards)
 
 
 def _timed(comm: Comm, loader: Loader, cold: bool, body: Any) -> tuple[float, dict[str, float]]:

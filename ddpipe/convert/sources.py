@@ -54,6 +54,11 @@ def open_source(src: str | os.PathLike[str]) -> Source:
     path = Path(src)
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         return _dataset_source(path)
+    from .index_command import hint, what_is_in
+
+    if what_is_in(path) in ("hdf5", "lmdb") and not (path.is_dir() and any(p.is_dir() for p in path.iterdir())):
+        raise SourceError(f"not images but {hint(path)}; then convert the adopted dataset if you want shards",
+                          path=path)
     if path.is_dir():
         return _imagefolder_source(path)
     if path.is_file() and path.suffix.lower() in (".csv", ".tsv", ".txt", ".lst"):
@@ -143,7 +148,8 @@ def _dataset_source(root: Path) -> Source:
     for info in ds.manifest.shards:
         per_sample = info.bytes // max(info.samples, 1)
         start = len(items)
-        items.extend(SourceItem(path=str(root / info.file), size=per_sample, index=i) for i in range(info.samples))
+        path = str(ds.data_root / info.file)
+        items.extend(SourceItem(path=path, size=per_sample, index=i) for i in range(info.samples))
         ranges.append((start, len(items)))
     identity = "\n".join(f"{s.file}\t{s.samples}\t{s.checksum}" for s in ds.manifest.shards)
     return Source("dataset", str(root), tuple(items), ds.manifest.classes, identity, tuple(ranges),
@@ -186,7 +192,7 @@ class ItemLoader:
         if self._reader is None or str(self._reader.path) != item.path:
             self.close()
             shard = next(i for i, s in enumerate(self._dataset.manifest.shards)
-                         if str(self._dataset.root / s.file) == item.path)
+                         if str(self._dataset.data_root / s.file) == item.path)
             self._reader = self._dataset.open_shard(shard)
         try:
             return self._reader[item.index]

@@ -17,14 +17,19 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "hdf5": ("ddpipe.formats.hdf5", "HDF5Format", "h5py"),
     "lmdb": ("ddpipe.formats.lmdb", "LMDBFormat", "lmdb msgpack"),
 }
+# read in place, never written: files other tools wrote, adopted by ``ddpipe index``
+_ADOPTED: dict[str, tuple[str, str, str]] = {
+    "hdf5-foreign": ("ddpipe.formats.foreign_hdf5", "ForeignHDF5Format", "h5py"),
+    "lmdb-foreign": ("ddpipe.formats.foreign_lmdb", "ForeignLMDBFormat", "lmdb msgpack"),
+}
 
-FORMAT_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+FORMAT_NAMES: tuple[str, ...] = tuple(_REGISTRY)  # the formats ddpipe writes
 
 
 def get_format(name: str) -> ShardFormat:
     """The format called ``name`` (one of :data:`FORMAT_NAMES`)."""
     try:
-        module_name, class_name, package = _REGISTRY[name]
+        module_name, class_name, package = {**_REGISTRY, **_ADOPTED}[name]
     except KeyError:
         raise DdpipeError(f"unknown format {name!r}; choose one of {', '.join(FORMAT_NAMES)}") from None
     try:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from ..checksum import file_checksum
 from ..errors import ChecksumMismatchError, CorruptShardError, MissingShardError
@@ -154,6 +155,12 @@ class ShardFormat(abc.ABC):
     def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
         """Files kept beside a shard (an index, say) that belong to it."""
         return []
+
+    def configured(self, layout: dict[str, Any], data_root: Path) -> ShardFormat:
+        """This format set up for one dataset's ``layout`` (its manifest's): how an adopted format's
+        files hold samples; ``data_root``, where its files are. ddpipe's own formats have one layout
+        and return themselves."""
+        return self
 
     def verify(self, reader: ShardReader, checksum: str) -> None:
         """Raise :class:`ChecksumMismatchError` unless the shard's bytes hash to ``checksum`` (its

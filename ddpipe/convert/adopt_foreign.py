@@ -1,0 +1,176 @@
+"""``ddpipe index`` for HDF5 files and LMDB environments that other tools wrote: a manifest beside
+them (or in a directory the user names, when the data is read-only), never a copy of the data.
+
+Adoption reads every file once: it hashes it (the manifest's checksum, which every later read is
+checked against), counts the samples and finds the labels. When a layout is ambiguous it lists what
+it found and asks for a name rather than guessing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..checksum import file_checksum
+from ..errors import DdpipeError
+from ..manifest import Manifest, ShardInfo, save_manifest
+
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+# where plain-image LMDBs usually keep the label in the key: "<label>/<name>", "<name>_<label>"
+KEY_LABEL_PATTERNS = (r"^(?P<label>\d+)[/_]", r"[/_](?P<label>\d+)$")
+
+
+def _write(data: Path, out: Path | None, manifest: Manifest) -> Manifest:
+    target = out or data
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        manifest = Manifest(**{**manifest.__dict__, "data_dir": os.path.relpath(data.resolve(), out.resolve())})
+    elif not os.access(data, os.W_OK):
+        raise DdpipeError("the data directory is read-only: write the manifest elsewhere with --out DIR", path=data)
+    save_manifest(target, manifest)
+    return manifest
+
+
+def _classes(max_label: int, classes: list[str] | None, where: Path) -> tuple[str, ...]:
+    if classes is None:
+        return tuple(str(i) for i in range(max_label + 1))
+    if max_label >= len(classes):
+        raise DdpipeError(f"a label is {max_label}, but {len(classes)} class names were given", path=where)
+    return tuple(classes)
+
+
+def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[str, int]], list[tuple[str, int]]]:
+    """What one HDF5 file holds that could be images (name, kind, rows), integer label datasets
+    (name, rows) and integer array attributes (name, length)."""
+    import h5py
+
+    from ..formats.foreign_hdf5 import image_kind
+
+    images, labels, attrs = [], [], []
+    with h5py.File(path, "r") as f:
+        found: list[tuple[str, Any]] = []
+        f.visititems(lambda name, obj: found.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
+        for name, ds in found:
+            kind = image_kind(ds)
+            if kind is not None:
+                images.append((name, kind, int(ds.shape[0])))
+                for attr, value in ds.attrs.items():
+                    if np.asarray(value).ndim == 1 and np.asarray(value).dtype.kind in "iu":
+                        attrs.append((attr, len(value)))
+            elif ds.ndim == 1 and ds.dtype.kind in "iu":
+                labels.append((name, int(ds.shape[0])))
+        for attr, value in f.attrs.items():
+            if np.asarray(value).ndim == 1 and np.asarray(value).dtype.kind in "iu":
+                attrs.append((attr, len(value)))
+    return images, labels, attrs
+
+
+def _one(what: str, flag: str, options: list[str], path: Path) -> str:
+    if len(options) == 1:
+        return options[0]
+    if not options:
+        raise DdpipeError(f"no {what} found", path=path)
+    raise DdpipeError(f"several {what} found: {', '.join(options)}; name one with {flag}", path=path)
+
+
+def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None, labels: str | None = None,
+               label_attr: str | None = None, classes: list[str] | None = None) -> Manifest:
+    """Adopt the HDF5 files in ``data`` (each a shard) in place."""
+    import h5py
+
+    from ..formats.foreign_hdf5 import ForeignHDF5Reader
+    from ..formats.lmdb_values import image_field
+
+    files = sorted(p for p in data.iterdir() if p.suffix.lower() in HDF5_SUFFIXES and not p.name.startswith("."))
+    if not files:
+        raise DdpipeError("no HDF5 files (.h5, .hdf5) found", path=data)
+    found_images, found_labels, found_attrs = hdf5_candidates(files[0])
+    rows = {n: r for n, _, r in found_images}
+    if images is None:
+        images = _one("datasets of encoded images (variable-length uint8 or fixed-length bytes, one per row)",
+                      "--images", [n for n, _, _ in found_images], files[0])
+    if images not in rows:
+        listed = ", ".join(f"{n} ({k}, {r} rows)" for n, k, r in found_images) or "none"
+        raise DdpipeError(f"no dataset {images!r} of encoded images; found: {listed}", path=files[0])
+    if labels is None and label_attr is None:
+        fits = [n for n, r in found_labels if r == rows[images]]
+        fit_attrs = [n for n, r in found_attrs if r == rows[images]]
+        if len(fits) + len(fit_attrs) > 1:
+            raise DdpipeError(f"several label candidates of {rows[images]} integers: datasets "
+                              f"{', '.join(fits) or '-'}, attributes {', '.join(fit_attrs) or '-'}; "
+                              "name one with --labels or --label-attr", path=files[0])
+        labels = fits[0] if fits else None
+        label_attr = fit_attrs[0] if fit_attrs else None
+    with h5py.File(files[0], "r") as f:
+        first = f[images][0]
+        field = image_field(first.tobytes() if hasattr(first, "tobytes") else bytes(first)) or "jpg"
+    layout: dict[str, Any] = {"images": images, "field": field}
+    if labels:
+        layout["labels"] = labels
+    if label_attr:
+        layout["label_attr"] = label_attr
+    shards, max_label = [], -1
+    for path in files:
+        reader = ForeignHDF5Reader(path, layout)
+        with reader:
+            if reader.labels:
+                max_label = max(max_label, max(reader.labels))
+            shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, file_checksum(path)))
+    fields = tuple(sorted({field} | ({"cls"} if labels or label_attr else set())))
+    manifest = Manifest(format="hdf5-foreign", fields=fields, classes=_classes(max_label, classes, data),
+                        shards=tuple(shards), layout=layout)
+    return _write(data, out, manifest)
+
+
+def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None, label_regex: str | None = None,
+               labels_file: str | None = None, allow_pickle: bool = False,
+               classes: list[str] | None = None) -> Manifest:
+    """Adopt the LMDB environment in directory ``data`` (its ``data.mdb``: one shard) in place."""
+    import lmdb
+
+    from ..formats.foreign_lmdb import ForeignLMDBReader
+    from ..formats.lmdb_values import META_KEY, guess_kind, image_field, read_value
+
+    mdb = data / "data.mdb"
+    env = lmdb.open(str(mdb), subdir=False, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            first = next(((bytes(k), bytes(v)) for k, v in txn.cursor() if not META_KEY.match(k)), None)
+    finally:
+        env.close()
+    if first is None:
+        raise DdpipeError("the LMDB environment holds no records", path=mdb)
+    kind = values or guess_kind(first[1])
+    if kind is None:
+        raise DdpipeError(f"cannot tell what the values hold (the first, {first[0]!r}, starts {first[1][:8]!r}): "
+                          "name it with --values image|msgpack|caffe|pickle", path=mdb)
+    if kind == "pickle" and not allow_pickle:
+        raise DdpipeError("the values are Python pickles: unpickling runs code stored in the file, so ddpipe reads "
+                          "them only with --allow-pickle, for data you trust", path=mdb)
+    image, label = read_value(kind, first[1])
+    layout: dict[str, Any] = {"values": kind, "field": image_field(image) or "jpg"}
+    if kind == "image" or label is None:
+        if labels_file is not None:
+            layout["labels_file"] = labels_file
+        elif label_regex is not None:
+            layout["label_regex"] = label_regex
+        else:
+            key = first[0].decode("utf-8", errors="replace")
+            guess = next((p for p in KEY_LABEL_PATTERNS if re.search(p, key)), None)
+            if guess is None:
+                raise DdpipeError(f"the values hold no labels and the key {key!r} shows none: give --labels-file "
+                                  "(lines of 'key label') or --label-regex with a group (?P<label>...)", path=mdb)
+            layout["label_regex"] = guess
+    labels: list[int] = []
+    with ForeignLMDBReader(mdb, {**layout, "source_dir": str(data)}) as reader:
+        labels = [int(sample["cls"]) for sample in reader.scan()]  # every record read: a bad one is named now
+        count = len(reader)
+    manifest = Manifest(format="lmdb-foreign", fields=tuple(sorted({layout["field"], "cls"})),
+                        classes=_classes(max(labels, default=-1), classes, data),
+                        shards=(ShardInfo(mdb.name, count, mdb.stat().st_size, file_checksum(mdb)),),
+                        layout={**layout, "samples": count})
+    return _write(data, out, manifest)

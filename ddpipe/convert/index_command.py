@@ -1,0 +1,79 @@
+"""``ddpipe index DIR``: adopt a directory of shards another tool wrote, whatever it holds: tar shards,
+HDF5 files, or an LMDB environment (plain images, msgpack records, Caffe datums, pickles)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import DdpipeError
+from ..manifest import Manifest
+from .adopt import index_tars
+from .adopt_foreign import HDF5_SUFFIXES, index_hdf5, index_lmdb
+
+
+def what_is_in(path: Path) -> str | None:
+    """``"tar"``, ``"hdf5"`` or ``"lmdb"``: what adoptable data a directory (or file) holds, if any."""
+    if path.is_file():
+        path = path.parent
+    if not path.is_dir():
+        return None
+    if (path / "data.mdb").is_file():
+        return "lmdb"
+    names = [p.name for p in path.iterdir() if not p.name.startswith(".")]
+    if any(n.endswith(".tar") for n in names):
+        return "tar"
+    if any(n.lower().endswith(HDF5_SUFFIXES) for n in names):
+        return "hdf5"
+    return None
+
+
+def hint(path: Path) -> str | None:
+    """The command that adopts what ``path`` holds, for errors of commands that cannot read it."""
+    kind = what_is_in(path)
+    if kind is None:
+        return None
+    where = path if path.is_dir() else path.parent
+    extra = {"hdf5": " (name the datasets with --images/--labels if asked)",
+             "lmdb": " (--values caffe|msgpack|image|pickle if it cannot tell)", "tar": ""}[kind]
+    what = "tar shards" if kind == "tar" else kind.upper()
+    return f"it holds {what}: adopt it in place with `ddpipe index {where}`{extra}"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", help="a directory of tar shards, of HDF5 files, or an LMDB environment")
+    p.add_argument("--classes", help="file of class names, one per line, in label order")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write index.json here instead of beside the data (when the data is read-only)")
+    g = p.add_argument_group("HDF5")
+    g.add_argument("--images", help="the dataset of encoded images, one per row (asked for when several)")
+    g.add_argument("--labels", help="the integer dataset of labels")
+    g.add_argument("--label-attr", help="an integer array attribute holding the labels instead")
+    g = p.add_argument_group("LMDB")
+    g.add_argument("--values", choices=["image", "msgpack", "caffe", "pickle"], default=None,
+                   help="what each value holds (guessed from the first when not given)")
+    g.add_argument("--label-regex", help="for plain images: a pattern with a group (?P<label>...) found in the key")
+    g.add_argument("--labels-file", help="for plain images: a file of 'key label' lines beside data.mdb")
+    g.add_argument("--allow-pickle", action="store_true",
+                   help="read values that are Python pickles (unpickling runs code: only data you trust)")
+
+
+def run(args: argparse.Namespace) -> Manifest:
+    root = Path(args.dir)
+    if not root.exists():
+        raise DdpipeError("no such directory", path=root)
+    if not root.is_dir():
+        raise DdpipeError("not a directory: give the directory that holds the shards", path=root)
+    classes = Path(args.classes).read_text().split() if args.classes else None
+    kind = what_is_in(root)
+    if kind == "tar":
+        return index_tars(root, classes=classes)
+    if kind == "hdf5":
+        return index_hdf5(root, out=args.out, images=args.images, labels=args.labels, label_attr=args.label_attr,
+                          classes=classes)
+    if kind == "lmdb":
+        return index_lmdb(root, out=args.out, values=args.values, label_regex=args.label_regex,
+                          labels_file=args.labels_file, allow_pickle=args.allow_pickle, classes=classes)
+    found = sorted(p.name for p in root.iterdir())[:8]
+    raise DdpipeError(f"nothing to adopt: no .tar shards, HDF5 files or LMDB data.mdb; found "
+                      f"{', '.join(found) or 'an empty directory'}", path=root)

@@ -1,0 +1,125 @@
+"""HDF5 files written by other tools, read in place (``ddpipe index`` adopts them).
+
+The layout most scripts write with plain h5py: one dataset of encoded images, one sample per row,
+as variable-length ``uint8`` (``h5py.vlen_dtype(np.uint8)``) or fixed-length byte strings (``S`` or
+opaque ``V``), and the labels as an integer dataset of the same length or as an integer array
+attribute (of the images dataset, or of the file). Each file is one shard. The manifest's ``layout``
+names them: ``{"images": "images", "labels": "labels"}`` or ``{"images": ..., "label_attr": ...}``,
+and ``"field"``: what the images are (``jpg``, ``png``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..errors import CorruptShardError, DdpipeError
+from ..sample import KEY, Sample, sanitize_key
+from .base import ShardFormat, ShardReader, ShardWriter
+
+# rows read at once in a scan: one HDF5 call per block, not per sample
+_BLOCK_ROWS = 256
+
+
+def image_kind(dataset: Any) -> str | None:
+    """How a dataset holds encoded images, one per row: ``vlen``, ``fixed``, or None if it cannot."""
+    if dataset.ndim != 1:
+        return None
+    vlen = h5py.check_vlen_dtype(dataset.dtype)
+    if vlen is not None and np.dtype(vlen) == np.uint8:
+        return "vlen"
+    if dataset.dtype.kind in ("S", "V"):
+        return "fixed"
+    return None
+
+
+def labels_of(file: Any, images: Any, layout: dict[str, Any]) -> np.ndarray | None:
+    """The integer labels the layout names, one per image, or None when it names none."""
+    if layout.get("labels"):
+        values = np.asarray(file[layout["labels"]][()])
+    elif layout.get("label_attr"):
+        attr = layout["label_attr"]
+        owner = images if attr in images.attrs else file
+        values = np.asarray(owner.attrs[attr])
+    else:
+        return None
+    if values.ndim != 1 or values.dtype.kind not in "iu":
+        raise ValueError(f"labels must be a 1-D integer array, found {values.dtype} of shape {values.shape}")
+    return values.astype(np.int64)
+
+
+class ForeignHDF5Reader(ShardReader):
+    def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any]) -> None:
+        super().__init__(path)
+        self._field = str(layout.get("field", "jpg"))
+        self._prefix = sanitize_key(self.path.stem)
+        try:
+            self._file = h5py.File(self.path, "r")
+            self._images = self._file[layout["images"]]
+            self._kind = image_kind(self._images)
+            if self._kind is None:
+                raise self._corrupt(f"dataset {layout['images']!r} does not hold one encoded image per row")
+            self._n = int(self._images.shape[0])
+            labels = labels_of(self._file, self._images, layout)
+            if labels is not None and len(labels) != self._n:
+                raise self._corrupt(f"{len(labels)} labels for {self._n} images")
+            self.labels: list[int] | None = None if labels is None else labels.tolist()
+        except CorruptShardError:
+            raise
+        except (OSError, KeyError, ValueError) as e:
+            raise self._corrupt(f"unreadable HDF5 file or not the recorded layout: {e}") from None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _sample(self, i: int, data: Any) -> Sample:
+        sample: Sample = {KEY: f"{self._prefix}/{i:08d}", self._field: data.tobytes() if self._kind == "vlen"
+                          or isinstance(data, np.void) else bytes(data)}
+        if self.labels is not None:
+            sample["cls"] = b"%d" % self.labels[i]
+        return sample
+
+    def __getitem__(self, index: int) -> Sample:
+        i = self._check_index(index)
+        try:
+            return self._sample(i, self._images[i])
+        except OSError as e:
+            raise self._corrupt(f"cannot read image {i}: {e}") from None
+
+    def scan(self, start: int = 0) -> Iterator[Sample]:
+        for lo in range(start, self._n, _BLOCK_ROWS):
+            hi = min(lo + _BLOCK_ROWS, self._n)
+            try:
+                block = self._images[lo:hi]
+            except OSError as e:
+                raise self._corrupt(f"cannot read images {lo}-{hi - 1}: {e}") from None
+            for i, data in enumerate(block, start=lo):
+                yield self._sample(i, data)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class ForeignHDF5Format(ShardFormat):
+    name = "hdf5-foreign"
+    suffix = ".h5"
+
+    def __init__(self, layout: dict[str, Any] | None = None) -> None:
+        self.layout = dict(layout or {})
+
+    def configured(self, layout: dict[str, Any], data_root: Path) -> ShardFormat:
+        return ForeignHDF5Format(layout)
+
+    def reader(self, path: str | os.PathLike[str]) -> ShardReader:
+        return ForeignHDF5Reader(path, self.layout)
+
+    def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
+        raise DdpipeError("adopted HDF5 files are read in place, never written: convert to write ddpipe shards")
+
+    def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
+        return []

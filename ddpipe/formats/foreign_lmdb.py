@@ -1,0 +1,152 @@
+"""LMDB environments written by other tools, read in place (``ddpipe index`` adopts them).
+
+One environment (its ``data.mdb``) is one shard; samples are its records in key order, skipping
+keys such as ``__keys__`` and ``__len__`` that tools store beside the samples. The manifest's
+``layout`` says what a value holds (``"values"``: see :mod:`.lmdb_values`) and, for plain encoded
+images, where the label is: ``"label_regex"`` (a pattern with a group ``label`` matched against the
+key) or ``"labels_file"`` (lines of ``key label`` in a file beside ``data.mdb``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from ..errors import CorruptShardError, DdpipeError
+from ..sample import KEY, Sample, sanitize_key
+from .base import ShardFormat, ShardReader, ShardWriter
+from .lmdb_values import META_KEY, RecordError, read_value
+
+
+def read_labels_file(path: Path) -> dict[str, int]:
+    """``key label`` lines (space, tab or comma separated) -> {key: label}."""
+    labels = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        parts = re.split(r"[\s,]+", line.strip())
+        if not parts[0]:
+            continue
+        if len(parts) < 2 or not parts[-1].lstrip("-").isdigit():
+            raise DdpipeError(f"line {n}: expected 'key label' with an integer label, found {line.strip()!r}",
+                              path=path)
+        labels[parts[0]] = int(parts[-1])
+    return labels
+
+
+class LabelSource:
+    """Where a plain image's label comes from: its key (a pattern) or a side file."""
+
+    def __init__(self, layout: dict[str, Any], data_dir: Path) -> None:
+        self.pattern = re.compile(layout["label_regex"]) if layout.get("label_regex") else None
+        self.table = read_labels_file(data_dir / layout["labels_file"]) if layout.get("labels_file") else None
+
+    def label(self, key: str) -> int | None:
+        if self.pattern is not None:
+            m = self.pattern.search(key)
+            if m is None:
+                raise RecordError(f"the key does not match the label pattern {self.pattern.pattern!r}")
+            return int(m.group("label"))
+        if self.table is not None:
+            if key not in self.table:
+                raise RecordError("the key is not in the labels file")
+            return self.table[key]
+        return None
+
+
+class ForeignLMDBReader(ShardReader):
+    def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any]) -> None:
+        super().__init__(path)
+        self._kind = str(layout.get("values", "image"))
+        self._field = str(layout.get("field", "jpg"))
+        self._n = int(layout.get("samples", -1))
+        self._keys: list[bytes] | None = None  # built on first random access
+        try:
+            # the label side file lives with the source data, not with a staged copy of data.mdb
+            self._labels = LabelSource(layout, Path(layout.get("source_dir", self.path.parent)))
+            self._env = lmdb.open(str(self.path), subdir=False, readonly=True, lock=False, readahead=True,
+                                  max_readers=512)
+            needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+            if self.path.stat().st_size < needed:  # pages are mmapped: a short file would SIGBUS, not raise
+                self._env.close()
+                raise self._corrupt(f"truncated LMDB: {self.path.stat().st_size} bytes, its pages need {needed}")
+        except CorruptShardError:
+            raise
+        except (lmdb.Error, OSError, re.error, KeyError) as e:
+            raise self._corrupt(f"unreadable LMDB environment: {e}") from None
+        if self._n < 0:
+            self._n = sum(1 for _ in self._sample_keys())
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _sample_keys(self) -> Iterator[bytes]:
+        with self._env.begin() as txn:
+            for key in txn.cursor().iternext(keys=True, values=False):
+                if not META_KEY.match(key):
+                    yield bytes(key)
+
+    def _sample(self, key: bytes, value: bytes) -> Sample:
+        text = key.decode("utf-8", errors="replace")
+        try:
+            data, label = read_value(self._kind, value)
+            if label is None:
+                label = self._labels.label(text)
+        except RecordError as e:
+            raise self._corrupt(f"record {text!r}: {e}") from None
+        sample: Sample = {KEY: sanitize_key(text), self._field: data}
+        if label is not None:
+            sample["cls"] = b"%d" % label
+        return sample
+
+    def __getitem__(self, index: int) -> Sample:
+        i = self._check_index(index)
+        if self._keys is None:
+            self._keys = list(self._sample_keys())
+        key = self._keys[i]
+        with self._env.begin(buffers=False) as txn:
+            value = txn.get(key)
+        if value is None:
+            raise self._corrupt(f"record {key!r} is missing")
+        return self._sample(key, value)
+
+    def scan(self, start: int = 0) -> Iterator[Sample]:
+        try:
+            with self._env.begin() as txn:
+                i = 0
+                for key, value in txn.cursor():
+                    if META_KEY.match(key):
+                        continue
+                    if i >= start:
+                        yield self._sample(bytes(key), bytes(value))
+                    i += 1
+                if i != self._n:
+                    raise self._corrupt(f"holds {i} records, index.json says {self._n}")
+        except lmdb.Error as e:
+            raise self._corrupt(f"cannot read: {e}") from None
+
+    def close(self) -> None:
+        self._env.close()
+
+
+class ForeignLMDBFormat(ShardFormat):
+    name = "lmdb-foreign"
+    suffix = ".mdb"
+
+    def __init__(self, layout: dict[str, Any] | None = None) -> None:
+        self.layout = dict(layout or {})
+
+    def configured(self, layout: dict[str, Any], data_root: Path) -> ShardFormat:
+        return ForeignLMDBFormat({**layout, "source_dir": str(data_root)})
+
+    def reader(self, path: str | os.PathLike[str]) -> ShardReader:
+        return ForeignLMDBReader(path, self.layout)
+
+    def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
+        raise DdpipeError("adopted LMDB environments are read in place, never written: convert to write shards")
+
+    def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
+        return []

@@ -1,0 +1,142 @@
+"""What the values of LMDB environments written by other tools hold, and how to read an image and a
+label from each: encoded images, msgpack records, Caffe ``Datum`` protobufs and Python pickles.
+
+``Datum`` is parsed here rather than through Caffe or protobuf (neither is a dependency): it is a
+flat message of varints and one byte field, as in caffe.proto::
+
+    message Datum { optional int32 channels = 1; optional int32 height = 2; optional int32 width = 3;
+                    optional bytes data = 4; optional int32 label = 5; repeated float float_data = 6;
+                    optional bool encoded = 7 [default = false]; }
+
+A raw (not encoded) datum holds C x H x W pixels, BGR for colour, as Caffe's ``convert_imageset``
+writes them; it is handed on as a binary PPM/PGM (an image every decoder reads, made without
+compressing anything).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from typing import Any
+
+import msgpack
+import numpy as np
+
+VALUE_KINDS = ("image", "msgpack", "caffe", "pickle")
+IMAGE_MAGIC = {b"\xff\xd8\xff": "jpg", b"\x89PNG": "png", b"RIFF": "webp", b"GIF8": "gif", b"BM": "bmp",
+               b"P6": "ppm", b"P5": "ppm"}
+# keys that tools store beside the samples (folder2lmdb.py's __keys__ and __len__, ddpipe's own)
+META_KEY = re.compile(rb"^__\w+__$")
+
+
+class RecordError(ValueError):
+    """A value that is not what the layout says (reported naming the key)."""
+
+
+def image_field(data: bytes) -> str | None:
+    """The field name for encoded image bytes, from their magic number; None if not an image."""
+    return next((f for magic, f in IMAGE_MAGIC.items() if data.startswith(magic)), None)
+
+
+def _varint(buf: memoryview, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(buf):
+            raise RecordError("truncated varint")
+        b = buf[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise RecordError("varint longer than 10 bytes")
+
+
+def parse_datum(value: bytes) -> tuple[bytes, int]:
+    """(image bytes, label) of a Caffe ``Datum``: its data if encoded, else a PPM/PGM of its pixels."""
+    buf = memoryview(value)
+    fields: dict[int, Any] = {}
+    at = 0
+    while at < len(buf):
+        tag, at = _varint(buf, at)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            fields[number], at = _varint(buf, at)
+        elif wire == 2:
+            length, at = _varint(buf, at)
+            if at + length > len(buf):
+                raise RecordError("truncated field")
+            fields[number] = bytes(buf[at : at + length])
+            at += length
+        elif wire == 5:
+            at += 4
+        elif wire == 1:
+            at += 8
+        else:
+            raise RecordError(f"wire type {wire} is not in a Datum")
+    if 4 not in fields:
+        raise RecordError("a Datum without data (float_data only is not an image)")
+    label = int(fields.get(5, 0))
+    if label >= 1 << 63:  # int32 fields encode negatives as 10-byte varints
+        label -= 1 << 64
+    if fields.get(7):
+        return fields[4], label
+    c, h, w = int(fields.get(1, 0)), int(fields.get(2, 0)), int(fields.get(3, 0))
+    pixels = np.frombuffer(fields[4], dtype=np.uint8)
+    if c not in (1, 3) or pixels.size != c * h * w:
+        raise RecordError(f"a raw Datum of {pixels.size} bytes for {c} x {h} x {w}")
+    if c == 1:
+        return b"P5\n%d %d\n255\n" % (w, h) + pixels.tobytes(), label
+    rgb = pixels.reshape(3, h, w)[::-1].transpose(1, 2, 0)  # CHW BGR -> HWC RGB
+    return b"P6\n%d %d\n255\n" % (w, h) + np.ascontiguousarray(rgb).tobytes(), label
+
+
+def _record(obj: Any) -> tuple[bytes, int | None]:
+    """(image bytes, label) from a decoded record: a pair, or a map with one bytes value and one int."""
+    if isinstance(obj, (list, tuple)) and len(obj) >= 2 and isinstance(obj[0], (bytes, bytearray)):
+        return bytes(obj[0]), int(obj[1])
+    if isinstance(obj, dict):
+        images = [v for v in obj.values() if isinstance(v, (bytes, bytearray))]
+        labels = [v for v in obj.values() if isinstance(v, int) and not isinstance(v, bool)]
+        if len(images) == 1:
+            return bytes(images[0]), labels[0] if len(labels) == 1 else None
+    if isinstance(obj, (bytes, bytearray)):
+        return bytes(obj), None
+    raise RecordError(f"a record of {type(obj).__name__} is not (image bytes, label)")
+
+
+def read_value(kind: str, value: bytes) -> tuple[bytes, int | None]:
+    """(image bytes, label or None) from one value of ``kind`` (one of :data:`VALUE_KINDS`)."""
+    try:
+        if kind == "image":
+            return value, None
+        if kind == "caffe":
+            return parse_datum(value)
+        if kind == "msgpack":
+            return _record(msgpack.unpackb(value, raw=False))
+        if kind == "pickle":  # allowed only where the manifest records the user's consent (ddpipe index)
+            return _record(pickle.loads(value))
+    except RecordError:
+        raise
+    except Exception as e:  # each decoder has its own errors; all mean "not this kind"
+        raise RecordError(f"not a {kind} value: {type(e).__name__}: {e}") from None
+    raise RecordError(f"unknown value kind {kind!r}")
+
+
+def guess_kind(value: bytes) -> str | None:
+    """What one value most likely is, from its first bytes and a trial parse."""
+    if image_field(value) is not None:
+        return "image"
+    if value[:1] == b"\x80" and value[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "pickle"
+    try:
+        _record(msgpack.unpackb(value, raw=False))
+        return "msgpack"
+    except Exception:
+        pass
+    try:
+        parse_datum(value)
+        return "caffe"
+    except RecordError:
+        return None

@@ -1,0 +1,115 @@
+"""Datasets as other tools write them, made here with plain h5py, lmdb, msgpack, pickle and a
+hand-encoded Caffe ``Datum``: sample i is a solid image whose colour encodes its label (i % 5)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import h5py
+import lmdb
+import msgpack
+import numpy as np
+
+from ..decode.test_decode import solid_jpeg
+
+CLASSES = 5
+
+
+def colour(label: int) -> tuple[int, int, int]:
+    return (40 * label + 20, 200 - 30 * label, 90)
+
+
+def jpeg(i: int) -> bytes:
+    return solid_jpeg(colour(i % CLASSES), (24 + i % 7, 20))
+
+
+def h5_vlen(root: Path, files: int = 2, per_file: int = 15) -> Path:
+    """Variable-length uint8 images and an integer labels dataset; several files."""
+    root.mkdir(parents=True)
+    i = 0
+    for f in range(files):
+        with h5py.File(root / f"part{f}.h5", "w") as h:
+            ds = h.create_dataset("images", (per_file,), dtype=h5py.vlen_dtype(np.uint8))
+            labels = []
+            for j in range(per_file):
+                ds[j] = np.frombuffer(jpeg(i), dtype=np.uint8)
+                labels.append(i % CLASSES)
+                i += 1
+            h.create_dataset("labels", data=np.array(labels, dtype=np.int64))
+    return root
+
+
+def h5_fixed(root: Path, n: int = 20) -> Path:
+    """Fixed-length byte strings (numpy ``S``), labels as an attribute of the images dataset."""
+    root.mkdir(parents=True)
+    data = [jpeg(i) for i in range(n)]
+    with h5py.File(root / "train.hdf5", "w") as h:
+        ds = h.create_dataset("data/jpegs", data=np.array(data, dtype=f"S{max(map(len, data))}"))
+        ds.attrs["targets"] = np.array([i % CLASSES for i in range(n)], dtype=np.int32)
+    return root
+
+
+def _lmdb(root: Path, records: list[tuple[bytes, bytes]]) -> Path:
+    root.mkdir(parents=True)
+    env = lmdb.open(str(root), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for k, v in records:
+            txn.put(k, v)
+    env.close()
+    return root
+
+
+def lmdb_images_label_in_key(root: Path, n: int = 25) -> Path:
+    return _lmdb(root, [(b"img%05d_%d" % (i, i % CLASSES), jpeg(i)) for i in range(n)])
+
+
+def lmdb_images_labels_file(root: Path, n: int = 25) -> Path:
+    made = _lmdb(root, [(b"photo-%05d.JPEG" % i, jpeg(i)) for i in range(n)])
+    (root / "labels.txt").write_text("".join(f"photo-{i:05d}.JPEG {i % CLASSES}\n" for i in range(n)))
+    return made
+
+
+def lmdb_msgpack(root: Path, n: int = 25) -> Path:
+    return _lmdb(root, [(b"%08d" % i, msgpack.packb({"image": jpeg(i), "label": i % CLASSES})) for i in range(n)])
+
+
+def lmdb_pickle(root: Path, n: int = 25) -> Path:
+    """As PyTorch ImageNet-LMDB scripts (folder2lmdb.py) write it: pickled (bytes, label), plus meta keys."""
+    records = [(b"%d" % i, pickle.dumps((jpeg(i), i % CLASSES), protocol=4)) for i in range(n)]
+    records += [(b"__len__", pickle.dumps(n)), (b"__keys__", pickle.dumps([b"%d" % i for i in range(n)]))]
+    return _lmdb(root, records)
+
+
+def _varint(v: int) -> bytes:
+    v &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def datum(data: bytes, label: int, *, encoded: bool, shape: tuple[int, int, int] = (0, 0, 0)) -> bytes:
+    """A Caffe ``Datum`` as protobuf encodes it (fields 1-3 shape, 4 data, 5 label, 7 encoded)."""
+    c, h, w = shape
+    msg = b"".join(_varint(tag << 3) + _varint(v) for tag, v in ((1, c), (2, h), (3, w)) if v)
+    msg += _varint(4 << 3 | 2) + _varint(len(data)) + data + _varint(5 << 3) + _varint(label)
+    return msg + (_varint(7 << 3) + _varint(1) if encoded else b"")
+
+
+def lmdb_caffe(root: Path, n: int = 25, *, encoded: bool = True) -> Path:
+    """As Caffe's convert_imageset writes it: keys '%08d_<path>', a Datum per value."""
+    records = []
+    for i in range(n):
+        if encoded:
+            value = datum(jpeg(i), i % CLASSES, encoded=True)
+        else:
+            r, g, b = colour(i % CLASSES)
+            h, w = 12, 10
+            bgr = np.stack([np.full((h, w), b), np.full((h, w), g), np.full((h, w), r)]).astype(np.uint8)  # CHW BGR
+            value = datum(bgr.tobytes(), i % CLASSES, encoded=False, shape=(3, h, w))
+        records.append((b"%08d_n0000/img%d.JPEG" % (i, i), value))
+    return _lmdb(root, records)

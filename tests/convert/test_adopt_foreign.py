@@ -1,0 +1,157 @@
+"""Datasets that other tools wrote, adopted in place by ``ddpipe index``: HDF5 and LMDB layouts,
+Caffe datums, pickles only when allowed, a read-only directory, and errors that lead somewhere."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import ddpipe
+
+from ..conftest import run_cli
+from . import foreign_data as fd
+
+LAYOUTS: dict[str, tuple[Callable[[Path], Path], list[str], int]] = {
+    "h5-vlen": (fd.h5_vlen, [], 30),
+    "h5-fixed": (fd.h5_fixed, [], 20),
+    "lmdb-label-in-key": (fd.lmdb_images_label_in_key, [], 25),
+    "lmdb-labels-file": (fd.lmdb_images_labels_file, ["--labels-file", "labels.txt"], 25),
+    "lmdb-msgpack": (fd.lmdb_msgpack, [], 25),
+    "lmdb-pickle": (fd.lmdb_pickle, ["--allow-pickle"], 25),
+    "caffe-encoded": (fd.lmdb_caffe, [], 25),
+    "caffe-raw": (lambda p: fd.lmdb_caffe(p, encoded=False), [], 25),
+}
+
+
+def hashes(root: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())
+            if p.is_file() and p.name != "index.json"}
+
+
+def adopt(name: str, tmp: Path) -> Path:
+    make, flags, _ = LAYOUTS[name]
+    root = make(tmp / name)
+    before = hashes(root)
+    proc = run_cli("index", root, *flags)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert hashes(root) == before  # the data files' bytes unchanged: only index.json was written
+    return root
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_adopted_in_place_reads_every_sample_with_its_label(name: str, tmp_path: Path) -> None:
+    root = adopt(name, tmp_path)
+    ds = ddpipe.open_dataset(root)
+    assert len(ds) == LAYOUTS[name][2]
+    assert ds.manifest.classes == tuple(str(c) for c in range(fd.CLASSES))
+    for sample in ds:
+        field = next(f for f in ("jpg", "ppm") if f in sample)
+        pixel = np.asarray(Image.open(io.BytesIO(sample[field])).convert("RGB"))[5, 5]
+        expected = np.array(fd.colour(int(sample["cls"])))
+        assert np.abs(pixel.astype(int) - expected).max() <= 8, sample["__key__"]  # the image matches its label
+    report = run_cli("verify", root, "--decode")
+    assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
+
+
+def test_pickles_are_refused_unless_allowed(tmp_path: Path) -> None:
+    root = fd.lmdb_pickle(tmp_path / "pkl")
+    proc = run_cli("index", root)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "pickles" in proc.stderr and "runs code" in proc.stderr and "--allow-pickle" in proc.stderr
+    assert not (root / "index.json").exists()
+
+
+def test_a_read_only_directory_gets_its_manifest_elsewhere(tmp_path: Path) -> None:
+    root = fd.h5_vlen(tmp_path / "ro")
+    os.chmod(root, 0o555)
+    try:
+        if os.access(root, os.W_OK):
+            pytest.skip("running as a user who can write anywhere: read-only cannot be shown")
+        refused = run_cli("index", root)
+        assert refused.returncode == 1 and "--out" in refused.stderr
+    finally:
+        os.chmod(root, 0o755)
+
+
+def test_the_manifest_can_live_in_another_directory(tmp_path: Path) -> None:
+    root = fd.lmdb_caffe(tmp_path / "caffe" / "train_lmdb")
+    before = hashes(root)
+    out = tmp_path / "manifests" / "train"
+    proc = run_cli("index", root, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert not (root / "index.json").exists() and hashes(root) == before
+    assert len(ddpipe.open_dataset(out)) == 25
+
+
+def test_ambiguous_hdf5_lists_what_it_found(tmp_path: Path) -> None:
+    import h5py
+
+    root = fd.h5_vlen(tmp_path / "two", files=1)
+    with h5py.File(root / "part0.h5", "a") as h:
+        h.create_dataset("thumbs", data=h["images"][()], dtype=h["images"].dtype)
+    proc = run_cli("index", root)
+    assert proc.returncode == 1 and "images" in proc.stderr and "thumbs" in proc.stderr
+    assert "--images" in proc.stderr and "Traceback" not in proc.stderr
+    assert run_cli("index", root, "--images", "thumbs").returncode == 0
+
+
+@pytest.mark.parametrize(("make", "says"), [(fd.lmdb_caffe, "ddpipe index"), (fd.h5_vlen, "ddpipe index")])
+def test_convert_on_adoptable_data_says_which_command_to_run(tmp_path: Path, make: Callable[[Path], Path],
+                                                            says: str) -> None:
+    root = make(tmp_path / "data")
+    proc = run_cli("convert", root, tmp_path / "out", "--format", "wds")
+    assert proc.returncode == 1 and says in proc.stderr and str(root) in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "no class directories" not in proc.stderr
+
+
+def test_index_on_something_it_cannot_read_says_what_it_found(tmp_path: Path) -> None:
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "notes.txt").write_text("x")
+    proc = run_cli("index", tmp_path / "odd")
+    assert proc.returncode == 1 and "notes.txt" in proc.stderr and "nothing to adopt" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_adopted_datasets_load_on_two_ranks_exactly_once(tmp_path: Path) -> None:
+    """Every layout through the Loader on 2 real ranks: every shuffle mode, staging, and decoding."""
+    import json
+
+    from ..conftest import mpiexec
+
+    roots = [adopt(name, tmp_path) for name in LAYOUTS]
+    out = tmp_path / "report.json"
+    code = """if True:
+        import json, sys, ddpipe
+        from ddpipe.comm import init_comm
+        c = init_comm(timeout=120)
+        report = {}
+        for root in sys.argv[2:]:
+            for mode in ("none", "local", "partial", "global"):
+                stage = {} if mode == "global" else {"stage_dir": sys.argv[1] + "/stage"}
+                ld = ddpipe.Loader(root, 4, decode="none", shuffle=mode, exchange_fraction=0.5, round_size=4,
+                                   comm=c, **stage)
+                keys = [s["__key__"] for b in ld for s in b]
+                report[root + " " + mode] = c.allgather(keys)
+            ld = ddpipe.Loader(root, 4, decode="dali-cpu", device="cpu", shuffle="partial", comm=c,
+                               decode_options=ddpipe.DecodeOptions(size=16, resize_shorter=16, threads=1))
+            report[root + " decoded"] = c.allgather(sum(len(y) for _, y in ld))
+        if c.world.rank == 0:
+            open(sys.argv[1] + "/report.json", "w").write(json.dumps(report))
+    """
+    proc = mpiexec(2, "-c", code, tmp_path, *roots, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    for root, (name, (_, _, n)) in zip(roots, LAYOUTS.items(), strict=True):
+        for mode in ("none", "local", "partial", "global"):
+            per_rank = report[f"{root} {mode}"]
+            keys = [k for r in per_rank for k in r]
+            assert len(set(keys)) == n and len(keys) == 2 * -(-n // 2), (name, mode)  # once, bar padding
+            assert len(per_rank[0]) == len(per_rank[1]), (name, mode)
+        assert sum(report[f"{root} decoded"]) == 2 * -(-n // 2), name
