@@ -58,7 +58,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
     options = ConvertOptions(format=args.format, shard_bytes=args.shard_size, samples_per_shard=args.samples_per_shard,
                              seed=args.seed, workers=args.workers, on_error=args.on_error, progress=not args.quiet,
-                             decode_check=not args.no_decode_check, allow_empty=args.allow_empty)
+                             decode_check=not args.no_decode_check, allow_empty=args.allow_empty,
+                             val_labels=args.val_labels, synsets=args.synsets)
     comm = init_comm()
     t0 = time.perf_counter()
     manifest = convert(args.src, args.out, options, comm=comm)
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="an unreadable or non-image input: stop (default) or skip and record it")
     p.add_argument("--allow-empty", action="store_true", help="write an empty dataset if every input is skipped")
+    p.add_argument("--val-labels", help="ImageNet's validation ground truth (LOC_val_solution.csv or "
+                   "ILSVRC2012_validation_ground_truth.txt) for SRC, its flat directory")
+    p.add_argument("--synsets", help="the synset list (LOC_synset_mapping.txt, map_clsloc.txt)")
     p.add_argument("--no-decode-check", action="store_true",
                    help="check only each image's header, not that it decodes whole (faster; see README)")
     p.add_argument("--quiet", action="store_true")

@@ -59,6 +59,8 @@ class ConvertOptions:
     # decode every image fully, so that one cut short is caught here rather than hours into training
     decode_check: bool = True
     allow_empty: bool = False  # a conversion that skipped every input writes an empty dataset, not an error
+    val_labels: str | None = None  # ImageNet's validation ground truth, for its flat directory (imagenet.py)
+    synsets: str | None = None  # the synset list that maps the devkit's class ids
 
     def layout_args(self) -> dict[str, object]:
         """The options that decide the output bytes (and so the resume fingerprint)."""
@@ -209,7 +211,7 @@ def convert(
     comm = comm or init_comm()
     world = comm.world
     fmt = get_format(options.format)
-    source = open_source(src)
+    source = open_source(src, options.val_labels, options.synsets)
     out = Path(out)
     state = out / STATE_DIR
 

@@ -50,8 +50,17 @@ class Source:
     skipped: tuple[SkippedItem, ...] = ()
 
 
-def open_source(src: str | os.PathLike[str]) -> Source:
+def open_source(src: str | os.PathLike[str], val_labels: str | os.PathLike[str] | None = None,
+                synsets: str | os.PathLike[str] | None = None) -> Source:
+    """The source at ``src``; with ``val_labels``, ImageNet's flat validation directory and its ground
+    truth (``convert/imagenet.py``)."""
     path = Path(src)
+    if val_labels is not None:
+        from .imagenet import imagenet_val_source
+
+        if not path.is_dir():
+            raise SourceError("not a directory: --val-labels goes with the flat validation directory", path=path)
+        return imagenet_val_source(path, Path(val_labels), None if synsets is None else Path(synsets))
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         return _dataset_source(path)
     from .index_command import hint, what_is_in
@@ -68,11 +77,11 @@ def open_source(src: str | os.PathLike[str]) -> Source:
     raise SourceError("not a dataset, an ImageFolder directory or a .csv/.tsv list file", path=path)
 
 
-def _key_of(relative: str) -> str:
+def key_of(relative: str) -> str:
     return sanitize_key(os.path.splitext(relative)[0])
 
 
-def _check_unique(items: list[SourceItem]) -> None:
+def check_unique(items: list[SourceItem]) -> None:
     seen: dict[str, str] = {}
     for item in items:
         assert item.key is not None
@@ -94,10 +103,10 @@ def _imagefolder_source(root: Path) -> Source:
                     continue
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, root)
-                items.append(SourceItem(path=full, size=os.path.getsize(full), key=_key_of(rel), label=label))
+                items.append(SourceItem(path=full, size=os.path.getsize(full), key=key_of(rel), label=label))
     if not items:
         raise SourceError("no files under the class directories", path=root)
-    _check_unique(items)
+    check_unique(items)
     identity = "\n".join(f"{os.path.relpath(i.path, root)}\t{i.size}\t{i.label}" for i in items)
     return Source("imagefolder", str(root), tuple(items), tuple(classes), identity)
 
@@ -135,8 +144,8 @@ def _list_source(list_file: Path) -> Source:
             size = full.stat().st_size
         except OSError:
             size = 0  # reported when the item is read, under the on-error policy
-        items.append(SourceItem(path=str(full), size=size, key=_key_of(rel), label=label_of[lbl]))
-    _check_unique(items)
+        items.append(SourceItem(path=str(full), size=size, key=key_of(rel), label=label_of[lbl]))
+    check_unique(items)
     identity = "\n".join(f"{r[0].strip()}\t{i.size}\t{i.label}" for r, i in zip(rows, items, strict=True))
     return Source("list", str(list_file), tuple(items), tuple(classes), identity)
 
