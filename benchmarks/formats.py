@@ -7,7 +7,9 @@ For every format: conversion MB/s (ImageFolder -> shards, one writer; every imag
 of the whole dataset (each shard's checksum checked before its samples are read, as the Loader
 does, and without that check), cold (evicted from the page cache) and warm, as a ratio to a plain
 ``open().readinto()`` of the same shard files measured in the same run, right before; and the
-``webdataset`` library reading the same tar shards. Medians of ``--repeats`` runs.
+``webdataset`` library reading the same tar shards. Then the same images as other tools store them
+(HDF5 written with plain h5py, a Caffe LMDB), adopted in place with ``ddpipe index`` and read the
+same way. Medians of ``--repeats`` runs.
 """
 
 from __future__ import annotations
@@ -73,10 +75,20 @@ def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: i
         for check, times in ((False, unchecked_times), (True, convert_times)):  # the checked one is kept
             shutil.rmtree(out, ignore_errors=True)
             raw_read(sorted(images.rglob("*.jpg")))  # source warm: measure the writer, not the source disk
-            seconds, manifest = timed(convert, images, out, ConvertOptions(format=fmt, shard_bytes=shard_bytes,
-                                                                           progress=False, decode_check=check))
+            seconds, _ = timed(convert, images, out, ConvertOptions(format=fmt, shard_bytes=shard_bytes,
+                                                                    progress=False, decode_check=check))
             times.append(seconds)
-    files = shard_files(out)
+    rows = read_rows(f"ddpipe {fmt}", out, repeats, peer=fmt == "wds")
+    rows[0].update(convert_mb_s=image_bytes / 1e6 / median(convert_times),
+                   convert_unchecked_mb_s=image_bytes / 1e6 / median(unchecked_times))
+    return rows
+
+
+def read_rows(name: str, root: Path, repeats: int, peer: bool = False) -> list[dict]:
+    """Sequential reads of a dataset's every sample, cold and warm, checked and not, each against raw
+    reads of the same files measured beside it."""
+    files = shard_files(root)
+    manifest = ddpipe.load_manifest(root)
     nbytes = manifest.num_bytes
     speed: dict[str, list[float]] = {k: [] for k in ("cold", "cold_raw", "warm", "warm_raw", "peer_cold", "peer_warm",
                                                      "cold_unchecked", "warm_unchecked")}
@@ -85,31 +97,81 @@ def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: i
         evict_page_cache(files)
         speed["cold_raw"].append(nbytes / timed(raw_read, files)[0] / 1e6)
         evict_page_cache(files)
-        speed["cold"].append(nbytes / timed(ddpipe_read, out)[0] / 1e6)
+        speed["cold"].append(nbytes / timed(ddpipe_read, root)[0] / 1e6)
         speed["warm_raw"].append(nbytes / timed(raw_read, files)[0] / 1e6)
-        speed["warm"].append(nbytes / timed(ddpipe_read, out)[0] / 1e6)
+        speed["warm"].append(nbytes / timed(ddpipe_read, root)[0] / 1e6)
         evict_page_cache(files)
-        speed["cold_unchecked"].append(nbytes / timed(ddpipe_read, out, False)[0] / 1e6)
-        speed["warm_unchecked"].append(nbytes / timed(ddpipe_read, out, False)[0] / 1e6)
-        if fmt == "wds":
+        speed["cold_unchecked"].append(nbytes / timed(ddpipe_read, root, False)[0] / 1e6)
+        speed["warm_unchecked"].append(nbytes / timed(ddpipe_read, root, False)[0] / 1e6)
+        if peer:
             evict_page_cache(files)
             speed["peer_cold"].append(nbytes / timed(webdataset_read, files)[0] / 1e6)
             speed["peer_warm"].append(nbytes / timed(webdataset_read, files)[0] / 1e6)
     common = {"shards": len(files), "bytes": nbytes, "samples": manifest.num_samples,
               "cold_raw_mb_s": median(speed["cold_raw"]), "warm_raw_mb_s": median(speed["warm_raw"])}
 
-    def row(reader: str, cold: list[float], warm: list[float], convert_mb_s: float | None,
-            unchecked_mb_s: float | None = None) -> dict:
-        return {"format": reader, **common, "convert_mb_s": convert_mb_s, "convert_unchecked_mb_s": unchecked_mb_s,
+    def row(reader: str, cold: list[float], warm: list[float]) -> dict:
+        return {"format": reader, **common, "convert_mb_s": None, "convert_unchecked_mb_s": None,
                 "cold_mb_s": median(cold), "cold_ratio": ratio(cold, speed["cold_raw"]),
                 "warm_mb_s": median(warm), "warm_ratio": ratio(warm, speed["warm_raw"])}
 
-    rows = [row(f"ddpipe {fmt}", speed["cold"], speed["warm"], image_bytes / 1e6 / median(convert_times),
-                image_bytes / 1e6 / median(unchecked_times)),
-            row(f"ddpipe {fmt}, no integrity check", speed["cold_unchecked"], speed["warm_unchecked"], None)]
-    if fmt == "wds":
-        rows.append(row("webdataset lib (same tars)", speed["peer_cold"], speed["peer_warm"], None))
+    rows = [row(name, speed["cold"], speed["warm"]),
+            row(f"{name}, no integrity check", speed["cold_unchecked"], speed["warm_unchecked"])]
+    if peer:
+        rows.append(row("webdataset lib (same tars)", speed["peer_cold"], speed["peer_warm"]))
     return rows
+
+
+def foreign_datasets(images: Path, work: Path, shard_bytes: int) -> list[tuple[str, Path]]:
+    """The same images as other tools store them, adopted in place by ``ddpipe index``: HDF5 files
+    of variable-length uint8 images and integer labels (one file per ~shard_bytes), and an LMDB of
+    Caffe Datums (encoded), as ``convert_imageset`` writes it."""
+    import h5py
+    import lmdb
+    import numpy as np
+
+    from ddpipe.convert.adopt_foreign import index_hdf5, index_lmdb
+
+    classes = sorted(p.name for p in images.iterdir() if p.is_dir())
+    items = [(p, classes.index(p.parent.name)) for p in sorted(images.rglob("*.jpg"))]
+    h5 = work / "hdf5-foreign"
+    h5.mkdir(parents=True)
+    groups: list[list[tuple[Path, int]]] = [[]]
+    size = 0
+    for item in items:
+        if size >= shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += item[0].stat().st_size
+    for g, group in enumerate(groups):
+        with h5py.File(h5 / f"part-{g:03d}.h5", "w") as f:
+            ds = f.create_dataset("images", (len(group),), dtype=h5py.vlen_dtype(np.uint8))
+            for i, (p, _) in enumerate(group):
+                ds[i] = np.frombuffer(p.read_bytes(), dtype=np.uint8)
+            f.create_dataset("labels", data=np.array([label for _, label in group], dtype=np.int64))
+    index_hdf5(h5)
+    caffe = work / "caffe-lmdb"
+    env = lmdb.open(str(caffe), map_size=1 << 32)
+    with env.begin(write=True) as txn:
+        for i, (p, label) in enumerate(items):
+            txn.put(b"%08d_%s" % (i, p.name.encode()), caffe_datum(p.read_bytes(), label))
+    env.close()
+    index_lmdb(caffe)
+    return [("adopted HDF5 (h5py vlen)", h5), ("adopted Caffe LMDB", caffe)]
+
+
+def caffe_datum(data: bytes, label: int) -> bytes:
+    """An encoded Caffe Datum: data (field 4), label (5), encoded (7)."""
+    def varint(v: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+            v >>= 7
+            if not v:
+                return bytes(out)
+
+    return b"\x22" + varint(len(data)) + data + b"\x28" + varint(label) + b"\x38\x01"
 
 
 def main() -> None:
@@ -127,6 +189,9 @@ def main() -> None:
     for fmt in FORMATS:
         rows += bench_format(fmt, images, image_bytes, work / fmt, args.repeats, parse_size(args.shard_size))
         print(f"  {fmt}: done", file=sys.stderr)
+    for name, root in foreign_datasets(images, work, parse_size(args.shard_size)):
+        rows += read_rows(name, root, args.repeats)
+        print(f"  {name}: done", file=sys.stderr)
     cols = [("format", "reader", "s"), ("convert_mb_s", "convert MB/s", ".0f"),
             ("convert_unchecked_mb_s", "convert, no decode check", ".0f"), ("cold_mb_s", "cold MB/s", ".0f"),
             ("cold_raw_mb_s", "raw cold MB/s", ".0f"), ("cold_ratio", "cold / raw", ".2f"),

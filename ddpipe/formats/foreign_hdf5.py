@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import CorruptShardError, DdpipeError
 from ..sample import KEY, Sample, sanitize_key
 from .base import ShardFormat, ShardReader, ShardWriter
+from .hdf5_heap import HeapFormatError, open_vlen_heap
 
 # rows read at once in a scan: one HDF5 call per block, not per sample
 _BLOCK_ROWS = 256
@@ -69,6 +70,8 @@ class ForeignHDF5Reader(ShardReader):
             if labels is not None and len(labels) != self._n:
                 raise self._corrupt(f"{len(labels)} labels for {self._n} images")
             self.labels: list[int] | None = None if labels is None else labels.tolist()
+            # vlen images straight from the file where their layout allows (hdf5_heap.py: why)
+            self._heap = open_vlen_heap(self._file, self._images) if self._kind == "vlen" else None
         except CorruptShardError:
             raise
         except (OSError, KeyError, ValueError) as e:
@@ -78,8 +81,8 @@ class ForeignHDF5Reader(ShardReader):
         return self._n
 
     def _sample(self, i: int, data: Any) -> Sample:
-        sample: Sample = {KEY: f"{self._prefix}/{i:08d}", self._field: data.tobytes() if self._kind == "vlen"
-                          or isinstance(data, np.void) else bytes(data)}
+        value = bytes(data) if isinstance(data, bytes) else data.tobytes()  # bytes from the heap or an S string
+        sample: Sample = {KEY: f"{self._prefix}/{i:08d}", self._field: value}
         if self.labels is not None:
             sample["cls"] = b"%d" % self.labels[i]
         return sample
@@ -95,13 +98,15 @@ class ForeignHDF5Reader(ShardReader):
         for lo in range(start, self._n, _BLOCK_ROWS):
             hi = min(lo + _BLOCK_ROWS, self._n)
             try:
-                block = self._images[lo:hi]
-            except OSError as e:
+                block = self._heap.read(lo, hi) if self._heap is not None else self._images[lo:hi]
+            except (OSError, HeapFormatError) as e:
                 raise self._corrupt(f"cannot read images {lo}-{hi - 1}: {e}") from None
             for i, data in enumerate(block, start=lo):
                 yield self._sample(i, data)
 
     def close(self) -> None:
+        if self._heap is not None:
+            self._heap.close()
         self._file.close()
 
 
