@@ -5,11 +5,13 @@
 Every pipeline does the same training transform (random-resized crop to 224x224, scale 0.08-1,
 ratio 3/4-4/3, horizontal flip, ImageNet normalisation to float32 NCHW; or uint8 where named) in
 batches of 256, on the same synth ImageNet-like JPEGs, on the same cores. Each runs in a process
-of its own (its peak resident memory, with its workers', is reported) for two epochs; the second
-is timed. References in the same run: the raw decode limit (simplejpeg full decode of the images
-in memory, one process per core at once), the PyTorch DataLoader over the ImageFolder with PIL,
-the webdataset library's pipeline over the same tars, and DALI's own file and webdataset readers
-(ddpipe/bench/peers.py, as ``ddpipe bench --compare`` runs them).
+of its own (its peak resident memory, with its workers', is reported; for several ranks, the
+largest rank's) for two epochs; the second is timed. ddpipe's partial-shuffling rows run 1, 2, 4
+and 8 ranks on the same cores, as a node runs one rank per GPU. References in the same run: the
+raw decode limit (simplejpeg full decode of the images in memory, one process per core at once),
+the PyTorch DataLoader over the ImageFolder with PIL, the webdataset library's pipeline over the
+same tars, and DALI's own file and webdataset readers (ddpipe/bench/peers.py, as ``ddpipe bench
+--compare`` runs them).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ddpipe.bench.harness import machine, median, table
 
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1
+PEAKS: list[float] = []  # the ranks' peak memory, gathered by a multi-rank child
 
 
 def peak_mb() -> float:
@@ -74,6 +77,7 @@ def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, antialias: boo
 
     n, seconds = timed_epochs(batches)
     seconds = max(loader.comm.allgather(seconds))
+    PEAKS.extend(loader.comm.allgather(peak_mb()))  # every rank's, for the largest per rank
     return sum(loader.comm.allgather(n)), seconds
 
 
@@ -120,7 +124,9 @@ def runs(images: Path, data: Path) -> dict[str, tuple[int, list[str]]]:
     out["ddpipe wds, dali-cpu, none, no integrity check"] = (1, ["ddpipe", str(data / "wds"), "none", "dali-cpu",
                                                                  "float32", "nocheck"])
     out["ddpipe wds, pil, none"] = (1, ["ddpipe", str(data / "wds"), "none", "pil", "float32"])
-    out["ddpipe wds, dali-cpu, partial, 2 ranks"] = (2, ["ddpipe", str(data / "wds"), "partial", "dali-cpu", "float32"])
+    for ranks in (1, 2, 4, 8):  # lean ranks: the node's same cores shared by more ranks (one per GPU)
+        out[f"ddpipe wds, dali-cpu, partial, {ranks} rank{'s' if ranks > 1 else ''}"] = (
+            ranks, ["ddpipe", str(data / "wds"), "partial", "dali-cpu", "float32"])
     out["ddpipe wds, dali-cpu, partial, 2 ranks, uint8"] = (2, ["ddpipe", str(data / "wds"), "partial", "dali-cpu",
                                                                 "uint8"])
     return out
@@ -136,7 +142,7 @@ def child(args: list[str], images: Path, data: Path, out: Path) -> None:
         n, s = run_ddpipe(Path(args[1]), args[2], args[3], args[4], antialias="noaa" not in args[5:],
                           verify="nocheck" not in args[5:])
     if os.environ.get("PMI_RANK", "0") == "0":
-        out.write_text(json.dumps({"images": n, "seconds": s, "peak_mb": peak_mb()}))
+        out.write_text(json.dumps({"images": n, "seconds": s, "peak_mb": max(PEAKS, default=peak_mb())}))
 
 
 def main() -> None:
