@@ -191,7 +191,8 @@ def main() -> None:
             ("vs_raw", "/ raw limit", ".2f"), ("peak_mb", "peak MB", ".0f")]
     text = table(rows, cols)
     command = f"python benchmarks/loader.py --n {args.n} --repeats {args.repeats}"
-    path = save("loader", {"benchmark": "loader", "command": command, "machine": machine(), "batch": BATCH,
+    # a partial run (--only) is a probe: it must not replace the full record the README's table shows
+    path = save("loader" if args.only is None else "loader-only", {"benchmark": "loader", "command": command, "machine": machine(), "batch": BATCH,
                            "size": SIZE, "rows": rows, "runs": results, "table": text})
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
