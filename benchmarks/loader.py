@@ -192,8 +192,9 @@ def main() -> None:
     text = table(rows, cols)
     command = f"python benchmarks/loader.py --n {args.n} --repeats {args.repeats}"
     # a partial run (--only) is a probe: it must not replace the full record the README's table shows
-    path = save("loader" if args.only is None else "loader-only", {"benchmark": "loader", "command": command, "machine": machine(), "batch": BATCH,
-                           "size": SIZE, "rows": rows, "runs": results, "table": text})
+    doc = {"benchmark": "loader", "command": command, "machine": machine(), "batch": BATCH, "size": SIZE,
+           "rows": rows, "runs": results, "table": text}
+    path = save("loader" if args.only is None else "loader-only", doc)
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
 

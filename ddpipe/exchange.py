@@ -32,7 +32,10 @@ class ExchangeShuffler:
         self.plan = plan
         self.samples_sent = 0
         self.bytes_sent = 0
-        self.exchange_seconds = 0.0  # inside the collectives, for comparison with raw Alltoallv
+        # what the exchange costs this rank: packing, moving the bytes once every rank has arrived, and
+        # unpacking (compared with raw Alltoallv); waiting for slower ranks to arrive is counted apart
+        self.exchange_seconds = 0.0
+        self.wait_seconds = 0.0
         self.round_bytes: list[list[int]] = []  # bytes sent to each rank, per round
         self._send = np.empty(0, dtype=np.uint8)  # reused across rounds, like the receive buffer
 
@@ -50,14 +53,18 @@ class ExchangeShuffler:
             for positions, dest in zip(rnd.send, rnd.dests, strict=True):
                 outgoing[dest] = [(int(plan.reads[p]), chunk[p - rnd.start]) for p in positions.tolist()]
                 sent.update(positions.tolist())
+            t0 = time.perf_counter()
             self._send, counts = pack_segments(outgoing, self._send)
             buffer = self._send
             self.samples_sent += len(sent)
             self.round_bytes.append(counts)
             self.bytes_sent += sum(counts)
-            t0 = time.perf_counter()
-            received = self.comm.alltoallv(buffer, counts, f"exchange round {j}")
-            self.exchange_seconds += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            moved = self.comm.transfer_seconds
+            # keep: the samples received are views into this round's own buffer, handed on uncopied
+            received = self.comm.alltoallv(buffer, counts, f"exchange round {j}", keep=True)
+            t2 = time.perf_counter()
+            moved = self.comm.transfer_seconds - moved
             out: list[tuple[int, Sample]] = [(int(plan.reads[p]), chunk[p - rnd.start])
                                              for p in range(rnd.start, rnd.stop) if p not in sent]
             for source, expected in zip(rnd.sources, rnd.recv, strict=True):
@@ -66,6 +73,8 @@ class ExchangeShuffler:
                     raise DdpipeError(f"exchange round {j}: rank {source} sent samples the plan does not expect; "
                                       "do all ranks run the same ddpipe version, dataset and options?")
                 out.extend(items)
+            self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)
+            self.wait_seconds += (t2 - t1) - moved
             if not stopped:
                 for item in out:
                     if not emit(item):
@@ -114,6 +123,8 @@ def pack_segments(outgoing: list[list[tuple[int, Sample]]],
 
 
 def unpack_segment(segment: memoryview) -> list[tuple[int, Sample]]:
+    """The samples of one segment; their fields are views into ``segment`` (no copy), which must
+    therefore outlive them (``alltoallv(..., keep=True)``)."""
     (header_len,) = _LEN.unpack_from(segment)
     at = _LEN.size + header_len
     meta = msgpack.unpackb(segment[_LEN.size : at], raw=False)
@@ -121,7 +132,7 @@ def unpack_segment(segment: memoryview) -> list[tuple[int, Sample]]:
     for g, key, fields in meta:
         sample: Sample = {KEY: key}
         for name, length in fields:
-            sample[name] = segment[at : at + length].tobytes()
+            sample[name] = segment[at : at + length]
             at += length
         items.append((int(g), sample))
     return items

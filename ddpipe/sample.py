@@ -14,7 +14,9 @@ from typing import Any
 
 from .errors import SampleError
 
-#: A sample: ``"__key__"`` maps to a ``str``; every other entry is a field of ``bytes``.
+#: A sample: ``"__key__"`` maps to a ``str``; every other entry is a field of bytes: ``bytes``, or a
+#: ``memoryview`` for a sample received in the partial exchange (a view of the round's receive
+#: buffer, handed on without a copy; ``bytes(field)`` makes one where a ``bytes`` is needed).
 Sample = dict[str, Any]
 
 KEY = "__key__"

@@ -61,6 +61,9 @@ class Comm:
         self.world = world or World()
         self.timeout = timeout
         self._at_end: list[Callable[[], Any]] = []
+        # seconds :meth:`alltoallv` spent moving bytes once every rank had arrived (what the exchange
+        # costs, as against waiting for slower ranks)
+        self.transfer_seconds = 0.0
 
     def at_end(self, cleanup: Callable[[], Any]) -> None:
         """Run ``cleanup`` before :meth:`end_job` ends the process (worker pools, shared memory)."""
@@ -79,12 +82,14 @@ class Comm:
     def barrier(self) -> None:
         return None
 
-    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange") -> list[memoryview]:
+    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
+                  keep: bool = False) -> list[memoryview]:
         """``send`` holds one segment per rank, back to back, ``counts[d]`` bytes for rank ``d``;
         returns the segment each rank sent here: views of a receive buffer that the next call
-        reuses, so copy out what must outlive it."""
+        reuses, so copy out what must outlive it; with ``keep``, of a buffer of their own, which
+        lives as long as any view of it (callers hand the views on instead of copying them)."""
         check_segments(counts, len(send), self.world.size)
-        return [send[: counts[0]].data]
+        return [(send[: counts[0]].copy() if keep else send[: counts[0]]).data]
 
     def allreduce_max(self, value: int, what: str = "agreement") -> int:
         return value

@@ -114,7 +114,8 @@ class MPIComm(Comm):
             self._comm.Allgatherv(send, [out, (sizes.tolist(), displs.tolist()), self._mpi.BYTE])
         return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
 
-    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange") -> list[memoryview]:
+    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
+                  keep: bool = False) -> list[memoryview]:
         size = self.world.size
         check_segments(counts, len(send), size)
         send_sizes = np.array(counts, dtype=np.int64)
@@ -123,12 +124,17 @@ class MPIComm(Comm):
         sbuf = send[: sum(counts)]
         self._arrive(self._comm.Ialltoall(send_sizes, recv_sizes), what)
         with self._dog.watch(what):
+            t0 = time.perf_counter()
             recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]]).tolist()
-            if len(self._recv) < recv_sizes.sum():
-                self._recv = np.empty(int(recv_sizes.sum() * 1.25), dtype=np.uint8)
-            rbuf = self._recv
+            if keep:  # memory the allocator kept from earlier rounds (keep_freed_memory): no page faults
+                rbuf = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
+            else:
+                if len(self._recv) < recv_sizes.sum():
+                    self._recv = np.empty(int(recv_sizes.sum() * 1.25), dtype=np.uint8)
+                rbuf = self._recv
             self._comm.Alltoallv([sbuf, (send_sizes.tolist(), send_displs), self._mpi.BYTE],
                                  [rbuf, (recv_sizes.tolist(), recv_displs), self._mpi.BYTE])
+            self.transfer_seconds += time.perf_counter() - t0
         view = rbuf.data  # no copy: callers unpack straight from the receive buffer
         return [view[d : d + s] for d, s in zip(recv_displs, recv_sizes.tolist(), strict=True)]
 

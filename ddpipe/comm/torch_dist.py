@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -74,7 +75,8 @@ class TorchComm(Comm):
     def allreduce_max(self, value: int, what: str = "agreement") -> int:
         return max(self.allgather(value))
 
-    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange") -> list[memoryview]:
+    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
+                  keep: bool = False) -> list[memoryview]:
         """One all-to-all of variable sizes: each byte crosses the wire once."""
         torch, size = self._torch, self.world.size
         check_segments(counts, len(send), size)
@@ -82,13 +84,19 @@ class TorchComm(Comm):
         self._wait(what, self._group.alltoall_base(recv_counts, torch.tensor(counts, dtype=torch.int64), [], [],
                                                    _alltoall_options()))
         incoming = recv_counts.tolist()
-        if len(self._recv) < sum(incoming):
-            self._recv = np.empty(int(sum(incoming) * 1.25), dtype=np.uint8)
-        rbuf = torch.from_numpy(self._recv[: sum(incoming)])
+        t0 = time.perf_counter()
+        if keep:
+            recv = np.empty(sum(incoming), dtype=np.uint8)
+        else:
+            if len(self._recv) < sum(incoming):
+                self._recv = np.empty(int(sum(incoming) * 1.25), dtype=np.uint8)
+            recv = self._recv
+        rbuf = torch.from_numpy(recv[: sum(incoming)])
         sbuf = torch.from_numpy(send[: sum(counts)])
         self._wait(what, self._group.alltoall_base(rbuf, sbuf, incoming, list(counts), _alltoall_options()))
+        self.transfer_seconds += time.perf_counter() - t0
         starts = np.concatenate([[0], np.cumsum(incoming)]).tolist()
-        view = self._recv.data
+        view = recv.data
         return [view[starts[s] : starts[s + 1]] for s in range(size)]
 
     def close(self) -> None:

@@ -169,6 +169,7 @@ class PilPool:
             block = self._ring[self._turn % self.RING]
         name = block.name if block is not None else None
         n = self.options.workers
+        datas = [d if isinstance(d, bytes) else bytes(d) for d in datas]  # views (exchanged samples) do not pickle
         step = max(1, math.ceil(len(datas) / n))
         futures = [self._pool.submit(_decode_many, (datas[i : i + step], indices[i : i + step], self.options, seed,
                                                     epoch, name, i))
