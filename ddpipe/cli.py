@@ -71,15 +71,6 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_index(args: argparse.Namespace) -> int:
-    from .convert import index_command
-
-    m = index_command.run(args)
-    print(f"{args.dir}: adopted {len(m.shards)} {m.format} shard(s) in place, {m.num_samples} samples, "
-          f"fields {', '.join(m.fields)}")
-    return 0
-
-
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .stats import format_stats, inspect_dataset
 
@@ -265,10 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("index", help="adopt tar shards, HDF5 files or an LMDB in place: write their index.json")
-    from .convert.index_command import add_arguments
+    from .convert import index_command
 
-    add_arguments(p)
-    p.set_defaults(func=_cmd_index)
+    index_command.add_arguments(p)
+    p.set_defaults(func=index_command.main)
 
     p = sub.add_parser("stage", help="copy this node's shards to node-local storage ahead of a job")
     p.add_argument("dataset")

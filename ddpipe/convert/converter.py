@@ -36,6 +36,7 @@ from ..manifest import (
     save_manifest,
 )
 from ..workers import die_with_parent, stop_workers
+from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
 from .sources import ItemLoader, Source, SourceItem, open_source
 
@@ -211,7 +212,11 @@ def convert(
     comm = comm or init_comm()
     world = comm.world
     fmt = get_format(options.format)
-    source = open_source(src, options.val_labels, options.synsets)
+    if options.val_labels is not None:  # ImageNet's flat validation directory and its ground truth
+        source = imagenet_val_source(Path(src), Path(options.val_labels),
+                                     None if options.synsets is None else Path(options.synsets))
+    else:
+        source = open_source(src)
     out = Path(out)
     state = out / STATE_DIR
 
@@ -305,8 +310,8 @@ def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, sh
         ctx = multiprocessing.get_context("spawn")
         with cf.ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx,
                                     initializer=die_with_parent) as pool:
-            futures = {pool.submit(write_shard, jobs[i]): i for i in mine}
-            try:
+            try:  # from the first submit on: a Ctrl-C that lands while submitting is handled too
+                futures = {pool.submit(write_shard, jobs[i]): i for i in mine}
                 for fut in cf.as_completed(futures):
                     i = futures[fut]
                     results[i] = fut.result()

@@ -70,6 +70,8 @@ def ground_truth(path: Path, synsets: Path | None) -> dict[str, str]:
 
 
 def imagenet_val_source(root: Path, labels: Path, synsets: Path | None) -> Source:
+    if not root.is_dir():
+        raise SourceError("not a directory: --val-labels goes with the flat validation directory", path=root)
     truth = ground_truth(labels, synsets)
     names = sorted(set(read_synsets(synsets).values())) if synsets is not None else sorted(set(truth.values()))
     index = {s: i for i, s in enumerate(names)}

@@ -77,3 +77,12 @@ def run(args: argparse.Namespace) -> Manifest:
     found = sorted(p.name for p in root.iterdir())[:8]
     raise DdpipeError(f"nothing to adopt: no .tar shards, HDF5 files or LMDB data.mdb; found "
                       f"{', '.join(found) or 'an empty directory'}", path=root)
+
+
+def main(args: argparse.Namespace) -> int:
+    """The command: adopt, then say what was adopted."""
+    m = run(args)
+    what = {"wds": "tar shards", "hdf5-foreign": "HDF5 file(s)", "lmdb-foreign": "LMDB environment"}[m.format]
+    print(f"{args.dir}: indexed {len(m.shards)} {what}, {m.num_samples} samples, in place; "
+          f"fields {', '.join(m.fields)}")
+    return 0

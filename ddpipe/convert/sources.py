@@ -50,17 +50,8 @@ class Source:
     skipped: tuple[SkippedItem, ...] = ()
 
 
-def open_source(src: str | os.PathLike[str], val_labels: str | os.PathLike[str] | None = None,
-                synsets: str | os.PathLike[str] | None = None) -> Source:
-    """The source at ``src``; with ``val_labels``, ImageNet's flat validation directory and its ground
-    truth (``convert/imagenet.py``)."""
+def open_source(src: str | os.PathLike[str]) -> Source:
     path = Path(src)
-    if val_labels is not None:
-        from .imagenet import imagenet_val_source
-
-        if not path.is_dir():
-            raise SourceError("not a directory: --val-labels goes with the flat validation directory", path=path)
-        return imagenet_val_source(path, Path(val_labels), None if synsets is None else Path(synsets))
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         return _dataset_source(path)
     from .index_command import hint, what_is_in

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from ..checksum import file_checksum
-from ..errors import ChecksumMismatchError, CorruptShardError, MissingShardError
+from ..errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
 from ..sample import Sample, check_sample
 from . import atomic
 
@@ -169,3 +169,18 @@ class ShardFormat(abc.ABC):
         actual = file_checksum(reader.path)
         if actual != checksum:
             raise ChecksumMismatchError(reader.path, expected=checksum, actual=actual)
+
+
+class AdoptedFormat(ShardFormat):
+    """Files another tool wrote, read in place (``ddpipe index`` adopts them) and never written. Each
+    dataset's manifest gives the ``layout`` its reader follows; ``layout["source_dir"]`` is where the
+    dataset's own files are (side files live there, not beside a staged copy)."""
+
+    def __init__(self, layout: dict[str, Any] | None = None) -> None:
+        self.layout = dict(layout or {})
+
+    def configured(self, layout: dict[str, Any], data_root: Path) -> ShardFormat:
+        return type(self)({**layout, "source_dir": str(data_root)})
+
+    def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
+        raise DdpipeError(f"{self.name} files are read in place, never written: convert them to write ddpipe shards")

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from ..errors import CorruptShardError, DdpipeError
+from ..errors import CorruptShardError
 from ..sample import KEY, Sample, sanitize_key
-from .base import ShardFormat, ShardReader, ShardWriter
+from .base import AdoptedFormat, ShardReader
 from .hdf5_heap import HeapFormatError, open_vlen_heap
 
 # rows read at once in a scan: one HDF5 call per block, not per sample
@@ -110,21 +109,9 @@ class ForeignHDF5Reader(ShardReader):
         self._file.close()
 
 
-class ForeignHDF5Format(ShardFormat):
+class ForeignHDF5Format(AdoptedFormat):
     name = "hdf5-foreign"
     suffix = ".h5"
 
-    def __init__(self, layout: dict[str, Any] | None = None) -> None:
-        self.layout = dict(layout or {})
-
-    def configured(self, layout: dict[str, Any], data_root: Path) -> ShardFormat:
-        return ForeignHDF5Format(layout)
-
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return ForeignHDF5Reader(path, self.layout)
-
-    def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
-        raise DdpipeError("adopted HDF5 files are read in place, never written: convert to write ddpipe shards")
-
-    def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
-        return []

@@ -19,7 +19,7 @@ import lmdb
 
 from ..errors import CorruptShardError, DdpipeError
 from ..sample import KEY, Sample, sanitize_key
-from .base import ShardFormat, ShardReader, ShardWriter
+from .base import AdoptedFormat, ShardReader
 from .lmdb_values import META_KEY, RecordError, read_value
 
 
@@ -132,21 +132,9 @@ class ForeignLMDBReader(ShardReader):
         self._env.close()
 
 
-class ForeignLMDBFormat(ShardFormat):
+class ForeignLMDBFormat(AdoptedFormat):
     name = "lmdb-foreign"
     suffix = ".mdb"
 
-    def __init__(self, layout: dict[str, Any] | None = None) -> None:
-        self.layout = dict(layout or {})
-
-    def configured(self, layout: dict[str, Any], data_root: Path) -> ShardFormat:
-        return ForeignLMDBFormat({**layout, "source_dir": str(data_root)})
-
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return ForeignLMDBReader(path, self.layout)
-
-    def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
-        raise DdpipeError("adopted LMDB environments are read in place, never written: convert to write shards")
-
-    def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
-        return []
