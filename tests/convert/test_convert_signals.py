@@ -26,9 +26,12 @@ def test_an_ended_conversion_leaves_nothing_running(tmp_path: Path, sig: signal.
         lines.append(f"{src / f'img{i}.jpg'},{i % 2}")
     (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
     shm_before = set(os.listdir("/dev/shm"))
+    # as from a terminal: a suite run as a background job (make test &) passes SIGINT ignored to its
+    # children, and Python then never turns Ctrl-C into KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "ddpipe", "convert", tmp_path / "list.csv", tmp_path / "out",
                              "--workers", "2", "--samples-per-shard", "1"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(descendants(proc.pid)) < 3 and time.monotonic() < deadline:  # two workers and the tracker
         time.sleep(0.1)
