@@ -38,7 +38,12 @@ def test_an_ended_conversion_leaves_nothing_running(tmp_path: Path, sig: signal.
     children = descendants(proc.pid)
     assert len(children) >= 3, proc.communicate(timeout=10)[0]
     proc.send_signal(sig)
-    output, _ = proc.communicate(timeout=60)
+    try:
+        output, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # its workers die with it: a failing run leaves nothing behind either
+        proc.communicate()
+        raise
     assert proc.returncode != 0
     settle = time.monotonic() + 20  # the kernel ends the workers as their parent goes: let it finish
     while any(map(alive, children)) and time.monotonic() < settle:
