@@ -58,15 +58,17 @@ def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[
             kind = image_kind(ds)
             if kind is not None:
                 images.append((name, kind, int(ds.shape[0])))
-                for attr, value in ds.attrs.items():
-                    if np.asarray(value).ndim == 1 and np.asarray(value).dtype.kind in "iu":
-                        attrs.append((attr, len(value)))
+                attrs += _integer_arrays(ds.attrs)
             elif ds.ndim == 1 and ds.dtype.kind in "iu":
                 labels.append((name, int(ds.shape[0])))
-        for attr, value in f.attrs.items():
-            if np.asarray(value).ndim == 1 and np.asarray(value).dtype.kind in "iu":
-                attrs.append((attr, len(value)))
+        attrs += _integer_arrays(f.attrs)
     return images, labels, attrs
+
+
+def _integer_arrays(attrs: Any) -> list[tuple[str, int]]:
+    """The attributes that could hold labels (1-D integer arrays), with their lengths."""
+    arrays = {name: np.asarray(value) for name, value in attrs.items()}
+    return [(name, len(a)) for name, a in arrays.items() if a.ndim == 1 and a.dtype.kind in "iu"]
 
 
 def _one(what: str, flag: str, options: list[str], path: Path) -> str:
@@ -83,7 +85,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     import h5py
 
     from ..formats.foreign_hdf5 import ForeignHDF5Reader
-    from ..formats.lmdb_values import image_field
+    from ..formats.lmdb_values import sniff_image_field
 
     files = sorted(p for p in data.iterdir() if p.suffix.lower() in HDF5_SUFFIXES and not p.name.startswith("."))
     if not files:
@@ -107,7 +109,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
         label_attr = fit_attrs[0] if fit_attrs else None
     with h5py.File(files[0], "r") as f:
         first = f[images][0]
-        field = image_field(first.tobytes() if hasattr(first, "tobytes") else bytes(first)) or "jpg"
+        field = sniff_image_field(first.tobytes() if hasattr(first, "tobytes") else bytes(first)) or "jpg"
     layout: dict[str, Any] = {"images": images, "field": field}
     if labels:
         layout["labels"] = labels
@@ -133,7 +135,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
     import lmdb
 
     from ..formats.foreign_lmdb import ForeignLMDBReader
-    from ..formats.lmdb_values import META_KEY, guess_kind, image_field, read_value
+    from ..formats.lmdb_values import META_KEY, guess_kind, read_value, sniff_image_field
 
     mdb = data / "data.mdb"
     env = lmdb.open(str(mdb), subdir=False, readonly=True, lock=False)
@@ -152,7 +154,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
         raise DdpipeError("the values are Python pickles: unpickling runs code stored in the file, so ddpipe reads "
                           "them only with --allow-pickle, for data you trust", path=mdb)
     image, label = read_value(kind, first[1])
-    layout: dict[str, Any] = {"values": kind, "field": image_field(image) or "jpg"}
+    layout: dict[str, Any] = {"values": kind, "field": sniff_image_field(image) or "jpg"}
     if kind == "image" or label is None:
         if labels_file is not None:
             layout["labels_file"] = labels_file
@@ -165,7 +167,6 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
                 raise DdpipeError(f"the values hold no labels and the key {key!r} shows none: give --labels-file "
                                   "(lines of 'key label') or --label-regex with a group (?P<label>...)", path=mdb)
             layout["label_regex"] = guess
-    labels: list[int] = []
     with ForeignLMDBReader(mdb, {**layout, "source_dir": str(data)}) as reader:
         labels = [int(sample["cls"]) for sample in reader.scan()]  # every record read: a bad one is named now
         count = len(reader)

@@ -20,6 +20,7 @@ import lmdb
 from ..errors import CorruptShardError, DdpipeError
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
+from .lmdb import open_whole
 from .lmdb_values import META_KEY, RecordError, read_value
 
 
@@ -67,12 +68,7 @@ class ForeignLMDBReader(ShardReader):
         try:
             # the label side file lives with the source data, not with a staged copy of data.mdb
             self._labels = LabelSource(layout, Path(layout.get("source_dir", self.path.parent)))
-            self._env = lmdb.open(str(self.path), subdir=False, readonly=True, lock=False, readahead=True,
-                                  max_readers=512)
-            needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
-            if self.path.stat().st_size < needed:  # pages are mmapped: a short file would SIGBUS, not raise
-                self._env.close()
-                raise self._corrupt(f"truncated LMDB: {self.path.stat().st_size} bytes, its pages need {needed}")
+            self._env = open_whole(self.path)
         except CorruptShardError:
             raise
         except (lmdb.Error, OSError, re.error, KeyError) as e:

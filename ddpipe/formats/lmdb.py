@@ -45,18 +45,23 @@ def sample_key(index: int) -> bytes:
     return b"%012d" % index
 
 
+def open_whole(path: Path) -> lmdb.Environment:
+    """The LMDB file ``path``, read-only and without a lock file, once it is known to hold every page it
+    names: pages are read through mmap, and a truncated file would kill the process with SIGBUS
+    rather than raise."""
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=512)
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    if path.stat().st_size < needed:
+        env.close()
+        raise CorruptShardError(f"truncated LMDB: {path.stat().st_size} bytes, its pages need {needed}", path=path)
+    return env
+
+
 class LMDBReader(ShardReader):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
         try:
-            self._env = lmdb.open(
-                str(self.path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=512
-            )
-            # pages are read through mmap: a truncated file would kill the process with SIGBUS, not raise
-            needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
-            if self.path.stat().st_size < needed:
-                self._env.close()
-                raise self._corrupt(f"truncated LMDB shard: {self.path.stat().st_size} bytes, its pages need {needed}")
+            self._env = open_whole(self.path)
             with self._env.begin() as txn:
                 meta = txn.get(META_KEY)
             if meta is None:

@@ -33,7 +33,7 @@ class RecordError(ValueError):
     """A value that is not what the layout says (reported naming the key)."""
 
 
-def image_field(data: bytes) -> str | None:
+def sniff_image_field(data: bytes) -> str | None:
     """The field name for encoded image bytes, from their magic number; None if not an image."""
     return next((f for magic, f in IMAGE_MAGIC.items() if data.startswith(magic)), None)
 
@@ -126,7 +126,7 @@ def read_value(kind: str, value: bytes) -> tuple[bytes, int | None]:
 
 def guess_kind(value: bytes) -> str | None:
     """What one value most likely is, from its first bytes and a trial parse."""
-    if image_field(value) is not None:
+    if sniff_image_field(value) is not None:
         return "image"
     if value[:1] == b"\x80" and value[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return "pickle"

@@ -3,6 +3,7 @@ manifest, then renamed into place, so a reader never sees a partial or corrupt c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import xxhash
@@ -16,34 +17,33 @@ from ..throttle import SourceLimits
 _CHUNK = 8 << 20
 
 
-def verified_copy(source: Path, dest: Path, info: ShardInfo, limits: SourceLimits | None = None) -> int:
-    """Copy ``source`` to ``dest`` if its bytes hash to ``info.checksum``; return the bytes copied.
+# write(chunk) for each chunk of a copy; a fill returns False when it has nothing to give
+Write = Callable[[memoryview], None]
 
-    The copy is written under a hidden temporary name and renamed only once verified. A missing
-    source, a checksum mismatch or a full disk raises, naming the file, and leaves ``dest`` as it was.
-    """
+
+def write_verified(dest: Path, info: ShardInfo, fill: Callable[[Write], bool], *, named: Path) -> bool:
+    """Write ``dest`` from the chunks ``fill`` hands its argument, under a hidden temporary name,
+    hashed on the way, and rename it into place only if it matches ``info`` (checksum and size).
+    False, leaving ``dest`` as it was, if ``fill`` had nothing to give; a mismatch raises
+    :class:`ChecksumMismatchError` naming ``named``, a full disk :class:`DiskFullError`."""
     tmp = atomic.partial_path(dest)
     h = xxhash.xxh3_64()
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
     copied = 0
+
+    def write(chunk: memoryview) -> None:
+        nonlocal copied
+        h.update(chunk)
+        out.write(chunk)
+        copied += len(chunk)
+
     try:
-        if limits:
-            limits.on_open()
-        try:
-            src = open(source, "rb", buffering=0)  # noqa: SIM115 - closed below, with the copy
-        except FileNotFoundError:
-            raise MissingShardError("source shard is missing", path=source) from None
-        with src, open(tmp, "wb") as out:
-            while n := src.readinto(buf):
-                if limits:
-                    limits.on_read(n)
-                h.update(view[:n])
-                out.write(view[:n])
-                copied += n
+        with open(tmp, "wb") as out:
+            if not fill(write):
+                atomic.discard(tmp)
+                return False
         actual = f"{CHECKSUM_ALGORITHM}:{h.hexdigest()}"
         if actual != info.checksum or copied != info.bytes:
-            raise ChecksumMismatchError(source, expected=info.checksum, actual=f"{actual} ({copied} bytes)")
+            raise ChecksumMismatchError(named, expected=info.checksum, actual=f"{actual} ({copied} bytes)")
         # a cache needs no fsync: after a crash a short or empty copy fails its stamp and is fetched again
         atomic.commit(tmp, dest, durable=False)
     except OSError as e:
@@ -53,7 +53,33 @@ def verified_copy(source: Path, dest: Path, info: ShardInfo, limits: SourceLimit
     except BaseException:
         atomic.discard(tmp)
         raise
-    return copied
+    return True
+
+
+def verified_copy(source: Path, dest: Path, info: ShardInfo, limits: SourceLimits | None = None) -> int:
+    """Copy ``source`` to ``dest`` if its bytes hash to ``info.checksum``; return the bytes copied.
+
+    The copy is written under a hidden temporary name and renamed only once verified. A missing
+    source, a checksum mismatch or a full disk raises, naming the file, and leaves ``dest`` as it was.
+    """
+    def fill(write: Write) -> bool:
+        if limits:
+            limits.on_open()
+        try:
+            src = open(source, "rb", buffering=0)  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            raise MissingShardError("source shard is missing", path=source) from None
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        with src:
+            while n := src.readinto(buf):
+                if limits:
+                    limits.on_read(n)
+                write(view[:n])
+        return True
+
+    write_verified(dest, info, fill, named=source)
+    return info.bytes
 
 
 def is_staged(dest: Path, info: ShardInfo) -> bool:

@@ -17,13 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
-from ..checksum import CHECKSUM_ALGORITHM
 from ..comm.base import PeerLink
 from ..errors import ChecksumMismatchError
-from ..formats import atomic
 from ..manifest import ShardInfo
+from .copy import write_verified
 
 # how long a node waits for a peer to start answering before copying from the source instead
 PEER_TIMEOUT = 10.0
@@ -55,32 +53,11 @@ def holders(inventories: Sequence[bytes | None], node_of_rank: Sequence[int], my
 def fetch_from_peer(link: PeerLink, rank: int, shard: int, dest: Path, info: ShardInfo) -> bool:
     """Fetch ``shard`` from ``rank`` into ``dest`` (renamed into place once its checksum matches the
     manifest's); False, leaving ``dest`` as it was, if the peer could not give it or gave other bytes."""
-    tmp = atomic.partial_path(dest)
-    h = xxhash.xxh3_64()
-    size = 0
     try:
-        with open(tmp, "wb") as out:
-            def write(chunk: memoryview) -> None:
-                nonlocal size
-                h.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-
-            if not link.fetch(rank, shard, write, PEER_TIMEOUT):
-                atomic.discard(tmp)
-                return False
-        actual = f"{CHECKSUM_ALGORITHM}:{h.hexdigest()}"
-        if actual != info.checksum or size != info.bytes:
-            error = ChecksumMismatchError(dest, expected=info.checksum, actual=f"{actual} ({size} bytes)")
-            print(f"ddpipe: warning: the copy from rank {rank}: {error}; copying from the source instead",
-                  file=sys.stderr, flush=True)
-            atomic.discard(tmp)
-            return False
-        atomic.commit(tmp, dest, durable=False)
-    except OSError:  # a full disk, say: the copy from the source meets it too, and says so
-        atomic.discard(tmp)
+        return write_verified(dest, info, lambda write: link.fetch(rank, shard, write, PEER_TIMEOUT), named=dest)
+    except ChecksumMismatchError as error:
+        print(f"ddpipe: warning: the copy from rank {rank}: {error}; copying from the source instead",
+              file=sys.stderr, flush=True)
         return False
-    except BaseException:
-        atomic.discard(tmp)
-        raise
-    return True
+    except OSError:  # a full disk, say: the copy from the source meets it too, and says so
+        return False

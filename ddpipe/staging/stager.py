@@ -59,7 +59,8 @@ class NodeStager:
         self.dir = dataset_stage_dir(Path(options.stage_dir), dataset)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.is_leader = comm.world.local_rank == 0
-        self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0}
+        self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0,
+                      "peer_copied": 0, "peer_bytes": 0}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -67,12 +68,10 @@ class NodeStager:
         self._readers: dict[int, int] = {}  # shard -> how many local ranks read it this epoch
         self._my_runs: dict[int, int] = {}  # shard -> runs of it left in this rank's reads
         self.on_staged: Callable[[int], None] | None = None  # called by the leader after each shard
-        self.stats.update(peer_copied=0, peer_bytes=0)
-        link = comm.peer_link() if options.peers and comm.world.num_nodes > 1 else None
-        self._link = link
+        self._link = comm.peer_link() if options.peers and comm.world.num_nodes > 1 else None
         self._holders: dict[int, int] = {}  # shard -> the leader rank of another node that holds it
-        if link is not None and self.is_leader:
-            link.serve(self._serve_lookup)
+        if self._link is not None and self.is_leader:
+            self._link.serve(self._serve_lookup)
 
     # ---- leader ----------------------------------------------------------------------------------
 
@@ -82,23 +81,22 @@ class NodeStager:
         this rank reads (it is done with a shard after the last)."""
         self.close()
         self._epoch, self._readers, self._my_runs = epoch, readers, dict(my_runs)
+        shards = self.dataset.manifest.shards
+        # what this node already holds: copies of earlier epochs or runs (the leader looks)
+        staged = [s for s, info in enumerate(shards) if is_staged(self.dir / info.file, info)] if self.is_leader else []
         if self._link is not None:  # every rank takes part: who holds what, as the epoch starts
-            shards = self.dataset.manifest.shards
-            mine = (inventory_bits([s for s, info in enumerate(shards) if is_staged(self.dir / info.file, info)],
-                                   len(shards)) if self.is_leader else None)
+            mine = inventory_bits(staged, len(shards)) if self.is_leader else None
             everyone = self.comm.allgather((self.comm.world.node, mine))
             self._holders = holders([bits for _, bits in everyone], [node for node, _ in everyone],
                                     self.comm.world.node, len(shards))
         self._stop.clear()
         if self.is_leader:
-            self._thread = threading.Thread(target=self._stage_all, args=(order,), daemon=True,
+            self._thread = threading.Thread(target=self._stage_all, args=(order, staged), daemon=True,
                                              name="ddpipe-stager")
             self._thread.start()
 
-    def _stage_all(self, order: list[int]) -> None:
-        shards = self.dataset.manifest.shards
-        # copies left from earlier epochs or runs count against the capacity too
-        staged = [s for s, info in enumerate(shards) if is_staged(self.dir / info.file, info)]
+    def _stage_all(self, order: list[int], staged: list[int]) -> None:
+        """Stage ``order``; ``staged``: what the node holds already, which counts against the capacity."""
         position = {s: i for i, s in enumerate(order)}
         try:
             for i, shard in enumerate(order):
