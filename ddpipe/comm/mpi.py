@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import os
 import pickle
+import stat
 import sys
 import threading
 import time
@@ -60,15 +61,14 @@ class MPIComm(Comm):
 
     def abort(self, message: str) -> None:
         print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
-        self._comm.Abort(1)
+        _abort(self._comm, 1)
 
     def node_ranks(self) -> list[int]:
         return list(self._node_ranks)
 
     def end_job(self, code: int) -> None:
         self._clean_up()
-        sys.stderr.flush()
-        self._comm.Abort(code)  # the launcher ends every rank
+        _abort(self._comm, code)  # the launcher ends every rank
 
     def gradient_channel(self) -> MPIGradientChannel:
         return MPIGradientChannel(self._comm.Dup(), self._mpi)
@@ -261,8 +261,34 @@ def abort_mpi_job(code: int) -> None:
     """End every rank of an MPI job now, if this process is one of several (a no-op otherwise)."""
     mpi = sys.modules.get("mpi4py.MPI")  # loaded only if this process set MPI up
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
-        sys.stderr.flush()
-        mpi.COMM_WORLD.Abort(code)
+        _abort(mpi.COMM_WORLD, code)
+
+
+def _abort(comm: Any, code: int, drain_seconds: float = 2.0) -> None:
+    """MPI_Abort once the launcher has read what this rank wrote. Hydra's proxy may act on the abort
+    before it drains the rank's output pipes and then drop it, the error message included (1 run in
+    ~10 here); what it has read it forwards before the abort, on the same socket."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    deadline = time.monotonic() + drain_seconds
+    while time.monotonic() < deadline and any(_unread_bytes(fd) for fd in (1, 2)):
+        time.sleep(0.005)
+    comm.Abort(code)
+
+
+def _unread_bytes(fd: int) -> int:
+    """Bytes written to the pipe ``fd`` that its reader has not read yet (0 for a file or terminal)."""
+    import fcntl
+    import struct
+    import termios
+
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return 0
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0
 
 
 def _unname_node_segment() -> None:
