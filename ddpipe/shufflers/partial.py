@@ -6,11 +6,16 @@ round. The exchange runs in rounds of consecutive read positions, so a round can
 as it has been read. In round ``j`` every rank sends the same count to each partner slot ``t``,
 to rank ``(r + shift_t) % W``, and receives that count from ``(r - shift_t) % W``: every rank
 sends and receives exactly as many samples as it reads, so counts stay equal (invariant 2).
+
+A round is planned for all ranks at once with array operations, and a rank's round keeps its sends
+and receipts as one array each, split by slot only when asked: at W = 2,048 a round has 2,047 slots
+per rank, and a tuple of arrays per slot and rank made planning an epoch take minutes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -19,25 +24,55 @@ from .local import LocalShuffle
 
 
 @dataclass(frozen=True)
-class ExchangeRound:
-    """Round ``j`` for one rank: reads ``[start, stop)`` of its reads, sends and receives by slot."""
-
-    start: int
-    stop: int
-    send: tuple[np.ndarray, ...]  # per slot: positions in ``reads``, in send order
-    dests: tuple[int, ...]
-    sources: tuple[int, ...]
-    recv: tuple[np.ndarray, ...]  # per slot: global indices received, in arrival order
-
-
-@dataclass(frozen=True)
 class RoundShape:
     """What all ranks share about round ``j``: its read positions and the per-slot counts and shifts."""
 
     start: int
     stop: int
-    counts: tuple[int, ...]  # samples each rank sends through slot t (and receives through it)
-    shifts: tuple[int, ...]  # slot t sends to rank (r + shifts[t]) % W
+    counts: np.ndarray  # samples each rank sends through slot t (and receives through it)
+    shifts: np.ndarray  # slot t sends to rank (r + shifts[t]) % W
+
+    @cached_property
+    def bounds(self) -> np.ndarray:
+        """Where each slot's samples begin and end in a rank's ``sent`` and ``received``."""
+        return np.concatenate([[0], np.cumsum(self.counts)])
+
+
+@dataclass(frozen=True, eq=False)
+class ExchangeRound:
+    """Round ``j`` for one rank: reads ``[start, stop)`` of its reads, sends and receives by slot."""
+
+    shape: RoundShape
+    rank: int
+    world_size: int
+    sent: np.ndarray  # positions in ``reads`` sent, slot after slot, each slot's in read order
+    received: np.ndarray  # global indices received, slot after slot, each in arrival order
+
+    @property
+    def start(self) -> int:
+        return self.shape.start
+
+    @property
+    def stop(self) -> int:
+        return self.shape.stop
+
+    @property
+    def dests(self) -> tuple[int, ...]:
+        return tuple(((self.rank + self.shape.shifts) % self.world_size).tolist())
+
+    @property
+    def sources(self) -> tuple[int, ...]:
+        return tuple(((self.rank - self.shape.shifts) % self.world_size).tolist())
+
+    @property
+    def send(self) -> tuple[np.ndarray, ...]:
+        """Per slot: positions in ``reads``, in send order."""
+        return tuple(np.split(self.sent, self.shape.bounds[1:-1]))
+
+    @property
+    def recv(self) -> tuple[np.ndarray, ...]:
+        """Per slot: global indices received, in arrival order."""
+        return tuple(np.split(self.received, self.shape.bounds[1:-1]))
 
 
 def round_shapes(per_rank: int, world_size: int, fraction: float, round_size: int, seed: int,
@@ -45,26 +80,28 @@ def round_shapes(per_rank: int, world_size: int, fraction: float, round_size: in
     if world_size < 2 or fraction <= 0 or per_rank == 0:
         return []
     partners = world_size - 1
-    shifts = (1 + derive_rng(seed, EXCHANGE, epoch).permutation(partners)).tolist()
+    shifts = 1 + derive_rng(seed, EXCHANGE, epoch).permutation(partners)
+    slots = np.arange(partners)
     shapes = []
     for j, start in enumerate(range(0, per_rank, round_size)):
         stop = min(start + round_size, per_rank)
         k = int(fraction * (stop - start) + 0.5)
-        counts = tuple(k // partners + (1 if t < k % partners else 0) for t in range(partners))
+        counts = k // partners + (slots < k % partners)
         # rotate the pairing each round, so a rank's partners vary within the epoch
-        shapes.append(RoundShape(start, stop, counts, tuple(shifts[(t + j) % partners] for t in range(partners))))
+        shapes.append(RoundShape(start, stop, counts.astype(np.int64), shifts[(slots + j) % partners]))
     return shapes
 
 
-def send_positions(shape: RoundShape, rank: int, seed: int, epoch: int, round_index: int) -> list[np.ndarray]:
-    """Read positions (within the rank's reads) this rank sends through each slot, each in read order."""
-    length = shape.stop - shape.start
-    chosen = derive_rng(seed, SEND, epoch, rank, round_index).permutation(length)[: sum(shape.counts)]
-    out, at = [], 0
-    for count in shape.counts:
-        out.append(np.sort(chosen[at : at + count]) + shape.start)
-        at += count
-    return out
+def send_positions(shape: RoundShape, world_size: int, seed: int, epoch: int, round_index: int) -> np.ndarray:
+    """Read positions (within each rank's reads) every rank sends: row ``r`` is rank ``r``'s, slot
+    after slot, each slot's in read order."""
+    length, k = shape.stop - shape.start, int(shape.counts.sum())
+    chosen = np.stack([derive_rng(seed, SEND, epoch, r, round_index).permutation(length)[:k]
+                       for r in range(world_size)])
+    slot_of = np.repeat(np.arange(len(shape.counts)), shape.counts)
+    # sort each row by (slot, position): positions stay grouped by slot, each slot's in read order
+    ordered = np.sort(slot_of * length + chosen, axis=1) % length
+    return ordered + shape.start
 
 
 class PartialShuffle(LocalShuffle):
@@ -78,19 +115,22 @@ class PartialShuffle(LocalShuffle):
         shapes = round_shapes(per_rank, world_size, fraction, round_size, seed, epoch)
         if not shapes:
             return [() for _ in range(world_size)], reads
-        sends = [[send_positions(shape, r, seed, epoch, j) for j, shape in enumerate(shapes)]
-                 for r in range(world_size)]
+        table = np.stack(reads)  # (W, per_rank): every rank reads as many samples
+        ranks = np.arange(world_size)
         rounds: list[list[ExchangeRound]] = [[] for _ in range(world_size)]
-        streams: list[list[np.ndarray]] = [[] for _ in range(world_size)]
-        slots = range(len(shapes[0].shifts))
+        pieces = []
         for j, shape in enumerate(shapes):
+            sent = send_positions(shape, world_size, seed, epoch, j)
+            # column c of what rank r receives comes from the rank that sends to r through c's slot
+            shift_of_column = np.repeat(shape.shifts, shape.counts)
+            sources = (ranks[:, None] - shift_of_column[None, :]) % world_size
+            columns = np.arange(sent.shape[1])[None, :]
+            received = table[sources, sent[sources, columns]]
+            kept = np.ones((world_size, shape.stop - shape.start), dtype=bool)
+            kept[ranks[:, None], sent - shape.start] = False
+            own = np.nonzero(kept)[1].reshape(world_size, -1) + shape.start  # row-major: each row in read order
+            pieces.append(np.concatenate([np.take_along_axis(table, own, axis=1), received], axis=1))
             for r in range(world_size):
-                dests = tuple((r + shape.shifts[t]) % world_size for t in slots)
-                sources = tuple((r - shape.shifts[t]) % world_size for t in slots)
-                recv = tuple(reads[sources[t]][sends[sources[t]][j][t]] for t in slots)
-                sent = np.concatenate(sends[r][j]) if sends[r][j] else np.zeros(0, dtype=np.int64)
-                own = np.setdiff1d(np.arange(shape.start, shape.stop), sent, assume_unique=True)
-                rounds[r].append(ExchangeRound(shape.start, shape.stop, tuple(sends[r][j]), dests, sources, recv))
-                streams[r].append(reads[r][own])
-                streams[r].extend(recv)
-        return [tuple(x) for x in rounds], [np.concatenate(s).astype(np.int64) for s in streams]
+                rounds[r].append(ExchangeRound(shape, r, world_size, sent[r], received[r]))
+        streams = np.concatenate(pieces, axis=1).astype(np.int64)
+        return [tuple(x) for x in rounds], list(streams)
