@@ -1,149 +1,253 @@
-"""Does partial exchange recover the accuracy that local-only shuffling loses on class-sorted shards?
+"""Where does local shuffling lose accuracy at scale, and which exchange fraction Q recovers it?
 
-    python benchmarks/shuffle_accuracy.py [--ranks 4] [--epochs 30] [--seeds 3]
+    python benchmarks/shuffle_accuracy.py [--worlds 16 64 256 1024] [--seeds 3] [--epochs 8] [--jobs 2]
 
-scikit-learn's digits (1,797 real 8x8 images, 10 classes; shipped with the package) are written as
-PNG files in class order and converted to class-sorted WebDataset shards with ``ddpipe convert``.
-A small CNN with batch normalisation trains on 4 real ranks under mpiexec, each reading through
-``ddpipe.Loader`` with one shuffle mode; gradients are averaged with MPI Allreduce after every step
-and batch-norm buffers follow rank 0, as PyTorch DDP does. The table gives the final test accuracy
-of each mode (mean and spread over seeds), in the manner of Nguyen et al., IPDPS 2022. The
-reference measured in the same run is ``global`` shuffling.
+The problem (ddpipe.bench.class_problem): 100 classes, 256,000 8x8 images written class after class
+into 200 WebDataset shards, so each worker holds a few classes, 250 samples at W = 1,024. For every
+world size W, every shuffle mode (none, local, partial at each Q, global) and several seeds, an MLP
+with batch normalisation trains by data-parallel SGD for W ranks, carried out by ddpipe's virtual
+ranks (ddpipe.train.virtual): each rank's batches are what its Loader yields (the real epoch plan,
+sticky shard assignment, exchange included), batch norm is per rank with rank 0's running statistics,
+and gradients are averaged, with a local batch of 16 and the learning rate scaled to the global
+batch. The reference measured in the same run is ``global`` shuffling; the table gives each mode's
+top-1 against it and the share of the local-to-global gap each Q recovers, with the stream scores
+``ddpipe plan`` reports for the same plan (batch skew: how far a rank's local batch is from the
+dataset's class mix). A real run of 4 ranks under mpiexec (the Loader over the shards, PyTorch
+DDP) repeats one configuration, as the check that virtual and real ranks agree.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
-import json
-import shutil
+import os
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from _common import DATA, mpiexec, save
+from _common import DATA, ROOT, mpiexec, save
 
+import ddpipe
+from ddpipe.bench import class_problem as cp
 from ddpipe.bench.harness import machine, table
+from ddpipe.quality import score_epoch
 
-CONFIGS = [("global", 0.0), ("partial", 0.5), ("partial", 0.3), ("partial", 0.1), ("local", 0.0), ("none", 0.0)]
 BATCH = 16  # per rank
+# weights compared after a few steps (later, rounding differences grow as SGD amplifies them), accuracy
+# after the epoch
+REAL_CHECK = {"world": 4, "mode": "partial", "q": 0.3, "seed": 0, "epochs": 1, "compare_at_step": 50}
 
 
-def make_data(root: Path) -> None:
-    from PIL import Image
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    import ddpipe
-
-    digits = load_digits()
-    images = (digits.images * (255 / 16)).astype(np.uint8)
-    train_x, test_x, train_y, test_y = train_test_split(images, digits.target, test_size=0.2, random_state=0,
-                                                        stratify=digits.target)
-    shutil.rmtree(root, ignore_errors=True)
-    raw = root / "raw"
-    for i, (img, label) in enumerate(zip(train_x, train_y, strict=True)):
-        path = raw / f"digit{label}" / f"{i:05d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(img).save(path)
-    # source order is class order, so shards come out class-sorted; ~one class per shard, as when
-    # ImageNet's 1.28 M images in class order are cut into ~1,000 shards
-    ddpipe.convert(raw, root / "train", ddpipe.ConvertOptions(format="wds", samples_per_shard=128, progress=False))
-    np.savez(root / "test.npz", x=test_x, y=test_y)
+def configs(fractions: list[float]) -> list[tuple[str, float]]:
+    return [("none", 0.0), ("local", 0.0), *(("partial", q) for q in fractions), ("global", 0.0)]
 
 
-def worker(root: Path, out: Path, epochs: int, seeds: int) -> None:
+def plan_options(mode: str, q: float) -> ddpipe.PlanOptions:
+    return ddpipe.PlanOptions(shuffle=mode, exchange_fraction=q, batch_size=BATCH, drop_last=True)
+
+
+def train_virtual(data: Path, world: int, mode: str, q: float, seed: int, epochs: int,
+                  snapshot_at: int = -1) -> dict[str, Any]:
+    """One configuration with W virtual ranks; returns its top-1 on the held-out set (and the weights
+    after ``snapshot_at`` steps)."""
     import torch
-    from mpi4py import MPI
-    from PIL import Image
-    from torch import nn
 
-    import ddpipe
-    from ddpipe.comm import init_comm
+    from ddpipe.train.virtual import per_rank_batch_norm, virtual_batches, virtual_step
+
+    torch.set_num_threads(1)  # one configuration per core
+    problem = cp.make_problem()
+    manifest = ddpipe.load_manifest(data)
+    images, labels = cp.as_tensor(problem.train_images), torch.from_numpy(problem.train_labels)
+    torch.manual_seed(seed)
+    model = per_rank_batch_norm(cp.make_model(problem.options.classes), world)
+    optimizer = cp.make_optimizer(model)
+    options = plan_options(mode, q)
+    per_epoch = ddpipe.plan_epoch(manifest, world, seed, 0, options).num_batches
+    schedule = cp.Schedule(world * BATCH, per_epoch * epochs, per_epoch)
+    t0, step, state = time.perf_counter(), 0, None
+    for epoch in range(epochs):
+        for batch in virtual_batches(manifest, world, seed, epoch, options):
+            for group in optimizer.param_groups:
+                group["lr"] = schedule.rate(step)
+            index = torch.from_numpy(batch.reshape(-1))
+            virtual_step(model, optimizer, images[index], labels[index])
+            step += 1
+            if step == snapshot_at:
+                state = {k.replace(".layer.", "."): v.clone() for k, v in model.state_dict().items()}
+    accuracy = cp.top1(model, problem.test_images, problem.test_labels)
+    return {"world": world, "mode": mode, "q": q, "seed": seed, "top1": accuracy,
+            "seconds": time.perf_counter() - t0, "state": state}
+
+
+def stream_scores(data: Path, problem: cp.Problem, world: int, mode: str, q: float) -> dict[str, float]:
+    plan = ddpipe.plan_epoch(ddpipe.load_manifest(data), world, 0, 0, plan_options(mode, q))
+    return score_epoch([r.order for r in plan.ranks], problem.train_labels, BATCH).to_dict()
+
+
+def real_worker(data: Path, out: Path) -> None:
+    """A rank of the real job that REAL_CHECK describes: the Loader over the shards, PNGs decoded
+    here, PyTorch DDP over gloo."""
+    import torch
+    from PIL import Image
+
+    import ddpipe.distributed
 
     torch.set_num_threads(1)
-    comm = init_comm()
-    world, rank = comm.world.size, comm.world.rank
-    mpi = MPI.COMM_WORLD
-    test = np.load(root / "test.npz")
-    test_x = torch.tensor(test["x"], dtype=torch.float32).unsqueeze(1) / 255
-    test_y = torch.tensor(test["y"])
+    c = REAL_CHECK
+    job = ddpipe.distributed.init(device="cpu")
+    problem = cp.make_problem()
+    torch.manual_seed(int(c["seed"]))
+    model = cp.make_model(problem.options.classes)
+    wrapped = ddpipe.distributed.wrap(model, job, "ddp")
+    optimizer = cp.make_optimizer(model)
+    loader = ddpipe.Loader(data, plan=plan_options(str(c["mode"]), float(c["q"])), decode="none",
+                           seed=int(c["seed"]), comm=job.comm)
+    schedule = cp.Schedule(job.size * BATCH, len(loader) * int(c["epochs"]), len(loader))
+    step, state = 0, None
+    for epoch in range(int(c["epochs"])):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            images = np.stack([np.asarray(Image.open(io.BytesIO(s["png"]))) for s in batch])
+            labels = torch.tensor([int(s["cls"]) for s in batch])
+            for group in optimizer.param_groups:
+                group["lr"] = schedule.rate(step)
+            ddpipe.train.train_step(wrapped, optimizer, cp.as_tensor(images), labels)
+            step += 1
+            if step == c["compare_at_step"]:
+                state = {k: v.clone() for k, v in model.state_dict().items()}
+    if job.rank == 0:
+        torch.save({"state": state, "top1": cp.top1(model, problem.test_images, problem.test_labels)}, out)
+    ddpipe.distributed.shutdown(job)
 
-    def decode(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        x = np.stack([np.asarray(Image.open(io.BytesIO(s["png"]))) for s in batch])
-        return torch.tensor(x, dtype=torch.float32).unsqueeze(1) / 255, torch.tensor([int(s["cls"]) for s in batch])
 
-    results = []
-    for mode, q in CONFIGS:
-        for seed in range(seeds):
-            torch.manual_seed(seed)  # the same initial weights on every rank
-            model = nn.Sequential(
-                nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-                nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Flatten(), nn.Linear(32 * 16, 10))
-            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-            params = [p for p in model.parameters()]
-            loader = ddpipe.Loader(root / "train", BATCH, decode="none", shuffle=mode, exchange_fraction=q, seed=seed,
-                                   buffer_size=256, round_size=64, drop_last=True, comm=comm)
-            for epoch in range(epochs):
-                loader.set_epoch(epoch)
-                model.train()
-                for batch in loader:
-                    x, y = decode(batch)
-                    for buf in model.buffers():  # DDP's broadcast_buffers: BN statistics follow rank 0
-                        mpi.Bcast(buf.detach().numpy(), root=0)
-                    opt.zero_grad()
-                    nn.functional.cross_entropy(model(x), y).backward()
-                    flat = torch.cat([p.grad.reshape(-1) for p in params]).numpy()
-                    mpi.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
-                    at = 0
-                    for p in params:
-                        n = p.numel()
-                        p.grad.copy_(torch.from_numpy(flat[at : at + n] / world).reshape(p.shape))
-                        at += n
-                    opt.step()
-            if rank == 0:
-                model.eval()
-                with torch.no_grad():
-                    acc = float((model(test_x).argmax(1) == test_y).float().mean())
-                results.append({"mode": mode, "q": q, "seed": seed, "accuracy": acc})
-                print(f"  {mode} Q={q} seed={seed}: {acc:.4f}", file=sys.stderr, flush=True)
-    if rank == 0:
-        out.write_text(json.dumps(results))
+def real_check(data: Path) -> dict[str, Any]:
+    import torch
+
+    out = DATA / "shuffle-accuracy-real.pt"
+    c = REAL_CHECK
+    t0 = time.perf_counter()
+    mpiexec(int(c["world"]), __file__, "--real-worker", data, out)
+    real = torch.load(out)
+    virtual = train_virtual(data, int(c["world"]), str(c["mode"]), float(c["q"]), int(c["seed"]), int(c["epochs"]),
+                            int(c["compare_at_step"]))
+    diff = max(float((virtual["state"][k].double() - v.double()).abs().max()) for k, v in real["state"].items())
+    return {**c, "real_top1": real["top1"], "virtual_top1": virtual["top1"], "max_weight_difference": diff,
+            "seconds": time.perf_counter() - t0}
+
+
+def summarise(runs: list[dict[str, Any]], scores: dict[tuple[int, str, float], dict[str, float]],
+              worlds: list[int], fractions: list[float]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rows, summary = [], []
+    for world in worlds:
+        def mean(mode: str, q: float, world: int = world) -> tuple[float, float]:
+            accs = [100 * r["top1"] for r in runs if (r["world"], r["mode"], r["q"]) == (world, mode, q)]
+            return float(np.mean(accs)), float(np.std(accs))
+
+        best, _ = mean("global", 0.0)
+        local, _ = mean("local", 0.0)
+        gap = best - local
+        recovering = None
+        for mode, q in configs(fractions):
+            acc, spread = mean(mode, q)
+            recovered = (acc - local) / gap if gap > 0 else float("nan")
+            score = scores[(world, mode, q)]
+            rows.append({"world": world, "mode": mode if mode != "partial" else f"partial Q={q}", "top1": acc,
+                         "std": spread, "vs_global": acc - best, "recovered": 100 * recovered,
+                         "batch_skew": score["batch_skew"], "rank_skew": score["rank_skew"]})
+            if mode == "partial" and recovering is None and recovered >= 0.9:
+                recovering = q
+        summary.append({"world": world, "samples_per_worker": None, "global": best, "local": local, "gap": gap,
+                        "q_recovering_90": recovering})
+    return rows, summary
+
+
+def plot(rows: list[dict[str, Any]], worlds: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, world in enumerate(worlds):
+        colour = f"C{i}"
+        mine = [r for r in rows if r["world"] == world]
+        qs = [0.0] + [float(r["mode"].split("=")[1]) for r in mine if r["mode"].startswith("partial")]
+        accs = [r["top1"] for r in mine if r["mode"] == "local"] + [r["top1"] for r in mine
+                                                                   if r["mode"].startswith("partial")]
+        ax.plot(qs, accs, "o-", color=colour, label=f"W = {world}: local (Q = 0) and partial")
+        ax.axhline(next(r["top1"] for r in mine if r["mode"] == "global"), color=colour, ls="--", lw=1)
+    ax.set_xlabel("exchange fraction Q")
+    ax.set_ylabel("top-1 % (held-out)")
+    ax.set_title("Partial exchange against local shuffling (dashed: global shuffle)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--worlds", type=int, nargs="+", default=[16, 64, 256, 1024])
+    ap.add_argument("--fractions", type=float, nargs="+", default=[0.05, 0.1, 0.3, 0.5, 0.7])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--worker", nargs=2, metavar=("DATA", "OUT"))
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="configurations trained at once")
+    ap.add_argument("--no-real-check", action="store_true", help="skip the 4-rank mpiexec run")
+    ap.add_argument("--real-worker", nargs=2, metavar=("DATA", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        worker(Path(args.worker[0]), Path(args.worker[1]), args.epochs, args.seeds)
+    if args.real_worker:
+        real_worker(Path(args.real_worker[0]), Path(args.real_worker[1]))
         return
-    root, out = DATA / "shuffle-accuracy", DATA / f"shuffle-accuracy-{args.ranks}.json"
-    make_data(root)
-    mpiexec(args.ranks, __file__, "--epochs", args.epochs, "--seeds", args.seeds, "--worker", root, out)
-    runs = json.loads(out.read_text())
-    rows = []
-    best = None
-    for mode, q in CONFIGS:
-        accs = [r["accuracy"] for r in runs if r["mode"] == mode and r["q"] == q]
-        row = {"mode": mode if mode != "partial" else f"partial Q={q}", "accuracy": 100 * float(np.mean(accs)),
-               "spread": 100 * float(np.std(accs)), "min": 100 * min(accs), "max": 100 * max(accs)}
-        best = best if best is not None else row["accuracy"]  # global shuffling, measured first
-        row["vs_global"] = row["accuracy"] - best
-        rows.append(row)
-    cols = [("mode", "shuffle", "s"), ("accuracy", "top-1 % (mean)", ".2f"), ("spread", "std", ".2f"),
-            ("min", "min", ".2f"), ("max", "max", ".2f"), ("vs_global", "vs global (points)", "+.2f")]
+    data = DATA / "shuffle-accuracy" / "train"
+    problem = cp.make_problem()
+    if not (data / "index.json").exists():
+        cp.write_problem(problem, data)
+    jobs = [(w, m, q, s) for w in args.worlds for m, q in configs(args.fractions) for s in range(args.seeds)]
+    jobs.sort(key=lambda j: -j[0])  # the largest worlds first: their plans cost most
+    runs = []
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(train_virtual, data, w, m, q, s, args.epochs) for w, m, q, s in jobs]
+        for future in futures:
+            run = future.result()
+            run.pop("state")
+            runs.append(run)
+            print(f"  W={run['world']} {run['mode']} Q={run['q']} seed={run['seed']}: {100 * run['top1']:.2f}% "
+                  f"({run['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    scores = {(w, m, q): stream_scores(data, problem, w, m, q) for w in args.worlds for m, q in configs(args.fractions)}
+    rows, summary = summarise(runs, scores, args.worlds, args.fractions)
+    for s in summary:
+        s["samples_per_worker"] = len(problem.train_labels) // s["world"]
+    check = None if args.no_real_check else real_check(data)
+    cols = [("world", "W", "d"), ("mode", "shuffle", "s"), ("top1", "top-1 %", ".2f"), ("std", "std", ".2f"),
+            ("vs_global", "vs global", "+.2f"), ("recovered", "gap recovered %", ".0f"),
+            ("batch_skew", "batch skew", ".3f"), ("rank_skew", "rank skew", ".3f")]
     text = table(rows, cols)
-    command = f"python benchmarks/shuffle_accuracy.py --ranks {args.ranks} --epochs {args.epochs} --seeds {args.seeds}"
-    doc = {"benchmark": "shuffle_accuracy", "command": command, "machine": machine(), "ranks": args.ranks,
-           "batch_per_rank": BATCH, "epochs": args.epochs, "rows": rows, "runs": runs, "table": text}
-    path = save(f"shuffle_accuracy_{args.ranks}ranks", doc)
+    summary_text = table(summary, [("world", "W", "d"), ("samples_per_worker", "samples/worker", "d"),
+                                   ("global", "global %", ".2f"), ("local", "local %", ".2f"),
+                                   ("gap", "gap (points)", ".2f"),
+                                   ("q_recovering_90", "smallest Q recovering 90%", "g")])
+    png = ROOT / "docs" / "shuffle_accuracy.png"
+    plot(rows, args.worlds, png)
+    command = ("python benchmarks/shuffle_accuracy.py --worlds " + " ".join(map(str, args.worlds))
+               + f" --seeds {args.seeds} --epochs {args.epochs}")
+    doc = {"benchmark": "shuffle_accuracy", "command": command, "machine": machine(), "batch_per_rank": BATCH,
+           "epochs": args.epochs, "problem": dataclasses.asdict(problem.options),
+           "rows": rows, "summary": summary, "real_check": check, "runs": runs, "table": text,
+           "summary_table": summary_text, "seconds": time.perf_counter() - t0, "plot": str(png.relative_to(ROOT))}
+    path = save("shuffle_accuracy", doc)
     print(text)
-    print(f"\nwrote {path}", file=sys.stderr)
+    print()
+    print(summary_text)
+    if check:
+        print(f"\nreal {check['world']} ranks vs virtual ({check['mode']} Q={check['q']}, {check['epochs']} epoch): "
+              f"top-1 {100 * check['real_top1']:.2f}% vs {100 * check['virtual_top1']:.2f}%, "
+              f"largest weight difference after {check['compare_at_step']} steps {check['max_weight_difference']:.2e}")
+    print(f"\nwrote {path} and {png}", file=sys.stderr)
 
 
 if __name__ == "__main__":
