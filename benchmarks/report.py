@@ -23,8 +23,10 @@ def render(name: str) -> str:
     doc = json.loads((RESULTS / f"{name}.json").read_text())
     m = doc["machine"]
     gpu = m.get("gpu") or "no GPU"
+    # a summary table, where a benchmark gives one, comes before the full table
+    tables = [t for t in (doc.get("summary_table"), doc["table"], doc.get("note")) if t]
     return (f"`{doc['command']}` ({m['cores']} cores, {m.get('cpu', '')}, {m.get('memory_gib', '?')} GiB, {gpu})\n\n"
-            f"{doc['table']}\n")
+            + "\n\n".join(tables) + "\n")
 
 
 def main() -> int:

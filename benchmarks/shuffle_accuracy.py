@@ -139,6 +139,13 @@ def real_check(data: Path) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0}
 
 
+def real_check_note(check: dict[str, Any]) -> str:
+    return (f"Real {check['world']} ranks under mpiexec against {check['world']} virtual ranks ({check['mode']} "
+            f"Q={check['q']}, {check['epochs']} epoch, seed {check['seed']}): largest weight difference after "
+            f"{check['compare_at_step']} steps {check['max_weight_difference']:.1e}; top-1 after the epoch "
+            f"{100 * check['real_top1']:.2f}% (real) and {100 * check['virtual_top1']:.2f}% (virtual).")
+
+
 def summarise(runs: list[dict[str, Any]], scores: dict[tuple[int, str, float], dict[str, float]],
               worlds: list[int], fractions: list[float]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     rows, summary = [], []
@@ -239,14 +246,14 @@ def main() -> None:
            "epochs": args.epochs, "problem": dataclasses.asdict(problem.options),
            "rows": rows, "summary": summary, "real_check": check, "runs": runs, "table": text,
            "summary_table": summary_text, "seconds": time.perf_counter() - t0, "plot": str(png.relative_to(ROOT))}
+    if check:
+        doc["note"] = real_check_note(check)
     path = save("shuffle_accuracy", doc)
     print(text)
     print()
     print(summary_text)
     if check:
-        print(f"\nreal {check['world']} ranks vs virtual ({check['mode']} Q={check['q']}, {check['epochs']} epoch): "
-              f"top-1 {100 * check['real_top1']:.2f}% vs {100 * check['virtual_top1']:.2f}%, "
-              f"largest weight difference after {check['compare_at_step']} steps {check['max_weight_difference']:.2e}")
+        print("\n" + doc["note"])
     print(f"\nwrote {path} and {png}", file=sys.stderr)
 
 

@@ -5,7 +5,8 @@ The public API, in three groups (the README's "Public API" lists the same names)
 - runtime: what a training job uses: the ``Loader`` and the options it is built from, the job's
   world, the dataset and its manifest, the pure epoch plan;
 - tools: what makes and checks datasets: ``convert``, ``write_dataset``, ``index_tars``,
-  ``verify_dataset`` (the test-data generator is ``ddpipe.synth``, outside the API);
+  ``verify_dataset``, and ``advise_exchange`` (``ddpipe plan``: which Q a dataset needs at a scale)
+  (the test-data generator is ``ddpipe.synth``, outside the API);
 - errors: what ddpipe raises on purpose, each a subclass of the built-in a caller would expect.
 """
 
@@ -31,6 +32,7 @@ from .loader_options import ReadOptions
 from .manifest import Manifest, ShardInfo, load_manifest
 from .pipeline import Loader
 from .plan import EpochPlan, PlanOptions, plan_epoch
+from .quality import ExchangeAdvice, advise_exchange
 from .staging import StageOptions
 from .verify import verify_dataset
 
@@ -55,6 +57,7 @@ __all__ = [
     "DecodeOptions",
     "DiskFullError",
     "EpochPlan",
+    "ExchangeAdvice",
     "Loader",
     "Manifest",
     "ManifestError",
@@ -67,6 +70,7 @@ __all__ = [
     "SourceError",
     "StageOptions",
     "World",
+    "advise_exchange",
     "convert",
     "get_format",
     "index_tars",

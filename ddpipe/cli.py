@@ -261,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     index_command.add_arguments(p)
     p.set_defaults(func=index_command.main)
 
+    p = sub.add_parser("plan", help="score each shuffle at a world size from the manifest, and choose Q")
+    from . import plan_command
+
+    plan_command.add_arguments(p)
+    p.set_defaults(func=plan_command.main)
+
     p = sub.add_parser("stage", help="copy this node's shards to node-local storage ahead of a job")
     p.add_argument("dataset")
     p.add_argument("--local-dir", required=True,

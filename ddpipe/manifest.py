@@ -8,10 +8,14 @@ A dataset is a directory holding shard files and ``index.json``::
       "fields": ["cls", "jpg"],
       "classes": ["class_0000", ...],
       "shards": [{"file": "shard-000000.tar", "samples": 512, "bytes": 56885248,
-                  "checksum": "xxh3_64:9f86d081884c7d65"}, ...],
+                  "checksum": "xxh3_64:9f86d081884c7d65", "labels": [[0, 300], [1, 212]]}, ...],
       "skipped": [{"path": "raw/bad.jpg", "error": "not an image"}],
       "origin": {"fingerprint": "..."}
     }
+
+A shard's ``labels`` are its samples' classes in stored order, run-length encoded (a class-sorted
+shard is one or two runs): what ``ddpipe plan`` scores shuffles with, without reading a shard.
+It is optional; datasets without it are scored after reading their labels.
 
 It is written atomically and holds nothing that varies between runs (no time stamps), so the
 same conversion gives the same bytes.
@@ -25,9 +29,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .errors import ManifestError
 from .formats.atomic import atomic_write_bytes
@@ -44,9 +51,27 @@ class ShardInfo:
     samples: int
     bytes: int
     checksum: str
+    labels: tuple[tuple[int, int], ...] = ()  # (class, count) runs in stored order; () when unknown
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "samples": self.samples, "bytes": self.bytes, "checksum": self.checksum}
+        doc: dict[str, Any] = {"file": self.file, "samples": self.samples, "bytes": self.bytes,
+                               "checksum": self.checksum}
+        if self.labels:
+            doc["labels"] = [list(run) for run in self.labels]
+        return doc
+
+
+def label_runs(labels: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """``labels`` as (class, count) runs; () if any is unknown (negative)."""
+    runs: list[list[int]] = []
+    for label in labels:
+        if label < 0:
+            return ()
+        if runs and runs[-1][0] == label:
+            runs[-1][1] += 1
+        else:
+            runs.append([label, 1])
+    return tuple((c, n) for c, n in runs)
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,16 @@ class Manifest:
     @property
     def num_bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
+
+    def sample_labels(self) -> np.ndarray | None:
+        """Every sample's class by global index, from the shards' label runs; None if a shard has none."""
+        if any(s.samples and not s.labels for s in self.shards):
+            return None
+        runs = [run for s in self.shards for run in s.labels]
+        if not runs:
+            return np.zeros(0, dtype=np.int64)
+        classes, counts = zip(*runs, strict=True)
+        return np.repeat(np.asarray(classes, dtype=np.int64), np.asarray(counts, dtype=np.int64))
 
     def shard_starts(self) -> list[int]:
         """Global index of each shard's first sample (shards in manifest order)."""
@@ -113,7 +148,8 @@ class Manifest:
             raise ManifestError(f"manifest version {doc['ddpipe']!r} is not supported", path=path)
         try:
             shards = tuple(
-                ShardInfo(str(s["file"]), int(s["samples"]), int(s["bytes"]), str(s["checksum"]))
+                ShardInfo(str(s["file"]), int(s["samples"]), int(s["bytes"]), str(s["checksum"]),
+                          tuple((int(c), int(n)) for c, n in s.get("labels", ())))
                 for s in doc["shards"]
             )
             manifest = cls(
@@ -131,6 +167,9 @@ class Manifest:
         for s in shards:
             if s.samples < 0 or s.bytes < 0 or "/" in s.file or s.file.startswith("."):
                 raise ManifestError(f"bad shard entry {s.file!r}", path=path)
+            if s.labels and (sum(n for _, n in s.labels) != s.samples or min(min(r) for r in s.labels) < 0):
+                raise ManifestError(f"shard {s.file!r}: its label runs do not add up to its {s.samples} samples",
+                                    path=path)
         if len({s.file for s in shards}) != len(shards):
             raise ManifestError("a shard file is listed twice", path=path)
         if "num_samples" in doc and doc["num_samples"] != manifest.num_samples:

@@ -9,14 +9,22 @@
 - ``rank_skew``: mean TV distance between each rank's class mix over the whole epoch and the
   dataset's: what local shuffling cannot fix on class-sorted shards, and what the exchange
   reduces (near 0 for ``global``).
+
+:func:`advise_exchange` scores the plans of ``local``, ``partial`` at several Q and ``global`` for
+one world size, from the manifest alone (``ddpipe plan``), and picks the smallest Q whose batch
+skew closes a chosen share of the gap between ``local`` and ``global``: batch norm's statistics
+are a rank's local batch, so that is the score that follows accuracy (benchmarks/shuffle_accuracy.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
+
+from .manifest import Manifest
+from .plan import PlanOptions, plan_epoch
 
 
 @dataclass(frozen=True)
@@ -62,16 +70,70 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def score_epoch(streams: Sequence[np.ndarray], labels_of: np.ndarray, batch_size: int) -> ShuffleScore:
+def score_epoch(streams: Sequence[np.ndarray], labels_of: np.ndarray, batch_size: int,
+                random_floor: float | None = None) -> ShuffleScore:
     """Score one epoch: ``streams[r]`` are the global indices rank ``r`` yielded, in order;
-    ``labels_of[g]`` is the class of sample ``g``."""
+    ``labels_of[g]`` is the class of sample ``g``; ``random_floor``: ``random_skew``, if known."""
     num_classes = int(labels_of.max()) + 1
     reference = np.bincount(labels_of, minlength=num_classes) / len(labels_of)
     label_streams = [labels_of[np.asarray(s, dtype=np.int64)] for s in streams]
     rank_skew = [_tv(np.bincount(ls, minlength=num_classes), reference) for ls in label_streams if len(ls)]
     return ShuffleScore(
         batch_skew=batch_skew(label_streams, num_classes, batch_size, reference),
-        random_skew=random_skew(labels_of, num_classes, batch_size),
+        random_skew=random_skew(labels_of, num_classes, batch_size) if random_floor is None else random_floor,
         order_correlation=float(np.mean([_spearman(np.asarray(s), np.arange(len(s))) for s in streams])),
         rank_skew=float(np.mean(rank_skew)) if rank_skew else 0.0,
     )
+
+
+@dataclass(frozen=True)
+class ModeScore:
+    """One shuffle's scores, and the share of the local-to-global batch-skew gap it closes."""
+
+    shuffle: str
+    exchange_fraction: float
+    score: ShuffleScore
+    gap_closed: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"shuffle": self.shuffle, "exchange_fraction": self.exchange_fraction, **self.score.to_dict(),
+                "gap_closed": self.gap_closed}
+
+
+@dataclass(frozen=True)
+class ExchangeAdvice:
+    world_size: int
+    batch_size: int
+    samples_per_rank: int
+    within: float  # the chosen Q leaves at most this share of the batch-skew gap open
+    scores: tuple[ModeScore, ...]  # local, partial at each Q (ascending), global
+    chosen: float | None  # the smallest Q that does; None if none of those scored does
+
+    def to_dict(self) -> dict[str, object]:
+        return {"world_size": self.world_size, "batch_size": self.batch_size,
+                "samples_per_rank": self.samples_per_rank, "within": self.within,
+                "chosen_exchange_fraction": self.chosen, "scores": [m.to_dict() for m in self.scores]}
+
+
+def advise_exchange(manifest: Manifest, labels_of: np.ndarray, world_size: int, fractions: Sequence[float],
+                    options: PlanOptions | None = None, within: float = 0.5, seed: int = 0,
+                    epoch: int = 0) -> ExchangeAdvice:
+    """Score ``local``, ``partial`` at each of ``fractions`` and ``global`` for ``world_size`` ranks
+    (the plans the Loader would carry out with ``options``), and choose the smallest Q whose batch
+    skew is within ``within`` of the local-to-global gap from global's."""
+    base = options or PlanOptions()
+    num_classes = int(labels_of.max()) + 1 if len(labels_of) else 1
+    floor = random_skew(labels_of, num_classes, base.batch_size)
+    modes = [("local", 0.0), *(("partial", q) for q in sorted(fractions)), ("global", 0.0)]
+    raw = []
+    for shuffle, q in modes:
+        plan = plan_epoch(manifest, world_size, seed, epoch, replace(base, shuffle=shuffle, exchange_fraction=q))
+        raw.append((shuffle, q, score_epoch([r.order for r in plan.ranks], labels_of, base.batch_size, floor),
+                    plan.samples_per_rank))
+    local, best = raw[0][2].batch_skew, raw[-1][2].batch_skew
+    gap = local - best
+    scores = tuple(ModeScore(shuffle, q, score, (local - score.batch_skew) / gap if gap > 0 else 1.0)
+                   for shuffle, q, score, _ in raw)
+    chosen = next((m.exchange_fraction for m in scores if m.shuffle == "partial" and m.gap_closed >= 1 - within),
+                  None)
+    return ExchangeAdvice(world_size, base.batch_size, raw[0][3], within, scores, chosen)

@@ -76,3 +76,11 @@ def sanitize_key(text: str) -> str:
     if not parts:
         raise SampleError(f"cannot derive a key from {text!r}")
     return "/".join(parts)
+
+
+def label_of(sample: dict[str, bytes]) -> int:
+    """The sample's integer class from its ``cls`` field, or -1 when it has none."""
+    value = sample.get("cls")
+    if value is None:
+        return -1
+    return int(bytes(value).decode().strip())

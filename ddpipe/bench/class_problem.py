@@ -62,7 +62,8 @@ def make_problem(options: ProblemOptions | None = None) -> Problem:
         x = prototypes[labels, rng.integers(0, 2, n)]
         x = (x * rng.uniform(0.5, 1.5, (n, 1, 1)) + rng.normal(0, 0.5, (n, 1, 1))
              + rng.normal(0, opt.noise, (n, SIDE, SIDE)))
-        return np.clip(128 + 40 * x, 0, 255).astype(np.uint8)
+        pixels: np.ndarray = np.clip(128 + 40 * x, 0, 255).astype(np.uint8)
+        return pixels
 
     train_labels = np.repeat(np.arange(opt.classes), opt.per_class)
     test_labels = np.repeat(np.arange(opt.classes), opt.test_per_class)

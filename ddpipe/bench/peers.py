@@ -28,7 +28,8 @@ from typing import Any, cast
 import numpy as np
 
 from ..dataset import Dataset
-from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD, image_field, label_of, random_resized_crop
+from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD, image_field, random_resized_crop
+from ..sample import label_of
 
 PEERS = ("torch", "webdataset", "dali-file", "dali-wds", "torchvision")
 PEER_NAMES = {"torch": "PyTorch DataLoader + PIL (image files)", "webdataset": "webdataset library + PIL (tars)",

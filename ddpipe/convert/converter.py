@@ -32,9 +32,11 @@ from ..manifest import (
     Manifest,
     ShardInfo,
     SkippedItem,
+    label_runs,
     load_manifest,
     save_manifest,
 )
+from ..sample import label_of
 from ..workers import die_with_parent, stop_workers
 from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
@@ -126,7 +128,7 @@ def _load_record(job: ShardJob) -> ShardResult | None:
     skipped = [SkippedItem(**s) for s in doc["skipped"]]
     if doc["shard"] is None:
         return ShardResult(None, [], skipped, reused=True)
-    info = ShardInfo(**doc["shard"])
+    info = ShardInfo(**{**doc["shard"], "labels": tuple(map(tuple, doc["shard"].get("labels", ())))})
     path = Path(job.shard_path)
     fmt = get_format(job.format)
     if not path.is_file() or path.stat().st_size != info.bytes or any(not p.is_file() for p in fmt.sidecar_files(path)):
@@ -145,6 +147,7 @@ def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> Sha
     loader = ItemLoader(job.source_kind, job.source_root, job.decode_check)
     fields: set[str] = set()
     skipped: list[SkippedItem] = []
+    labels: list[int] = []
     try:
         with fmt.writer(job.shard_path) as writer:
             for item in job.items:
@@ -157,6 +160,7 @@ def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> Sha
                 else:
                     writer.write(sample)
                     fields.update(k for k in sample if k != "__key__")
+                    labels.append(label_of(sample))
                 if on_item is not None:
                     on_item()
             count = writer.count
@@ -165,7 +169,7 @@ def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> Sha
     path = Path(job.shard_path)
     info: ShardInfo | None = None
     if count:
-        info = ShardInfo(path.name, count, path.stat().st_size, file_checksum(path))
+        info = ShardInfo(path.name, count, path.stat().st_size, file_checksum(path), label_runs(labels))
     else:  # every item was skipped: no shard at all
         for p in [path, *fmt.sidecar_files(path)]:
             p.unlink(missing_ok=True)

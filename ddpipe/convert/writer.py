@@ -9,8 +9,8 @@ from pathlib import Path
 from ..checksum import file_checksum
 from ..errors import ConversionConflictError
 from ..formats import ShardWriter, get_format
-from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, save_manifest
-from ..sample import KEY, Sample
+from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, save_manifest
+from ..sample import KEY, Sample, label_of
 
 
 def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, format: str = "wds",
@@ -26,6 +26,7 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     shards: list[ShardInfo] = []
     fields: set[str] = set()
     writer = None
+    labels: list[int] = []
     for sample in samples:
         if writer is None:
             writer = fmt.writer(root / f"shard-{len(shards):06d}{fmt.suffix}")
@@ -35,16 +36,17 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
             writer.abort()
             raise
         fields.update(k for k in sample if k != KEY)
+        labels.append(label_of(sample))
         if writer.count == samples_per_shard:
-            shards.append(_commit(writer))
-            writer = None
+            shards.append(_commit(writer, labels))
+            writer, labels = None, []
     if writer is not None:
-        shards.append(_commit(writer))
+        shards.append(_commit(writer, labels))
     manifest = Manifest(format, tuple(sorted(fields)), tuple(classes), tuple(shards))
     save_manifest(root, manifest)
     return manifest
 
 
-def _commit(writer: ShardWriter) -> ShardInfo:
+def _commit(writer: ShardWriter, labels: list[int]) -> ShardInfo:
     path = writer.commit()
-    return ShardInfo(path.name, writer.count, path.stat().st_size, file_checksum(path))
+    return ShardInfo(path.name, writer.count, path.stat().st_size, file_checksum(path), label_runs(labels))

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..sample import BAD, KEY, Sample
-from .spec import image_field, label_of
+from ..sample import BAD, KEY, Sample, label_of
+from .spec import image_field
 
 if TYPE_CHECKING:
     from .augment import Crops

@@ -82,14 +82,6 @@ def image_field(sample: dict[str, bytes]) -> str | None:
     return next((f for f in IMAGE_FIELDS if f in sample), None)
 
 
-def label_of(sample: dict[str, bytes]) -> int:
-    """The sample's integer class from its ``cls`` field, or -1 when it has none."""
-    value = sample.get("cls")
-    if value is None:
-        return -1
-    return int(bytes(value).decode().strip())
-
-
 def random_resized_crop(width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float],
                         rng: np.random.Generator) -> tuple[int, int, int, int]:
     """(left, top, crop width, crop height): torchvision's RandomResizedCrop choice."""

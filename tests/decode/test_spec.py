@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddpipe.decode import DecodeOptions
-from ddpipe.decode.spec import label_of, random_resized_crop
+from ddpipe.decode.spec import random_resized_crop
+from ddpipe.sample import label_of
 
 
 @given(st.integers(1, 2000), st.integers(1, 2000), st.integers(0, 2**32))

@@ -1,0 +1,100 @@
+"""``ddpipe plan DATASET --world-size W``: how well each shuffle mixes this dataset at that scale,
+and the smallest exchange fraction Q that comes close to a global shuffle, before any job runs.
+
+Pure planning: the epoch plans the Loader would carry out for W ranks, scored from the manifest
+(the shards' label runs), without MPI and without reading a shard, so it answers for an
+ImageNet-sized dataset at thousands of ranks in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DdpipeError
+from .manifest import load_manifest
+from .plan import ASSIGNMENTS, PlanOptions
+from .quality import advise_exchange
+from .sample import label_of
+
+DEFAULT_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset")
+    p.add_argument("--world-size", "-W", type=int, required=True, help="ranks of the job (GPUs)")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--exchange-fraction", type=float, nargs="+", default=list(DEFAULT_FRACTIONS), metavar="Q",
+                   help="the Q values to score")
+    p.add_argument("--within", type=float, default=0.5,
+                   help="choose the smallest Q leaving at most this share of local shuffling's batch-skew "
+                        "gap to a global shuffle (default 0.5; see the README for how it relates to accuracy)")
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
+    p.add_argument("--buffer-size", type=int, default=PlanOptions.buffer_size)
+    p.add_argument("--round-size", type=int, default=PlanOptions.round_size)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the scores as JSON")
+
+
+def sample_labels(dataset: Path) -> np.ndarray:
+    """Every sample's class: from the manifest's label runs, else read from the shards."""
+    manifest = load_manifest(dataset)
+    labels = manifest.sample_labels()
+    if labels is not None:
+        return labels
+    from tqdm import tqdm
+
+    from .dataset import open_dataset
+
+    print(f"ddpipe: {dataset}/index.json records no labels (written by an older ddpipe, or adopted): "
+          "reading every sample's label from the shards", file=sys.stderr)
+    data = open_dataset(dataset)
+    read = data.read(np.arange(len(data)))
+    labels = np.fromiter((label_of(s) for s in tqdm(read, total=len(data), unit="sample", file=sys.stderr)),
+                         dtype=np.int64, count=len(data))
+    if (labels < 0).any():
+        raise DdpipeError("some samples have no 'cls' label: shuffles are scored by class", path=dataset)
+    return labels
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.world_size < 1 or args.batch_size < 1:
+        raise DdpipeError("--world-size and --batch-size must be at least 1")
+    if any(not 0 < q <= 1 for q in args.exchange_fraction):
+        raise DdpipeError("each --exchange-fraction must be in (0, 1]")
+    dataset = Path(args.dataset)
+    manifest = load_manifest(dataset)
+    labels = sample_labels(dataset)
+    if len(labels) < args.world_size:
+        raise DdpipeError(f"{len(labels)} samples cannot be shared by {args.world_size} ranks", path=dataset)
+    if len(labels) // args.world_size < args.batch_size:
+        raise DdpipeError(f"each of {args.world_size} ranks holds {len(labels) // args.world_size} samples, "
+                          f"less than one batch of {args.batch_size}: batches are what is scored", path=dataset)
+    try:
+        options = PlanOptions(batch_size=args.batch_size, assignment=args.shard_assignment,
+                              buffer_size=args.buffer_size, round_size=args.round_size)
+    except ValueError as e:
+        raise DdpipeError(str(e)) from None
+    advice = advise_exchange(manifest, labels, args.world_size, args.exchange_fraction, options, args.within,
+                             args.seed)
+    if args.json:
+        print(json.dumps({"dataset": str(dataset), "samples": len(labels), **advice.to_dict()}, indent=1))
+        return 0
+    print(f"{dataset}: {len(labels)} samples of {int(labels.max()) + 1} classes, {args.world_size} ranks "
+          f"({advice.samples_per_rank} samples each), local batch {args.batch_size}")
+    print("| shuffle | Q | batch skew | rank skew | order correlation | batch-skew gap closed |")
+    print("|---|---|---|---|---|---|")
+    for m in advice.scores:
+        q = f"{m.exchange_fraction:g}" if m.shuffle == "partial" else "-"
+        print(f"| {m.shuffle} | {q} | {m.score.batch_skew:.3f} | {m.score.rank_skew:.3f} | "
+              f"{m.score.order_correlation:.3f} | {100 * m.gap_closed:.0f}% |")
+    print(f"uniformly random batches (the floor): batch skew {advice.scores[0].score.random_skew:.3f}")
+    if advice.chosen is None:
+        print(f"no Q scored closes {100 * (1 - args.within):.0f}% of the gap: try larger ones, or shuffle globally")
+    else:
+        print(f"smallest Q closing {100 * (1 - args.within):.0f}% of the gap: --exchange-fraction {advice.chosen:g}")
+    return 0

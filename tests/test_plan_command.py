@@ -1,0 +1,88 @@
+"""``ddpipe plan``: stream scores from the manifest alone, the same as what the real Loader yields."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ddpipe
+from ddpipe.manifest import label_runs, load_manifest, save_manifest
+from ddpipe.quality import score_epoch
+
+from .conftest import mpiexec, run_cli
+
+WORKER = Path(__file__).parent / "mpi" / "plan_scores_worker.py"
+CLASSES, PER_CLASS = 12, 20
+
+
+def class_sorted(root: Path) -> Path:
+    samples = ({"__key__": f"s/{i}", "cls": b"%d" % (i // PER_CLASS), "bin": bytes(8)}
+               for i in range(CLASSES * PER_CLASS))
+    ddpipe.write_dataset(root, samples, samples_per_shard=30, classes=[str(c) for c in range(CLASSES)])
+    return root
+
+
+def plan_json(data: Path, *args: str) -> dict:  # type: ignore[type-arg]
+    proc = run_cli("plan", data, "--json", "--seed", "5", "--buffer-size", "16", "--round-size", "24", *args,
+                   check=True)
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.mpi
+def test_scores_are_those_of_what_the_loader_yields(tmp_path: Path) -> None:
+    data = class_sorted(tmp_path / "d")
+    mpiexec(4, WORKER, data, tmp_path / "streams.json", "6", "0.2", "0.6", timeout=300)
+    streams = json.loads((tmp_path / "streams.json").read_text())
+    labels = np.arange(CLASSES * PER_CLASS) // PER_CLASS
+    advice = plan_json(data, "-W", "4", "--batch-size", "6", "--exchange-fraction", "0.2", "0.6")
+    assert [(m["shuffle"], m["exchange_fraction"]) for m in advice["scores"]] == [
+        ("local", 0.0), ("partial", 0.2), ("partial", 0.6), ("global", 0.0)]
+    for m in advice["scores"]:
+        real = score_epoch([np.array(s) for s in streams[f"{m['shuffle']} {m['exchange_fraction']:g}"]], labels, 6)
+        assert m["batch_skew"] == pytest.approx(real.batch_skew)
+        assert m["rank_skew"] == pytest.approx(real.rank_skew)
+        assert m["order_correlation"] == pytest.approx(real.order_correlation)
+    # on class-sorted shards more exchange mixes more, and a global shuffle most
+    skews = [m["rank_skew"] for m in advice["scores"]]
+    assert skews[0] > skews[1] > skews[2] > skews[3]
+
+
+def test_a_manifest_without_label_runs_is_scored_from_the_shards(tmp_path: Path) -> None:
+    data = class_sorted(tmp_path / "d")
+    with_runs = plan_json(data, "-W", "8", "--batch-size", "6")
+    manifest = load_manifest(data)
+    assert manifest.shards[0].labels == ((0, 20), (1, 10))
+    save_manifest(data, dataclasses.replace(manifest, shards=tuple(dataclasses.replace(s, labels=())
+                                                                    for s in manifest.shards)))
+    assert plan_json(data, "-W", "8", "--batch-size", "6") == with_runs
+
+
+def test_the_choice_is_the_smallest_q_that_closes_enough_of_the_gap(tmp_path: Path) -> None:
+    advice = plan_json(class_sorted(tmp_path / "d"), "-W", "8", "--batch-size", "6", "--within", "0.4")
+    closing = [m["exchange_fraction"] for m in advice["scores"]
+               if m["shuffle"] == "partial" and m["gap_closed"] >= 0.6]
+    assert advice["chosen_exchange_fraction"] == min(closing)
+    assert plan_json(tmp_path / "d", "-W", "8", "--batch-size", "6", "--within", "0.01", "--exchange-fraction", "0.1")[
+        "chosen_exchange_fraction"] is None
+
+
+def test_label_runs() -> None:
+    assert label_runs([3, 3, 1, 1, 1, 3]) == ((3, 2), (1, 3), (3, 1))
+    assert label_runs([0, -1]) == ()  # a sample without a label: no runs at all
+    assert label_runs([]) == ()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-W", "0"], "--world-size and --batch-size must be at least 1"),
+    (["-W", "4", "--exchange-fraction", "1.5"], "must be in (0, 1]"),
+    (["-W", "100000"], "cannot be shared by 100000 ranks"),
+    (["-W", "8"], "holds 30 samples, less than one batch of 32"),
+])
+def test_bad_arguments_get_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = run_cli("plan", class_sorted(tmp_path / "d"), *args)
+    assert proc.returncode != 0
+    assert message in proc.stderr and "Traceback" not in proc.stderr
