@@ -72,7 +72,9 @@ def main() -> None:
                     ("gap_closed", "batch-skew gap closed", ".2f")])
     doc = {"benchmark": "plan", "command": f"python benchmarks/plan.py --world-size {args.world_size} "
            f"--batch-size {args.batch_size}", "machine": machine(), "samples": SAMPLES, "shards": SHARDS,
-           "rows": rows, "advice": advice, "summary_table": text, "table": scores}
+           "rows": rows, "advice": advice, "summary_table": text, "table": scores,
+           "note": f"Chosen (the smallest Q closing {100 * (1 - advice['within']):.0f}% of the batch-skew gap): "
+                   f"Q = {advice['chosen_exchange_fraction']}."}
     path = save("plan", doc)
     print(text)
     print()

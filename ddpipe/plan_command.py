@@ -21,7 +21,7 @@ from .plan import ASSIGNMENTS, PlanOptions
 from .quality import advise_exchange
 from .sample import label_of
 
-DEFAULT_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7)
+DEFAULT_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,9 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--exchange-fraction", type=float, nargs="+", default=list(DEFAULT_FRACTIONS), metavar="Q",
                    help="the Q values to score")
-    p.add_argument("--within", type=float, default=0.5,
+    p.add_argument("--within", type=float, default=0.25,
                    help="choose the smallest Q leaving at most this share of local shuffling's batch-skew "
-                        "gap to a global shuffle (default 0.5; see the README for how it relates to accuracy)")
+                        "gap to a global shuffle (default 0.25; the README relates it to accuracy)")
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
     p.add_argument("--buffer-size", type=int, default=PlanOptions.buffer_size)
     p.add_argument("--round-size", type=int, default=PlanOptions.round_size)

@@ -116,7 +116,7 @@ class ExchangeAdvice:
 
 
 def advise_exchange(manifest: Manifest, labels_of: np.ndarray, world_size: int, fractions: Sequence[float],
-                    options: PlanOptions | None = None, within: float = 0.5, seed: int = 0,
+                    options: PlanOptions | None = None, within: float = 0.25, seed: int = 0,
                     epoch: int = 0) -> ExchangeAdvice:
     """Score ``local``, ``partial`` at each of ``fractions`` and ``global`` for ``world_size`` ranks
     (the plans the Loader would carry out with ``options``), and choose the smallest Q whose batch
