@@ -199,7 +199,7 @@ def plot(rows: list[dict[str, Any]], worlds: list[int], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", type=int, nargs="+", default=[16, 64, 256, 1024])
-    ap.add_argument("--fractions", type=float, nargs="+", default=[0.05, 0.1, 0.3, 0.5, 0.7])
+    ap.add_argument("--fractions", type=float, nargs="+", default=[0.05, 0.1, 0.3, 0.5, 0.7, 0.9])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="configurations trained at once")
