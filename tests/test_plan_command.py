@@ -86,3 +86,13 @@ def test_bad_arguments_get_one_line(tmp_path: Path, args: list[str], message: st
     proc = run_cli("plan", class_sorted(tmp_path / "d"), *args)
     assert proc.returncode != 0
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_label_runs_that_disagree_with_the_shard_are_refused(tmp_path: Path) -> None:
+    data = class_sorted(tmp_path / "d")
+    doc = json.loads((data / "index.json").read_text())
+    doc["shards"][1]["labels"] = [[1, 10], [2, 5]]  # 15 labels for 30 samples
+    (data / "index.json").write_text(json.dumps(doc))
+    proc = run_cli("plan", data, "-W", "2")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "index.json" in proc.stderr and "shard-000001.tar" in proc.stderr and "30 samples" in proc.stderr

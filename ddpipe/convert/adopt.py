@@ -14,7 +14,7 @@ from ..checksum import file_checksum
 from ..errors import ConversionConflictError, DdpipeError, ManifestError
 from ..formats.atomic import atomic_write_bytes
 from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members
-from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, save_manifest
+from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, load_manifest, save_manifest
 
 
 def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
@@ -45,17 +45,26 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
         groups = scan_tar_members(tar)
         atomic_write_bytes(index_path(tar), format_dali_index(groups).encode())
         fields.update(ext for group in groups for ext, *_ in group)
-        if "cls" in fields and classes is None:
+        shard_labels: list[bytes] = []
+        if any(ext == "cls" for group in groups for ext, *_ in group):
             with TarReader(tar) as reader:
-                for i, group in enumerate(groups):
-                    if any(ext == "cls" for ext, *_ in group):
-                        labels.append(reader[i]["cls"])
-        shards.append(ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar)))
+                shard_labels = [reader[i]["cls"] if any(ext == "cls" for ext, *_ in group) else b""
+                                for i, group in enumerate(groups)]
+        labels.extend(shard_labels)
+        shards.append(ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar),
+                                label_runs(_as_int(v) for v in shard_labels)))
     if classes is None:
-        try:
-            classes = [str(i) for i in range(max(int(v) for v in labels) + 1)] if labels else []
-        except ValueError:
-            classes = []  # non-integer labels: leave naming classes to the user
+        known = [_as_int(v) for v in labels if v]
+        # non-integer labels: leave naming classes to the user
+        classes = [] if not known or min(known) < 0 else [str(i) for i in range(max(known) + 1)]
     manifest = Manifest(format="wds", fields=tuple(sorted(fields)), classes=tuple(classes), shards=tuple(shards))
     save_manifest(root, manifest)
     return manifest
+
+
+def _as_int(label: bytes) -> int:
+    """A ``cls`` value as a class index; -1 where it is missing or not an integer."""
+    try:
+        return int(bytes(label).decode().strip())
+    except ValueError:
+        return -1

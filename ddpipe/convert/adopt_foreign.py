@@ -17,7 +17,7 @@ import numpy as np
 
 from ..checksum import file_checksum
 from ..errors import DdpipeError
-from ..manifest import Manifest, ShardInfo, save_manifest
+from ..manifest import Manifest, ShardInfo, label_runs, save_manifest
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # where plain-image LMDBs usually keep the label in the key: "<label>/<name>", "<name>_<label>"
@@ -121,7 +121,8 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
         with reader:
             if reader.labels:
                 max_label = max(max_label, max(reader.labels))
-            shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, file_checksum(path)))
+            shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, file_checksum(path),
+                                    label_runs(reader.labels or ())))
     fields = tuple(sorted({field} | ({"cls"} if labels or label_attr else set())))
     manifest = Manifest(format="hdf5-foreign", fields=fields, classes=_classes(max_label, classes, data),
                         shards=tuple(shards), layout=layout)
@@ -172,6 +173,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
         count = len(reader)
     manifest = Manifest(format="lmdb-foreign", fields=tuple(sorted({layout["field"], "cls"})),
                         classes=_classes(max(labels, default=-1), classes, data),
-                        shards=(ShardInfo(mdb.name, count, mdb.stat().st_size, file_checksum(mdb)),),
+                        shards=(ShardInfo(mdb.name, count, mdb.stat().st_size, file_checksum(mdb),
+                                          label_runs(labels)),),
                         layout={**layout, "samples": count})
     return _write(data, out, manifest)

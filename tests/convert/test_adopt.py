@@ -30,6 +30,8 @@ def test_adopts_shardwriter_output_without_copying(tmp_path: Path) -> None:
     ds = ddpipe.open_dataset(tmp_path)
     assert list(ds) == items
     assert ds.manifest.classes == ("0", "1", "2") and ds.manifest.fields == ("cls", "jpg")
+    labels = ds.manifest.sample_labels()  # recorded at adoption, for ddpipe plan
+    assert labels is not None and labels.tolist() == [int(s["cls"]) for s in items]
     assert run_cli("verify", tmp_path, "--quiet").returncode == 0
 
 

@@ -51,6 +51,8 @@ def test_adopted_in_place_reads_every_sample_with_its_label(name: str, tmp_path:
     ds = ddpipe.open_dataset(root)
     assert len(ds) == LAYOUTS[name][2]
     assert ds.manifest.classes == tuple(str(c) for c in range(fd.CLASSES))
+    labels = ds.manifest.sample_labels()  # recorded at adoption, for ddpipe plan
+    assert labels is not None and labels.tolist() == [int(sample["cls"]) for sample in ds]
     for sample in ds:
         field = next(f for f in ("jpg", "ppm") if f in sample)
         pixel = np.asarray(Image.open(io.BytesIO(sample[field])).convert("RGB"))[5, 5]
