@@ -168,7 +168,9 @@ class MPIPeerLink:
     The serving thread polls for requests with short sleeps (a blocking receive would spin a core
     for the whole job). An answer is a header (the file's size, or -1) and then the file in chunks,
     on a tag the requester chose for that request, so a late answer to an abandoned request never
-    mixes with the next one.
+    mixes with the next one. The chunks go only after the requester, having received the header,
+    says it still wants them: a requester that gave up first never receives them, and the server,
+    blocked in sending them, would serve no one again.
     """
 
     def __init__(self, mpi_comm: Any, mpi: Any) -> None:
@@ -186,14 +188,14 @@ class MPIPeerLink:
 
     def _serve(self, lookup: Callable[[int], str | None]) -> None:
         status = self._mpi.Status()
-        request = np.empty(2, dtype=np.int64)
+        request = np.empty(3, dtype=np.int64)
         while not self._stop.is_set():
             if not self._comm.Iprobe(source=self._mpi.ANY_SOURCE, tag=_REQUEST, status=status):
                 time.sleep(0.002)
                 continue
             source = status.Get_source()
             self._comm.Recv(request, source=source, tag=_REQUEST)
-            item, tag = int(request[0]), int(request[1])
+            item, tag, patience = int(request[0]), int(request[1]), int(request[2]) / 1000
             path = lookup(item)
             try:
                 f = open(path, "rb", buffering=0) if path is not None else None  # noqa: SIM115 - closed below
@@ -205,6 +207,8 @@ class MPIPeerLink:
             with f:
                 size = os.fstat(f.fileno()).st_size
                 self._comm.Send(np.array([size], dtype=np.int64), dest=source, tag=tag)
+                if not self._still_wanted(source, tag, patience):
+                    continue
                 buf = bytearray(min(_CHUNK, max(size, 1)))
                 sent = 0
                 while sent < size:
@@ -215,9 +219,23 @@ class MPIPeerLink:
                     self._comm.Send([memoryview(buf)[:n], self._mpi.BYTE], dest=source, tag=tag)
                     sent += n
 
+    def _still_wanted(self, source: int, tag: int, patience: float) -> bool:
+        """Whether the requester, sent the header, asks for the chunks within ``patience`` seconds."""
+        go = np.empty(1, dtype=np.int64)
+        request = self._comm.Irecv(go, source=source, tag=tag)
+        deadline = time.monotonic() + patience
+        while not request.Test():
+            if time.monotonic() > deadline or self._stop.is_set():
+                request.Cancel()
+                status = self._mpi.Status()
+                request.Wait(status)
+                return not status.Is_cancelled()  # it came as we gave up: it wants them after all
+            time.sleep(0.001)
+        return True
+
     def fetch(self, rank: int, item: int, sink: Callable[[memoryview], None], timeout: float) -> bool:
         tag, self._next_tag = self._next_tag, self._next_tag + 1
-        self._comm.Send(np.array([item, tag], dtype=np.int64), dest=rank, tag=_REQUEST)
+        self._comm.Send(np.array([item, tag, int(timeout * 1000)], dtype=np.int64), dest=rank, tag=_REQUEST)
         header = np.empty(1, dtype=np.int64)
         answer = self._comm.Irecv(header, source=rank, tag=tag)
         deadline = time.monotonic() + timeout
@@ -233,6 +251,7 @@ class MPIPeerLink:
         size = int(header[0])
         if size < 0:
             return False
+        self._comm.Send(np.array([1], dtype=np.int64), dest=rank, tag=tag)  # the chunks, please
         buf = bytearray(min(_CHUNK, max(size, 1)))
         got = 0
         while got < size:  # the chunks follow at once: blocking receives
