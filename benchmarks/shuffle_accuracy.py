@@ -37,6 +37,8 @@ from ddpipe.bench.harness import machine, table
 from ddpipe.quality import score_epoch
 
 BATCH = 16  # per rank
+BUFFER = ddpipe.PlanOptions.buffer_size  # the Loader's default shuffle buffer
+BUFFER_STUDY = ([("local", 0.0), ("partial", 0.3), ("partial", 0.7), ("global", 0.0)], [1024, 4096, 16384])
 # weights compared after a few steps (later, rounding differences grow as SGD amplifies them), accuracy
 # after the epoch
 REAL_CHECK = {"world": 4, "mode": "partial", "q": 0.3, "seed": 0, "epochs": 1, "compare_at_step": 50}
@@ -46,12 +48,13 @@ def configs(fractions: list[float]) -> list[tuple[str, float]]:
     return [("none", 0.0), ("local", 0.0), *(("partial", q) for q in fractions), ("global", 0.0)]
 
 
-def plan_options(mode: str, q: float) -> ddpipe.PlanOptions:
-    return ddpipe.PlanOptions(shuffle=mode, exchange_fraction=q, batch_size=BATCH, drop_last=True)
+def plan_options(mode: str, q: float, buffer_size: int = BUFFER) -> ddpipe.PlanOptions:
+    return ddpipe.PlanOptions(shuffle=mode, exchange_fraction=q, batch_size=BATCH, drop_last=True,
+                              buffer_size=buffer_size)
 
 
 def train_virtual(data: Path, world: int, mode: str, q: float, seed: int, epochs: int,
-                  snapshot_at: int = -1) -> dict[str, Any]:
+                  snapshot_at: int = -1, buffer_size: int = BUFFER) -> dict[str, Any]:
     """One configuration with W virtual ranks; returns its top-1 on the held-out set (and the weights
     after ``snapshot_at`` steps)."""
     import torch
@@ -65,7 +68,7 @@ def train_virtual(data: Path, world: int, mode: str, q: float, seed: int, epochs
     torch.manual_seed(seed)
     model = per_rank_batch_norm(cp.make_model(problem.options.classes), world)
     optimizer = cp.make_optimizer(model)
-    options = plan_options(mode, q)
+    options = plan_options(mode, q, buffer_size)
     per_epoch = ddpipe.plan_epoch(manifest, world, seed, 0, options).num_batches
     schedule = cp.Schedule(world * BATCH, per_epoch * epochs, per_epoch)
     t0, step, state = time.perf_counter(), 0, None
@@ -79,12 +82,13 @@ def train_virtual(data: Path, world: int, mode: str, q: float, seed: int, epochs
             if step == snapshot_at:
                 state = {k.replace(".layer.", "."): v.clone() for k, v in model.state_dict().items()}
     accuracy = cp.top1(model, problem.test_images, problem.test_labels)
-    return {"world": world, "mode": mode, "q": q, "seed": seed, "top1": accuracy,
+    return {"world": world, "mode": mode, "q": q, "seed": seed, "buffer": buffer_size, "top1": accuracy,
             "seconds": time.perf_counter() - t0, "state": state}
 
 
-def stream_scores(data: Path, problem: cp.Problem, world: int, mode: str, q: float) -> dict[str, float]:
-    plan = ddpipe.plan_epoch(ddpipe.load_manifest(data), world, 0, 0, plan_options(mode, q))
+def stream_scores(data: Path, problem: cp.Problem, world: int, mode: str, q: float,
+                  buffer_size: int = BUFFER) -> dict[str, float]:
+    plan = ddpipe.plan_epoch(ddpipe.load_manifest(data), world, 0, 0, plan_options(mode, q, buffer_size))
     return score_epoch([r.order for r in plan.ranks], problem.train_labels, BATCH).to_dict()
 
 
@@ -196,6 +200,34 @@ def plot(rows: list[dict[str, Any]], worlds: list[int], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def buffer_study(data: Path, problem: cp.Problem, world: int, seeds: int, epochs: int, jobs: int) -> None:
+    """Where no Q recovers the gap, is the shuffle buffer the lever? The same training at one W with
+    larger buffers (the reference in the same run: global shuffling)."""
+    modes, buffers = BUFFER_STUDY
+    todo = [(m, q, b, s) for m, q in modes for b in buffers for s in range(seeds) if m != "global" or b == BUFFER]
+    with ProcessPoolExecutor(jobs) as pool:
+        runs = [f.result() for f in [pool.submit(train_virtual, data, world, m, q, s, epochs, -1, b)
+                                     for m, q, b, s in todo]]
+    for run in runs:
+        run.pop("state")
+    best = float(np.mean([r["top1"] for r in runs if r["mode"] == "global"]))
+    rows = []
+    for m, q in modes:
+        for b in buffers if m != "global" else [BUFFER]:
+            accs = [100 * r["top1"] for r in runs if (r["mode"], r["q"], r["buffer"]) == (m, q, b)]
+            rows.append({"mode": m if m != "partial" else f"partial Q={q}", "buffer": b, "top1": float(np.mean(accs)),
+                         "std": float(np.std(accs)), "vs_global": float(np.mean(accs)) - 100 * best,
+                         "batch_skew": stream_scores(data, problem, world, m, q, b)["batch_skew"]})
+    text = table(rows, [("mode", "shuffle", "s"), ("buffer", "buffer (samples)", "d"), ("top1", "top-1 %", ".2f"),
+                        ("std", "std", ".2f"), ("vs_global", "vs global", "+.2f"), ("batch_skew", "batch skew", ".3f")])
+    command = f"python benchmarks/shuffle_accuracy.py --buffer-study {world} --seeds {seeds} --epochs {epochs}"
+    path = save("shuffle_accuracy_buffer", {"benchmark": "shuffle_accuracy_buffer", "command": command,
+                                            "machine": machine(), "world": world, "rows": rows, "runs": runs,
+                                            "table": text})
+    print(text)
+    print(f"\nwrote {path}", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", type=int, nargs="+", default=[16, 64, 256, 1024])
@@ -204,6 +236,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="configurations trained at once")
     ap.add_argument("--no-real-check", action="store_true", help="skip the 4-rank mpiexec run")
+    ap.add_argument("--buffer-study", type=int, metavar="W",
+                    help="instead: at this W, local, Q = 0.3, 0.7 and global with shuffle buffers of "
+                         + ", ".join(map(str, BUFFER_STUDY[1])) + " samples")
     ap.add_argument("--real-worker", nargs=2, metavar=("DATA", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.real_worker:
@@ -213,6 +248,9 @@ def main() -> None:
     problem = cp.make_problem()
     if not (data / "index.json").exists():
         cp.write_problem(problem, data)
+    if args.buffer_study:
+        buffer_study(data, problem, args.buffer_study, args.seeds, args.epochs, args.jobs)
+        return
     jobs = [(w, m, q, s) for w in args.worlds for m, q in configs(args.fractions) for s in range(args.seeds)]
     jobs.sort(key=lambda j: -j[0])  # the largest worlds first: their plans cost most
     runs = []
