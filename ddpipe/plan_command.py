@@ -86,15 +86,19 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"{dataset}: {len(labels)} samples of {int(labels.max()) + 1} classes, {args.world_size} ranks "
           f"({advice.samples_per_rank} samples each), local batch {args.batch_size}")
-    print("| shuffle | Q | batch skew | rank skew | order correlation | batch-skew gap closed |")
-    print("|---|---|---|---|---|---|")
+    print("| shuffle | Q | batch skew | rank skew | step skew | order correlation | batch-skew gap closed |")
+    print("|---|---|---|---|---|---|---|")
     for m in advice.scores:
         q = f"{m.exchange_fraction:g}" if m.shuffle == "partial" else "-"
-        print(f"| {m.shuffle} | {q} | {m.score.batch_skew:.3f} | {m.score.rank_skew:.3f} | "
+        print(f"| {m.shuffle} | {q} | {m.score.batch_skew:.3f} | {m.score.rank_skew:.3f} | {m.score.step_skew:.3f} | "
               f"{m.score.order_correlation:.3f} | {100 * m.gap_closed:.0f}% |")
     print(f"uniformly random batches (the floor): batch skew {advice.scores[0].score.random_skew:.3f}")
     if advice.chosen is None:
         print(f"no Q scored closes {100 * (1 - args.within):.0f}% of the gap: try larger ones, or shuffle globally")
     else:
         print(f"smallest Q closing {100 * (1 - args.within):.0f}% of the gap: --exchange-fraction {advice.chosen:g}")
+    if advice.buffer_bound:
+        print(f"note: each step's batches, all ranks together, are {advice.scores[0].score.step_skew:.2f} from the "
+              f"class mix against {advice.scores[-1].score.step_skew:.2f} for a global shuffle: the job reads few "
+              "classes at a time, which no exchange changes; score a larger --buffer-size")
     return 0

@@ -9,6 +9,10 @@
 - ``rank_skew``: mean TV distance between each rank's class mix over the whole epoch and the
   dataset's: what local shuffling cannot fix on class-sorted shards, and what the exchange
   reduces (near 0 for ``global``).
+- ``step_skew``: mean TV distance between each step's global batch (every rank's batch of that
+  step together) and the dataset's class mix. The exchange moves samples between ranks within a
+  round, so it cannot change it: when the whole job reads few classes at a time (few ranks on
+  class-sorted shards), only a larger shuffle buffer or a shard order that interleaves classes can.
 
 :func:`advise_exchange` scores the plans of ``local``, ``partial`` at several Q and ``global`` for
 one world size, from the manifest alone (``ddpipe plan``), and picks the smallest Q whose batch
@@ -33,6 +37,7 @@ class ShuffleScore:
     random_skew: float
     order_correlation: float
     rank_skew: float
+    step_skew: float
 
     def to_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
@@ -61,6 +66,15 @@ def random_skew(all_labels: np.ndarray, num_classes: int, batch_size: int, batch
     return batch_skew(draws, num_classes, batch_size, reference)
 
 
+def step_skew(labels: Sequence[np.ndarray], num_classes: int, batch_size: int, reference: np.ndarray) -> float:
+    """Mean TV distance of each step's global batch (the ranks' batches of that step together) from
+    ``reference``, over the steps where every rank has a full batch."""
+    steps = min(len(stream) for stream in labels) // batch_size if len(labels) else 0
+    distances = [_tv(np.bincount(np.concatenate([s[i * batch_size : (i + 1) * batch_size] for s in labels]),
+                                 minlength=num_classes), reference) for i in range(steps)]
+    return float(np.mean(distances)) if distances else 0.0
+
+
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     if len(a) < 2:
         return 0.0
@@ -83,6 +97,7 @@ def score_epoch(streams: Sequence[np.ndarray], labels_of: np.ndarray, batch_size
         random_skew=random_skew(labels_of, num_classes, batch_size) if random_floor is None else random_floor,
         order_correlation=float(np.mean([_spearman(np.asarray(s), np.arange(len(s))) for s in streams])),
         rank_skew=float(np.mean(rank_skew)) if rank_skew else 0.0,
+        step_skew=step_skew(label_streams, num_classes, batch_size, reference),
     )
 
 
@@ -100,6 +115,12 @@ class ModeScore:
                 "gap_closed": self.gap_closed}
 
 
+# A plan whose steps are this many times further from the class mix than a global shuffle's lost
+# accuracy that no Q recovered in benchmarks/shuffle_accuracy.py (W = 16: 2.4 times, Q = 0.9 recovered
+# 84%; W = 64: 1.9 times, Q = 0.7 recovered 96%): there the shuffle buffer is the lever
+STEP_SKEW_LIMIT = 2.0
+
+
 @dataclass(frozen=True)
 class ExchangeAdvice:
     world_size: int
@@ -109,10 +130,17 @@ class ExchangeAdvice:
     scores: tuple[ModeScore, ...]  # local, partial at each Q (ascending), global
     chosen: float | None  # the smallest Q that does; None if none of those scored does
 
+    @property
+    def buffer_bound(self) -> bool:
+        """Whether the steps themselves are far from the class mix, which no Q changes."""
+        local, best = self.scores[0].score.step_skew, self.scores[-1].score.step_skew
+        return local > STEP_SKEW_LIMIT * best
+
     def to_dict(self) -> dict[str, object]:
         return {"world_size": self.world_size, "batch_size": self.batch_size,
                 "samples_per_rank": self.samples_per_rank, "within": self.within,
-                "chosen_exchange_fraction": self.chosen, "scores": [m.to_dict() for m in self.scores]}
+                "chosen_exchange_fraction": self.chosen, "buffer_bound": self.buffer_bound,
+                "scores": [m.to_dict() for m in self.scores]}
 
 
 def advise_exchange(manifest: Manifest, labels_of: np.ndarray, world_size: int, fractions: Sequence[float],

@@ -27,7 +27,7 @@ def class_sorted(root: Path) -> Path:
 
 
 def plan_json(data: Path, *args: str) -> dict:  # type: ignore[type-arg]
-    proc = run_cli("plan", data, "--json", "--seed", "5", "--buffer-size", "16", "--round-size", "24", *args,
+    proc = run_cli("plan", data, "--json", "--seed", "5", "--round-size", "24", *args,
                    check=True)
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
 
@@ -38,7 +38,7 @@ def test_scores_are_those_of_what_the_loader_yields(tmp_path: Path) -> None:
     mpiexec(4, WORKER, data, tmp_path / "streams.json", "6", "0.2", "0.6", timeout=300)
     streams = json.loads((tmp_path / "streams.json").read_text())
     labels = np.arange(CLASSES * PER_CLASS) // PER_CLASS
-    advice = plan_json(data, "-W", "4", "--batch-size", "6", "--exchange-fraction", "0.2", "0.6")
+    advice = plan_json(data, "-W", "4", "--batch-size", "6", "--buffer-size", "16", "--exchange-fraction", "0.2", "0.6")
     assert [(m["shuffle"], m["exchange_fraction"]) for m in advice["scores"]] == [
         ("local", 0.0), ("partial", 0.2), ("partial", 0.6), ("global", 0.0)]
     for m in advice["scores"]:
@@ -46,6 +46,7 @@ def test_scores_are_those_of_what_the_loader_yields(tmp_path: Path) -> None:
         assert m["batch_skew"] == pytest.approx(real.batch_skew)
         assert m["rank_skew"] == pytest.approx(real.rank_skew)
         assert m["order_correlation"] == pytest.approx(real.order_correlation)
+        assert m["step_skew"] == pytest.approx(real.step_skew)
     # on class-sorted shards more exchange mixes more, and a global shuffle most
     skews = [m["rank_skew"] for m in advice["scores"]]
     assert skews[0] > skews[1] > skews[2] > skews[3]
@@ -96,3 +97,17 @@ def test_label_runs_that_disagree_with_the_shard_are_refused(tmp_path: Path) -> 
     proc = run_cli("plan", data, "-W", "2")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "index.json" in proc.stderr and "shard-000001.tar" in proc.stderr and "30 samples" in proc.stderr
+
+
+def test_a_job_reading_few_classes_at_a_time_is_pointed_at_the_buffer(tmp_path: Path) -> None:
+    """With 2 ranks on class-sorted shards each step holds the few classes being read: no Q changes
+    that, a larger shuffle buffer does, and the plan says so."""
+    data = class_sorted(tmp_path / "d")
+    small = plan_json(data, "-W", "2", "--batch-size", "6", "--buffer-size", "4")
+    global_steps = small["scores"][-1]["step_skew"]
+    assert small["buffer_bound"]
+    assert all(m["step_skew"] > 1.5 * global_steps for m in small["scores"][:-1])  # every Q, local included
+    large = plan_json(data, "-W", "2", "--batch-size", "6", "--buffer-size", "120")
+    assert not large["buffer_bound"] and large["scores"][0]["step_skew"] < small["scores"][0]["step_skew"]
+    text = run_cli("plan", data, "-W", "2", "--batch-size", "6", "--buffer-size", "4", check=True).stdout
+    assert "score a larger --buffer-size" in text
