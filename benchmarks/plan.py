@@ -69,12 +69,13 @@ def main() -> None:
     scores = table([{"mode": m["shuffle"] if m["shuffle"] != "partial" else f"partial Q={m['exchange_fraction']:g}",
                      **m} for m in advice["scores"]],
                    [("mode", "shuffle", "s"), ("batch_skew", "batch skew", ".3f"), ("rank_skew", "rank skew", ".3f"),
-                    ("gap_closed", "batch-skew gap closed", ".2f")])
+                    ("step_skew", "step skew", ".3f"), ("gap_closed", "batch-skew gap closed", ".2f")])
     doc = {"benchmark": "plan", "command": f"python benchmarks/plan.py --world-size {args.world_size} "
            f"--batch-size {args.batch_size}", "machine": machine(), "samples": SAMPLES, "shards": SHARDS,
            "rows": rows, "advice": advice, "summary_table": text, "table": scores,
            "note": f"Chosen (the smallest Q closing {100 * (1 - advice['within']):.0f}% of the batch-skew gap): "
-                   f"Q = {advice['chosen_exchange_fraction']}."}
+                   f"Q = {advice['chosen_exchange_fraction']}; limited by the shuffle buffer (step skew over twice "
+                   f"a global shuffle's): {'yes' if advice['buffer_bound'] else 'no'}."}
     path = save("plan", doc)
     print(text)
     print()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import json
 import os
 import sys
 import time
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import DATA, ROOT, mpiexec, save
+from _common import DATA, RESULTS, ROOT, mpiexec, save
 
 import ddpipe
 from ddpipe.bench import class_problem as cp
@@ -168,7 +169,8 @@ def summarise(runs: list[dict[str, Any]], scores: dict[tuple[int, str, float], d
             score = scores[(world, mode, q)]
             rows.append({"world": world, "mode": mode if mode != "partial" else f"partial Q={q}", "top1": acc,
                          "std": spread, "vs_global": acc - best, "recovered": 100 * recovered,
-                         "batch_skew": score["batch_skew"], "rank_skew": score["rank_skew"]})
+                         "batch_skew": score["batch_skew"], "rank_skew": score["rank_skew"],
+                         "step_skew": score["step_skew"]})
             if mode == "partial" and recovering is None and recovered >= 0.9:
                 recovering = q
         summary.append({"world": world, "samples_per_worker": None, "global": best, "local": local, "gap": gap,
@@ -210,19 +212,27 @@ def buffer_study(data: Path, problem: cp.Problem, world: int, seeds: int, epochs
                                      for m, q, b, s in todo]]
     for run in runs:
         run.pop("state")
+    buffer_report(data, problem, world, runs, f"--seeds {seeds} --epochs {epochs}", machine())
+
+
+def buffer_report(data: Path, problem: cp.Problem, world: int, runs: list[dict[str, Any]], flags: str,
+                  where: dict[str, Any]) -> None:
+    modes, buffers = BUFFER_STUDY
     best = float(np.mean([r["top1"] for r in runs if r["mode"] == "global"]))
     rows = []
     for m, q in modes:
         for b in buffers if m != "global" else [BUFFER]:
             accs = [100 * r["top1"] for r in runs if (r["mode"], r["q"], r["buffer"]) == (m, q, b)]
+            score = stream_scores(data, problem, world, m, q, b)
             rows.append({"mode": m if m != "partial" else f"partial Q={q}", "buffer": b, "top1": float(np.mean(accs)),
                          "std": float(np.std(accs)), "vs_global": float(np.mean(accs)) - 100 * best,
-                         "batch_skew": stream_scores(data, problem, world, m, q, b)["batch_skew"]})
+                         "batch_skew": score["batch_skew"], "step_skew": score["step_skew"]})
     text = table(rows, [("mode", "shuffle", "s"), ("buffer", "buffer (samples)", "d"), ("top1", "top-1 %", ".2f"),
-                        ("std", "std", ".2f"), ("vs_global", "vs global", "+.2f"), ("batch_skew", "batch skew", ".3f")])
-    command = f"python benchmarks/shuffle_accuracy.py --buffer-study {world} --seeds {seeds} --epochs {epochs}"
+                        ("std", "std", ".2f"), ("vs_global", "vs global", "+.2f"), ("batch_skew", "batch skew", ".3f"),
+                        ("step_skew", "step skew", ".3f")])
+    command = f"python benchmarks/shuffle_accuracy.py --buffer-study {world} {flags}"
     path = save("shuffle_accuracy_buffer", {"benchmark": "shuffle_accuracy_buffer", "command": command,
-                                            "machine": machine(), "world": world, "rows": rows, "runs": runs,
+                                            "machine": where, "world": world, "rows": rows, "runs": runs,
                                             "table": text})
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
@@ -239,6 +249,8 @@ def main() -> None:
     ap.add_argument("--buffer-study", type=int, metavar="W",
                     help="instead: at this W, local, Q = 0.3, 0.7 and global with shuffle buffers of "
                          + ", ".join(map(str, BUFFER_STUDY[1])) + " samples")
+    ap.add_argument("--rescore", action="store_true",
+                    help="rebuild the saved tables' stream scores from their runs, training nothing")
     ap.add_argument("--real-worker", nargs=2, metavar=("DATA", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.real_worker:
@@ -250,6 +262,9 @@ def main() -> None:
         cp.write_problem(problem, data)
     if args.buffer_study:
         buffer_study(data, problem, args.buffer_study, args.seeds, args.epochs, args.jobs)
+        return
+    if args.rescore:
+        rescore(data, problem)
         return
     jobs = [(w, m, q, s) for w in args.worlds for m, q in configs(args.fractions) for s in range(args.seeds)]
     jobs.sort(key=lambda j: -j[0])  # the largest worlds first: their plans cost most
@@ -263,27 +278,47 @@ def main() -> None:
             runs.append(run)
             print(f"  W={run['world']} {run['mode']} Q={run['q']} seed={run['seed']}: {100 * run['top1']:.2f}% "
                   f"({run['seconds']:.0f} s)", file=sys.stderr, flush=True)
-    scores = {(w, m, q): stream_scores(data, problem, w, m, q) for w in args.worlds for m, q in configs(args.fractions)}
-    rows, summary = summarise(runs, scores, args.worlds, args.fractions)
+    check = None if args.no_real_check else real_check(data)
+    command = ("python benchmarks/shuffle_accuracy.py --worlds " + " ".join(map(str, args.worlds))
+               + f" --seeds {args.seeds} --epochs {args.epochs}")
+    report(data, problem, runs, check, command, {"epochs": args.epochs, "seconds": time.perf_counter() - t0,
+                                                 "machine": machine()})
+
+
+def rescore(data: Path, problem: cp.Problem) -> None:
+    """Rebuild the saved reports' tables from their training runs, with the stream scores of today's
+    code (the scores are a pure function of the plans; nothing is trained again)."""
+    doc = json.loads((RESULTS / "shuffle_accuracy.json").read_text())
+    report(data, problem, doc["runs"], doc["real_check"], doc["command"],
+           {"epochs": doc["epochs"], "seconds": doc["seconds"], "machine": doc["machine"]})
+    study = RESULTS / "shuffle_accuracy_buffer.json"
+    if study.exists():
+        doc = json.loads(study.read_text())
+        buffer_report(data, problem, doc["world"], doc["runs"], doc["command"].split(f"{doc['world']} ", 1)[1],
+                      doc["machine"])
+
+
+def report(data: Path, problem: cp.Problem, runs: list[dict[str, Any]], check: dict[str, Any] | None, command: str,
+           extra: dict[str, Any]) -> None:
+    worlds = sorted({r["world"] for r in runs})
+    fractions = sorted({r["q"] for r in runs if r["mode"] == "partial"})
+    scores = {(w, m, q): stream_scores(data, problem, w, m, q) for w in worlds for m, q in configs(fractions)}
+    rows, summary = summarise(runs, scores, worlds, fractions)
     for s in summary:
         s["samples_per_worker"] = len(problem.train_labels) // s["world"]
-    check = None if args.no_real_check else real_check(data)
     cols = [("world", "W", "d"), ("mode", "shuffle", "s"), ("top1", "top-1 %", ".2f"), ("std", "std", ".2f"),
             ("vs_global", "vs global", "+.2f"), ("recovered", "gap recovered %", ".0f"),
-            ("batch_skew", "batch skew", ".3f"), ("rank_skew", "rank skew", ".3f")]
+            ("batch_skew", "batch skew", ".3f"), ("rank_skew", "rank skew", ".3f"), ("step_skew", "step skew", ".3f")]
     text = table(rows, cols)
     summary_text = table(summary, [("world", "W", "d"), ("samples_per_worker", "samples/worker", "d"),
                                    ("global", "global %", ".2f"), ("local", "local %", ".2f"),
                                    ("gap", "gap (points)", ".2f"),
                                    ("q_recovering_90", "smallest Q recovering 90%", "g")])
     png = ROOT / "docs" / "shuffle_accuracy.png"
-    plot(rows, args.worlds, png)
-    command = ("python benchmarks/shuffle_accuracy.py --worlds " + " ".join(map(str, args.worlds))
-               + f" --seeds {args.seeds} --epochs {args.epochs}")
-    doc = {"benchmark": "shuffle_accuracy", "command": command, "machine": machine(), "batch_per_rank": BATCH,
-           "epochs": args.epochs, "problem": dataclasses.asdict(problem.options),
-           "rows": rows, "summary": summary, "real_check": check, "runs": runs, "table": text,
-           "summary_table": summary_text, "seconds": time.perf_counter() - t0, "plot": str(png.relative_to(ROOT))}
+    plot(rows, worlds, png)
+    doc = {"benchmark": "shuffle_accuracy", "command": command, "batch_per_rank": BATCH,
+           "problem": dataclasses.asdict(problem.options), "rows": rows, "summary": summary, "real_check": check,
+           "runs": runs, "table": text, "summary_table": summary_text, "plot": str(png.relative_to(ROOT)), **extra}
     if check:
         doc["note"] = real_check_note(check)
     path = save("shuffle_accuracy", doc)
