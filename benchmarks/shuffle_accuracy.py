@@ -212,10 +212,11 @@ def buffer_study(data: Path, problem: cp.Problem, world: int, seeds: int, epochs
                                      for m, q, b, s in todo]]
     for run in runs:
         run.pop("state")
-    buffer_report(data, problem, world, runs, f"--seeds {seeds} --epochs {epochs}", machine())
+    command = f"python benchmarks/shuffle_accuracy.py --buffer-study {world} --seeds {seeds} --epochs {epochs}"
+    buffer_report(data, problem, world, runs, command, machine())
 
 
-def buffer_report(data: Path, problem: cp.Problem, world: int, runs: list[dict[str, Any]], flags: str,
+def buffer_report(data: Path, problem: cp.Problem, world: int, runs: list[dict[str, Any]], command: str,
                   where: dict[str, Any]) -> None:
     modes, buffers = BUFFER_STUDY
     best = float(np.mean([r["top1"] for r in runs if r["mode"] == "global"]))
@@ -230,7 +231,6 @@ def buffer_report(data: Path, problem: cp.Problem, world: int, runs: list[dict[s
     text = table(rows, [("mode", "shuffle", "s"), ("buffer", "buffer (samples)", "d"), ("top1", "top-1 %", ".2f"),
                         ("std", "std", ".2f"), ("vs_global", "vs global", "+.2f"), ("batch_skew", "batch skew", ".3f"),
                         ("step_skew", "step skew", ".3f")])
-    command = f"python benchmarks/shuffle_accuracy.py --buffer-study {world} {flags}"
     path = save("shuffle_accuracy_buffer", {"benchmark": "shuffle_accuracy_buffer", "command": command,
                                             "machine": where, "world": world, "rows": rows, "runs": runs,
                                             "table": text})
@@ -294,8 +294,7 @@ def rescore(data: Path, problem: cp.Problem) -> None:
     study = RESULTS / "shuffle_accuracy_buffer.json"
     if study.exists():
         doc = json.loads(study.read_text())
-        buffer_report(data, problem, doc["world"], doc["runs"], doc["command"].split(f"{doc['world']} ", 1)[1],
-                      doc["machine"])
+        buffer_report(data, problem, doc["world"], doc["runs"], doc["command"], doc["machine"])
 
 
 def report(data: Path, problem: cp.Problem, runs: list[dict[str, Any]], check: dict[str, Any] | None, command: str,

@@ -60,6 +60,12 @@ class ShardInfo:
             doc["labels"] = [list(run) for run in self.labels]
         return doc
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ShardInfo:
+        """The inverse of :meth:`to_dict` (KeyError, TypeError or ValueError if ``doc`` is not one)."""
+        return cls(str(doc["file"]), int(doc["samples"]), int(doc["bytes"]), str(doc["checksum"]),
+                   tuple((int(c), int(n)) for c, n in doc.get("labels", ())))
+
 
 def label_runs(labels: Iterable[int]) -> tuple[tuple[int, int], ...]:
     """``labels`` as (class, count) runs; () if any is unknown (negative)."""
@@ -147,11 +153,7 @@ class Manifest:
         if doc["ddpipe"] != MANIFEST_VERSION:
             raise ManifestError(f"manifest version {doc['ddpipe']!r} is not supported", path=path)
         try:
-            shards = tuple(
-                ShardInfo(str(s["file"]), int(s["samples"]), int(s["bytes"]), str(s["checksum"]),
-                          tuple((int(c), int(n)) for c, n in s.get("labels", ())))
-                for s in doc["shards"]
-            )
+            shards = tuple(ShardInfo.from_dict(s) for s in doc["shards"])
             manifest = cls(
                 format=str(doc["format"]),
                 fields=tuple(str(f) for f in doc["fields"]),

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DdpipeError
-from .manifest import load_manifest
+from .manifest import Manifest, load_manifest
 from .plan import ASSIGNMENTS, PlanOptions
 from .quality import advise_exchange
 from .sample import label_of
@@ -40,9 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
 
 
-def sample_labels(dataset: Path) -> np.ndarray:
-    """Every sample's class: from the manifest's label runs, else read from the shards."""
-    manifest = load_manifest(dataset)
+def sample_labels(dataset: Path, manifest: Manifest) -> np.ndarray:
+    """Every sample's class: from ``manifest``'s label runs, else read from the shards."""
     labels = manifest.sample_labels()
     if labels is not None:
         return labels
@@ -68,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
         raise DdpipeError("each --exchange-fraction must be in (0, 1]")
     dataset = Path(args.dataset)
     manifest = load_manifest(dataset)
-    labels = sample_labels(dataset)
+    labels = sample_labels(dataset, manifest)
     if len(labels) < args.world_size:
         raise DdpipeError(f"{len(labels)} samples cannot be shared by {args.world_size} ranks", path=dataset)
     if len(labels) // args.world_size < args.batch_size:

@@ -128,7 +128,7 @@ def _load_record(job: ShardJob) -> ShardResult | None:
     skipped = [SkippedItem(**s) for s in doc["skipped"]]
     if doc["shard"] is None:
         return ShardResult(None, [], skipped, reused=True)
-    info = ShardInfo(**{**doc["shard"], "labels": tuple(map(tuple, doc["shard"].get("labels", ())))})
+    info = ShardInfo.from_dict(doc["shard"])
     path = Path(job.shard_path)
     fmt = get_format(job.format)
     if not path.is_file() or path.stat().st_size != info.bytes or any(not p.is_file() for p in fmt.sidecar_files(path)):
@@ -174,7 +174,7 @@ def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> Sha
         for p in [path, *fmt.sidecar_files(path)]:
             p.unlink(missing_ok=True)
     result = ShardResult(info, sorted(fields), skipped)
-    record = {"fingerprint": job.fingerprint, "shard": asdict(info) if info else None,
+    record = {"fingerprint": job.fingerprint, "shard": info.to_dict() if info else None,
               "fields": result.fields, "skipped": [asdict(s) for s in skipped]}
     atomic_write_bytes(job.record_path, json.dumps(record, sort_keys=True).encode())
     return result
