@@ -4,8 +4,9 @@
 Runs in the loader's producer thread, so the exchange overlaps with the consumer's work. Every rank
 runs the same rounds in the same order. A rank whose consumer stopped (a loop broken to checkpoint,
 say) goes on reading and exchanging, discarding its own output, for as long as any other rank still
-iterates: the others need what it sends. Before each round the ranks agree whether all of them have
-stopped, and end together when they have.
+iterates: the others need what it sends. In each round's first message (the sizes each rank will
+receive) the ranks also agree whether all of them have stopped, and end together when they have:
+one synchronisation per round, not two.
 """
 
 from __future__ import annotations
@@ -44,9 +45,6 @@ class ExchangeShuffler:
         plan, size = self.plan, self.comm.world.size
         stopped = False
         for j, rnd in enumerate(plan.rounds):
-            still_iterating = self.comm.allreduce_max(int(not stopped), f"exchange round {j} (agreement)")
-            if not still_iterating:
-                return False
             chunk = [next(samples) for _ in range(rnd.stop - rnd.start)]
             outgoing: list[list[tuple[int, Sample]]] = [[] for _ in range(size)]
             sent: set[int] = set()
@@ -55,15 +53,16 @@ class ExchangeShuffler:
                 sent.update(positions.tolist())
             t0 = time.perf_counter()
             self._send, counts = pack_segments(outgoing, self._send)
-            buffer = self._send
-            self.samples_sent += len(sent)
-            self.round_bytes.append(counts)
-            self.bytes_sent += sum(counts)
             t1 = time.perf_counter()
             moved = self.comm.transfer_seconds
             # keep: the samples received are views into this round's own buffer, handed on uncopied
-            received = self.comm.alltoallv(buffer, counts, f"exchange round {j}", keep=True)
+            received = self.comm.alltoallv(self._send, counts, f"exchange round {j}", keep=True, wanted=not stopped)
+            if received is None:  # every rank has stopped
+                return False
             t2 = time.perf_counter()
+            self.samples_sent += len(sent)
+            self.round_bytes.append(counts)
+            self.bytes_sent += sum(counts)
             moved = self.comm.transfer_seconds - moved
             out: list[tuple[int, Sample]] = [(int(plan.reads[p]), chunk[p - rnd.start])
                                              for p in range(rnd.start, rnd.stop) if p not in sent]

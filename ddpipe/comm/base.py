@@ -83,16 +83,19 @@ class Comm:
         return None
 
     def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
-                  keep: bool = False) -> list[memoryview]:
+                  keep: bool = False, wanted: bool = True) -> list[memoryview] | None:
         """``send`` holds one segment per rank, back to back, ``counts[d]`` bytes for rank ``d``;
         returns the segment each rank sent here: views of a receive buffer that the next call
         reuses, so copy out what must outlive it; with ``keep``, of a buffer of their own, which
-        lives as long as any view of it (callers hand the views on instead of copying them)."""
-        check_segments(counts, len(send), self.world.size)
-        return [(send[: counts[0]].copy() if keep else send[: counts[0]]).data]
+        lives as long as any view of it (callers hand the views on instead of copying them).
 
-    def allreduce_max(self, value: int, what: str = "agreement") -> int:
-        return value
+        ``wanted``: whether this rank still wants the exchange. The ranks agree on it in the same
+        message that tells each rank the sizes it will receive (one synchronisation, not two); if no
+        rank wants it, nothing moves and every rank gets None."""
+        check_segments(counts, len(send), self.world.size)
+        if not wanted:
+            return None
+        return [(send[: counts[0]].copy() if keep else send[: counts[0]]).data]
 
     def node_ranks(self) -> list[int]:
         """The global ranks on this process's node (itself included)."""

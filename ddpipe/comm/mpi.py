@@ -92,11 +92,6 @@ class MPIComm(Comm):
     def barrier(self) -> None:
         self._arrive(self._comm.Ibarrier(), "barrier")
 
-    def allreduce_max(self, value: int, what: str = "agreement") -> int:
-        out = np.zeros(1, dtype=np.int64)
-        self._arrive(self._comm.Iallreduce(np.array([value], dtype=np.int64), out, op=self._mpi.MAX), what)
-        return int(out[0])
-
     def allgather(self, value: T) -> list[T]:
         payload = pickle.dumps(value)
         parts = self._allgatherv(payload, "allgather")
@@ -115,14 +110,19 @@ class MPIComm(Comm):
         return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
 
     def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
-                  keep: bool = False) -> list[memoryview]:
+                  keep: bool = False, wanted: bool = True) -> list[memoryview] | None:
         size = self.world.size
         check_segments(counts, len(send), size)
         send_sizes = np.array(counts, dtype=np.int64)
-        recv_sizes = np.zeros(size, dtype=np.int64)
+        header = np.empty((size, 2), dtype=np.int64)  # to each rank: its segment's size, and ``wanted``
+        header[:, 0], header[:, 1] = send_sizes, int(wanted)
+        incoming = np.zeros((size, 2), dtype=np.int64)
+        self._arrive(self._comm.Ialltoall(header, incoming), what)
+        if not incoming[:, 1].any():
+            return None
+        recv_sizes = incoming[:, 0]
         send_displs = np.concatenate([[0], np.cumsum(send_sizes)[:-1]]).tolist()
         sbuf = send[: sum(counts)]
-        self._arrive(self._comm.Ialltoall(send_sizes, recv_sizes), what)
         with self._dog.watch(what):
             t0 = time.perf_counter()
             recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]]).tolist()

@@ -72,18 +72,17 @@ class TorchComm(Comm):
     def barrier(self) -> None:
         self._wait("barrier", self._group.barrier())
 
-    def allreduce_max(self, value: int, what: str = "agreement") -> int:
-        return max(self.allgather(value))
-
     def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
-                  keep: bool = False) -> list[memoryview]:
+                  keep: bool = False, wanted: bool = True) -> list[memoryview] | None:
         """One all-to-all of variable sizes: each byte crosses the wire once."""
         torch, size = self._torch, self.world.size
         check_segments(counts, len(send), size)
-        recv_counts = torch.zeros(size, dtype=torch.int64)
-        self._wait(what, self._group.alltoall_base(recv_counts, torch.tensor(counts, dtype=torch.int64), [], [],
-                                                   _alltoall_options()))
-        incoming = recv_counts.tolist()
+        header = torch.tensor([[c, int(wanted)] for c in counts], dtype=torch.int64)  # see Comm.alltoallv
+        got = torch.zeros(size, 2, dtype=torch.int64)
+        self._wait(what, self._group.alltoall_base(got, header, [], [], _alltoall_options()))
+        if not bool(got[:, 1].any()):
+            return None
+        incoming = got[:, 0].tolist()
         t0 = time.perf_counter()
         if keep:
             recv = np.empty(sum(incoming), dtype=np.uint8)
