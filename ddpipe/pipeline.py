@@ -11,6 +11,7 @@ holds samples that arrived before their turn: at most about one buffer plus one 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import queue
 import socket
@@ -358,17 +359,19 @@ def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _read_ahead(samples: Iterator[Sample], depth: int) -> Generator[Sample, None, None]:
-    """``samples`` produced by a thread of its own, at most ``depth`` ahead of the caller, until the
-    caller closes this generator. Not stopped by the loader's stop: a rank that stops iterating still
-    completes the exchange round in progress, which the other ranks are waiting in."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+def _read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Generator[Sample, None, None]:
+    """``samples`` produced by a thread of its own, at most about ``depth`` ahead of the caller,
+    until the caller closes this generator. Not stopped by the loader's stop: a rank that stops
+    iterating still completes the exchange round in progress, which the other ranks are waiting in.
+    Samples cross between the threads ``group`` at a time: a queue's put and get cost more than
+    reading a small sample does."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth // group))
     stop = threading.Event()
 
     def fill() -> None:
         try:
-            for sample in samples:
-                if not _put(q, sample, stop):
+            for chunk in iter(lambda: list(itertools.islice(samples, group)), []):
+                if not _put(q, chunk, stop):
                     return
             _put(q, _END, stop)
         except BaseException as e:  # reaches the consumer intact
@@ -383,7 +386,7 @@ def _read_ahead(samples: Iterator[Sample], depth: int) -> Generator[Sample, None
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            yield from item
     finally:
         stop.set()
         reader.join()
