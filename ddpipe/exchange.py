@@ -38,7 +38,6 @@ class ExchangeShuffler:
         self.exchange_seconds = 0.0
         self.wait_seconds = 0.0
         self.round_bytes: list[list[int]] = []  # bytes sent to each rank, per round
-        self._send = np.empty(0, dtype=np.uint8)  # reused across rounds, like the receive buffer
 
     def run(self, samples: Iterator[Sample], emit: Emit) -> bool:
         """Read, exchange and emit every round; False if every rank stopped before the last one."""
@@ -52,11 +51,11 @@ class ExchangeShuffler:
                 outgoing[dest] = [(int(plan.reads[p]), chunk[p - rnd.start]) for p in positions.tolist()]
                 sent.update(positions.tolist())
             t0 = time.perf_counter()
-            self._send, counts = pack_segments(outgoing, self._send)
+            send, counts = pack_segments(outgoing, self.comm.send_buffer)
             t1 = time.perf_counter()
             moved = self.comm.transfer_seconds
             # keep: the samples received are views into this round's own buffer, handed on uncopied
-            received = self.comm.alltoallv(self._send, counts, f"exchange round {j}", keep=True, wanted=not stopped)
+            received = self.comm.alltoallv(send, counts, f"exchange round {j}", keep=True, wanted=not stopped)
             if received is None:  # every rank has stopped
                 return False
             t2 = time.perf_counter()
@@ -89,9 +88,10 @@ _LEN = struct.Struct("<Q")
 
 
 def pack_segments(outgoing: list[list[tuple[int, Sample]]],
-                  buffer: np.ndarray | None = None) -> tuple[np.ndarray, list[int]]:
-    """A send buffer holding a segment per destination rank (``buffer`` when large enough, else a
-    new one), and each segment's length."""
+                  allocate: Callable[[int], np.ndarray] | None = None) -> tuple[np.ndarray, list[int]]:
+    """A send buffer holding a segment per destination rank, and each segment's length. The buffer
+    is ``allocate(bytes needed)`` (``Comm.send_buffer``: reused, or shared with the node's ranks),
+    or a new one."""
     headers, counts = [], []
     for items in outgoing:
         if not items:
@@ -102,8 +102,7 @@ def pack_segments(outgoing: list[list[tuple[int, Sample]]],
         header = msgpack.packb(meta, use_bin_type=True)
         headers.append(header)
         counts.append(_LEN.size + len(header) + sum(length for _, _, f in meta for _, length in f))
-    if buffer is None or len(buffer) < sum(counts):
-        buffer = np.empty(int(sum(counts) * 1.25), dtype=np.uint8)
+    buffer = np.empty(sum(counts), dtype=np.uint8) if allocate is None else allocate(sum(counts))
     view = buffer.data
     at = 0
     for items, header in zip(outgoing, headers, strict=True):

@@ -64,6 +64,7 @@ class Comm:
         # seconds :meth:`alltoallv` spent moving bytes once every rank had arrived (what the exchange
         # costs, as against waiting for slower ranks)
         self.transfer_seconds = 0.0
+        self._send = np.empty(0, dtype=np.uint8)
 
     def at_end(self, cleanup: Callable[[], Any]) -> None:
         """Run ``cleanup`` before :meth:`end_job` ends the process (worker pools, shared memory)."""
@@ -81,6 +82,13 @@ class Comm:
 
     def barrier(self) -> None:
         return None
+
+    def send_buffer(self, nbytes: int) -> np.ndarray:
+        """Where to pack the next :meth:`alltoallv`'s segments: at least ``nbytes``, reused from
+        round to round (fresh pages would fault in every round)."""
+        if len(self._send) < nbytes:
+            self._send = np.empty(int(nbytes * 1.25), dtype=np.uint8)
+        return self._send
 
     def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
                   keep: bool = False, wanted: bool = True) -> list[memoryview] | None:

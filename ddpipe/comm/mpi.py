@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .base import DEFAULT_TIMEOUT, Comm, Request, Watchdog, check_segments
+from .node_slots import NodeSlots
 from .world import World, available_cores
 
 T = TypeVar("T")
@@ -55,6 +56,11 @@ class MPIComm(Comm):
         self._node_ranks = [int(r) for r in local.allgather(rank)]
         super().__init__(world, timeout)
         self._recv = np.empty(0, dtype=np.uint8)  # reused: fresh pages would fault inside every exchange
+        # a node's ranks exchange through shared send slots (node_slots.py); ranks alone on a node need none
+        self._slots = NodeSlots(local, MPI) if local.Get_size() > 1 else None
+        self._turn = 0  # exchanges so far: which of the two slots is this one's
+        self._local_of = {r: i for i, r in enumerate(self._node_ranks)}
+        self._on_node = np.isin(np.arange(self.world.size), self._node_ranks)
         self._peer_link: MPIPeerLink | None = None
         self._dog = Watchdog(timeout, lambda what: self.abort(
             f"{what} did not complete within {timeout:.0f} s: another rank died or hung; aborting the job"))
@@ -109,34 +115,66 @@ class MPIComm(Comm):
             self._comm.Allgatherv(send, [out, (sizes.tolist(), displs.tolist()), self._mpi.BYTE])
         return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
 
+    def send_buffer(self, nbytes: int) -> np.ndarray:
+        slots = self._slots
+        if slots is not None and 0 < nbytes <= slots.capacity:  # node peers copy out of it themselves
+            return slots.slot(self.world.local_rank, self._turn)
+        return super().send_buffer(nbytes)
+
     def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
                   keep: bool = False, wanted: bool = True) -> list[memoryview] | None:
-        size = self.world.size
+        """Segments for this node's ranks, packed into this rank's slot (``send_buffer``), are copied
+        out by their receivers (:mod:`ddpipe.comm.node_slots`); the rest go through ``Alltoallv``."""
+        size, slots, turn = self.world.size, self._slots, self._turn
         check_segments(counts, len(send), size)
         send_sizes = np.array(counts, dtype=np.int64)
-        header = np.empty((size, 2), dtype=np.int64)  # to each rank: its segment's size, and ``wanted``
-        header[:, 0], header[:, 1] = send_sizes, int(wanted)
-        incoming = np.zeros((size, 2), dtype=np.int64)
+        send_displs = np.concatenate([[0], np.cumsum(send_sizes)[:-1]])
+        in_slot = slots is not None and slots.capacity > 0 and np.may_share_memory(
+            send, slots.slot(self.world.local_rank, turn))
+        # to each rank: its segment's size, whether this rank wants the round, where the segment lies
+        # in this rank's slot (-1: it comes through MPI), the slot size this rank asks for, and
+        # whether this rank sends anything through MPI (if no rank does, no rank calls Alltoallv)
+        header = np.zeros((size, 5), dtype=np.int64)
+        header[:, 0], header[:, 1], header[:, 2] = send_sizes, int(wanted), -1
+        if in_slot:
+            header[self._on_node, 2] = send_displs[self._on_node]
+        elif slots is not None and sum(counts) > slots.capacity:
+            header[:, 3] = sum(counts)
+        via_mpi = (header[:, 2] < 0) & (send_sizes > 0)
+        header[:, 4] = int(via_mpi.any())
+        if slots is not None and in_slot:
+            slots.sync()  # the slot's bytes, visible before the header that points at them
+        incoming = np.zeros((size, 5), dtype=np.int64)
         self._arrive(self._comm.Ialltoall(header, incoming), what)
+        self._turn += 1
         if not incoming[:, 1].any():
             return None
         recv_sizes = incoming[:, 0]
-        send_displs = np.concatenate([[0], np.cumsum(send_sizes)[:-1]]).tolist()
-        sbuf = send[: sum(counts)]
+        recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]])
         with self._dog.watch(what):
             t0 = time.perf_counter()
-            recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]]).tolist()
             if keep:  # memory the allocator kept from earlier rounds (keep_freed_memory): no page faults
                 rbuf = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
             else:
                 if len(self._recv) < recv_sizes.sum():
                     self._recv = np.empty(int(recv_sizes.sum() * 1.25), dtype=np.uint8)
                 rbuf = self._recv
-            self._comm.Alltoallv([sbuf, (send_sizes.tolist(), send_displs), self._mpi.BYTE],
-                                 [rbuf, (recv_sizes.tolist(), recv_displs), self._mpi.BYTE])
+            if incoming[:, 4].any():
+                mpi_send = np.where(via_mpi, send_sizes, 0).tolist()
+                mpi_recv = np.where(incoming[:, 2] < 0, recv_sizes, 0).tolist()
+                self._comm.Alltoallv([send, (mpi_send, send_displs.tolist()), self._mpi.BYTE],
+                                     [rbuf, (mpi_recv, recv_displs.tolist()), self._mpi.BYTE])
+            if slots is not None:
+                slots.sync()
+                for source in np.flatnonzero((incoming[:, 2] >= 0) & (recv_sizes > 0)).tolist():
+                    at, n, d = int(incoming[source, 2]), int(recv_sizes[source]), int(recv_displs[source])
+                    rbuf[d : d + n] = slots.slot(self._local_of[source], turn)[at : at + n]
+                ask = int(incoming[self._on_node, 3].max())
+                if ask > 0:  # the same on every rank of the node: each saw every one's header
+                    slots.grow(ask + ask // 4)
             self.transfer_seconds += time.perf_counter() - t0
         view = rbuf.data  # no copy: callers unpack straight from the receive buffer
-        return [view[d : d + s] for d, s in zip(recv_displs, recv_sizes.tolist(), strict=True)]
+        return [view[d : d + s] for d, s in zip(recv_displs.tolist(), recv_sizes.tolist(), strict=True)]
 
 
 class MPIGradientChannel:

@@ -1,0 +1,65 @@
+"""One rank of the alltoallv test: rounds of segments of seeded random sizes (some empty, some rounds
+many times larger than the ones before, so that the node's send slots grow mid-way and rounds that
+do not fit go through MPI), each byte a function of (round, source, destination, position), every
+segment checked on arrival and kept until the end to check that no later round overwrote it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ddpipe.comm import init_comm
+
+
+def segment(turn: int, source: int, dest: int, size: int) -> np.ndarray:
+    return ((np.arange(size, dtype=np.int64) * 31 + turn * 7 + source * 13 + dest * 17) % 251).astype(np.uint8)
+
+
+def sizes(turn: int, world: int) -> np.ndarray:
+    rng = np.random.default_rng(turn)
+    scale = 10 ** rng.integers(1, 6)  # rounds from tens of bytes to megabytes, in no order
+    out = rng.integers(0, scale, size=(world, world))
+    out[rng.random((world, world)) < 0.2] = 0
+    return out
+
+
+def main() -> None:
+    out, rounds = Path(sys.argv[1]), int(sys.argv[2])
+    comm = init_comm(timeout=120)
+    rank, world = comm.world.rank, comm.world.size
+    kept = []
+    for turn in range(rounds):
+        counts = sizes(turn, world)[rank].tolist()
+        send = comm.send_buffer(sum(counts))
+        at = 0
+        for dest, n in enumerate(counts):
+            send[at : at + n] = segment(turn, rank, dest, n)
+            at += n
+        received = comm.alltoallv(send, counts, keep=True)
+        assert received is not None
+        for source, view in enumerate(received):
+            expected = segment(turn, source, rank, int(sizes(turn, world)[source][rank]))
+            assert np.array_equal(np.frombuffer(view, dtype=np.uint8), expected), (turn, source)
+            kept.append((turn, source, view))
+    for turn, source, view in kept:
+        expected = segment(turn, source, rank, int(sizes(turn, world)[source][rank]))
+        assert np.array_equal(np.frombuffer(view, dtype=np.uint8), expected), ("later", turn, source)
+    # a round no rank wants moves nothing, on every rank
+    assert comm.alltoallv(comm.send_buffer(0), [0] * world, wanted=False) is None
+    # one rank still wanting it is enough for every rank to take part
+    counts = [5] * world
+    send = comm.send_buffer(sum(counts))
+    send[: sum(counts)] = rank
+    got = comm.alltoallv(send, counts, wanted=rank == world - 1)
+    assert got is not None and [bytes(v) for v in got] == [bytes([s]) * 5 for s in range(world)]
+    slots = getattr(comm, "_slots", None)
+    report = comm.allgather({"rank": rank, "node": comm.world.node, "slot_bytes": slots.capacity if slots else 0})
+    if rank == 0:
+        out.write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

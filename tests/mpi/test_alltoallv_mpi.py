@@ -1,0 +1,27 @@
+"""The exchange's transfer on real ranks, as one node and as several: segments for the ranks of a
+node go through its shared send slots, the rest through MPI; either way every byte arrives, the
+slots grow when a round outgrows them, and a segment received stays intact while later rounds run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ..conftest import mpiexec
+
+pytestmark = pytest.mark.mpi
+WORKER = Path(__file__).with_name("alltoallv_worker.py")
+
+
+@pytest.mark.parametrize(("ranks", "nodes"), [(3, None), (4, 2), (5, 5)])
+def test_every_byte_arrives_through_slots_and_mpi(tmp_path: Path, ranks: int, nodes: int | None) -> None:
+    out = tmp_path / "report.json"
+    proc = mpiexec(ranks, WORKER, out, 12, nodes=nodes, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert len(report) == ranks
+    alone = nodes == ranks  # a rank alone on its node has no node peers and no slots
+    assert all((r["slot_bytes"] > 0) != alone for r in report)
+    assert len({r["slot_bytes"] for r in report if r["node"] == 0}) == 1  # one size on a node
