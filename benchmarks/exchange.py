@@ -10,7 +10,9 @@ The reference for throughput replays each round's byte counts, rank by rank, thr
 ``MPI.Ialltoallv`` on preallocated buffers in the same run. The exchange's own time is what it costs
 a rank: packing the samples to send, moving the bytes once every rank has arrived, and unpacking
 (the slowest rank's); the time spent waiting for slower ranks to arrive (reading or decoding behind
-the others) is shown apart, as it is not the exchange's cost but the stages' imbalance.
+the others) is shown apart, as it is not the exchange's cost but the stages' imbalance. *Alone*: the
+exchange's own code over an epoch's samples already in memory, with nothing else running in the
+process, against raw Alltoallv of that run's bytes: what the exchange adds to MPI's cost by itself.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from _common import DATA, mpiexec, save, synth_shards, timed_epoch
 import ddpipe
 from ddpipe.bench.harness import machine, median, table
 from ddpipe.comm import init_comm
+from ddpipe.exchange import ExchangeShuffler
 
 BATCH = 64
 
@@ -69,9 +72,27 @@ def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
         waiting.append(max(comm.allgather(stats["exchange_wait_seconds"])))
         raw.append(max(comm.allgather(raw_alltoallv(everyone, comm.world.rank))))
         moved.append(sum(sum(sum(r) for r in rank) for rank in everyone))
+    alone, alone_raw = exchange_alone(loaders[0.3], repeats)
     if comm.world.rank == 0:
         out.write_text(json.dumps({"times": times, "exchange_s": exchange, "wait_s": waiting, "raw_s": raw,
-                                   "bytes": moved}))
+                                   "bytes": moved, "alone_s": alone, "alone_raw_s": alone_raw}))
+
+
+def exchange_alone(loader: ddpipe.Loader, repeats: int) -> tuple[list[float], list[float]]:
+    """The exchange's own code (pack, transfer, unpack) over an epoch's samples already in memory, and
+    raw Alltoallv of the same bytes, each alone in the process: the slowest rank's seconds, per repeat."""
+    comm = loader.comm
+    plan = loader.plan().ranks[comm.world.rank]
+    samples = list(loader.dataset.read(plan.reads))
+    alone, raw = [], []
+    for _ in range(repeats):
+        shuffler = ExchangeShuffler(comm, plan)
+        comm.barrier()
+        shuffler.run(iter(samples), lambda item: True)
+        alone.append(max(comm.allgather(shuffler.exchange_seconds)))
+        everyone = comm.allgather(shuffler.round_bytes)
+        raw.append(max(comm.allgather(raw_alltoallv(everyone, comm.world.rank))))
+    return alone, raw
 
 
 def main() -> None:
@@ -102,6 +123,8 @@ def main() -> None:
             "exchange_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["exchange_s"], strict=True)]),
             "raw_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["raw_s"], strict=True)]),
             "vs_raw": median([raw / ours for raw, ours in zip(r["raw_s"], r["exchange_s"], strict=True)]),
+            "alone_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["alone_s"], strict=True)]),
+            "alone_vs_raw": median([raw / ours for raw, ours in zip(r["alone_raw_s"], r["alone_s"], strict=True)]),
             "wait_s": median(r["wait_s"]),
         })
     cols = [("ranks", "ranks", "d"), ("cold_q0", "cold Q=0 s", ".2f"), ("cold_q3", "cold Q=0.3 s", ".2f"),
@@ -109,6 +132,7 @@ def main() -> None:
             ("warm_q3", "warm Q=0.3 s", ".2f"), ("warm_ratio", "warm Q=0.3 / Q=0", ".2f"),
             ("exchanged_mb", "MB exchanged", ".0f"), ("exchange_mb_s", "exchange MB/s", ".0f"),
             ("raw_mb_s", "raw Alltoallv MB/s", ".0f"), ("vs_raw", "exchange / raw", ".2f"),
+            ("alone_mb_s", "alone MB/s", ".0f"), ("alone_vs_raw", "alone / raw", ".2f"),
             ("wait_s", "waiting for peers s", ".2f")]
     text = table(rows, cols)
     ranks = " ".join(map(str, args.ranks))
