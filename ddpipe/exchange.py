@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 
 import msgpack
-import numpy as np
 
 from .comm import Comm
 from .errors import DdpipeError
@@ -51,11 +50,12 @@ class ExchangeShuffler:
                 outgoing[dest] = [(int(plan.reads[p]), chunk[p - rnd.start]) for p in positions.tolist()]
                 sent.update(positions.tolist())
             t0 = time.perf_counter()
-            send, counts = pack_segments(outgoing, self.comm.send_buffer)
+            segments = [segment_parts(items) for items in outgoing]
+            counts = [sum(len(p) for p in parts) for parts in segments]
             t1 = time.perf_counter()
             moved = self.comm.transfer_seconds
-            # keep: the samples received are views into this round's own buffer, handed on uncopied
-            received = self.comm.alltoallv(send, counts, f"exchange round {j}", keep=True, wanted=not stopped)
+            # the samples received are views into this round's own buffer, handed on uncopied
+            received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=not stopped)
             if received is None:  # every rank has stopped
                 return False
             t2 = time.perf_counter()
@@ -82,47 +82,23 @@ class ExchangeShuffler:
 
 
 # A segment: u64 header length, a msgpack header [[index, key, [[field, length], ...]], ...], then
-# every field's bytes back to back. Hand-framed rather than one msgpack object because the bulk is
-# then copied once, straight into the MPI send buffer (msgpack's packer measured about 1 GB/s here).
+# every field's bytes back to back. Hand-framed rather than one msgpack object so that the fields go
+# from the buffers they were read into (msgpack's packer copies, at about 1 GB/s here).
 _LEN = struct.Struct("<Q")
 
 
-def pack_segments(outgoing: list[list[tuple[int, Sample]]],
-                  allocate: Callable[[int], np.ndarray] | None = None) -> tuple[np.ndarray, list[int]]:
-    """A send buffer holding a segment per destination rank, and each segment's length. The buffer
-    is ``allocate(bytes needed)`` (``Comm.send_buffer``: reused, or shared with the node's ranks),
-    or a new one."""
-    headers, counts = [], []
-    for items in outgoing:
-        if not items:
-            headers.append(b"")
-            counts.append(0)
-            continue
-        meta = [[g, s[KEY], [[k, len(v)] for k, v in s.items() if k != KEY]] for g, s in items]
-        header = msgpack.packb(meta, use_bin_type=True)
-        headers.append(header)
-        counts.append(_LEN.size + len(header) + sum(length for _, _, f in meta for _, length in f))
-    buffer = np.empty(sum(counts), dtype=np.uint8) if allocate is None else allocate(sum(counts))
-    view = buffer.data
-    at = 0
-    for items, header in zip(outgoing, headers, strict=True):
-        if not items:
-            continue
-        view[at : at + _LEN.size] = _LEN.pack(len(header))
-        at += _LEN.size
-        view[at : at + len(header)] = header
-        at += len(header)
-        for _, sample in items:
-            for k, v in sample.items():
-                if k != KEY:
-                    view[at : at + len(v)] = v
-                    at += len(v)
-    return buffer, counts
+def segment_parts(items: list[tuple[int, Sample]]) -> list[bytes]:
+    """The segment carrying ``items`` to one rank, as its parts: the framed header, then each field
+    as it is (no copy); none for no items."""
+    if not items:
+        return []
+    meta = [[g, s[KEY], [[k, len(v)] for k, v in s.items() if k != KEY]] for g, s in items]
+    header = msgpack.packb(meta, use_bin_type=True)
+    return [_LEN.pack(len(header)) + header, *(v for _, s in items for k, v in s.items() if k != KEY)]
 
 
 def unpack_segment(segment: memoryview) -> list[tuple[int, Sample]]:
-    """The samples of one segment; their fields are views into ``segment`` (no copy), which must
-    therefore outlive them (``alltoallv(..., keep=True)``)."""
+    """The samples of one segment; their fields are views into ``segment`` (no copy)."""
     (header_len,) = _LEN.unpack_from(segment)
     at = _LEN.size + header_len
     meta = msgpack.unpackb(segment[_LEN.size : at], raw=False)

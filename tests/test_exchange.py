@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpipe.comm import Comm
-from ddpipe.exchange import pack_segments, unpack_segment
+from ddpipe.exchange import segment_parts, unpack_segment
 
 from .formats.conformance import samples
 
@@ -16,16 +16,15 @@ from .formats.conformance import samples
 def test_segments_round_trip(per_dest: list[list[dict]]) -> None:
     outgoing = [[(1000 * d + i, s) for i, s in enumerate(items)] for d, items in enumerate(per_dest)]
     outgoing.append([])  # a rank this one sends nothing to
-    buffer, counts = pack_segments(outgoing)
-    assert sum(counts) <= len(buffer) and counts[-1] == 0
-    at = 0
-    for items, count in zip(outgoing, counts, strict=True):
-        if count:
-            assert unpack_segment(buffer.data[at : at + count]) == items
-        at += count
+    segments = [segment_parts(items) for items in outgoing]
+    assert segments[-1] == []
+    for items, parts in zip(outgoing, segments, strict=True):
+        if items:
+            assert unpack_segment(memoryview(b"".join(parts))) == items
 
 
 def test_world_of_one_exchanges_with_itself() -> None:
-    buffer, counts = pack_segments([[(7, {"__key__": "a", "jpg": b"xyz"})]])
-    (segment,) = Comm().alltoallv(buffer, counts)
+    sample = {"__key__": "a", "jpg": b"xyz"}
+    (segment,) = Comm().alltoallv([segment_parts([(7, sample)])])
     assert unpack_segment(segment) == [(7, {"__key__": "a", "jpg": b"xyz"})]
+    assert Comm().alltoallv([[b"x"]], wanted=False) is None

@@ -10,8 +10,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -20,6 +20,14 @@ from .world import World
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT = float(300)
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from typing_extensions import Buffer
+
+    Part: TypeAlias = Buffer  # a buffer: one piece of a segment to send
+else:
+    Part = object
 
 
 class Request(Protocol):
@@ -90,20 +98,22 @@ class Comm:
             self._send = np.empty(int(nbytes * 1.25), dtype=np.uint8)
         return self._send
 
-    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
-                  keep: bool = False, wanted: bool = True) -> list[memoryview] | None:
-        """``send`` holds one segment per rank, back to back, ``counts[d]`` bytes for rank ``d``;
-        returns the segment each rank sent here: views of a receive buffer that the next call
-        reuses, so copy out what must outlive it; with ``keep``, of a buffer of their own, which
-        lives as long as any view of it (callers hand the views on instead of copying them).
+    def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
+                  wanted: bool = True) -> list[memoryview] | None:
+        """Send ``segments[d]`` (given as its parts, which go back to back) to rank ``d``; returns the
+        segment each rank sent here, as views of one buffer of this round's own, which lives as long
+        as any view of it (callers hand the views on instead of copying them). The parts must stay
+        unchanged until the next call returns: a node peer may read them until then.
 
         ``wanted``: whether this rank still wants the exchange. The ranks agree on it in the same
         message that tells each rank the sizes it will receive (one synchronisation, not two); if no
         rank wants it, nothing moves and every rank gets None."""
-        check_segments(counts, len(send), self.world.size)
+        lengths = segment_lengths(segments, self.world.size)
         if not wanted:
             return None
-        return [(send[: counts[0]].copy() if keep else send[: counts[0]]).data]
+        out = np.empty(int(lengths[0]), dtype=np.uint8)
+        pack_parts(segments[0], out)
+        return [out.data]
 
     def node_ranks(self) -> list[int]:
         """The global ranks on this process's node (itself included)."""
@@ -133,11 +143,24 @@ class Comm:
         """Leave the job's collectives cleanly (every rank calls it, at the end)."""
 
 
-def check_segments(counts: list[int], send_bytes: int, size: int) -> None:
-    if len(counts) != size or sum(counts) > send_bytes:
-        raise ValueError("one segment per rank, within the send buffer")
-    if max(counts, default=0) >= 2**31:
+def segment_lengths(segments: Sequence[Sequence[Part]], size: int) -> np.ndarray:
+    """Each segment's bytes, checked: one segment per rank, none over MPI's 2 GiB count limit."""
+    if len(segments) != size:
+        raise ValueError("one segment per rank")
+    lengths = np.array([sum((memoryview(p).nbytes for p in parts), 0) for parts in segments], dtype=np.int64)
+    if lengths.max(initial=0) >= 2**31:
         raise ValueError("an exchange round moves over 2 GiB between two ranks: lower round_size")
+    return lengths
+
+
+def pack_parts(parts: Sequence[Part], into: np.ndarray) -> None:
+    """``parts`` back to back at the start of ``into``."""
+    view = into.data
+    at = 0
+    for part in parts:
+        n = memoryview(part).nbytes
+        view[at : at + n] = memoryview(part).cast("B")
+        at += n
 
 
 class Watchdog:

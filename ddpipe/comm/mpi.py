@@ -17,16 +17,19 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import DEFAULT_TIMEOUT, Comm, Request, Watchdog, check_segments
+from .base import DEFAULT_TIMEOUT, Comm, Part, Request, Watchdog, pack_parts, segment_lengths
+from .cross_memory import neighbour_readable, parts_table, read_parts
 from .node_slots import NodeSlots
 from .world import World, available_cores
 
 T = TypeVar("T")
+# how a segment travels (an exchange header's fourth column)
+_MPI, _TABLE, _SLOT, _OWN = 0, 1, 2, 3
 
 
 class MPIComm(Comm):
@@ -36,7 +39,7 @@ class MPIComm(Comm):
     of ddpipe's own, so one watchdog deadline at a time suffices.
     """
 
-    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT, cross_memory: bool = True) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -55,9 +58,13 @@ class MPIComm(Comm):
         self.node_comm = local
         self._node_ranks = [int(r) for r in local.allgather(rank)]
         super().__init__(world, timeout)
-        self._recv = np.empty(0, dtype=np.uint8)  # reused: fresh pages would fault inside every exchange
-        # a node's ranks exchange through shared send slots (node_slots.py); ranks alone on a node need none
+        # a node's ranks exchange through shared send slots (node_slots.py) and, where the node allows
+        # it (every rank of it agreeing), by reading each other's memory; ranks alone on a node need neither
         self._slots = NodeSlots(local, MPI) if local.Get_size() > 1 else None
+        readable = cross_memory and self._slots is not None and neighbour_readable(local)
+        self._cross_memory = bool(local.allreduce(int(readable), op=MPI.MIN)) if self._slots is not None else False
+        self._pids = [int(p) for p in local.allgather(os.getpid())]
+        self._pinned: Sequence[Sequence[Part]] = []  # the last round's segments, until every rank has taken them
         self._turn = 0  # exchanges so far: which of the two slots is this one's
         self._local_of = {r: i for i, r in enumerate(self._node_ranks)}
         self._on_node = np.isin(np.arange(self.world.size), self._node_ranks)
@@ -115,37 +122,51 @@ class MPIComm(Comm):
             self._comm.Allgatherv(send, [out, (sizes.tolist(), displs.tolist()), self._mpi.BYTE])
         return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
 
-    def send_buffer(self, nbytes: int) -> np.ndarray:
-        slots = self._slots
-        if slots is not None and 0 < nbytes <= slots.capacity:  # node peers copy out of it themselves
-            return slots.slot(self.world.local_rank, self._turn)
-        return super().send_buffer(nbytes)
-
-    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
-                  keep: bool = False, wanted: bool = True) -> list[memoryview] | None:
-        """Segments for this node's ranks, packed into this rank's slot (``send_buffer``), are copied
-        out by their receivers (:mod:`ddpipe.comm.node_slots`); the rest go through ``Alltoallv``."""
-        size, slots, turn = self.world.size, self._slots, self._turn
-        check_segments(counts, len(send), size)
-        send_sizes = np.array(counts, dtype=np.int64)
-        send_displs = np.concatenate([[0], np.cumsum(send_sizes)[:-1]])
-        in_slot = slots is not None and slots.capacity > 0 and np.may_share_memory(
-            send, slots.slot(self.world.local_rank, turn))
-        # to each rank: its segment's size, whether this rank wants the round, where the segment lies
-        # in this rank's slot (-1: it comes through MPI), the slot size this rank asks for, and
-        # whether this rank sends anything through MPI (if no rank does, no rank calls Alltoallv)
-        header = np.zeros((size, 5), dtype=np.int64)
-        header[:, 0], header[:, 1], header[:, 2] = send_sizes, int(wanted), -1
-        if in_slot:
-            header[self._on_node, 2] = send_displs[self._on_node]
-        elif slots is not None and sum(counts) > slots.capacity:
-            header[:, 3] = sum(counts)
-        via_mpi = (header[:, 2] < 0) & (send_sizes > 0)
-        header[:, 4] = int(via_mpi.any())
-        if slots is not None and in_slot:
+    def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
+                  wanted: bool = True) -> list[memoryview] | None:
+        """Segments for this node's ranks are taken by their receivers: straight from ``segments``'
+        buffers by cross-memory reads where the node allows them, else copied out of this rank's
+        send slot (:mod:`ddpipe.comm.node_slots`); the rest go through ``Alltoallv``."""
+        size, me, slots, turn = self.world.size, self.world.rank, self._slots, self._turn
+        lengths = segment_lengths(segments, size)
+        peer = self._on_node & (lengths > 0)
+        peer[me] = False
+        # what this rank's slot holds this round: a table of the parts for each node peer (read
+        # across memory), or the segment itself
+        peers = np.flatnonzero(peer).tolist()
+        tables = {d: parts_table(list(segments[d])) for d in peers} if self._cross_memory else {}
+        in_slot = [(d, tables[d].nbytes + 8 if d in tables else int(lengths[d])) for d in peers]
+        need = sum(n for _, n in in_slot)
+        fits = slots is not None and 0 < need <= slots.capacity
+        # to each rank: its segment's size, whether this rank wants the round, where in this rank's
+        # slot its part lies (-1: none), how it travels (_MPI, _TABLE, _SLOT), the slot size this rank
+        # asks for, and whether this rank sends through MPI (if no rank does, none calls Alltoallv)
+        header = np.zeros((size, 6), dtype=np.int64)
+        header[:, 0], header[:, 1], header[:, 2], header[:, 3] = lengths, int(wanted), -1, _MPI
+        if fits:
+            assert slots is not None
+            slot = slots.slot(self.world.local_rank, turn)
+            at = 0
+            for d, n in in_slot:
+                header[d, 2] = at
+                if d in tables:
+                    header[d, 3] = _TABLE
+                    slot[at : at + 8].view(np.int64)[0] = len(tables[d])
+                    slot[at + 8 : at + n].view(np.int64)[:] = tables[d].ravel()
+                else:
+                    header[d, 3] = _SLOT
+                    pack_parts(segments[d], slot[at : at + n])
+                at += n
             slots.sync()  # the slot's bytes, visible before the header that points at them
-        incoming = np.zeros((size, 5), dtype=np.int64)
+        elif slots is not None and need > 0:
+            header[:, 4] = need
+        header[me, 3] = _OWN
+        via_mpi = (header[:, 3] == _MPI) & (lengths > 0)
+        header[:, 5] = int(via_mpi.any())
+        incoming = np.zeros((size, 6), dtype=np.int64)
         self._arrive(self._comm.Ialltoall(header, incoming), what)
+        # every rank has taken the last round's segments: their buffers may go; this round's stay
+        self._pinned = segments
         self._turn += 1
         if not incoming[:, 1].any():
             return None
@@ -153,28 +174,41 @@ class MPIComm(Comm):
         recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]])
         with self._dog.watch(what):
             t0 = time.perf_counter()
-            if keep:  # memory the allocator kept from earlier rounds (keep_freed_memory): no page faults
-                rbuf = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
-            else:
-                if len(self._recv) < recv_sizes.sum():
-                    self._recv = np.empty(int(recv_sizes.sum() * 1.25), dtype=np.uint8)
-                rbuf = self._recv
-            if incoming[:, 4].any():
-                mpi_send = np.where(via_mpi, send_sizes, 0).tolist()
-                mpi_recv = np.where(incoming[:, 2] < 0, recv_sizes, 0).tolist()
-                self._comm.Alltoallv([send, (mpi_send, send_displs.tolist()), self._mpi.BYTE],
-                                     [rbuf, (mpi_recv, recv_displs.tolist()), self._mpi.BYTE])
+            # memory the allocator kept from earlier rounds (keep_freed_memory): no page faults
+            rbuf = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
+            if incoming[:, 5].any():
+                self._alltoallv_rest(segments, lengths, via_mpi, incoming, rbuf, recv_displs)
+            pack_parts(segments[me], rbuf[recv_displs[me] : recv_displs[me] + lengths[me]])
             if slots is not None:
                 slots.sync()
-                for source in np.flatnonzero((incoming[:, 2] >= 0) & (recv_sizes > 0)).tolist():
-                    at, n, d = int(incoming[source, 2]), int(recv_sizes[source]), int(recv_displs[source])
-                    rbuf[d : d + n] = slots.slot(self._local_of[source], turn)[at : at + n]
-                ask = int(incoming[self._on_node, 3].max())
+                for source in np.flatnonzero(recv_sizes > 0).tolist():
+                    how, at, n, d = int(incoming[source, 3]), int(incoming[source, 2]), int(recv_sizes[source]), int(
+                        recv_displs[source])
+                    if how == _SLOT:
+                        rbuf[d : d + n] = slots.slot(self._local_of[source], turn)[at : at + n]
+                    elif how == _TABLE:
+                        slot = slots.slot(self._local_of[source], turn)
+                        k = int(slot[at : at + 8].view(np.int64)[0])
+                        table = slot[at + 8 : at + 8 + 16 * k].view(np.int64).reshape(k, 2)
+                        read_parts(self._pids[self._local_of[source]], table, rbuf[d : d + n])
+                ask = int(incoming[self._on_node, 4].max())
                 if ask > 0:  # the same on every rank of the node: each saw every one's header
                     slots.grow(ask + ask // 4)
             self.transfer_seconds += time.perf_counter() - t0
         view = rbuf.data  # no copy: callers unpack straight from the receive buffer
         return [view[d : d + s] for d, s in zip(recv_displs.tolist(), recv_sizes.tolist(), strict=True)]
+
+    def _alltoallv_rest(self, segments: Sequence[Sequence[Part]], lengths: np.ndarray, via_mpi: np.ndarray,
+                        incoming: np.ndarray, rbuf: np.ndarray, recv_displs: np.ndarray) -> None:
+        """The segments that travel through MPI (between nodes, or a round that outgrew the slots)."""
+        send_counts = np.where(via_mpi, lengths, 0)
+        send_displs = np.concatenate([[0], np.cumsum(send_counts)[:-1]])
+        sbuf = self.send_buffer(int(send_counts.sum()))
+        for d in np.flatnonzero(via_mpi).tolist():
+            pack_parts(segments[d], sbuf[send_displs[d] : send_displs[d] + send_counts[d]])
+        recv_counts = np.where(incoming[:, 3] == _MPI, incoming[:, 0], 0)
+        self._comm.Alltoallv([sbuf, (send_counts.tolist(), send_displs.tolist()), self._mpi.BYTE],
+                             [rbuf, (recv_counts.tolist(), recv_displs.tolist()), self._mpi.BYTE])
 
 
 class MPIGradientChannel:

@@ -12,13 +12,13 @@ import dataclasses
 import os
 import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import DEFAULT_TIMEOUT, Comm, check_segments
+from .base import DEFAULT_TIMEOUT, Comm, Part, pack_parts, segment_lengths
 from .world import World, available_cores
 
 T = TypeVar("T")
@@ -46,7 +46,6 @@ class TorchComm(Comm):
                          timeout)
         mine = {c for n_, c in self.allgather((node, available_cores())) if n_ == node}
         self.world = dataclasses.replace(self.world, cores=max(mine))
-        self._recv = np.empty(0, dtype=np.uint8)
 
     def _wait(self, what: str, work: Any) -> None:
         try:
@@ -72,31 +71,30 @@ class TorchComm(Comm):
     def barrier(self) -> None:
         self._wait("barrier", self._group.barrier())
 
-    def alltoallv(self, send: np.ndarray, counts: list[int], what: str = "exchange",
-                  keep: bool = False, wanted: bool = True) -> list[memoryview] | None:
+    def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
+                  wanted: bool = True) -> list[memoryview] | None:
         """One all-to-all of variable sizes: each byte crosses the wire once."""
         torch, size = self._torch, self.world.size
-        check_segments(counts, len(send), size)
-        header = torch.tensor([[c, int(wanted)] for c in counts], dtype=torch.int64)  # see Comm.alltoallv
+        lengths = segment_lengths(segments, size)
+        header = torch.tensor([[int(n), int(wanted)] for n in lengths], dtype=torch.int64)  # see Comm.alltoallv
         got = torch.zeros(size, 2, dtype=torch.int64)
         self._wait(what, self._group.alltoall_base(got, header, [], [], _alltoall_options()))
         if not bool(got[:, 1].any()):
             return None
         incoming = got[:, 0].tolist()
         t0 = time.perf_counter()
-        if keep:
-            recv = np.empty(sum(incoming), dtype=np.uint8)
-        else:
-            if len(self._recv) < sum(incoming):
-                self._recv = np.empty(int(sum(incoming) * 1.25), dtype=np.uint8)
-            recv = self._recv
-        rbuf = torch.from_numpy(recv[: sum(incoming)])
-        sbuf = torch.from_numpy(send[: sum(counts)])
-        self._wait(what, self._group.alltoall_base(rbuf, sbuf, incoming, list(counts), _alltoall_options()))
+        send = self.send_buffer(int(lengths.sum()))
+        starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        for d in range(size):
+            pack_parts(segments[d], send[starts[d] : starts[d + 1]])
+        recv = np.empty(sum(incoming), dtype=np.uint8)
+        rbuf = torch.from_numpy(recv)
+        sbuf = torch.from_numpy(send[: starts[-1]])
+        self._wait(what, self._group.alltoall_base(rbuf, sbuf, incoming, lengths.tolist(), _alltoall_options()))
         self.transfer_seconds += time.perf_counter() - t0
-        starts = np.concatenate([[0], np.cumsum(incoming)]).tolist()
+        offsets = np.concatenate([[0], np.cumsum(incoming)]).tolist()
         view = recv.data
-        return [view[starts[s] : starts[s + 1]] for s in range(size)]
+        return [view[offsets[s] : offsets[s + 1]] for s in range(size)]
 
     def close(self) -> None:
         # without this, a rank leaving while gloo still talks to it can be killed with SIGABRT

@@ -1,7 +1,9 @@
 """One rank of the alltoallv test: rounds of segments of seeded random sizes (some empty, some rounds
 many times larger than the ones before, so that the node's send slots grow mid-way and rounds that
-do not fit go through MPI), each byte a function of (round, source, destination, position), every
-segment checked on arrival and kept until the end to check that no later round overwrote it."""
+do not fit go through MPI), each given as several buffers, each byte a function of (round, source,
+destination, position), every segment checked on arrival and kept until the end to check that no
+later round overwrote it. The buffers sent are dropped at once: the exchange must keep them alive
+for as long as a node peer may read them."""
 
 from __future__ import annotations
 
@@ -26,19 +28,27 @@ def sizes(turn: int, world: int) -> np.ndarray:
     return out
 
 
+def parts(data: np.ndarray, turn: int) -> list[bytes]:
+    """``data`` cut into pieces of varied sizes (some empty), as bytes objects of their own."""
+    cuts = np.sort(np.random.default_rng(turn).integers(0, len(data) + 1, size=3))
+    return [data[a:b].tobytes() for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
+
 def main() -> None:
-    out, rounds = Path(sys.argv[1]), int(sys.argv[2])
-    comm = init_comm(timeout=120)
+    out, rounds, cross_memory = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "cross-memory"
+    if cross_memory:
+        comm = init_comm(timeout=120)
+    else:  # what a node whose processes may not read each other's memory does
+        from mpi4py import MPI
+
+        from ddpipe.comm.mpi import MPIComm
+
+        comm = MPIComm(MPI.COMM_WORLD.Dup(), 120, cross_memory=False)
     rank, world = comm.world.rank, comm.world.size
     kept = []
     for turn in range(rounds):
         counts = sizes(turn, world)[rank].tolist()
-        send = comm.send_buffer(sum(counts))
-        at = 0
-        for dest, n in enumerate(counts):
-            send[at : at + n] = segment(turn, rank, dest, n)
-            at += n
-        received = comm.alltoallv(send, counts, keep=True)
+        received = comm.alltoallv([parts(segment(turn, rank, dest, n), turn) for dest, n in enumerate(counts)])
         assert received is not None
         for source, view in enumerate(received):
             expected = segment(turn, source, rank, int(sizes(turn, world)[source][rank]))
@@ -48,15 +58,13 @@ def main() -> None:
         expected = segment(turn, source, rank, int(sizes(turn, world)[source][rank]))
         assert np.array_equal(np.frombuffer(view, dtype=np.uint8), expected), ("later", turn, source)
     # a round no rank wants moves nothing, on every rank
-    assert comm.alltoallv(comm.send_buffer(0), [0] * world, wanted=False) is None
+    assert comm.alltoallv([[] for _ in range(world)], wanted=False) is None
     # one rank still wanting it is enough for every rank to take part
-    counts = [5] * world
-    send = comm.send_buffer(sum(counts))
-    send[: sum(counts)] = rank
-    got = comm.alltoallv(send, counts, wanted=rank == world - 1)
+    got = comm.alltoallv([[bytes([rank]) * 5] for _ in range(world)], wanted=rank == world - 1)
     assert got is not None and [bytes(v) for v in got] == [bytes([s]) * 5 for s in range(world)]
     slots = getattr(comm, "_slots", None)
-    report = comm.allgather({"rank": rank, "node": comm.world.node, "slot_bytes": slots.capacity if slots else 0})
+    report = comm.allgather({"rank": rank, "node": comm.world.node, "slot_bytes": slots.capacity if slots else 0,
+                             "cross_memory": getattr(comm, "_cross_memory", False)})
     if rank == 0:
         out.write_text(json.dumps(report))
 
