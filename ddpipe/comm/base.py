@@ -102,8 +102,7 @@ class Comm:
                   wanted: bool = True) -> list[memoryview] | None:
         """Send ``segments[d]`` (given as its parts, which go back to back) to rank ``d``; returns the
         segment each rank sent here, as views of one buffer of this round's own, which lives as long
-        as any view of it (callers hand the views on instead of copying them). The parts must stay
-        unchanged until the next call returns: a node peer may read them until then.
+        as any view of it (callers hand the views on instead of copying them).
 
         ``wanted``: whether this rank still wants the exchange. The ranks agree on it in the same
         message that tells each rank the sizes it will receive (one synchronisation, not two); if no

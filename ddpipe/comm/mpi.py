@@ -23,13 +23,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .base import DEFAULT_TIMEOUT, Comm, Part, Request, Watchdog, pack_parts, segment_lengths
-from .cross_memory import neighbour_readable, parts_table, read_parts
 from .node_slots import NodeSlots
 from .world import World, available_cores
 
 T = TypeVar("T")
 # how a segment travels (an exchange header's fourth column)
-_MPI, _TABLE, _SLOT, _OWN = 0, 1, 2, 3
+_MPI, _SLOT, _OWN = 0, 1, 2
 
 
 class MPIComm(Comm):
@@ -39,7 +38,7 @@ class MPIComm(Comm):
     of ddpipe's own, so one watchdog deadline at a time suffices.
     """
 
-    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT, cross_memory: bool = True) -> None:
+    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -58,13 +57,8 @@ class MPIComm(Comm):
         self.node_comm = local
         self._node_ranks = [int(r) for r in local.allgather(rank)]
         super().__init__(world, timeout)
-        # a node's ranks exchange through shared send slots (node_slots.py) and, where the node allows
-        # it (every rank of it agreeing), by reading each other's memory; ranks alone on a node need neither
+        # a node's ranks exchange through shared send slots (node_slots.py); ranks alone on a node need none
         self._slots = NodeSlots(local, MPI) if local.Get_size() > 1 else None
-        readable = cross_memory and self._slots is not None and neighbour_readable(local)
-        self._cross_memory = bool(local.allreduce(int(readable), op=MPI.MIN)) if self._slots is not None else False
-        self._pids = [int(p) for p in local.allgather(os.getpid())]
-        self._pinned: Sequence[Sequence[Part]] = []  # the last round's segments, until every rank has taken them
         self._turn = 0  # exchanges so far: which of the two slots is this one's
         self._local_of = {r: i for i, r in enumerate(self._node_ranks)}
         self._on_node = np.isin(np.arange(self.world.size), self._node_ranks)
@@ -124,39 +118,28 @@ class MPIComm(Comm):
 
     def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
                   wanted: bool = True) -> list[memoryview] | None:
-        """Segments for this node's ranks are taken by their receivers: straight from ``segments``'
-        buffers by cross-memory reads where the node allows them, else copied out of this rank's
-        send slot (:mod:`ddpipe.comm.node_slots`); the rest go through ``Alltoallv``."""
+        """Segments for this node's ranks are packed into this rank's send slot, and their receivers
+        copy them out (:mod:`ddpipe.comm.node_slots`); the rest go through ``Alltoallv``."""
+        t0 = time.perf_counter()
         size, me, slots, turn = self.world.size, self.world.rank, self._slots, self._turn
         lengths = segment_lengths(segments, size)
         peer = self._on_node & (lengths > 0)
         peer[me] = False
-        # what this rank's slot holds this round: a table of the parts for each node peer (read
-        # across memory), or the segment itself
-        peers = np.flatnonzero(peer).tolist()
-        tables = {d: parts_table(list(segments[d])) for d in peers} if self._cross_memory else {}
-        in_slot = [(d, tables[d].nbytes + 8 if d in tables else int(lengths[d])) for d in peers]
-        need = sum(n for _, n in in_slot)
+        need = int(lengths[peer].sum())
         fits = slots is not None and 0 < need <= slots.capacity
         # to each rank: its segment's size, whether this rank wants the round, where in this rank's
-        # slot its part lies (-1: none), how it travels (_MPI, _TABLE, _SLOT), the slot size this rank
-        # asks for, and whether this rank sends through MPI (if no rank does, none calls Alltoallv)
+        # slot it lies (-1: none), how it travels (_MPI, _SLOT, _OWN), the slot size this rank asks
+        # for, and whether this rank sends through MPI (if no rank does, none calls Alltoallv)
         header = np.zeros((size, 6), dtype=np.int64)
         header[:, 0], header[:, 1], header[:, 2], header[:, 3] = lengths, int(wanted), -1, _MPI
         if fits:
             assert slots is not None
             slot = slots.slot(self.world.local_rank, turn)
             at = 0
-            for d, n in in_slot:
-                header[d, 2] = at
-                if d in tables:
-                    header[d, 3] = _TABLE
-                    slot[at : at + 8].view(np.int64)[0] = len(tables[d])
-                    slot[at + 8 : at + n].view(np.int64)[:] = tables[d].ravel()
-                else:
-                    header[d, 3] = _SLOT
-                    pack_parts(segments[d], slot[at : at + n])
-                at += n
+            for d in np.flatnonzero(peer).tolist():
+                header[d, 2], header[d, 3] = at, _SLOT
+                pack_parts(segments[d], slot[at : at + lengths[d]])
+                at += int(lengths[d])
             slots.sync()  # the slot's bytes, visible before the header that points at them
         elif slots is not None and need > 0:
             header[:, 4] = need
@@ -164,9 +147,8 @@ class MPIComm(Comm):
         via_mpi = (header[:, 3] == _MPI) & (lengths > 0)
         header[:, 5] = int(via_mpi.any())
         incoming = np.zeros((size, 6), dtype=np.int64)
+        self.transfer_seconds += time.perf_counter() - t0  # the packing is part of moving the bytes
         self._arrive(self._comm.Ialltoall(header, incoming), what)
-        # every rank has taken the last round's segments: their buffers may go; this round's stay
-        self._pinned = segments
         self._turn += 1
         if not incoming[:, 1].any():
             return None
@@ -181,16 +163,9 @@ class MPIComm(Comm):
             pack_parts(segments[me], rbuf[recv_displs[me] : recv_displs[me] + lengths[me]])
             if slots is not None:
                 slots.sync()
-                for source in np.flatnonzero(recv_sizes > 0).tolist():
-                    how, at, n, d = int(incoming[source, 3]), int(incoming[source, 2]), int(recv_sizes[source]), int(
-                        recv_displs[source])
-                    if how == _SLOT:
-                        rbuf[d : d + n] = slots.slot(self._local_of[source], turn)[at : at + n]
-                    elif how == _TABLE:
-                        slot = slots.slot(self._local_of[source], turn)
-                        k = int(slot[at : at + 8].view(np.int64)[0])
-                        table = slot[at + 8 : at + 8 + 16 * k].view(np.int64).reshape(k, 2)
-                        read_parts(self._pids[self._local_of[source]], table, rbuf[d : d + n])
+                for source in np.flatnonzero((incoming[:, 3] == _SLOT) & (recv_sizes > 0)).tolist():
+                    at, n, d = int(incoming[source, 2]), int(recv_sizes[source]), int(recv_displs[source])
+                    rbuf[d : d + n] = slots.slot(self._local_of[source], turn)[at : at + n]
                 ask = int(incoming[self._on_node, 4].max())
                 if ask > 0:  # the same on every rank of the node: each saw every one's header
                     slots.grow(ask + ask // 4)
