@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import msgpack
 
 from .comm import Comm
+from .comm.base import segment_lengths
 from .errors import DdpipeError
 from .plan import RankPlan
 from .sample import KEY, Sample
@@ -51,7 +52,7 @@ class ExchangeShuffler:
                 sent.update(positions.tolist())
             t0 = time.perf_counter()
             segments = [segment_parts(items) for items in outgoing]
-            counts = [sum(len(p) for p in parts) for parts in segments]
+            counts = segment_lengths(segments, size).tolist()
             t1 = time.perf_counter()
             moved = self.comm.transfer_seconds
             # the samples received are views into this round's own buffer, handed on uncopied

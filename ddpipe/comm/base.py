@@ -69,8 +69,8 @@ class Comm:
         self.world = world or World()
         self.timeout = timeout
         self._at_end: list[Callable[[], Any]] = []
-        # seconds :meth:`alltoallv` spent moving bytes once every rank had arrived (what the exchange
-        # costs, as against waiting for slower ranks)
+        # seconds :meth:`alltoallv` spent packing and moving bytes (what the exchange costs, as against
+        # waiting for slower ranks to arrive)
         self.transfer_seconds = 0.0
         self._send = np.empty(0, dtype=np.uint8)
 
@@ -91,7 +91,7 @@ class Comm:
     def barrier(self) -> None:
         return None
 
-    def send_buffer(self, nbytes: int) -> np.ndarray:
+    def _send_buffer(self, nbytes: int) -> np.ndarray:
         """Where to pack the next :meth:`alltoallv`'s segments: at least ``nbytes``, reused from
         round to round (fresh pages would fault in every round)."""
         if len(self._send) < nbytes:
@@ -157,9 +157,9 @@ def pack_parts(parts: Sequence[Part], into: np.ndarray) -> None:
     view = into.data
     at = 0
     for part in parts:
-        n = memoryview(part).nbytes
-        view[at : at + n] = memoryview(part).cast("B")
-        at += n
+        piece = memoryview(part).cast("B")
+        view[at : at + len(piece)] = piece
+        at += len(piece)
 
 
 class Watchdog:

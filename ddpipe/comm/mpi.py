@@ -177,7 +177,7 @@ class MPIComm(Comm):
         """The segments that travel through MPI (between nodes, or a round that outgrew the slots)."""
         send_counts = np.where(via_mpi, lengths, 0)
         send_displs = np.concatenate([[0], np.cumsum(send_counts)[:-1]])
-        sbuf = self.send_buffer(int(send_counts.sum()))
+        sbuf = self._send_buffer(int(send_counts.sum()))
         for d in np.flatnonzero(via_mpi).tolist():
             pack_parts(segments[d], sbuf[send_displs[d] : send_displs[d] + send_counts[d]])
         recv_counts = np.where(incoming[:, 3] == _MPI, incoming[:, 0], 0)

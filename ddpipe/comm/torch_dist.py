@@ -83,7 +83,7 @@ class TorchComm(Comm):
             return None
         incoming = got[:, 0].tolist()
         t0 = time.perf_counter()
-        send = self.send_buffer(int(lengths.sum()))
+        send = self._send_buffer(int(lengths.sum()))
         starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         for d in range(size):
             pack_parts(segments[d], send[starts[d] : starts[d + 1]])

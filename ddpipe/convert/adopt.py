@@ -15,6 +15,7 @@ from ..errors import ConversionConflictError, DdpipeError, ManifestError
 from ..formats.atomic import atomic_write_bytes
 from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, load_manifest, save_manifest
+from ..sample import label_of
 
 
 def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
@@ -65,6 +66,6 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
 def _as_int(label: bytes) -> int:
     """A ``cls`` value as a class index; -1 where it is missing or not an integer."""
     try:
-        return int(bytes(label).decode().strip())
+        return label_of({"cls": label})
     except ValueError:
         return -1
