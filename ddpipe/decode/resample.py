@@ -48,7 +48,9 @@ def resize_crop(crop: np.ndarray, size: int, antialias: bool, flip: bool) -> np.
 class BatchRing:
     """Output batches (N x 3 x size x size, the options' dtype and layout) from a small ring, each
     reused only once nothing else refers to it: a fresh 150 MB float32 batch costs ~38,000 page
-    faults to fill, ~40 ms on one core per 256 images."""
+    faults to fill, ~40 ms on one core per 256 images. A shorter batch (an epoch's last) is the front
+    of a larger one: given fresh memory, it faulted every epoch, 16% of all CPU time with 8 ranks on 2
+    cores (benchmarks/loader.py, where each rank's epoch has one)."""
 
     def __init__(self, options: DecodeOptions) -> None:
         self.options = options
@@ -64,12 +66,11 @@ class BatchRing:
         that the ring sees when the caller lets go."""
         s, dtype = self.options.size, TORCH_DTYPES[self.options.dtype]
         for t in self._ring:
-            if t.shape[0] == n and _storage_users(t) == 1:
-                return t
-        if self.options.channels_last:
-            t = torch.empty((n, s, s, 3), dtype=dtype).permute(0, 3, 1, 2)
-        else:
-            t = torch.empty((n, 3, s, s), dtype=dtype)
+            if t.shape[0] >= n and _storage_users(t) == 1:
+                return t[:n]
+        # not a permuted view: a view also holds its base, and the ring saw a channels-last batch in use forever
+        layout = torch.channels_last if self.options.channels_last else torch.contiguous_format
+        t = torch.empty((n, 3, s, s), dtype=dtype, memory_format=layout)
         if len(self._ring) >= 4:  # the consumer holds on to more than a few: stop caching
             self._ring.pop(0)
         self._ring.append(t)

@@ -301,3 +301,19 @@ def test_gpu_decoding_channels_last_and_bad_images(tmp_path: Path) -> None:
     assert sum(len(y) for _, y in batches) == 18 and ld.stats["skipped"] == 2
     with pytest.raises(SampleError, match=r"img/0005|img/0013"):
         list(gpu_loader(corrupt_dataset(tmp_path / "fail"), shuffle="none"))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_shorter_batch_is_written_into_a_released_full_ones_memory(channels_last: bool) -> None:
+    from ddpipe.decode.resample import BatchRing
+
+    ring = BatchRing(DecodeOptions(size=8, channels_last=channels_last))
+    full = ring.take(16).detach()
+    where = full.data_ptr()
+    held = ring.take(16).detach()  # the first is still held: a second batch of its own
+    assert held.data_ptr() != where
+    del full
+    last = ring.take(5).detach()  # an epoch's shorter last batch: the front of the released one
+    assert last.data_ptr() == where and last.shape[0] == 5
+    assert last.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    assert ring.take(16).data_ptr() not in (where, held.data_ptr())  # both still held: fresh memory
