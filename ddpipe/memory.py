@@ -7,9 +7,12 @@ so every round faults the same pages in again: copying 100 KB samples into fresh
 Keeping up to ``TRIM_THRESHOLD`` of freed memory for reuse bounds the cost: peak memory is still
 set by the pipeline's bounded queues, not by the dataset or the epoch count.
 
-What is kept is given back once per epoch (``release_freed_memory``): otherwise the heap holds the
-high-water mark of every epoch so far, and a 20-epoch soak run (benchmarks/soak.py) grew ~30% in
-rare steps as an epoch's exchange rounds and decode buffers peaked a little higher than before.
+What is kept is given back at an epoch's end once the process holds clearly more than after its
+first epoch (:class:`EpochMemory`): otherwise the heap holds the high-water mark of every epoch so
+far, and a 20-epoch soak run (benchmarks/soak.py) grew ~30% in rare steps as an epoch's exchange
+rounds and decode buffers peaked a little higher than before. Giving it back after every epoch
+instead made every epoch fault its whole working set in again: with 8 ranks on 2 cores that was a
+third of the CPU time of an epoch (benchmarks/loader.py), and 2 ranks ran ~10% slower for it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -61,3 +66,36 @@ def release_freed_memory() -> bool:
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return bool(trim(0))
+
+
+def anonymous_resident_bytes() -> int | None:
+    """The process's resident anonymous memory (the heap among it; not mapped files); None where
+    the system does not say."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    line = next((ln for ln in status.splitlines() if ln.startswith("RssAnon:")), None)
+    return int(line.split()[1]) << 10 if line is not None else None
+
+
+class EpochMemory:
+    """Decides, at each epoch's end, whether to give freed memory back: only once the process holds
+    more than ``growth`` over what it held after its first epoch, so that memory stays bounded
+    while a steady run keeps the pages it reuses."""
+
+    def __init__(self, growth: float = 0.25,
+                 resident: Callable[[], int | None] = anonymous_resident_bytes) -> None:
+        self.growth = growth
+        self._resident = resident
+        self._bound: int | None = None
+
+    def epoch_done(self) -> bool:
+        """Call after each epoch; True if freed memory went back to the OS."""
+        now = self._resident()
+        if now is None:  # no way to tell growth: give back every epoch
+            return release_freed_memory()
+        if self._bound is None:
+            self._bound = int(now * (1 + self.growth))
+            return False
+        return now > self._bound and release_freed_memory()

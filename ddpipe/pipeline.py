@@ -33,7 +33,7 @@ from .decode.spec import DecodeOptions
 from .errors import CorruptShardError, DdpipeError, SampleError
 from .exchange import ExchangeShuffler
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
-from .memory import release_freed_memory
+from .memory import EpochMemory
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
 from .shufflers import get_shuffler
@@ -115,6 +115,7 @@ class Loader:
             self.stager = NodeStager(self.dataset, stage, self.comm)
         self.skipped: list[tuple[str, str, str]] = []  # (key, shard, reason) of skipped samples, first 1,000
         self._decoder: Decoder | None = None
+        self._memory = EpochMemory()
         closing = weakref.WeakMethod(self.close)  # the job may end while this loader is alive
         self.comm.at_end(lambda: (close := closing()) is not None and close())
 
@@ -208,7 +209,7 @@ class Loader:
                 # a whole epoch was read: its staging is done, bar the stager's own bookkeeping, which
                 # is waited for so that its figures (stats) are final when the epoch ends
                 self.stager.wait()
-            release_freed_memory()  # the epoch's high-water mark is not the next one's floor
+            self._memory.epoch_done()  # the epochs' high-water mark is not the next one's floor
         finally:
             stream.close()
 

@@ -29,3 +29,21 @@ def test_trimming_gives_freed_memory_back() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     before, after = map(int, out.stdout.split())
     assert before > 150 and after < before - 150  # what the heap kept for reuse went back to the OS
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
+def test_freed_memory_goes_back_only_once_the_process_outgrows_its_first_epoch() -> None:
+    code = ("from ddpipe.memory import EpochMemory, anonymous_resident_bytes, keep_freed_memory\n"
+            "def mb():\n    return anonymous_resident_bytes() >> 20\n"
+            "keep_freed_memory()\n"
+            "memory = EpochMemory(growth=0.25)\n"
+            "def epoch(mb_used):\n"
+            "    chunks = [b\"x\" * 100_000 for _ in range(mb_used * 10)]\n"  # sample-sized, written
+            "    del chunks\n"
+            "    before = mb(); given = memory.epoch_done(); print(int(given), before, mb())\n"
+            "epoch(200); epoch(200); epoch(400)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    (first, *_), (second, before2, after2), (third, before3, after3) = (
+        list(map(int, line.split())) for line in out.stdout.splitlines())
+    assert not first and not second and after2 >= before2 - 10  # the heap kept for the next epoch's reuse
+    assert third and after3 < before3 - 250  # past the bound: what was freed went back to the OS
