@@ -1,13 +1,13 @@
 """Images per second into training, against the tools users would otherwise use, in one run.
 
-    python benchmarks/loader.py [--n 3000] [--repeats 3] [--only NAME ...]
+    python benchmarks/loader.py [--n 3000] [--repeats 3] [--warmup 4] [--only NAME ...]
 
 Every pipeline does the same training transform (random-resized crop to 224x224, scale 0.08-1,
 ratio 3/4-4/3, horizontal flip, ImageNet normalisation to float32 NCHW; or uint8 where named) in
 batches of 256, on the same synth ImageNet-like JPEGs, on the same cores. Each runs in a process
 of its own (its peak resident memory, with its workers', is reported; for several ranks, the
-largest rank's) for two epochs; the second is timed. ddpipe's partial-shuffling rows run 1, 2, 4
-and 8 ranks on the same cores, as a node runs one rank per GPU. References in the same run: the
+largest rank's) for five epochs: four warm up (--warmup), the last is timed. ddpipe's partial-shuffling
+rows run 1, 2, 4 and 8 ranks on the same cores, as a node runs one rank per GPU. References in the same run: the
 raw decode limit (simplejpeg full decode of the images in memory, one process per core at once),
 the PyTorch DataLoader over the ImageFolder with PIL, the webdataset library's pipeline over the
 same tars, and DALI's own file and webdataset readers (ddpipe/bench/peers.py, as ``ddpipe bench
@@ -34,6 +34,9 @@ from ddpipe.bench.harness import machine, median, table
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1
 PEAKS: list[float] = []  # the ranks' peak memory, gathered by a multi-rank child
+# epochs before the timed one: a process's heap grows to its steady size over the first few (8 ranks
+# on 2 cores: the second epoch ran at 0.7 of the fifth), and training runs for many
+WARMUP = 4
 
 
 def peak_mb() -> float:
@@ -42,10 +45,14 @@ def peak_mb() -> float:
     return (own + children) / 1024
 
 
-def timed_epochs(batches_of_epoch) -> tuple[int, float]:  # type: ignore[no-untyped-def]
-    """Run two epochs, time the second: (images, seconds)."""
-    for _ in batches_of_epoch():
-        pass
+def timed_epochs(batches_of_epoch, warmup: int, start_together=lambda: None) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+    """Run the warm-up epochs, then time one: (images, seconds). Several ranks start the timed epoch
+    together: without an allreduce per step they drift apart, and a rank that finished its warm-up
+    early would time the others' warm-up as part of its epoch."""
+    for _ in range(warmup):
+        for _ in batches_of_epoch():
+            pass
+    start_together()
     t0, n = time.perf_counter(), 0
     for b in batches_of_epoch():
         n += len(b)
@@ -54,14 +61,15 @@ def timed_epochs(batches_of_epoch) -> tuple[int, float]:  # type: ignore[no-unty
 
 # ---- the peers (ddpipe/bench/peers.py: the same ones ``ddpipe bench --compare`` runs) -------------
 
-def run_peer(name: str, images: Path, shards: Path, dtype: str) -> tuple[int, float]:
+def run_peer(name: str, images: Path, shards: Path, dtype: str, warmup: int) -> tuple[int, float]:
     from ddpipe.bench.peers import PeerInputs, PeerOptions, make_peer
 
     inputs = PeerInputs(images, sorted(shards.glob("*.tar")))
-    return timed_epochs(make_peer(name, inputs, PeerOptions(batch_size=BATCH, size=SIZE, dtype=dtype, workers=CORES)))
+    return timed_epochs(make_peer(name, inputs, PeerOptions(batch_size=BATCH, size=SIZE, dtype=dtype, workers=CORES)),
+                        warmup)
 
 
-def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, antialias: bool = True,
+def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, warmup: int, antialias: bool = True,
                verify: bool = True) -> tuple[int, float]:
     import ddpipe
     from ddpipe.decode import DecodeOptions
@@ -75,7 +83,7 @@ def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, antialias: boo
         epoch[0] += 1
         return (x for x, _ in loader)
 
-    n, seconds = timed_epochs(batches)
+    n, seconds = timed_epochs(batches, warmup, loader.comm.barrier)
     seconds = max(loader.comm.allgather(seconds))
     PEAKS.extend(loader.comm.allgather(peak_mb()))  # every rank's, for the largest per rank
     return sum(loader.comm.allgather(n)), seconds
@@ -132,14 +140,14 @@ def runs(images: Path, data: Path) -> dict[str, tuple[int, list[str]]]:
     return out
 
 
-def child(args: list[str], images: Path, data: Path, out: Path) -> None:
+def child(args: list[str], images: Path, data: Path, out: Path, warmup: int) -> None:
     kind = args[0]
     if kind == "raw":
         n, s = raw_decode(images)
     elif kind in ("torch", "webdataset", "dali-file", "dali-wds"):
-        n, s = run_peer(kind, images, data / "wds", args[1] if len(args) > 1 else "float32")
+        n, s = run_peer(kind, images, data / "wds", args[1] if len(args) > 1 else "float32", warmup)
     else:
-        n, s = run_ddpipe(Path(args[1]), args[2], args[3], args[4], antialias="noaa" not in args[5:],
+        n, s = run_ddpipe(Path(args[1]), args[2], args[3], args[4], warmup, antialias="noaa" not in args[5:],
                           verify="nocheck" not in args[5:])
     if os.environ.get("PMI_RANK", "0") == "0":
         out.write_text(json.dumps({"images": n, "seconds": s, "peak_mb": max(PEAKS, default=peak_mb())}))
@@ -150,13 +158,14 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed epochs before the timed one")
     ap.add_argument("--run", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     images = synth_images(args.n)
     data = DATA / f"loader-{args.n}"
     if args.run:
-        child(args.run, images, data, Path(args.out))
+        child(args.run, images, data, Path(args.out), args.warmup)
         return
     for fmt in ("wds", "hdf5", "lmdb"):
         synth_shards(args.n, "loader", fmt, shard_bytes=32_000_000, seed=0)
@@ -170,7 +179,8 @@ def main() -> None:
             ranks, run_args = todo[name]
             out = DATA / "loader-run.json"
             out.unlink(missing_ok=True)
-            cmd = [sys.executable, __file__, "--n", str(args.n), "--out", str(out), "--run", *run_args]
+            cmd = [sys.executable, __file__, "--n", str(args.n), "--warmup", str(args.warmup), "--out", str(out),
+                   "--run", *run_args]
             if ranks > 1:
                 cmd = [mpiexec, "-n", str(ranks), *cmd]
             subprocess.run(cmd, check=True, timeout=1200, stdout=subprocess.DEVNULL)
@@ -190,9 +200,10 @@ def main() -> None:
     cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"), ("vs_best_peer", "/ best peer", ".2f"),
             ("vs_raw", "/ raw limit", ".2f"), ("peak_mb", "peak MB", ".0f")]
     text = table(rows, cols)
-    command = f"python benchmarks/loader.py --n {args.n} --repeats {args.repeats}"
+    command = f"python benchmarks/loader.py --n {args.n} --repeats {args.repeats} --warmup {args.warmup}"
     # a partial run (--only) is a probe: it must not replace the full record the README's table shows
     doc = {"benchmark": "loader", "command": command, "machine": machine(), "batch": BATCH, "size": SIZE,
+           "warmup_epochs": args.warmup,
            "rows": rows, "runs": results, "table": text}
     path = save("loader" if args.only is None else "loader-only", doc)
     print(text)
