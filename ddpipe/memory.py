@@ -81,8 +81,9 @@ def anonymous_resident_bytes() -> int | None:
 
 class EpochMemory:
     """Decides, at each epoch's end, whether to give freed memory back: only once the process holds
-    more than ``growth`` over what it held after its first epoch, so that memory stays bounded
-    while a steady run keeps the pages it reuses."""
+    more than ``growth`` over what it held after its loaders' first epochs, so that memory stays
+    bounded while a steady run keeps the pages it reuses. One per process (its communicator's):
+    malloc's memory is the process's, shared by every loader in it."""
 
     def __init__(self, growth: float = 0.25,
                  resident: Callable[[], int | None] = anonymous_resident_bytes) -> None:
@@ -90,12 +91,13 @@ class EpochMemory:
         self._resident = resident
         self._bound: int | None = None
 
-    def epoch_done(self) -> bool:
-        """Call after each epoch; True if freed memory went back to the OS."""
+    def epoch_done(self, loaders_first: bool) -> bool:
+        """Call after each epoch, saying whether it was its loader's first; True if freed memory went
+        back to the OS. A loader's first epoch raises the bound: the process now holds its working set too."""
         now = self._resident()
         if now is None:  # no way to tell growth: give back every epoch
             return release_freed_memory()
-        if self._bound is None:
-            self._bound = int(now * (1 + self.growth))
+        if loaders_first:
+            self._bound = max(self._bound or 0, int(now * (1 + self.growth)))
             return False
-        return now > self._bound and release_freed_memory()
+        return self._bound is not None and now > self._bound and release_freed_memory()

@@ -33,7 +33,6 @@ from .decode.spec import DecodeOptions
 from .errors import CorruptShardError, DdpipeError, SampleError
 from .exchange import ExchangeShuffler
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
-from .memory import EpochMemory
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
 from .shufflers import get_shuffler
@@ -115,7 +114,7 @@ class Loader:
             self.stager = NodeStager(self.dataset, stage, self.comm)
         self.skipped: list[tuple[str, str, str]] = []  # (key, shard, reason) of skipped samples, first 1,000
         self._decoder: Decoder | None = None
-        self._memory = EpochMemory()
+        self._finished_an_epoch = False
         closing = weakref.WeakMethod(self.close)  # the job may end while this loader is alive
         self.comm.at_end(lambda: (close := closing()) is not None and close())
 
@@ -209,7 +208,9 @@ class Loader:
                 # a whole epoch was read: its staging is done, bar the stager's own bookkeeping, which
                 # is waited for so that its figures (stats) are final when the epoch ends
                 self.stager.wait()
-            self._memory.epoch_done()  # the epochs' high-water mark is not the next one's floor
+            # the epochs' high-water mark is not the next one's floor
+            self.comm.freed_memory.epoch_done(loaders_first=not self._finished_an_epoch)
+            self._finished_an_epoch = True
         finally:
             stream.close()
 

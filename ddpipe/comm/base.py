@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 
 from ..errors import DdpipeError
+from ..memory import EpochMemory
 from .world import World
 
 T = TypeVar("T")
@@ -73,6 +74,8 @@ class Comm:
         # waiting for slower ranks to arrive)
         self.transfer_seconds = 0.0
         self._send = np.empty(0, dtype=np.uint8)
+        # when the loaders on this communicator give freed memory back: the process's heap is one
+        self.freed_memory = EpochMemory()
 
     def at_end(self, cleanup: Callable[[], Any]) -> None:
         """Run ``cleanup`` before :meth:`end_job` ends the process (worker pools, shared memory)."""
