@@ -30,9 +30,12 @@ TRIM_THRESHOLD = 512 << 20
 MMAP_THRESHOLD = 32 << 20  # samples and rounds come from the heap, not one mmap each
 # glibc gives each new thread an arena of its own, up to 8 per core. Samples are made on the reader
 # and exchange threads and freed on the decoding one, so every arena grew to its own high-water
-# mark: resident memory rose in steps for ~5 epochs (+25%). Two arenas stayed flat, at no cost in
-# throughput measurable here (benchmarks/soak.py, benchmarks/loader.py).
-ARENA_MAX = 2
+# mark: resident memory rose in steps for ~5 epochs (+25%). With two, a thread's arena spans several
+# 64 MB heaps that glibc unmaps whenever one falls empty, ignoring the trim threshold: reading an
+# epoch with Q = 0 faulted ~135 MB back in per rank every epoch (benchmarks/exchange.py). One arena
+# (the heap, which keeps TRIM_THRESHOLD) faulted nothing after the first epoch, at no cost in
+# throughput measurable here with DALI's threads (benchmarks/loader.py, 2 ranks, interleaved runs).
+ARENA_MAX = 1
 
 
 @functools.cache
