@@ -1,7 +1,7 @@
 """The cost of the partial exchange: epoch time with Q = 0.3 against Q = 0, and the exchange's
 throughput against raw MPI Alltoallv of the same bytes, on real ranks.
 
-    python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 5] [--round-size 128]
+    python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 15] [--round-size 128]
 
 Data: synth ImageNet-like JPEGs in 16 MB WebDataset shards. Each repeat runs one epoch per Q,
 alternating, with the shards evicted from the page cache first (cold, the I/O-bound case the
@@ -9,7 +9,9 @@ exchange is meant to hide behind) and then again warm; the epoch time is the slo
 The reference for throughput replays each round's byte counts, rank by rank, through plain
 ``MPI.Ialltoallv`` on preallocated buffers in the same run. The exchange's own time is what it costs
 a rank: packing the samples to send, moving the bytes once every rank has arrived, and unpacking
-(the slowest rank's); the time spent waiting for slower ranks to arrive (reading or decoding behind
+(the slowest rank's), in wall time and in its thread's processor time (which leaves out the turns
+of the rank's other threads, reading and batching, on a node with fewer free cores than threads);
+the time spent waiting for slower ranks to arrive (reading or decoding behind
 the others) is shown apart, as it is not the exchange's cost but the stages' imbalance. *Alone*: the
 exchange's own code over an epoch's samples already in memory, with nothing else running in the
 process, against raw Alltoallv of that run's bytes: what the exchange adds to MPI's cost by itself.
@@ -61,7 +63,7 @@ def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
                                   round_size=round_size, comm=comm)
                for q in (0.0, 0.3)}
     times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm") for q in (0.0, 0.3)}
-    exchange, waiting, raw, moved = [], [], [], []
+    exchange, cpu, waiting, raw, moved = [], [], [], [], []
     for rep in range(repeats):
         for q in (0.0, 0.3) if rep % 2 == 0 else (0.3, 0.0):
             times[f"cold-{q}"].append(timed_epoch(loaders[q], files))
@@ -69,12 +71,14 @@ def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
         stats = loaders[0.3].stats
         everyone = comm.allgather(stats["round_bytes"])
         exchange.append(max(comm.allgather(stats["exchange_seconds"])))
+        cpu.append(max(comm.allgather(stats["exchange_cpu_seconds"])))
         waiting.append(max(comm.allgather(stats["exchange_wait_seconds"])))
         raw.append(max(comm.allgather(raw_alltoallv(everyone, comm.world.rank))))
         moved.append(sum(sum(sum(r) for r in rank) for rank in everyone))
     alone, alone_raw = exchange_alone(loaders[0.3], repeats)
     if comm.world.rank == 0:
-        out.write_text(json.dumps({"times": times, "exchange_s": exchange, "wait_s": waiting, "raw_s": raw,
+        out.write_text(json.dumps({"times": times, "exchange_s": exchange, "exchange_cpu_s": cpu, "wait_s": waiting,
+                                   "raw_s": raw,
                                    "bytes": moved, "alone_s": alone, "alone_raw_s": alone_raw}))
 
 
@@ -99,7 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--round-size", type=int, default=128)
     ap.add_argument("--worker", nargs=2, metavar=("DATA", "OUT"))
     args = ap.parse_args()
@@ -123,6 +127,7 @@ def main() -> None:
             "exchange_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["exchange_s"], strict=True)]),
             "raw_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["raw_s"], strict=True)]),
             "vs_raw": median([raw / ours for raw, ours in zip(r["raw_s"], r["exchange_s"], strict=True)]),
+            "cpu_vs_raw": median([raw / ours for raw, ours in zip(r["raw_s"], r["exchange_cpu_s"], strict=True)]),
             "alone_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["alone_s"], strict=True)]),
             "alone_vs_raw": median([raw / ours for raw, ours in zip(r["alone_raw_s"], r["alone_s"], strict=True)]),
             "wait_s": median(r["wait_s"]),
@@ -132,6 +137,7 @@ def main() -> None:
             ("warm_q3", "warm Q=0.3 s", ".2f"), ("warm_ratio", "warm Q=0.3 / Q=0", ".2f"),
             ("exchanged_mb", "MB exchanged", ".0f"), ("exchange_mb_s", "exchange MB/s", ".0f"),
             ("raw_mb_s", "raw Alltoallv MB/s", ".0f"), ("vs_raw", "exchange / raw", ".2f"),
+            ("cpu_vs_raw", "processor time: exchange / raw", ".2f"),
             ("alone_mb_s", "alone MB/s", ".0f"), ("alone_vs_raw", "alone / raw", ".2f"),
             ("wait_s", "waiting for peers s", ".2f")]
     text = table(rows, cols)

@@ -37,6 +37,9 @@ class ExchangeShuffler:
         # unpacking (compared with raw Alltoallv); waiting for slower ranks to arrive is counted apart
         self.exchange_seconds = 0.0
         self.wait_seconds = 0.0
+        # the processor time this thread spent in the exchange, waits included (they sleep): on a node
+        # with fewer free cores than threads, its wall time also holds the other threads' turns
+        self.exchange_cpu_seconds = 0.0
         self.round_bytes: list[list[int]] = []  # bytes sent to each rank, per round
 
     def run(self, samples: Iterator[Sample], emit: Emit) -> bool:
@@ -50,7 +53,7 @@ class ExchangeShuffler:
             for positions, dest in zip(rnd.send, rnd.dests, strict=True):
                 outgoing[dest] = [(int(plan.reads[p]), chunk[p - rnd.start]) for p in positions.tolist()]
                 sent.update(positions.tolist())
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             segments = [segment_parts(items) for items in outgoing]
             counts = segment_lengths(segments, size).tolist()
             t1 = time.perf_counter()
@@ -73,6 +76,7 @@ class ExchangeShuffler:
                                       "do all ranks run the same ddpipe version, dataset and options?")
                 out.extend(items)
             self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)
+            self.exchange_cpu_seconds += time.thread_time() - cpu0
             self.wait_seconds += (t2 - t1) - moved
             if not stopped:
                 for item in out:

@@ -309,7 +309,9 @@ class Loader:
                 # update, not replace: the consumer may still be counting skipped samples in stats
                 self.stats.update({"samples_sent": shuffler.samples_sent, "bytes_sent": shuffler.bytes_sent,
                                    "exchange_seconds": shuffler.exchange_seconds,
-                                   "exchange_wait_seconds": shuffler.wait_seconds, "round_bytes": shuffler.round_bytes})
+                                   "exchange_wait_seconds": shuffler.wait_seconds,
+                                   "exchange_cpu_seconds": shuffler.exchange_cpu_seconds,
+                                   "round_bytes": shuffler.round_bytes})
                 if not finished:
                     emit(_END)
                     return
