@@ -30,11 +30,12 @@ TRIM_THRESHOLD = 512 << 20
 MMAP_THRESHOLD = 32 << 20  # samples and rounds come from the heap, not one mmap each
 # glibc gives each new thread an arena of its own, up to 8 per core. Samples are made on the reader
 # and exchange threads and freed on the decoding one, so every arena grew to its own high-water
-# mark: resident memory rose in steps for ~5 epochs (+25%). With two, a thread's arena spans several
-# 64 MB heaps that glibc unmaps whenever one falls empty, ignoring the trim threshold: reading an
-# epoch with Q = 0 faulted ~135 MB back in per rank every epoch (benchmarks/exchange.py). One arena
-# (the heap, which keeps TRIM_THRESHOLD) faulted nothing after the first epoch, at no cost in
-# throughput measurable here with DALI's threads (benchmarks/loader.py, 2 ranks, interleaved runs).
+# mark: resident memory rose in steps for ~5 epochs (+25%). With two, reading an epoch with Q = 0
+# faulted ~135 MB back in per rank every epoch (benchmarks/exchange.py): the second arena's memory
+# did not stay with the process as the heap's does under TRIM_THRESHOLD (glibc keeps a thread
+# arena's memory in 64 MB heaps of its own; a larger M_TOP_PAD did not help). One arena faulted
+# nothing after the first epoch, at no cost in throughput measurable here with DALI's threads
+# (benchmarks/loader.py's ddpipe rows at 2 and 8 ranks, interleaved probes).
 ARENA_MAX = 1
 
 
