@@ -8,7 +8,7 @@ Keeping up to ``TRIM_THRESHOLD`` of freed memory for reuse bounds the cost: peak
 set by the pipeline's bounded queues, not by the dataset or the epoch count.
 
 What is kept is given back at an epoch's end once the process holds clearly more than after its
-first epoch (:class:`EpochMemory`): otherwise the heap holds the high-water mark of every epoch so
+loaders' first epochs (:class:`EpochMemory`): otherwise the heap holds the high-water mark of every epoch so
 far, and a 20-epoch soak run (benchmarks/soak.py) grew ~30% in rare steps as an epoch's exchange
 rounds and decode buffers peaked a little higher than before. Giving it back after every epoch
 instead made every epoch fault its whole working set in again: with 8 ranks on 2 cores that was a

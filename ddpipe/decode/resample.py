@@ -49,8 +49,7 @@ class BatchRing:
     """Output batches (N x 3 x size x size, the options' dtype and layout) from a small ring, each
     reused only once nothing else refers to it: a fresh 150 MB float32 batch costs ~38,000 page
     faults to fill, ~40 ms on one core per 256 images. A shorter batch (an epoch's last) is the front
-    of a larger one: given fresh memory, it faulted every epoch, 16% of all CPU time with 8 ranks on 2
-    cores (benchmarks/loader.py, where each rank's epoch has one)."""
+    of a released larger one rather than a batch of its own: one fresh batch and one ring entry fewer."""
 
     def __init__(self, options: DecodeOptions) -> None:
         self.options = options
