@@ -5,9 +5,10 @@
 Every pipeline does the same training transform (random-resized crop to 224x224, scale 0.08-1,
 ratio 3/4-4/3, horizontal flip, ImageNet normalisation to float32 NCHW; or uint8 where named) in
 batches of 256, on the same synth ImageNet-like JPEGs, on the same cores. Each runs in a process
-of its own (its peak resident memory, with its workers', is reported; for several ranks, the
-largest rank's) for five epochs: four warm up (--warmup), the last is timed. ddpipe's partial-shuffling
-rows run 1, 2, 4 and 8 ranks on the same cores, as a node runs one rank per GPU. References in the same run: the
+of its own (its peak resident memory and its threads once the timed epoch is under way, with its
+worker processes', are reported; for several ranks, the largest rank's) for five epochs: four warm
+up (--warmup), the last is timed. ddpipe's partial-shuffling rows run 1, 2, 4 and 8 ranks on the
+same cores, as a node runs one rank per GPU. References in the same run: the
 raw decode limit (simplejpeg full decode of the images in memory, one process per core at once),
 the PyTorch DataLoader over the ImageFolder with PIL, the webdataset library's pipeline over the
 same tars, and DALI's own file and webdataset readers (ddpipe/bench/peers.py, as ``ddpipe bench
@@ -35,6 +36,7 @@ from ddpipe.bench.harness import machine, median, table
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1
 PEAKS: list[float] = []  # the ranks' peak memory, gathered by a multi-rank child
+THREADS: list[int] = []  # the ranks' threads during the timed epoch, gathered likewise
 # epochs before the timed one: a process's heap grows to its steady size over the first few (8 ranks
 # on 2 cores: the second epoch ran at 0.7 of the fifth), and training runs for many
 WARMUP = 4
@@ -46,25 +48,44 @@ def peak_mb() -> float:
     return (own + children) / 1024
 
 
-def timed_epochs(batches_of_epoch, warmup: int, start_together=lambda: None) -> tuple[int, float]:  # type: ignore[no-untyped-def]
-    """Run the warm-up epochs, then time one: (images, seconds). Several ranks start the timed epoch
-    together: without an allreduce per step they drift apart, and a rank that finished its warm-up
-    early would time the others' warm-up as part of its epoch."""
+def threads_now(pid: int | str = "self") -> int:
+    """Threads of a process and its descendants (a DataLoader's workers are processes of their own)."""
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        ids = os.listdir(tasks)
+    except OSError:  # the process ended meanwhile
+        return 0
+    total = len(ids)
+    for t in ids:
+        try:
+            children = (tasks / t / "children").read_text().split()
+        except OSError:
+            continue
+        total += sum(threads_now(c) for c in children)
+    return total
+
+
+def timed_epochs(batches_of_epoch, warmup: int, start_together=lambda: None) -> tuple[int, float, int]:  # type: ignore[no-untyped-def]
+    """Run the warm-up epochs, then time one: (images, seconds, threads once its first batch is out,
+    every stage then running). Several ranks start the timed epoch together: without an allreduce per
+    step they drift apart, and a rank that finished its warm-up early would time the others' warm-up
+    as part of its epoch."""
     for _ in range(warmup):
         # consumed holding nothing: a loop variable would keep the epoch's last batch alive through
         # the timed epoch, and a loader that reuses its batch buffers would pay for a fresh one there
         # (150 MB of page faults per rank: a third of the 8-rank row's epoch), as no training loop does
         collections.deque(batches_of_epoch(), maxlen=0)
     start_together()
-    t0, n = time.perf_counter(), 0
+    t0, n, threads = time.perf_counter(), 0, 0
     for b in batches_of_epoch():
         n += len(b)
-    return n, time.perf_counter() - t0
+        threads = threads or threads_now()  # a few /proc reads, once
+    return n, time.perf_counter() - t0, threads
 
 
 # ---- the peers (ddpipe/bench/peers.py: the same ones ``ddpipe bench --compare`` runs) -------------
 
-def run_peer(name: str, images: Path, shards: Path, dtype: str, warmup: int) -> tuple[int, float]:
+def run_peer(name: str, images: Path, shards: Path, dtype: str, warmup: int) -> tuple[int, float, int]:
     from ddpipe.bench.peers import PeerInputs, PeerOptions, make_peer
 
     inputs = PeerInputs(images, sorted(shards.glob("*.tar")))
@@ -73,7 +94,7 @@ def run_peer(name: str, images: Path, shards: Path, dtype: str, warmup: int) -> 
 
 
 def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, warmup: int, antialias: bool = True,
-               verify: bool = True) -> tuple[int, float]:
+               verify: bool = True) -> tuple[int, float, int]:
     import ddpipe
     from ddpipe.decode import DecodeOptions
 
@@ -86,10 +107,11 @@ def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, warmup: int, a
         epoch[0] += 1
         return (x for x, _ in loader)
 
-    n, seconds = timed_epochs(batches, warmup, loader.comm.barrier)
+    n, seconds, threads = timed_epochs(batches, warmup, loader.comm.barrier)
     seconds = max(loader.comm.allgather(seconds))
     PEAKS.extend(loader.comm.allgather(peak_mb()))  # every rank's, for the largest per rank
-    return sum(loader.comm.allgather(n)), seconds
+    THREADS.extend(loader.comm.allgather(threads))
+    return sum(loader.comm.allgather(n)), seconds, threads
 
 
 def _decode_all(paths: list[Path]) -> float:
@@ -145,15 +167,17 @@ def runs(images: Path, data: Path) -> dict[str, tuple[int, list[str]]]:
 
 def child(args: list[str], images: Path, data: Path, out: Path, warmup: int) -> None:
     kind = args[0]
+    threads = 0
     if kind == "raw":
         n, s = raw_decode(images)
     elif kind in ("torch", "webdataset", "dali-file", "dali-wds"):
-        n, s = run_peer(kind, images, data / "wds", args[1] if len(args) > 1 else "float32", warmup)
+        n, s, threads = run_peer(kind, images, data / "wds", args[1] if len(args) > 1 else "float32", warmup)
     else:
-        n, s = run_ddpipe(Path(args[1]), args[2], args[3], args[4], warmup, antialias="noaa" not in args[5:],
-                          verify="nocheck" not in args[5:])
+        n, s, threads = run_ddpipe(Path(args[1]), args[2], args[3], args[4], warmup,
+                                   antialias="noaa" not in args[5:], verify="nocheck" not in args[5:])
     if os.environ.get("PMI_RANK", "0") == "0":
-        out.write_text(json.dumps({"images": n, "seconds": s, "peak_mb": max(PEAKS, default=peak_mb())}))
+        out.write_text(json.dumps({"images": n, "seconds": s, "peak_mb": max(PEAKS, default=peak_mb()),
+                                   "threads": max(THREADS, default=threads)}))
 
 
 def main() -> None:
@@ -192,16 +216,18 @@ def main() -> None:
     rows = []
     for name in names:
         rate = median([r["images"] / r["seconds"] for r in results[name]])
-        rows.append({"pipeline": name, "img_s": rate, "peak_mb": median([r["peak_mb"] for r in results[name]])})
+        rows.append({"pipeline": name, "img_s": rate, "peak_mb": median([r["peak_mb"] for r in results[name]]),
+                     "threads": max(r["threads"] for r in results[name])})
     raw = next(r["img_s"] for r in rows if r["pipeline"].startswith("raw"))
     peers = [r["img_s"] for r in rows if not r["pipeline"].startswith(("raw", "ddpipe"))]
     best = max(peers) if peers else math.nan  # no peer measured (--only): ratios to it are NaN
     for r in rows:
         r["vs_best_peer"], r["vs_raw"] = r["img_s"] / best, r["img_s"] / raw
         if r["pipeline"].startswith("raw"):
-            r["peak_mb"] = None
+            r["peak_mb"] = r["threads"] = None
     cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"), ("vs_best_peer", "/ best peer", ".2f"),
-            ("vs_raw", "/ raw limit", ".2f"), ("peak_mb", "peak MB", ".0f")]
+            ("vs_raw", "/ raw limit", ".2f"), ("peak_mb", "peak MB", ".0f"),
+            ("threads", "threads", "d")]
     text = table(rows, cols)
     command = f"python benchmarks/loader.py --n {args.n} --repeats {args.repeats} --warmup {args.warmup}"
     # a partial run (--only) is a probe: it must not replace the full record the README's table shows
