@@ -78,8 +78,7 @@ def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
     alone, alone_raw = exchange_alone(loaders[0.3], repeats)
     if comm.world.rank == 0:
         out.write_text(json.dumps({"times": times, "exchange_s": exchange, "exchange_cpu_s": cpu, "wait_s": waiting,
-                                   "raw_s": raw,
-                                   "bytes": moved, "alone_s": alone, "alone_raw_s": alone_raw}))
+                                   "raw_s": raw, "bytes": moved, "alone_s": alone, "alone_raw_s": alone_raw}))
 
 
 def exchange_alone(loader: ddpipe.Loader, repeats: int) -> tuple[list[float], list[float]]:

@@ -18,7 +18,6 @@ same tars, and DALI's own file and webdataset readers (ddpipe/bench/peers.py, as
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
@@ -31,12 +30,11 @@ from pathlib import Path
 
 from _common import DATA, save, synth_images, synth_shards
 
-from ddpipe.bench.harness import machine, median, table
+from ddpipe.bench.harness import drain, machine, median, table
 
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1
 PEAKS: list[float] = []  # the ranks' peak memory, gathered by a multi-rank child
-THREADS: list[int] = []  # the ranks' threads during the timed epoch, gathered likewise
 # epochs before the timed one: a process's heap grows to its steady size over the first few (8 ranks
 # on 2 cores: the second epoch ran at 0.7 of the fifth), and training runs for many
 WARMUP = 4
@@ -71,10 +69,7 @@ def timed_epochs(batches_of_epoch, warmup: int, start_together=lambda: None) -> 
     step they drift apart, and a rank that finished its warm-up early would time the others' warm-up
     as part of its epoch."""
     for _ in range(warmup):
-        # consumed holding nothing: a loop variable would keep the epoch's last batch alive through
-        # the timed epoch, and a loader that reuses its batch buffers would pay for a fresh one there
-        # (150 MB of page faults per rank: a third of the 8-rank row's epoch), as no training loop does
-        collections.deque(batches_of_epoch(), maxlen=0)
+        drain(batches_of_epoch())
     start_together()
     t0, n, threads = time.perf_counter(), 0, 0
     for b in batches_of_epoch():
@@ -110,8 +105,7 @@ def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, warmup: int, a
     n, seconds, threads = timed_epochs(batches, warmup, loader.comm.barrier)
     seconds = max(loader.comm.allgather(seconds))
     PEAKS.extend(loader.comm.allgather(peak_mb()))  # every rank's, for the largest per rank
-    THREADS.extend(loader.comm.allgather(threads))
-    return sum(loader.comm.allgather(n)), seconds, threads
+    return sum(loader.comm.allgather(n)), seconds, max(loader.comm.allgather(threads))
 
 
 def _decode_all(paths: list[Path]) -> float:
@@ -177,7 +171,7 @@ def child(args: list[str], images: Path, data: Path, out: Path, warmup: int) -> 
                                    antialias="noaa" not in args[5:], verify="nocheck" not in args[5:])
     if os.environ.get("PMI_RANK", "0") == "0":
         out.write_text(json.dumps({"images": n, "seconds": s, "peak_mb": max(PEAKS, default=peak_mb()),
-                                   "threads": max(THREADS, default=threads)}))
+                                   "threads": threads}))
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ pipeline could feed is the slowest of the data stages.
 
 from __future__ import annotations
 
-import collections
 import os
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from ..decode.spec import DecodeOptions
 from ..errors import DdpipeError
 from ..pipeline import Loader
 from ..sample import KEY, Sample
-from .harness import evict_page_cache
+from .harness import drain, evict_page_cache
 
 
 @dataclass(frozen=True)
@@ -175,9 +174,7 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
 
     def stage(name: str, ld: Loader, steady: bool) -> None:
         if not o.cold:  # warm: the page cache holds the dataset, as in every later epoch
-            # holding nothing: a loop variable would keep the pass's last batch alive through the timed
-            # epoch, making the loader's batch ring pay for a fresh batch there, as no training loop does
-            collections.deque(ld, maxlen=0)
+            drain(ld)
         mine = {"images": 0, "bytes": 0, "first": 0.0, "after_first": 0}
 
         def body() -> dict[str, float]:
