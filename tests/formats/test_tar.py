@@ -82,6 +82,25 @@ def test_duplicate_field_in_a_sample_is_corrupt(tmp_path: Path) -> None:
         scan_tar_members(shard)
 
 
+def test_samples_outlive_their_reader_and_an_abandoned_scan(tmp_path: Path) -> None:
+    """The reader maps the shard: closing it mid-scan, or dropping a scan half-read, must neither fail
+    nor change a sample already handed out, nor one the suspended scan still gives."""
+    from ddpipe.formats.tar import TarReader
+
+    items = example_samples(12)
+    shard = TestTarConformance().write(tmp_path / "s.tar", items)
+    reader = TarReader(shard)
+    scan = reader.scan(2)
+    first = [next(scan) for _ in range(3)]
+    reader.close()
+    first.append(next(scan))
+    del scan, reader
+    assert first == items[2:6]
+    with TarReader(shard) as again:
+        assert again[11] == items[11]
+        assert list(again.scan(12)) == []
+
+
 def test_index_parse_rejects_garbage(tmp_path: Path) -> None:
     from ddpipe.errors import CorruptShardError
 
