@@ -14,7 +14,7 @@ import numpy as np
 from .errors import CorruptShardError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .manifest import Manifest, ShardInfo, load_manifest
-from .sample import BAD, KEY, Sample
+from .sample import BAD, KEY, Sample, owned
 from .throttle import SourceLimits
 
 # on_corrupt(shard, error): under on_error="skip", hears of a shard whose content is not the manifest's
@@ -119,8 +119,9 @@ class Dataset:
 
     def iter_shard(self, shard: int, start: int = 0, *, store: ShardStore | None = None,
                    limits: SourceLimits | None = None, verify: bool = True,
-                   on_corrupt: OnCorrupt | None = None) -> Iterator[Sample]:
-        """The samples of one shard from position ``start``, read sequentially."""
+                   on_corrupt: OnCorrupt | None = None, views: bool = False) -> Iterator[Sample]:
+        """The samples of one shard from position ``start``, read sequentially. ``views``: fields
+        may be views of the shard in memory (:meth:`ShardReader.scan_views`)."""
         try:
             opened = self.open_shard(shard, store, verify=verify)
         except CorruptShardError as e:
@@ -136,7 +137,7 @@ class Dataset:
                 slow.on_open()
             info = self.manifest.shards[shard]
             share = info.bytes // max(info.samples, 1)  # a scan reads the whole file: each sample its share
-            for sample in reader.scan(start):
+            for sample in (reader.scan_views(start) if views else reader.scan(start)):
                 if slow is not None:
                     slow.on_read(share)
                 yield sample
@@ -157,13 +158,14 @@ class Dataset:
 
     def read(self, indices: np.ndarray, *, random_access: bool = False, store: ShardStore | None = None,
              limits: SourceLimits | None = None, verify: bool = True,
-             on_corrupt: OnCorrupt | None = None) -> Iterator[Sample]:
+             on_corrupt: OnCorrupt | None = None, views: bool = False) -> Iterator[Sample]:
         """The samples at global ``indices``, in that order.
 
         Sequential by default: each run of increasing positions within one shard is one scan of the
         shard from the run's first position (samples in between are skipped); ``store`` hears when
         the last run of a shard is done. ``random_access`` reads each sample on its own, keeping a
-        few shards open. ``on_corrupt``: see the class.
+        few shards open. ``on_corrupt``: see the class. ``views``: sequential reads may give fields
+        as views of the shard in memory (:meth:`ShardReader.scan_views`).
         """
         shards, positions = self.locate(np.asarray(indices, dtype=np.int64))
         if random_access:
@@ -189,10 +191,10 @@ class Dataset:
                 yield from (self.placeholder(int(shards[i]), p, error) for p in wanted)
             else:
                 scan = self.iter_shard(int(shards[i]), wanted[0], store=store, limits=limits, verify=verify,
-                                       on_corrupt=found_corrupt if on_corrupt is not None else None)
+                                       on_corrupt=found_corrupt if on_corrupt is not None else None, views=True)
                 for pos, sample in enumerate(scan, start=wanted[0]):
-                    if pos == wanted[k]:
-                        yield sample
+                    if pos == wanted[k]:  # only a wanted sample is copied out of the shard
+                        yield sample if views else owned(sample)
                         k += 1
                         if k == len(wanted):
                             break

@@ -11,17 +11,19 @@ one synchronisation per round, not two.
 
 from __future__ import annotations
 
+import itertools
 import struct
 import time
 from collections.abc import Callable, Iterator
 
 import msgpack
+import numpy as np
 
 from .comm import Comm
 from .comm.base import segment_lengths
 from .errors import DdpipeError
 from .plan import RankPlan
-from .sample import KEY, Sample
+from .sample import KEY, Sample, owned
 
 # emit((global index, sample)) -> False once the consumer has stopped
 Emit = Callable[[tuple[int, Sample]], bool]
@@ -43,16 +45,22 @@ class ExchangeShuffler:
         self.round_bytes: list[list[int]] = []  # bytes sent to each rank, per round
 
     def run(self, samples: Iterator[Sample], emit: Emit) -> bool:
-        """Read, exchange and emit every round; False if every rank stopped before the last one."""
+        """Read, exchange and emit every round; False if every rank stopped before the last one.
+        ``samples`` may hold views of the shards they were read from (``Dataset.read(views=True)``):
+        a sample sent is copied once, from its shard into the segment, and one kept once, out of it."""
         plan, size = self.plan, self.comm.world.size
+        reads = plan.reads.tolist()  # Python ints once, not a NumPy scalar per sample
         stopped = False
         for j, rnd in enumerate(plan.rounds):
-            chunk = [next(samples) for _ in range(rnd.stop - rnd.start)]
+            length = rnd.stop - rnd.start
+            chunk = list(itertools.islice(samples, length))
+            if len(chunk) != length:
+                raise DdpipeError(f"exchange round {j}: the reads ended {length - len(chunk)} samples early")
             outgoing: list[list[tuple[int, Sample]]] = [[] for _ in range(size)]
-            sent: set[int] = set()
             for positions, dest in zip(rnd.send, rnd.dests, strict=True):
-                outgoing[dest] = [(int(plan.reads[p]), chunk[p - rnd.start]) for p in positions.tolist()]
-                sent.update(positions.tolist())
+                outgoing[dest] = [(reads[p], chunk[p - rnd.start]) for p in positions.tolist()]
+            kept = np.ones(rnd.stop - rnd.start, dtype=bool)
+            kept[rnd.sent - rnd.start] = False
             t0, cpu0 = time.perf_counter(), time.thread_time()
             segments = [segment_parts(items) for items in outgoing]
             counts = segment_lengths(segments, size).tolist()
@@ -63,12 +71,13 @@ class ExchangeShuffler:
             if received is None:  # every rank has stopped
                 return False
             t2 = time.perf_counter()
-            self.samples_sent += len(sent)
+            self.samples_sent += len(rnd.sent)
             self.round_bytes.append(counts)
             self.bytes_sent += sum(counts)
             moved = self.comm.transfer_seconds - moved
-            out: list[tuple[int, Sample]] = [(int(plan.reads[p]), chunk[p - rnd.start])
-                                             for p in range(rnd.start, rnd.stop) if p not in sent]
+            # kept samples are copied out of their shards here; sent ones went from them into the slots
+            out: list[tuple[int, Sample]] = [(reads[rnd.start + i], owned(chunk[i]))
+                                             for i in np.flatnonzero(kept).tolist()]
             for source, expected in zip(rnd.sources, rnd.recv, strict=True):
                 items = unpack_segment(received[source]) if expected.size else []
                 if [g for g, _ in items] != expected.tolist():

@@ -293,9 +293,11 @@ class Loader:
             return _put(out, item, stop)
 
         try:
+            # the exchange copies each sample once, to its send slot or out of its shard (views)
             samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access, store=self.stager,
                                         limits=self._source_limits, verify=self.read_options.verify,
-                                        on_corrupt=self._on_corrupt if self.on_error == "skip" else None)
+                                        on_corrupt=self._on_corrupt if self.on_error == "skip" else None,
+                                        views=bool(rank_plan.rounds))
             if rank_plan.rounds:
                 # reading gets a thread of its own, so later rounds are read (the GIL released in I/O)
                 # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead

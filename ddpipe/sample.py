@@ -25,6 +25,15 @@ KEY = "__key__"
 #: ``on_error="skip"``); its value is the reason, as bytes. Decoders drop and count such samples.
 BAD = "__bad__"
 
+
+
+def owned(sample: Sample) -> Sample:
+    """``sample`` with every field in ``bytes`` of its own: a field that is a view of a shard being
+    read (:meth:`ddpipe.formats.base.ShardReader.scan_views`) is copied out, so that holding the
+    sample does not hold the shard. ``bytes`` of a ``bytes`` is that same object: no copy."""
+    return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
+
+
 _KEY_PART = re.compile(r"[A-Za-z0-9_\-+=,@~%]+")
 _FIELD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
 

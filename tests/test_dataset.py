@@ -45,6 +45,19 @@ def test_open_dataset(dataset: Path) -> None:
     assert list(ds.iter_shard(1, start=4)) == samples[10:12]
 
 
+def test_reading_with_views_gives_the_same_samples_and_they_outlive_the_read(dataset: Path) -> None:
+    """``views=True`` (what the exchange reads with) may hand out views of a mapped shard: the same
+    bytes as a plain read, in the same order, still valid once every shard has been closed."""
+    import numpy as np
+
+    ds = ddpipe.open_dataset(dataset)
+    indices = np.random.default_rng(0).permutation(len(ds))[: len(ds) - 3]
+    plain = list(ds.read(indices))
+    viewed = list(ds.read(indices, views=True))
+    assert [{k: v if k == "__key__" else bytes(v) for k, v in s.items()} for s in viewed] == plain
+    assert all(isinstance(v, bytes) for s in plain for k, v in s.items() if k != "__key__")
+
+
 def test_missing_shard(dataset: Path) -> None:
     shard = shard_file(dataset, 2)
     shard.unlink()

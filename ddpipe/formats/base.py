@@ -40,6 +40,12 @@ class ShardReader(abc.ABC):
     def scan(self, start: int = 0) -> Iterator[Sample]:
         """Sequential scan from sample ``start`` to the end, in stored order."""
 
+    def scan_views(self, start: int = 0) -> Iterator[Sample]:
+        """:meth:`scan`, where a format may give fields as views of the shard in memory instead of
+        copies; a view keeps the shard mapped while it lives (:func:`ddpipe.sample.owned` copies
+        a sample out). Formats without such views scan as usual."""
+        return self.scan(start)
+
     def __iter__(self) -> Iterator[Sample]:
         return self.scan()
 

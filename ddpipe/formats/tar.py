@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..checksum import buffer_checksum
 from ..errors import ChecksumMismatchError
-from ..sample import KEY, Sample, field_names
+from ..sample import KEY, Sample, field_names, owned
 from .base import ShardFormat, ShardReader, ShardWriter
 
 IDX_VERSION = "v1.2"
@@ -188,7 +188,9 @@ class TarReader(ShardReader):
     samples touch the page cache's own pages, where reading the file made the kernel copy it twice
     (once to hash it, once to scan it) and the scan copy it once more out of its read buffer. Each
     sample is still copied out into ``bytes`` of its own, so a sample the shuffle buffer holds long
-    does not keep the whole shard mapped. Reading a 16 MB shard, checked, took 0.09 s of processor
+    does not keep the whole shard mapped; :meth:`scan_views` gives the views themselves, for a
+    caller that copies each sample once anyway (the exchange copies a sample it sends into its
+    send slot, and only the samples it keeps into ``bytes``). Reading a 16 MB shard, checked, took 0.09 s of processor
     time per 354 MB against 0.17 s (this machine, page cache warm; 0.15 s against 0.23 s cold).
     Like DALI's readers, which map files too, it relies on shards not being truncated in place
     while they are read (ddpipe replaces files by renaming, which leaves a mapping intact).
@@ -229,9 +231,10 @@ class TarReader(ShardReader):
         return memoryview(self._mapping)
 
     def _sample(self, content: memoryview, group: list[Member]) -> Sample:
+        """The sample of ``group``, its fields views of ``content``."""
         sample: Sample = {KEY: split_member_name(group[0][3])[0]}
         for ext, offset, size, name in group:
-            data = bytes(content[offset : offset + size])
+            data = content[offset : offset + size]
             if len(data) != size:
                 raise self._corrupt(f"truncated tar: member {name!r} is cut short")
             sample[ext] = data
@@ -239,15 +242,17 @@ class TarReader(ShardReader):
 
     def __getitem__(self, index: int) -> Sample:
         group = self._groups[self._check_index(index)]
-        with self.content(whole=False) as content:
-            return self._sample(content, group)
+        return owned(self._sample(self.content(whole=False), group))
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
+        return map(owned, self.scan_views(start))
+
+    def scan_views(self, start: int = 0) -> Iterator[Sample]:
         if start >= len(self._groups):
             return
-        with self.content() as content:
-            for group in self._groups[start:]:
-                yield self._sample(content, group)
+        content = self.content()
+        for group in self._groups[start:]:
+            yield self._sample(content, group)
 
     def close(self) -> None:
         # dropped, not closed: a scan left suspended still holds a view of it, and the mapping goes
