@@ -21,6 +21,8 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from ..checksum import buffer_checksum
 from ..errors import ChecksumMismatchError
 from ..sample import KEY, Sample, field_names, owned
@@ -145,6 +147,11 @@ def check_index_against_headers(shard: str | os.PathLike[str], groups: list[list
     (else one 512-byte read per member, from the page cache right after the checksum was read)."""
     from ..errors import CorruptShardError
 
+    members = [(offset, size, name) for group in groups for _, offset, size, name in group]
+    if content is not None:
+        unsure = [members[i] for i in np.flatnonzero(~_plain_headers_match(content, members)).tolist()]
+    else:
+        unsure = members
     with contextlib.ExitStack() as stack:
         if content is None:
             fd = os.open(shard, os.O_RDONLY)
@@ -158,12 +165,30 @@ def check_index_against_headers(shard: str | os.PathLike[str], groups: list[list
             def header_before(offset: int) -> bytes:
                 return bytes(view[offset - 512 : offset])
 
-        for group in groups:
-            for _, offset, size, name in group:
-                if not _header_matches(header_before(offset) if offset >= 512 else b"", name, size):
-                    raise CorruptShardError(f"DALI index entry {name!r} (offset {offset}) does not match the tar "
-                                            "header there: the index was changed; rebuild it with 'ddpipe index'",
-                                            path=index_path(shard))
+        for offset, size, name in unsure:
+            if not _header_matches(header_before(offset) if offset >= 512 else b"", name, size):
+                raise CorruptShardError(f"DALI index entry {name!r} (offset {offset}) does not match the tar "
+                                        "header there: the index was changed; rebuild it with 'ddpipe index'",
+                                        path=index_path(shard))
+
+
+def _plain_headers_match(content: memoryview, members: list[tuple[int, int, str]]) -> np.ndarray:
+    """Per member, whether its header is the plain one ddpipe, Python's tarfile and GNU tar write for
+    it (its whole name in the name field, NUL-padded, no prefix, the size as 11 octal digits and
+    NUL), compared for all members at once: a header check member by member took ~2 us each, 8% of
+    reading an epoch without decoding. False only means "parse this one" (:func:`_header_matches`)."""
+    data = np.frombuffer(content, dtype=np.uint8)
+    blocks = data[: len(data) // 512 * 512].reshape(-1, 512)  # a tar is 512-byte blocks, headers among them
+    offsets = np.array([m[0] for m in members], dtype=np.int64)
+    block = offsets // 512 - 1
+    aligned = (offsets % 512 == 0) & (block >= 0) & (block < len(blocks))
+    headers = blocks[np.where(aligned, block, 0)]
+    names = np.frombuffer(b"".join(m[2].encode().ljust(100, b"\0")[:100] for m in members), dtype=np.uint8)
+    sizes = np.frombuffer(b"".join(b"%011o\0" % m[1] for m in members), dtype=np.uint8)
+    ok: np.ndarray = aligned & np.all(headers[:, :100] == names.reshape(-1, 100), axis=1)
+    ok &= np.all(headers[:, 124:136] == sizes.reshape(-1, 12), axis=1)
+    ok &= headers[:, 345] == 0
+    return ok
 
 
 def _header_matches(header: bytes, name: str, size: int) -> bool:
