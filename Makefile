@@ -22,11 +22,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ddpipe tests benchmarks
+	$(VENV)/bin/ruff check ddpipe tests benchmarks examples
 	$(PY) benchmarks/report.py --check
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy ddpipe
+	$(VENV)/bin/mypy ddpipe tests benchmarks examples
 
 test: lint typecheck
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q

@@ -45,10 +45,11 @@ def worker(out: Path, repeats: int) -> None:
     count = sum(p.numel() for p in params)
     averager = MPIGradientAverager(model, comm.gradient_channel())
     for p in params:
+        assert p.grad is not None  # the averager gave every parameter its bucket view
         p.grad.copy_(torch.randn_like(p))  # gradients as backward leaves them (views into the buckets)
     raw = np.random.rand(count).astype(np.float32)
     flat = torch.randn(count)
-    chunks = list(flat.split(25 * 2**20 // 4))
+    chunks = list(torch.split(flat, 25 * 2**20 // 4))
     times: dict[str, list[float]] = {"mpi": [], "raw": [], "ddp": []}
     for _ in range(repeats):
         world.Barrier()

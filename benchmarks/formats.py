@@ -18,6 +18,7 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import webdataset as wds
 from _common import DATA, save, synth_images
@@ -69,8 +70,10 @@ def ratio(subject: list[float], reference: list[float]) -> float:
     return median([a / b for a, b in zip(subject, reference, strict=True)])
 
 
-def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: int, shard_bytes: int) -> list[dict]:
-    convert_times, unchecked_times = [], []
+def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: int,
+                 shard_bytes: int) -> list[dict[str, Any]]:
+    convert_times: list[float] = []
+    unchecked_times: list[float] = []
     for _ in range(max(1, repeats // 2)):
         for check, times in ((False, unchecked_times), (True, convert_times)):  # the checked one is kept
             shutil.rmtree(out, ignore_errors=True)
@@ -84,7 +87,7 @@ def bench_format(fmt: str, images: Path, image_bytes: int, out: Path, repeats: i
     return rows
 
 
-def read_rows(name: str, root: Path, repeats: int, peer: bool = False) -> list[dict]:
+def read_rows(name: str, root: Path, repeats: int, peer: bool = False) -> list[dict[str, Any]]:
     """Sequential reads of a dataset's every sample, cold and warm, checked and not, each against raw
     reads of the same files measured beside it."""
     files = shard_files(root)
@@ -110,7 +113,7 @@ def read_rows(name: str, root: Path, repeats: int, peer: bool = False) -> list[d
     common = {"shards": len(files), "bytes": nbytes, "samples": manifest.num_samples,
               "cold_raw_mb_s": median(speed["cold_raw"]), "warm_raw_mb_s": median(speed["warm_raw"])}
 
-    def row(reader: str, cold: list[float], warm: list[float]) -> dict:
+    def row(reader: str, cold: list[float], warm: list[float]) -> dict[str, Any]:
         return {"format": reader, **common, "convert_mb_s": None, "convert_unchecked_mb_s": None,
                 "cold_mb_s": median(cold), "cold_ratio": ratio(cold, speed["cold_raw"]),
                 "warm_mb_s": median(warm), "warm_ratio": ratio(warm, speed["warm_raw"])}

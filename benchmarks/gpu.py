@@ -304,7 +304,8 @@ def main() -> None:
             results.setdefault(name, []).extend(r["rates"])
             peaks[name] = max(peaks.get(name, 0.0), r["peak_mb"])
             print(f"  {name}: {median(r['rates']):.0f} img/s", file=sys.stderr)
-    rows = [{"pipeline": n, "img_s": median(results[n]), "peak_mb": peaks[n]} for n in names if n in results]
+    rows: list[dict[str, Any]] = [{"pipeline": n, "img_s": median(results[n]), "peak_mb": peaks[n]}
+                                  for n in names if n in results]
     limit = next((r["img_s"] for r in rows if r["pipeline"].startswith("GPU JPEG")), float("nan"))
     peer_rates = [r["img_s"] for r in rows if not r["pipeline"].startswith(("GPU JPEG", "ddpipe"))]
     best = max(peer_rates, default=float("nan"))

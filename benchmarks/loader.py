@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from _common import DATA, save, synth_images, synth_shards
 
@@ -207,7 +208,7 @@ def main() -> None:
             subprocess.run(cmd, check=True, timeout=1200, stdout=subprocess.DEVNULL)
             results.setdefault(name, []).append(json.loads(out.read_text()))
             print(f"  {name}: {results[name][-1]['images'] / results[name][-1]['seconds']:.0f} img/s", file=sys.stderr)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in names:
         rate = median([r["images"] / r["seconds"] for r in results[name]])
         rows.append({"pipeline": name, "img_s": rate, "peak_mb": median([r["peak_mb"] for r in results[name]]),

@@ -42,7 +42,7 @@ BUFFER = ddpipe.PlanOptions.buffer_size  # the Loader's default shuffle buffer
 BUFFER_STUDY = ([("local", 0.0), ("partial", 0.3), ("partial", 0.7), ("global", 0.0)], [1024, 4096, 16384])
 # weights compared after a few steps (later, rounding differences grow as SGD amplifies them), accuracy
 # after the epoch
-REAL_CHECK = {"world": 4, "mode": "partial", "q": 0.3, "seed": 0, "epochs": 1, "compare_at_step": 50}
+REAL_CHECK: dict[str, Any] = {"world": 4, "mode": "partial", "q": 0.3, "seed": 0, "epochs": 1, "compare_at_step": 50}
 
 
 def configs(fractions: list[float]) -> list[tuple[str, float]]:

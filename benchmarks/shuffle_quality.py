@@ -13,7 +13,9 @@ import argparse
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from _common import DATA, mpiexec, save
@@ -22,13 +24,14 @@ import ddpipe
 from ddpipe.bench.harness import machine, table
 from ddpipe.comm import init_comm
 from ddpipe.quality import score_epoch
+from ddpipe.sample import Sample
 
 CONFIGS = [("none", 0.0), ("local", 0.0), ("partial", 0.1), ("partial", 0.3), ("partial", 0.5), ("global", 0.0)]
 BATCH = 64
 
 
 def make_data(root: Path, classes: int, per_class: int) -> None:
-    def samples():  # type: ignore[no-untyped-def]
+    def samples() -> Iterator[Sample]:
         for i in range(classes * per_class):
             yield {"__key__": f"s/{i:07d}", "cls": b"%d" % (i // per_class), "bin": bytes(256)}
 
@@ -68,7 +71,7 @@ def main() -> None:
     make_data(root, args.classes, args.per_class)
     mpiexec(args.ranks, __file__, "--per-class", args.per_class, "--worker", root, out)
     runs = json.loads(out.read_text())
-    rows = []
+    rows: list[dict[str, Any]] = []
     for mode, q in CONFIGS:
         mine = [r for r in runs if r["mode"] == mode and r["q"] == q]
         rows.append({"mode": mode if mode != "partial" else f"partial Q={q}",

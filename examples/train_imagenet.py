@@ -65,7 +65,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = build_model(args.model, len(train.dataset.classes) or 1000).to(job.device)
     if gpu:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # missing from torch's stubs
     model = ddpipe.distributed.wrap(model, job, args.averaging)  # every rank starts from rank 0's weights
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     scaler = torch.amp.GradScaler("cuda") if gpu else None

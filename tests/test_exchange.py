@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +15,7 @@ from .formats.conformance import samples
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(samples, min_size=1, max_size=4))
-def test_segments_round_trip(per_dest: list[list[dict]]) -> None:
+def test_segments_round_trip(per_dest: list[list[dict[str, Any]]]) -> None:
     outgoing = [[(1000 * d + i, s) for i, s in enumerate(items)] for d, items in enumerate(per_dest)]
     outgoing.append([])  # a rank this one sends nothing to
     segments = [segment_parts(items) for items in outgoing]
@@ -25,6 +27,8 @@ def test_segments_round_trip(per_dest: list[list[dict]]) -> None:
 
 def test_world_of_one_exchanges_with_itself() -> None:
     sample = {"__key__": "a", "jpg": b"xyz"}
-    (segment,) = Comm().alltoallv([segment_parts([(7, sample)])])
+    received = Comm().alltoallv([segment_parts([(7, sample)])])
+    assert received is not None
+    (segment,) = received
     assert unpack_segment(segment) == [(7, {"__key__": "a", "jpg": b"xyz"})]
     assert Comm().alltoallv([[b"x"]], wanted=False) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("pipe") / "lmdb", "lmdb", [12, 30, 5, 17])
 
 
-def keys(batches: list[list[dict]]) -> list[str]:
+def keys(batches: list[list[dict[str, Any]]]) -> list[str]:
     return [s["__key__"] for b in batches for s in b]
 
 

@@ -97,9 +97,9 @@ def test_seed_and_epoch_change_the_stream() -> None:
     assert np.array_equal(none.ranks[1].order, np.arange(100, 200))
 
 
-def shards_read(plan_: object, rank: int, sizes: list[int]) -> set[int]:
+def shards_read(plan_: EpochPlan, rank: int, sizes: list[int]) -> set[int]:
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    return set((np.searchsorted(starts, plan_.ranks[rank].reads, side="right") - 1).tolist())  # type: ignore[attr-defined]
+    return set((np.searchsorted(starts, plan_.ranks[rank].reads, side="right") - 1).tolist())
 
 
 def test_sticky_reads_the_same_shards_every_epoch_rotate_does_not() -> None:

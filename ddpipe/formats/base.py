@@ -12,12 +12,15 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..checksum import file_checksum
 from ..errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
 from ..sample import Sample, check_sample
 from . import atomic
+
+
+R = TypeVar("R", bound="ShardReader")
 
 
 class ShardReader(abc.ABC):
@@ -52,7 +55,7 @@ class ShardReader(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook: not every reader holds a handle
         """Release file handles."""
 
-    def __enter__(self) -> ShardReader:
+    def __enter__(self: R) -> R:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:

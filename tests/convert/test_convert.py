@@ -63,8 +63,10 @@ def test_workers_write_the_same_bytes(raw_images: Path, tmp_path: Path) -> None:
 
 
 def test_seed_shuffles_across_shards(raw_images: Path, tmp_path: Path) -> None:
-    plain = [s[KEY] for s in ddpipe.open_dataset(convert(raw_images, tmp_path / "p", opts()) and tmp_path / "p")]
-    mixed = [s[KEY] for s in ddpipe.open_dataset(convert(raw_images, tmp_path / "m", opts(seed=1)) and tmp_path / "m")]
+    convert(raw_images, tmp_path / "p", opts())
+    convert(raw_images, tmp_path / "m", opts(seed=1))
+    plain = [s[KEY] for s in ddpipe.open_dataset(tmp_path / "p")]
+    mixed = [s[KEY] for s in ddpipe.open_dataset(tmp_path / "m")]
     assert sorted(plain) == sorted(mixed) and plain != mixed
     first_shard_classes = {k.split("/")[0] for k in mixed[:5]}
     assert len(first_shard_classes) > 1

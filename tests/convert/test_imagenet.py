@@ -52,7 +52,9 @@ def colour_label(data: bytes) -> str:
 def test_train_and_val_share_class_indices(imagenet: Path, tmp_path: Path, truth: str, synsets: str | None) -> None:
     train = run_cli("convert", imagenet / "train", tmp_path / "train", "--format", "wds")
     assert train.returncode == 0, train.stderr
-    flags = ["--val-labels", imagenet / truth] + (["--synsets", imagenet / synsets] if synsets else [])
+    flags: list[str | Path] = ["--val-labels", imagenet / truth]
+    if synsets:
+        flags += ["--synsets", imagenet / synsets]
     val = run_cli("convert", imagenet / "val", tmp_path / "val", "--format", "hdf5", *flags)
     assert val.returncode == 0, val.stderr
     t, v = ddpipe.open_dataset(tmp_path / "train"), ddpipe.open_dataset(tmp_path / "val")

@@ -13,6 +13,7 @@ from PIL import Image
 import ddpipe
 from ddpipe.decode import DecodeOptions, normalize
 from ddpipe.errors import SampleError
+from ddpipe.sample import Sample
 
 COLORS = [(230, 20, 20), (20, 230, 20), (20, 20, 230), (230, 230, 20), (20, 230, 230), (230, 20, 230)]
 DECODERS = ["dali-cpu", "pil"]
@@ -27,7 +28,7 @@ def solid_jpeg(color: tuple[int, int, int], size: tuple[int, int], mode: str = "
     return buf.getvalue()
 
 
-def labelled_samples(n: int, rng: np.random.Generator) -> list[dict]:
+def labelled_samples(n: int, rng: np.random.Generator) -> list[Sample]:
     """Sample i is a solid image of its class's colour: its label can be read back from its pixels."""
     out = []
     for i in range(n):

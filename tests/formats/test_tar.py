@@ -145,7 +145,7 @@ def test_dali_webdataset_reader_reads_ddpipe_tars(tmp_path: Path) -> None:
 
     @dali.pipeline_def(batch_size=5, num_threads=1, device_id=None)
     def pipe():  # type: ignore[no-untyped-def]
-        jpg, cls = fn.readers.webdataset(
+        jpg, cls = fn.readers.webdataset(  # type: ignore[misc]  # DALI's stubs type its readers as returning None
             paths=[str(s) for s in shards], index_paths=[str(index_path(s)) for s in shards],
             ext=["jpg", "cls"], random_shuffle=False, missing_component_behavior="error")
         return jpg, cls

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import ddpipe
 from ddpipe.comm import init_comm
+from ddpipe.sample import Sample
 
 MODES = ["none", "local", "partial", "global"]
 FORMATS = ["wds", "hdf5", "lmdb"]
 
 
-def keys(batches: list[list[dict]]) -> list[list[str]]:
+def keys(batches: list[list[Sample]]) -> list[list[str]]:
     return [[s["__key__"] for s in b] for b in batches]
 
 

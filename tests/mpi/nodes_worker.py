@@ -14,9 +14,10 @@ from pathlib import Path
 
 import ddpipe
 from ddpipe.comm import init_comm
+from ddpipe.sample import Sample
 
 
-def keys(batches: list[list[dict]]) -> list[list[str]]:
+def keys(batches: list[list[Sample]]) -> list[list[str]]:
     return [[s["__key__"] for s in b] for b in batches]
 
 

@@ -18,7 +18,7 @@ WORKER = Path(__file__).with_name("alltoallv_worker.py")
 @pytest.mark.parametrize(("ranks", "nodes"), [(3, None), (4, 2), (5, 5)])
 def test_every_byte_arrives_through_slots_and_mpi(tmp_path: Path, ranks: int, nodes: int | None) -> None:
     out = tmp_path / "report.json"
-    proc = mpiexec(ranks, WORKER, out, 12, nodes=nodes, timeout=300)
+    proc = mpiexec(ranks, WORKER, out, "12", nodes=nodes, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert len(report) == ranks

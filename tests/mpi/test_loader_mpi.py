@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,18 +29,19 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def run(data: Path, ranks: int, phase: str, tmp: Path) -> dict:
+def run(data: Path, ranks: int, phase: str, tmp: Path) -> dict[str, Any]:
     out = tmp / f"report-{phase}-{ranks}.json"
     proc = mpiexec(ranks, WORKER, data, out, phase, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(out.read_text())
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
 
 
 def flat(per_rank: list[list[list[str]]]) -> list[str]:
     return [k for batches in per_rank for b in batches for k in b]
 
 
-def check_epoch(name: str, ranks: list[dict], field: str, world: int) -> None:
+def check_epoch(name: str, ranks: list[dict[str, Any]], field: str, world: int) -> None:
     drop_last = name.endswith("-1")
     per_rank = [r[field] for r in ranks]
     # invariant 2: the same number of batches, and of samples, on every rank

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,12 +26,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("nodes") / "wds", "wds", [PER_SHARD] * SHARDS, payload=PAYLOAD)
 
 
-def launch(data: Path, tmp: Path, nodes: int, phase: str, *extra: str) -> list[dict]:
+def launch(data: Path, tmp: Path, nodes: int, phase: str, *extra: str) -> list[dict[str, Any]]:
     out = tmp / f"{phase}-{nodes}.json"
     proc = mpiexec(2 * nodes, WORKER, data, tmp / "local" / "node{node}", out, phase, *extra, timeout=300,
                    nodes=nodes)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(out.read_text())
+    report: list[dict[str, Any]] = json.loads(out.read_text())
+    return report
 
 
 def flat(batches: list[list[str]]) -> list[str]:
