@@ -19,7 +19,6 @@ from ..errors import ChecksumMismatchError, CorruptShardError, DdpipeError, Miss
 from ..sample import Sample, check_sample
 from . import atomic
 
-
 R = TypeVar("R", bound="ShardReader")
 
 

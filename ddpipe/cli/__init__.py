@@ -1,0 +1,51 @@
+"""The ``ddpipe`` command line. Expected errors print one line and exit 1; no tracebacks."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Sequence
+
+from ..errors import DdpipeError
+from .parser import build_parser
+
+
+def _end_the_job(code: int, error: BaseException | None = None) -> None:
+    """After an error on one rank of an MPI job, end every rank now: the others would otherwise wait
+    for it in their next collective until the watchdog's timeout. Not for an error every rank raises
+    (``job_wide``): each reports it and leaves on its own."""
+    if getattr(error, "job_wide", False):
+        return
+    from ..comm.mpi import abort_mpi_job
+
+    abort_mpi_job(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except DdpipeError as e:
+        print(f"ddpipe: error: {e}", file=sys.stderr)
+        _end_the_job(1, e)
+        return 1
+    except KeyboardInterrupt:
+        print("ddpipe: interrupted", file=sys.stderr)
+        _end_the_job(130)
+        return 130
+    except OSError as e:
+        if e.filename is None:
+            raise
+        # a path the user gave that is not what it must be (a file where a directory goes, say)
+        print(f"ddpipe: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        _end_the_job(1, e)
+        return 1
+    except Exception as e:
+        traceback.print_exc()
+        _end_the_job(1, e)
+        raise
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""What each ``ddpipe`` subcommand does, given its parsed arguments: each returns the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..bench import BenchReport
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from ..synth import SynthOptions, synth
+
+    t0 = time.perf_counter()
+    total = synth(args.out, SynthOptions(n=args.n, classes=args.classes, seed=args.seed, quality=args.quality,
+                                         workers=args.workers, progress=not args.quiet))
+    dt = time.perf_counter() - t0
+    print(f"wrote {args.n} JPEGs in {args.classes} classes to {args.out}: {total / 1e6:.1f} MB, "
+          f"{total / args.n / 1e3:.1f} KB each on average, {dt:.1f} s")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from ..comm import init_comm
+    from ..convert import ConvertOptions, convert
+
+    options = ConvertOptions(format=args.format, shard_bytes=args.shard_size, samples_per_shard=args.samples_per_shard,
+                             seed=args.seed, workers=args.workers, on_error=args.on_error, progress=not args.quiet,
+                             decode_check=not args.no_decode_check, allow_empty=args.allow_empty,
+                             val_labels=args.val_labels, synsets=args.synsets)
+    comm = init_comm()
+    t0 = time.perf_counter()
+    manifest = convert(args.src, args.out, options, comm=comm)
+    dt = time.perf_counter() - t0
+    if comm.world.rank == 0:
+        print(f"{args.out}: {manifest.format}, {len(manifest.shards)} shards, {manifest.num_samples} samples, "
+              f"{manifest.num_bytes / 1e6:.1f} MB, {len(manifest.skipped)} skipped, {dt:.1f} s "
+              f"({manifest.num_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s)")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..stats import format_stats, inspect_dataset
+
+    stats = inspect_dataset(args.dataset, scan=not args.no_scan)
+    print(json.dumps(stats.to_dict(), indent=1) if args.json else format_stats(stats))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..verify import verify_dataset
+
+    report = verify_dataset(args.dataset, decode=args.decode, progress=not args.quiet, stage_dir=args.stage_dir)
+    for problem in report.problems:
+        print(f"ddpipe: {problem}", file=sys.stderr)
+    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
+    decoded = f", {report.decoded} images decoded" if args.decode else ""
+    print(f"{args.dataset}: {status}: {report.shards} shards, {report.samples} samples checked{decoded}")
+    return 0 if report.ok else 1
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from ..comm import init_comm
+    from ..pipeline import Loader
+
+    comm = init_comm()
+    loader = Loader(args.dataset, 1, decode="none", shuffle=args.shuffle, seed=args.seed,
+                    shard_assignment=args.shard_assignment, stage_dir=args.local_dir, stage_capacity=args.capacity,
+                    source_limits=args.source_throttle, comm=comm)
+    stager = loader.stager
+    assert stager is not None
+    show = stager.is_leader and not args.quiet
+    t0 = time.perf_counter()
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        with tqdm(desc=f"stage epoch {epoch}", unit="shard", disable=not show, dynamic_ncols=True) as bar:
+            stager.on_staged = lambda _: bar.update(1)
+            loader.start_staging(loader.plan())
+            stager.wait()
+    seconds = time.perf_counter() - t0
+    totals = comm.allgather(dict(stager.stats))
+    comm.barrier()
+    if comm.world.rank == 0:
+        copied = sum(t["copied"] for t in totals)
+        nbytes = sum(t["bytes"] for t in totals)
+        print(f"{stager.dir}: staged {copied} shards ({nbytes / 1e6:.1f} MB) in {seconds:.1f} s, "
+              f"{nbytes / 1e6 / max(seconds, 1e-9):.1f} MB/s; {sum(t['reused'] for t in totals)} already staged; "
+              f"{comm.world.num_nodes} node(s)")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..decode import DecodeOptions
+    from ..pipeline import Loader
+    from ..train import distributed
+    from ..train.loop import Trainer, TrainOptions
+    from ..train.models import build_model
+
+    job = distributed.init(args.device)
+    torch.manual_seed(args.seed)
+    size = DecodeOptions(decoder=args.decode, device=str(job.device), on_error=args.on_error, size=args.image_size,
+                         resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)), dtype=args.dtype)
+    loader = Loader(args.dataset, args.batch_size, decode=size, shuffle=args.shuffle,
+                    exchange_fraction=args.exchange_fraction, shard_assignment=args.shard_assignment, drop_last=True,
+                    stage_dir=args.stage_dir, stage_capacity=args.stage_capacity, seed=args.seed, comm=job.comm)
+    evaluate = None
+    if args.eval:
+        evaluate = Loader(args.eval, args.batch_size, decode=dataclasses.replace(size, train=False), shuffle="none",
+                          seed=args.seed, comm=job.comm)
+    classes = len(loader.dataset.classes) or args.num_classes
+    model = build_model(args.model, classes)
+    options = TrainOptions(epochs=args.epochs, allreduce=args.allreduce, lr=args.lr, warmup_epochs=args.warmup_epochs,
+                           amp=args.amp, channels_last=args.channels_last, checkpoint=args.checkpoint,
+                           checkpoint_every=args.checkpoint_every, max_steps=args.max_steps, log_every=args.log_every)
+    if job.is_main:
+        print(f"training {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters) on "
+              f"{job.size} rank(s), {loader.decode} decoding on {loader.device}, global batch "
+              f"{args.batch_size * job.size}, allreduce {args.allreduce}", flush=True)
+    try:
+        Trainer(model, loader, job, options, evaluate).fit()
+        if loader.stats.get("skipped") and job.is_main:
+            corrupt = loader.stats.get("corrupt_shards") or []
+            shards = f" (including every sample of corrupt shard(s) {', '.join(corrupt)})" if corrupt else ""
+            print(f"skipped {loader.stats['skipped']} images that do not decode in the last epoch{shards}, e.g. "
+                  f"{', '.join(k for k, _, _ in loader.skipped[:3])}", flush=True)
+    finally:
+        loader.close()
+        if evaluate is not None:
+            evaluate.close()
+    distributed.shutdown(job)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ..bench import BenchOptions, format_report, plot_report, run_bench
+    from ..bench.harness import machine
+    from ..comm import init_comm
+
+    comm = init_comm()
+    from ..bench.peers import PEERS, available_peers
+
+    compare: tuple[str, ...] = ()
+    if args.compare is not None:  # --compare alone: every peer installed here
+        compare = tuple(args.compare) or tuple(p for p in PEERS if p in available_peers())
+    options = BenchOptions(batch_size=args.batch_size, shuffle=args.shuffle, exchange_fraction=args.exchange_fraction,
+                           decode=args.decode, image_size=args.image_size, step_time=args.step_time, cold=args.cold,
+                           stage_dir=args.stage_dir, source_limits=args.source_throttle, seed=args.seed,
+                           epochs=args.epochs, model=args.model, compare=compare, compare_dir=args.compare_dir,
+                           progress=sys.stderr.isatty() and not args.no_progress)
+    report = run_bench(args.dataset, options, comm)
+    if comm.world.rank == 0:
+        print(format_report(report))
+        if args.project:
+            print_projection(args, report)
+        if args.json:
+            doc = {"dataset": str(args.dataset), "options": vars(args) | {"func": None, "json": str(args.json)},
+                   **report.to_dict(), "machine": machine()}
+            Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+            print(f"wrote {args.json}")
+        if args.plot:
+            plot_report(report, args.plot)
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def print_projection(args: argparse.Namespace, report: BenchReport) -> None:
+    from ..bench.projection import Cluster, Workload, projection_table
+
+    stages = {s.name: s for s in report.stages}
+    decode = stages["read+decode"]
+    nodes = [int(n) for n in args.project.removeprefix("nodes=").split(",") if n]
+    cluster = Cluster(nodes=1, gpus_per_node=args.gpus_per_node, fs_bandwidth=args.fs_bandwidth,
+                      local_bandwidth=args.local_bandwidth, local_capacity=args.local_capacity,
+                      link_bandwidth=args.link_bandwidth, link_latency=args.link_latency)
+    images = args.project_images or decode.images
+    work = Workload(images=images, image_bytes=decode.bytes / decode.images, batch_size=args.batch_size,
+                    step_time=args.model_step_time or args.step_time,
+                    decode_rate=args.decode_rate or decode.images_per_s / report.world_size,
+                    exchange_fraction=args.exchange_fraction)
+    _, text = projection_table(cluster, work, nodes)
+    print(f"\nprojection (ddpipe/bench/projection.py): {images:,} images of {work.image_bytes / 1e3:.0f} KB, "
+          f"{args.gpus_per_node} GPUs per node, step {work.step_time * 1e3:.0f} ms per batch of {args.batch_size}, "
+          f"decode {work.decode_rate:.0f} images/s per rank")
+    print(text)

@@ -1,0 +1,176 @@
+"""The ``ddpipe`` command line's arguments: one subparser per command, each bound to its handler."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..decode.spec import DECODERS, DTYPES, ON_ERROR
+from ..formats import FORMAT_NAMES
+from ..plan import ASSIGNMENTS
+from ..shufflers import SHUFFLE_MODES
+from ..throttle import ENV_VAR as THROTTLE_ENV
+from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_stage, cmd_synth, cmd_train, cmd_verify
+
+
+def _size(text: str) -> int:
+    from ..convert.layout import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..bench.peers import PEERS
+    parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("synth", help="write an ImageNet-like ImageFolder of real JPEGs")
+    p.add_argument("out")
+    p.add_argument("--n", type=_positive, default=1000, help="number of images")
+    p.add_argument("--classes", type=_positive, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    p.add_argument("--workers", type=_positive, default=1)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("convert", help="convert an ImageFolder, a list file or a dataset into shards")
+    p.add_argument("src", help="ImageFolder root, CSV/TSV list of 'path,label', or a ddpipe dataset")
+    p.add_argument("out")
+    p.add_argument("--format", choices=FORMAT_NAMES, default="wds")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--shard-size", type=_size, default=None, help="target shard size, e.g. 256MB (default)")
+    size.add_argument("--samples-per-shard", type=_positive, default=None)
+    p.add_argument("--seed", type=int, default=None, help="shuffle samples across shards (default: keep source order)")
+    p.add_argument("--workers", type=_positive, default=1, help="parallel shard writers")
+    p.add_argument("--on-error", choices=ON_ERROR, default="fail",
+                   help="an unreadable or non-image input: stop (default) or skip and record it")
+    p.add_argument("--allow-empty", action="store_true", help="write an empty dataset if every input is skipped")
+    p.add_argument("--val-labels", help="ImageNet's validation ground truth (LOC_val_solution.csv or "
+                   "ILSVRC2012_validation_ground_truth.txt) for SRC, its flat directory")
+    p.add_argument("--synsets", help="the synset list (LOC_synset_mapping.txt, map_clsloc.txt)")
+    p.add_argument("--no-decode-check", action="store_true",
+                   help="check only each image's header, not that it decodes whole (faster; see README)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("index", help="adopt tar shards, HDF5 files or an LMDB in place: write their index.json")
+    from ..convert import index_command
+
+    index_command.add_arguments(p)
+    p.set_defaults(func=index_command.main)
+
+    p = sub.add_parser("plan", help="score each shuffle at a world size from the manifest, and choose Q")
+    from .. import plan_command
+
+    plan_command.add_arguments(p)
+    p.set_defaults(func=plan_command.main)
+
+    p = sub.add_parser("stage", help="copy this node's shards to node-local storage ahead of a job")
+    p.add_argument("dataset")
+    p.add_argument("--local-dir", required=True,
+                   help="node-local directory (an SSD, or memory); {node} gives each node its own, "
+                        "$VAR takes it from the node's environment")
+    p.add_argument("--capacity", type=_size, default=None, help="bytes of local storage to use, e.g. 100GB")
+    p.add_argument("--epochs", type=_positive, default=1, help="stage the shards of this many epochs")
+    p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial",
+                   help="the training job's shuffle mode (decides which shards each node reads)")
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
+                   help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_stage)
+
+    p = sub.add_parser("train", help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
+    p.add_argument("dataset")
+    p.add_argument("--model", default="resnet50", help="resnet18, resnet34, resnet50, resnet101 or smallcnn")
+    p.add_argument("--epochs", type=_positive, default=1)
+    p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
+    p.add_argument("--allreduce", choices=["ddp", "mpi"], default="ddp")
+    p.add_argument("--lr", type=float, default=0.1, help="for a global batch of 256, scaled linearly")
+    p.add_argument("--warmup-epochs", type=float, default=0.0)
+    p.add_argument("--eval", help="a held-out dataset: top-1 accuracy after each epoch")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--dtype", choices=DTYPES, default="uint8",
+                   help="loader output; uint8 is normalised on the training device")
+    p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
+    p.add_argument("--exchange-fraction", type=float, default=0.3)
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
+    p.add_argument("--stage-dir", default=None,
+                   help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR; {node} and $VAR are resolved "
+                        "on each node)")
+    p.add_argument("--stage-capacity", type=_size, default=None)
+    p.add_argument("--checkpoint", type=Path, default=None, help="file to save to and resume from")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between mid-epoch checkpoints")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps, saving the checkpoint")
+    p.add_argument("--log-every", type=int, default=50, help="a progress line every this many steps (0: epochs only)")
+    p.add_argument("--on-error", choices=ON_ERROR, default="fail",
+                   help="an image that does not decode: stop naming it, or skip and count it")
+    p.add_argument("--num-classes", type=int, default=1000, help="when the dataset names no classes")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("bench", help="measure each stage and the data wait of a training step, on this dataset")
+    p.add_argument("dataset")
+    p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
+    p.add_argument("--step-time", type=float, default=0.05, help="seconds of a simulated training step")
+    p.add_argument("--model", default=None, help="time a real model's SGD step instead of a simulated one: "
+                   "resnet18, resnet34, resnet50, resnet101 or smallcnn")
+    p.add_argument("--epochs", type=_positive, default=1, help="epochs of the full pipeline feeding the step")
+    p.add_argument("--compare", nargs="*", default=None, choices=list(PEERS), metavar="PEER",
+                   help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
+    p.add_argument("--compare-dir", default=None, help="where the peers' inputs are written once (default: temp dir)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
+    p.add_argument("--exchange-fraction", type=float, default=0.3)
+    p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
+    p.add_argument("--stage-dir", default=None)
+    p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
+                   help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
+    p.add_argument("--json", default=None, help="write every figure and the machine to this file")
+    p.add_argument("--plot", default=None, help="write a PNG of throughput by stage and stall over the epoch")
+    p.add_argument("--project", default=None, metavar="nodes=1,8,64,512", help="project to these cluster sizes")
+    p.add_argument("--project-images", type=int, default=0, help="dataset size to project (default: this one)")
+    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument("--fs-bandwidth", type=_size, default=10 * 10**9, help="shared file system, aggregate, per second")
+    p.add_argument("--local-bandwidth", type=_size, default=3 * 10**9, help="node-local storage, per second")
+    p.add_argument("--local-capacity", type=_size, default=3800 * 10**9)
+    p.add_argument("--link-bandwidth", type=_size, default=25 * 10**9, help="per node, per second")
+    p.add_argument("--link-latency", type=float, default=5e-6, help="seconds per message")
+    p.add_argument("--model-step-time", type=float, default=0.0, help="the real model's step (default: --step-time)")
+    p.add_argument("--decode-rate", type=float, default=0.0,
+                   help="images/s one rank decodes on the cluster (default: measured here)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
+    p.add_argument("dataset")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-scan", action="store_true", help="manifest only; skip per-field sizes")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("verify", help="check checksums and sample counts (and with --decode, every image)")
+    p.add_argument("dataset")
+    p.add_argument("--decode", action="store_true")
+    p.add_argument("--stage-dir", default=None, help="check this dataset's copies staged in this directory instead")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_verify)
+    return parser
