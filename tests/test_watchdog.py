@@ -7,38 +7,36 @@ import threading
 from ddpipe.comm import Watchdog
 
 
-def test_a_watched_call_that_outlives_its_deadline_is_named() -> None:
+def recording_watchdog(timeout: float) -> tuple[Watchdog, list[str], threading.Event]:
+    """A watchdog that records what it reports, and an event set at its first report."""
     fired: list[str] = []
-    done = threading.Event()
+    reported = threading.Event()
 
     def on_timeout(what: str) -> None:
         fired.append(what)
-        done.set()
+        reported.set()
 
-    dog = Watchdog(0.05, on_timeout)
+    return Watchdog(timeout, on_timeout), fired, reported
+
+
+def test_a_watched_call_that_outlives_its_deadline_is_named() -> None:
+    dog, fired, reported = recording_watchdog(0.05)
     with dog.watch("exchange round 3"):
-        assert done.wait(30), "the watchdog never fired"  # a hang bound, not a timing assert
+        assert reported.wait(30), "the watchdog never fired"  # a hang bound, not a timing assert
     assert fired == ["exchange round 3"]
 
 
 def test_a_call_that_ends_in_time_is_not_reported_later() -> None:
     """Disarmed calls stay quiet, even once the deadline they had has long passed: the watchdog
     checks again on its own clock, so a finished call must not leave a stale deadline behind."""
-    fired: list[str] = []
-    late = threading.Event()
-
-    def on_timeout(what: str) -> None:
-        fired.append(what)
-        late.set()
-
-    dog = Watchdog(0.05, on_timeout)
+    dog, fired, reported = recording_watchdog(0.05)
     with dog.watch("round 1"):
         pass
     # ten of its checks pass with nothing armed (a slow machine can only make this pass, never fail)
-    assert not late.wait(0.5), fired
+    assert not reported.wait(0.5), fired
     with dog.watch("round 2"):
         pass
     # the next call hangs: only it is reported, not the two that ended
     with dog.watch("round 3"):
-        assert late.wait(30)
+        assert reported.wait(30)
     assert fired == ["round 3"]
