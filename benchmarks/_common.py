@@ -66,6 +66,17 @@ def save(name: str, doc: dict[str, Any]) -> Path:
     return path
 
 
+def torchrun(ranks: int, *args: str | os.PathLike[str], timeout: float = 1800) -> None:
+    """Run ``python ARGS`` as ``ranks`` processes of one node under ``torchrun``; raise on failure."""
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(ranks), *map(str, args)], timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"torchrun --nproc-per-node {ranks} {' '.join(map(str, args))} failed with {proc.returncode}")
+
+
 def mpiexec(ranks: int, *args: str | os.PathLike[str], timeout: float = 1800, nodes: int | None = None) -> None:
     """Run ``python ARGS`` on ``ranks`` real MPI ranks (the mpich wheel's mpiexec); raise on failure.
     ``nodes``: as that many nodes, as MPI sees them (MPICH's cliques: rank r on node r % nodes)."""

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import DATA, mpiexec, save, synth_shards, timed_epoch
+from _common import DATA, mpiexec, save, synth_shards, timed_epoch, torchrun
 
 import ddpipe
 from ddpipe.bench.harness import machine, median, table
@@ -98,16 +98,53 @@ def exchange_alone(loader: ddpipe.Loader, repeats: int) -> tuple[list[float], li
     return alone, raw
 
 
+def loopback_bytes() -> int | None:
+    """Bytes sent through the loopback interface so far (Linux), or None."""
+    try:
+        for line in Path("/proc/net/dev").read_text().splitlines():
+            name, _, counters = line.partition(":")
+            if name.strip() == "lo":
+                return int(counters.split()[8])  # transmit bytes
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def torch_worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
+    """Under torchrun: Q = 0.3 epochs through ddpipe's gloo group, with the loopback traffic they made."""
+    comm = init_comm()
+    loader = ddpipe.Loader(root, BATCH, decode="none", shuffle="partial", exchange_fraction=0.3,
+                           round_size=round_size, comm=comm)
+    timed_epoch(loader)  # warm: shards in page cache, the group's connections made
+    exchanged = 0
+    comm.barrier()
+    before = loopback_bytes()
+    for _ in range(repeats):
+        timed_epoch(loader)
+        exchanged += int(loader.stats["bytes_sent"])
+    comm.barrier()
+    after = loopback_bytes()
+    totals = comm.allgather(exchanged)
+    if comm.world.rank == 0:
+        wire = None if before is None or after is None else after - before
+        out.write_text(json.dumps({"exchanged": sum(totals), "wire": wire, "epochs": repeats}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--round-size", type=int, default=128)
+    ap.add_argument("--torchrun-ranks", type=int, nargs="*", default=[2, 4, 8])
     ap.add_argument("--worker", nargs=2, metavar=("DATA", "OUT"))
+    ap.add_argument("--torch-worker", nargs=2, metavar=("DATA", "OUT"))
     args = ap.parse_args()
     if args.worker:
         worker(Path(args.worker[0]), Path(args.worker[1]), args.repeats, args.round_size)
+        return
+    if args.torch_worker:
+        torch_worker(Path(args.torch_worker[0]), Path(args.torch_worker[1]), 3, args.round_size)
         return
     root = synth_shards(args.n, "exchange")
     rows = []
@@ -140,10 +177,23 @@ def main() -> None:
             ("alone_mb_s", "alone MB/s", ".0f"), ("alone_vs_raw", "alone / raw", ".2f"),
             ("wait_s", "waiting for peers s", ".2f")]
     text = table(rows, cols)
+    wire_rows = []
+    for ranks in args.torchrun_ranks:
+        out = DATA / f"exchange-torchrun-{ranks}.json"
+        torchrun(ranks, __file__, "--round-size", args.round_size, "--torch-worker", root, out)
+        r = json.loads(out.read_text())
+        wire_rows.append({"ranks": ranks, "epochs": r["epochs"], "exchanged_mb": r["exchanged"] / 1e6,
+                          "wire_mb": None if r["wire"] is None else r["wire"] / 1e6,
+                          "wire_ratio": None if r["wire"] is None else r["wire"] / r["exchanged"]})
+    if wire_rows:
+        text += "\n\nUnder torchrun (gloo):\n\n" + table(wire_rows, [
+            ("ranks", "ranks", "d"), ("epochs", "epochs", "d"), ("exchanged_mb", "MB exchanged", ".0f"),
+            ("wire_mb", "MB through loopback", ".0f"), ("wire_ratio", "loopback / exchanged", ".3f")])
     ranks = " ".join(map(str, args.ranks))
     command = (f"python benchmarks/exchange.py --n {args.n} --ranks {ranks} --repeats {args.repeats} "
-               f"--round-size {args.round_size}")
+               f"--round-size {args.round_size} --torchrun-ranks {' '.join(map(str, args.torchrun_ranks))}")
     path = save("exchange", {"benchmark": "exchange", "command": command, "machine": machine(), "rows": rows,
+                             "torchrun_rows": wire_rows,
                              "batch_size": BATCH, "round_size": args.round_size, "table": text})
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
