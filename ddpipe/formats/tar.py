@@ -30,6 +30,13 @@ from .base import ShardFormat, ShardReader, ShardWriter
 
 IDX_VERSION = "v1.2"
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: page the whole mapping in with one call
+# How far ahead of a scan that was not checked first (so not paged in whole) the kernel is asked to read
+# the file (madvise(MADV_WILLNEED), asynchronous): it overlaps reading with copying out, and reads only
+# from where the scan starts. Against paging the whole shard in: cold, 0.23 s against 0.29 s for the
+# benchmarks' 354 MB; warm, 0.107 against 0.095 (one call maps every page). Checking reads the whole
+# file anyway, and one big synchronous read did that fastest cold (0.32 s against 0.39 chunk by chunk).
+_AHEAD = 8 << 20
+_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
 
 # (extension, data offset, size, member name) of one tar member
 Member = tuple[str, int, int, str]
@@ -233,7 +240,8 @@ class TarReader(ShardReader):
         else:
             self._groups = scan_tar_members(self.path)
         self._mapping: mmap.mmap | None = None
-        self._populated = False
+        self._whole = False  # the mapping was paged in whole
+        self._asked = 0  # the file up to here has been asked for (see _AHEAD)
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -243,18 +251,33 @@ class TarReader(ShardReader):
         """Each sample's members (extension, data offset, size, name), from the index."""
         return self._groups
 
-    def content(self, *, whole: bool = True) -> memoryview:
-        """The shard's bytes, mapped. ``whole``: the file is about to be read through (checked or
-        scanned), so all of it is paged in at once rather than a fault at a time; random access
-        to a few samples pages in only what it touches."""
-        if self._mapping is None or (whole and not self._populated):
+    def content(self, *, whole: bool = False) -> memoryview:
+        """The shard's bytes, mapped. ``whole``: all of the file is about to be read (to check it), so
+        it is paged in with one call; otherwise pages come in as they are touched, or as a scan asks
+        for them ahead of itself."""
+        if self._mapping is None or (whole and not self._whole):
             with open(self.path, "rb") as f:
                 if os.fstat(f.fileno()).st_size == 0:
                     raise self._corrupt("empty file: not a tar")
                 flags = mmap.MAP_SHARED | (_POPULATE if whole else 0)
                 self._mapping = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
-            self._populated = whole
+            self._whole = whole
+            self._asked = len(self._mapping) if whole else 0
         return memoryview(self._mapping)
+
+    def _ask_ahead(self, position: int) -> None:
+        """Ask the kernel to read in the file from ``position`` to ``_AHEAD`` past it, unless at least
+        half of that has been asked for already."""
+        mapping = self._mapping
+        if mapping is None or _WILLNEED is None:
+            return
+        size = len(mapping)
+        if self._asked >= min(position + _AHEAD // 2, size):
+            return
+        start = max(self._asked, position - position % mmap.PAGESIZE)  # madvise wants a page-aligned start
+        stop = min(-(-(position + _AHEAD) // mmap.PAGESIZE) * mmap.PAGESIZE, size)
+        mapping.madvise(_WILLNEED, start, stop - start)
+        self._asked = stop
 
     def _sample(self, content: memoryview, group: list[Member]) -> Sample:
         """The sample of ``group``, its fields views of ``content``."""
@@ -268,7 +291,7 @@ class TarReader(ShardReader):
 
     def __getitem__(self, index: int) -> Sample:
         group = self._groups[self._check_index(index)]
-        return owned(self._sample(self.content(whole=False), group))
+        return owned(self._sample(self.content(), group))
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return map(owned, self.scan_views(start))
@@ -278,6 +301,7 @@ class TarReader(ShardReader):
             return
         content = self.content()
         for group in self._groups[start:]:
+            self._ask_ahead(group[0][1])
             yield self._sample(content, group)
 
     def close(self) -> None:
@@ -331,7 +355,7 @@ class TarFormat(ShardFormat):
             super().verify(reader, checksum)
             return
         # checked through the mapping the scan then reads: the file's bytes come from disk once
-        with reader.content() as content:
+        with reader.content(whole=True) as content:
             actual = buffer_checksum(content)
             if actual != checksum:
                 raise ChecksumMismatchError(reader.path, expected=checksum, actual=actual)
