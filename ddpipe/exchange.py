@@ -59,7 +59,7 @@ class ExchangeShuffler:
             outgoing: list[list[tuple[int, Sample]]] = [[] for _ in range(size)]
             for positions, dest in zip(rnd.send, rnd.dests, strict=True):
                 outgoing[dest] = [(reads[p], chunk[p - rnd.start]) for p in positions.tolist()]
-            kept = np.ones(rnd.stop - rnd.start, dtype=bool)
+            kept = np.ones(length, dtype=bool)
             kept[rnd.sent - rnd.start] = False
             # kept samples are copied out of their shards (the copy every read makes, not the
             # exchange's); sent ones go from their shards straight into the segments

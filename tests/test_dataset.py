@@ -11,6 +11,7 @@ from PIL import Image
 import ddpipe
 from ddpipe.convert import ConvertOptions, convert
 from ddpipe.errors import CorruptShardError, ManifestError, MissingShardError
+from ddpipe.sample import owned
 from ddpipe.verify import verify_dataset
 
 from .conftest import run_cli
@@ -54,7 +55,7 @@ def test_reading_with_views_gives_the_same_samples_and_they_outlive_the_read(dat
     indices = np.random.default_rng(0).permutation(len(ds))[: len(ds) - 3]
     plain = list(ds.read(indices))
     viewed = list(ds.read(indices, views=True))
-    assert [{k: v if k == "__key__" else bytes(v) for k, v in s.items()} for s in viewed] == plain
+    assert [owned(s) for s in viewed] == plain
     assert all(isinstance(v, bytes) for s in plain for k, v in s.items() if k != "__key__")
 
 

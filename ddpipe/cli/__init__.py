@@ -45,7 +45,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         _end_the_job(1, e)
         raise
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

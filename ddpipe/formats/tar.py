@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 
 from ..checksum import buffer_checksum
-from ..errors import ChecksumMismatchError
 from ..sample import KEY, Sample, field_names, owned
 from .base import ShardFormat, ShardReader, ShardWriter
 
@@ -147,36 +146,20 @@ def write_dali_index(shard: str | os.PathLike[str], dest: str | os.PathLike[str]
 
 
 def check_index_against_headers(shard: str | os.PathLike[str], groups: list[list[Member]],
-                                content: memoryview | None = None) -> None:
+                                content: memoryview) -> None:
     """Raise :class:`CorruptShardError` unless every index entry points at its member's data: the tar
     header just before it names the same member and size. An index edited to swap two offsets
-    would otherwise swap two samples silently. ``content``: the shard's bytes, already in memory
-    (else one 512-byte read per member, from the page cache right after the checksum was read)."""
+    would otherwise swap two samples silently. ``content``: the shard's bytes (its mapping)."""
     from ..errors import CorruptShardError
 
     members = [(offset, size, name) for group in groups for _, offset, size, name in group]
-    if content is not None:
-        unsure = [members[i] for i in np.flatnonzero(~_plain_headers_match(content, members)).tolist()]
-    else:
-        unsure = members
-    with contextlib.ExitStack() as stack:
-        if content is None:
-            fd = os.open(shard, os.O_RDONLY)
-            stack.callback(os.close, fd)
-
-            def header_before(offset: int) -> bytes:
-                return os.pread(fd, 512, offset - 512)
-        else:
-            view = content
-
-            def header_before(offset: int) -> bytes:
-                return bytes(view[offset - 512 : offset])
-
-        for offset, size, name in unsure:
-            if not _header_matches(header_before(offset) if offset >= 512 else b"", name, size):
-                raise CorruptShardError(f"DALI index entry {name!r} (offset {offset}) does not match the tar "
-                                        "header there: the index was changed; rebuild it with 'ddpipe index'",
-                                        path=index_path(shard))
+    for i in np.flatnonzero(~_plain_headers_match(content, members)).tolist():
+        offset, size, name = members[i]
+        header = bytes(content[offset - 512 : offset]) if offset >= 512 else b""
+        if not _header_matches(header, name, size):
+            raise CorruptShardError(f"DALI index entry {name!r} (offset {offset}) does not match the tar "
+                                    "header there: the index was changed; rebuild it with 'ddpipe index'",
+                                    path=index_path(shard))
 
 
 def _plain_headers_match(content: memoryview, members: list[tuple[int, int, str]]) -> np.ndarray:
@@ -300,8 +283,10 @@ class TarReader(ShardReader):
         if start >= len(self._groups):
             return
         content = self.content(whole=start == 0)
+        ask_ahead = not self._whole  # a shard paged in whole has nothing left to ask for
         for group in self._groups[start:]:
-            self._ask_ahead(group[0][1])
+            if ask_ahead:
+                self._ask_ahead(group[0][1])
             yield self._sample(content, group)
 
     def close(self) -> None:
@@ -350,16 +335,17 @@ class TarFormat(ShardFormat):
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         return TarWriter(path)
 
-    def verify(self, reader: ShardReader, checksum: str) -> None:
+    def checksum(self, reader: ShardReader) -> str:
         if not isinstance(reader, TarReader):
-            super().verify(reader, checksum)
-            return
-        # checked through the mapping the scan then reads: the file's bytes come from disk once
+            return super().checksum(reader)
+        # hashed through the mapping the scan then reads: the file's bytes come from disk once
         with reader.content(whole=True) as content:
-            actual = buffer_checksum(content)
-            if actual != checksum:
-                raise ChecksumMismatchError(reader.path, expected=checksum, actual=actual)
-            if index_path(reader.path).is_file():
+            return buffer_checksum(content)
+
+    def verify(self, reader: ShardReader, checksum: str) -> None:
+        super().verify(reader, checksum)
+        if isinstance(reader, TarReader) and index_path(reader.path).is_file():
+            with reader.content(whole=True) as content:  # mapped and paged in by the checksum
                 check_index_against_headers(reader.path, reader.groups, content)
 
     def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
