@@ -35,6 +35,9 @@ class ShardStore(Protocol):
     def invalidate(self, shard: int) -> None:
         """Its copy of ``shard`` differs from the manifest: drop it (to be staged again)."""
 
+    def ready_path(self, shard: int) -> Path | None:
+        """Its copy of ``shard`` if complete now, else None (never waits)."""
+
 
 class Dataset:
     """A dataset opened by :func:`open_dataset`: its manifest, its length, its samples shard by shard.
@@ -185,6 +188,8 @@ class Dataset:
             while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
                 j += 1
             wanted = positions[i:j].tolist()
+            if j < n and shards[j] != shards[i] and int(shards[j]) not in corrupt:
+                self._prefetch(int(shards[j]), store, limits)
             k = 0
             if int(shards[i]) in corrupt:
                 error = corrupt[int(shards[i])]
@@ -201,6 +206,20 @@ class Dataset:
             if store is not None and (j == n or shards[j] != shards[i]):
                 store.release(int(shards[i]))
             i = j
+
+    def _prefetch(self, shard: int, store: ShardStore | None, limits: SourceLimits | None) -> None:
+        """Ask the kernel to start reading ``shard`` into the page cache while the one before it is
+        read: a cold shard's I/O then overlaps the processing of the one before (probes, the epoch
+        of benchmarks/exchange.py with cold shards on 2 and 4 ranks: 5-8% shorter). Advice only: a
+        shard that cannot be opened is reported when it is read. A staged copy not complete yet is
+        left alone (its copying brings it into the cache), and so is a source behind a slow-source
+        model (``limits``), which counts every byte read from it."""
+        if store is not None:
+            staged = store.ready_path(shard)
+            if staged is not None:
+                advise_willneed(staged)
+        elif limits is None:
+            advise_willneed(self.shard_path(shard))
 
     def _read_random(self, shards: list[int], positions: list[int], store: ShardStore | None,
                      verify: bool, on_corrupt: OnCorrupt | None) -> Iterator[Sample]:
@@ -230,6 +249,22 @@ class Dataset:
         finally:
             for reader in readers.values():
                 reader.close()
+
+
+def advise_willneed(path: Path) -> None:
+    """Start reading ``path`` into the page cache in the background (``POSIX_FADV_WILLNEED``)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def open_dataset(path: str | os.PathLike[str]) -> Dataset:

@@ -59,6 +59,39 @@ def test_reading_with_views_gives_the_same_samples_and_they_outlive_the_read(dat
     assert all(isinstance(v, bytes) for s in plain for k, v in s.items() if k != "__key__")
 
 
+def test_sequential_reads_advise_the_next_shard_while_reading_one(dataset: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one shard is read, the kernel is asked to start reading the next one (so that a cold
+    shard's I/O overlaps the work on the one before): each later shard is advised once, before
+    its first sample, and none while a slow-source model counts the reads."""
+    import os
+
+    import numpy as np
+
+    from ddpipe.throttle import SourceLimits
+
+    advised: list[str] = []
+    advise = os.posix_fadvise
+
+    def recording_advise(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append(os.readlink(f"/proc/self/fd/{fd}"))
+        advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording_advise)
+    ds = ddpipe.open_dataset(dataset)
+    files = [str(shard_file(dataset, k).resolve()) for k in range(4)]
+    order = np.concatenate([np.arange(12, 18), np.arange(0, 6), np.arange(18, 24)])  # shards 2, 0, 3
+    seen_at_first_sample = {}
+    for i, _ in enumerate(ds.read(order)):
+        if i % 6 == 0:
+            seen_at_first_sample[i // 6] = list(advised)
+    assert advised == [files[0], files[3]]
+    assert seen_at_first_sample == {0: [files[0]], 1: [files[0], files[3]], 2: [files[0], files[3]]}
+    advised.clear()
+    assert len(list(ds.read(order, limits=SourceLimits()))) == 18 and advised == []
+
+
 def test_missing_shard(dataset: Path) -> None:
     shard = shard_file(dataset, 2)
     shard.unlink()

@@ -201,6 +201,12 @@ class NodeStager:
             delay = min(delay * 2, 0.05)
         return dest
 
+    def ready_path(self, shard: int) -> Path | None:
+        """The staged copy of ``shard`` if it is complete and verified now, else None (no waiting)."""
+        info = self.dataset.manifest.shards[shard]
+        dest = self.dir / info.file
+        return dest if is_staged(dest, info) else None
+
     def invalidate(self, shard: int) -> None:
         """The copy of ``shard`` differs from the manifest (found on read): remove it, stamp first, so
         that it is staged again rather than trusted."""
