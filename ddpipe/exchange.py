@@ -30,9 +30,11 @@ Emit = Callable[[tuple[int, Sample]], bool]
 
 
 class ExchangeShuffler:
-    def __init__(self, comm: Comm, plan: RankPlan) -> None:
+    def __init__(self, comm: Comm, plan: RankPlan, hold: int = 2) -> None:
+        """``hold``: how many rounds' received samples the consumer may keep at once (see Comm.alltoallv)."""
         self.comm = comm
         self.plan = plan
+        self.hold = hold
         self.samples_sent = 0
         self.bytes_sent = 0
         # what the exchange costs this rank: packing, moving the bytes once every rank has arrived, and
@@ -71,7 +73,7 @@ class ExchangeShuffler:
             t1 = time.perf_counter()
             moved = self.comm.transfer_seconds
             # the samples received are views into this round's own buffer, handed on uncopied
-            received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=not stopped)
+            received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=not stopped, hold=self.hold)
             if received is None:  # every rank has stopped
                 return False
             t2 = time.perf_counter()

@@ -303,7 +303,9 @@ class Loader:
                 # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead
                 # (~110 MB of JPEGs) brought Q = 0.3 from 1.14 to 1.06 of Q = 0 in benchmarks/exchange.py
                 ahead = _read_ahead(samples, max(2 * self.options.round_size, 1024))
-                shuffler = ExchangeShuffler(self.comm, rank_plan)
+                # the consumer keeps received samples for up to a shuffle buffer, plus the round emitted
+                held = -(-self.options.buffer_size // self.options.round_size) + 1
+                shuffler = ExchangeShuffler(self.comm, rank_plan, hold=held)
                 try:
                     finished = shuffler.run(ahead, emit)
                 finally:

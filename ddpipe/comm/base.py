@@ -102,14 +102,17 @@ class Comm:
         return self._send
 
     def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
-                  wanted: bool = True) -> list[memoryview] | None:
+                  wanted: bool = True, hold: int = 2) -> list[memoryview] | None:
         """Send ``segments[d]`` (given as its parts, which go back to back) to rank ``d``; returns the
         segment each rank sent here, as views of one buffer of this round's own, which lives as long
         as any view of it (callers hand the views on instead of copying them).
 
         ``wanted``: whether this rank still wants the exchange. The ranks agree on it in the same
         message that tells each rank the sizes it will receive (one synchronisation, not two); if no
-        rank wants it, nothing moves and every rank gets None."""
+        rank wants it, nothing moves and every rank gets None. ``hold``: how many rounds' views the
+        caller may keep at once (a shuffle buffer's worth): what receive memory shared between a
+        node's ranks is sized for (:mod:`ddpipe.comm.landing`); later rounds that find it full are
+        copied into memory of their own instead."""
         lengths = segment_lengths(segments, self.world.size)
         if not wanted:
             return None

@@ -15,19 +15,22 @@ import pickle
 import stat
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
 from .base import DEFAULT_TIMEOUT, Comm, Part, Request, Watchdog, pack_parts, segment_lengths
+from .landing import LandingZone
 from .mpi_peers import MPIPeerLink
 from .node_slots import NodeSlots
 from .world import World, available_cores
 
 T = TypeVar("T")
 # how a segment travels (an exchange header's fourth column)
-_MPI, _SLOT, _OWN = 0, 1, 2
+_MPI, _SLOT, _OWN, _LANDED = 0, 1, 2, 3
+_ZONE_MAX, _PAGE = 256 << 20, 4096  # a rank's landing zone at most (what a round sends to node peers, per round held)
 
 
 class MPIComm(Comm):
@@ -62,6 +65,14 @@ class MPIComm(Comm):
         self._local_of = {r: i for i, r in enumerate(self._node_ranks)}
         self._on_node = np.isin(np.arange(self.world.size), self._node_ranks)
         self._peer_link: MPIPeerLink | None = None
+        # landing zones (landing.py), made with the slots' first growth, when rounds' sizes are known
+        self._zone: LandingZone | None = None
+        self._offers: dict[int, tuple[int, int]] = {}  # rank -> the place it offered this rank (start, bytes)
+        self._landing: int | None = None  # where this rank's place for this round's landings starts
+        self._next_landing: int | None = None
+        self._received_recently: deque[int] = deque(maxlen=8)  # largest segment from a node peer, per round
+        self._room = 0  # bytes offered to each node peer
+        self.landed_bytes = 0  # bytes received without a copy, through landing zones
         self._dog = Watchdog(timeout, lambda what: self.abort(
             f"{what} did not complete within {timeout:.0f} s: another rank died or hung; aborting the job"))
 
@@ -116,23 +127,26 @@ class MPIComm(Comm):
         return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
 
     def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
-                  wanted: bool = True) -> list[memoryview] | None:
-        """Segments for this node's ranks are packed into this rank's send slot, and their receivers
-        copy them out (:mod:`ddpipe.comm.node_slots`); the rest go through ``Alltoallv``."""
+                  wanted: bool = True, hold: int = 2) -> list[memoryview] | None:
+        """Segments for this node's ranks go straight to the place their receiver offered in its landing
+        zone (:mod:`ddpipe.comm.landing`) or, larger than that, into this rank's send slot, for their
+        receivers to copy out (:mod:`ddpipe.comm.node_slots`); the rest go through ``Alltoallv``."""
         t0 = time.perf_counter()
         size, me, slots, turn = self.world.size, self.world.rank, self._slots, self._turn
         lengths = segment_lengths(segments, size)
         peer = self._on_node & (lengths > 0)
         peer[me] = False
-        need = int(lengths[peer].sum())
-        fits = slots is not None and 0 < need <= slots.capacity
         # to each rank: its segment's size, whether this rank wants the round, where in this rank's
-        # slot it lies (-1: none), how it travels (_MPI, _SLOT, _OWN), the slot size this rank asks
-        # for, and whether this rank sends through MPI (if no rank does, none calls Alltoallv)
-        header = np.zeros((size, 6), dtype=np.int64)
+        # slot or the receiver's landing zone it lies (-1: none), how it travels (_MPI, _SLOT, _OWN,
+        # _LANDED), the slot size this rank asks for, whether this rank sends through MPI (if no rank
+        # does, none calls Alltoallv), and the place this rank offers it for the next round (start, bytes)
+        header = np.zeros((size, 8), dtype=np.int64)
         header[:, 0], header[:, 1], header[:, 2], header[:, 3] = lengths, int(wanted), -1, _MPI
-        if fits:
-            assert slots is not None
+        zone = self._zone
+        if zone is not None:
+            self._land(zone, segments, lengths, peer, header)
+        need = int(lengths[peer].sum())
+        if slots is not None and 0 < need <= slots.capacity:
             slot = slots.slot(self.world.local_rank, turn)
             at = 0
             for d in np.flatnonzero(peer).tolist():
@@ -145,18 +159,25 @@ class MPIComm(Comm):
         header[me, 3] = _OWN
         via_mpi = (header[:, 3] == _MPI) & (lengths > 0)
         header[:, 5] = int(via_mpi.any())
-        incoming = np.zeros((size, 6), dtype=np.int64)
+        incoming = np.zeros((size, 8), dtype=np.int64)
         self.transfer_seconds += time.perf_counter() - t0  # the packing is part of moving the bytes
         self._arrive(self._comm.Ialltoall(header, incoming), what)
         self._turn += 1
+        landing, self._landing = self._landing, self._next_landing
+        for source in np.flatnonzero(incoming[:, 7] > 0).tolist():
+            self._offers[source] = (int(incoming[source, 6]), int(incoming[source, 7]))
         if not incoming[:, 1].any():
+            if landing is not None and zone is not None:
+                zone.ring.free(landing)
             return None
         recv_sizes = incoming[:, 0]
-        recv_displs = np.concatenate([[0], np.cumsum(recv_sizes)[:-1]])
+        landed = (incoming[:, 3] == _LANDED) & (recv_sizes > 0)
+        copied = np.where(landed, 0, recv_sizes)
+        recv_displs = np.concatenate([[0], np.cumsum(copied)[:-1]])
         with self._dog.watch(what):
             t0 = time.perf_counter()
             # memory the allocator kept from earlier rounds (keep_freed_memory): no page faults
-            rbuf = np.empty(int(recv_sizes.sum()), dtype=np.uint8)
+            rbuf = np.empty(int(copied.sum()), dtype=np.uint8)
             if incoming[:, 5].any():
                 self._alltoallv_rest(segments, lengths, via_mpi, incoming, rbuf, recv_displs)
             pack_parts(segments[me], rbuf[recv_displs[me] : recv_displs[me] + lengths[me]])
@@ -165,12 +186,67 @@ class MPIComm(Comm):
                 for source in np.flatnonzero((incoming[:, 3] == _SLOT) & (recv_sizes > 0)).tolist():
                     at, n, d = int(incoming[source, 2]), int(recv_sizes[source]), int(recv_displs[source])
                     rbuf[d : d + n] = slots.slot(self._local_of[source], turn)[at : at + n]
+                peers_max = int(recv_sizes[self._on_node].max(initial=0))
+                if peers_max > 0:
+                    self._received_recently.append(peers_max)
                 ask = int(incoming[self._on_node, 4].max())
                 if ask > 0:  # the same on every rank of the node: each saw every one's header
                     slots.grow(ask + ask // 4)
+                    if self._zone is None:  # room for the rounds the caller holds, the next, and a spare
+                        per_round = max(slots.capacity, _PAGE * (len(self._node_ranks) - 1))
+                        self._zone = LandingZone(self.node_comm, self._mpi, min((hold + 2) * per_round, _ZONE_MAX))
             self.transfer_seconds += time.perf_counter() - t0
         view = rbuf.data  # no copy: callers unpack straight from the receive buffer
-        return [view[d : d + s] for d, s in zip(recv_displs.tolist(), recv_sizes.tolist(), strict=True)]
+        out = [view[d : d + s] for d, s in zip(recv_displs.tolist(), copied.tolist(), strict=True)]
+        if landing is not None and zone is not None:
+            self._take_landed(zone, landing, landed, incoming, out)
+        return out
+
+    def _land(self, zone: LandingZone, segments: Sequence[Sequence[Part]], lengths: np.ndarray, peer: np.ndarray,
+              header: np.ndarray) -> None:
+        """Pack each node peer's segment into the place it offered, where it fits (clearing it from
+        ``peer``, the segments left for the slots), and make this round's offers."""
+        for d in np.flatnonzero(peer).tolist():
+            start, room = self._offers.get(d, (0, 0))
+            if lengths[d] <= room:
+                pack_parts(segments[d], zone.peer(self._local_of[d])[start : start + lengths[d]])
+                header[d, 2], header[d, 3] = start, _LANDED
+                peer[d] = False
+        self._offers.clear()  # an offer holds for one round
+        self._offer(zone, header)
+        zone.sync()  # the bytes landed, visible before the header that points at them
+
+    def _take_landed(self, zone: LandingZone, landing: int, landed: np.ndarray, incoming: np.ndarray,
+                     out: list[memoryview]) -> None:
+        """Put views of what landed in this round's place into ``out``; free the place if nothing did."""
+        if not landed.any():
+            zone.ring.free(landing)
+            return
+        zone.sync()
+        place = zone.place(landing)  # freed once every view of what landed there has died
+        for source in np.flatnonzero(landed).tolist():
+            at, n = int(incoming[source, 2]) - landing, int(incoming[source, 0])
+            out[source] = place[at : at + n]
+        self.landed_bytes += int(incoming[landed, 0].sum())
+
+    def _offer(self, zone: LandingZone, header: np.ndarray) -> None:
+        """Offer each node peer a place in this rank's zone for its segment of the next round: a
+        quarter more than the largest segment a node peer sent here in the last rounds, and the same
+        from round to round until a segment outgrows it (so that a peer writes to the same parts of
+        this zone, page for page); none before the first round, or while the zone has no room."""
+        self._next_landing = None
+        largest = max(self._received_recently, default=0)
+        if largest > self._room:
+            self._room = -(-int(largest * 1.25) // _PAGE) * _PAGE  # places start page-aligned
+        if self._room == 0:
+            return
+        sources = [r for r in self._node_ranks if r != self.world.rank]
+        start = zone.ring.take(self._room * len(sources))
+        if start is None:
+            return
+        for k, source in enumerate(sources):
+            header[source, 6], header[source, 7] = start + k * self._room, self._room
+        self._next_landing = start
 
     def _alltoallv_rest(self, segments: Sequence[Sequence[Part]], lengths: np.ndarray, via_mpi: np.ndarray,
                         incoming: np.ndarray, rbuf: np.ndarray, recv_displs: np.ndarray) -> None:

@@ -72,8 +72,8 @@ class TorchComm(Comm):
         self._wait("barrier", self._group.barrier())
 
     def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
-                  wanted: bool = True) -> list[memoryview] | None:
-        """One all-to-all of variable sizes: each byte crosses the wire once."""
+                  wanted: bool = True, hold: int = 2) -> list[memoryview] | None:
+        """One all-to-all of variable sizes: each byte crosses the wire once (``hold``: see Comm)."""
         torch, size = self._torch, self.world.size
         lengths = segment_lengths(segments, size)
         header = torch.tensor([[int(n), int(wanted)] for n in lengths], dtype=torch.int64)  # see Comm.alltoallv

@@ -2,7 +2,9 @@
 many times larger than the ones before, so that the node's send slots grow mid-way and rounds that
 do not fit go through MPI), each given as several buffers, each byte a function of (round, source,
 destination, position), every segment checked on arrival and kept until the end to check that no
-later round overwrote it. The buffers sent are dropped as soon as the call returns."""
+later round overwrote it; then rounds of like sizes whose views are dropped, but for some kept to the
+end, so that segments land in their receivers' zones and the zones' places are reused. The buffers
+sent are dropped as soon as the call returns."""
 
 from __future__ import annotations
 
@@ -49,13 +51,31 @@ def main() -> None:
     for turn, source, view in kept:
         expected = segment(turn, source, rank, int(sizes(turn, world)[source][rank]))
         assert np.array_equal(np.frombuffer(view, dtype=np.uint8), expected), ("later", turn, source)
+    # rounds of like sizes whose views the caller drops (all but every fourth round's, kept to the
+    # end): their segments land in the receivers' zones, which take back the places of dropped views
+    steady = []
+    for turn in range(rounds, 3 * rounds):
+        counts = np.full(world, 20_000 + 1000 * (turn % 3))
+        received = comm.alltoallv([parts(segment(turn, rank, dest, n), turn) for dest, n in enumerate(counts)],
+                                  hold=2)
+        assert received is not None
+        for source, view in enumerate(received):
+            assert np.array_equal(np.frombuffer(view, dtype=np.uint8), segment(turn, source, rank, len(view)))
+            assert len(view) == 20_000 + 1000 * (turn % 3), (turn, source)
+            if turn % 4 == 0:
+                steady.append((turn, source, view))
+        del received, view
+    for turn, source, view in steady:
+        assert np.array_equal(np.frombuffer(view, dtype=np.uint8), segment(turn, source, rank, len(view))), \
+            ("later", turn, source)
     # a round no rank wants moves nothing, on every rank
     assert comm.alltoallv([[] for _ in range(world)], wanted=False) is None
     # one rank still wanting it is enough for every rank to take part
     got = comm.alltoallv([[bytes([rank]) * 5] for _ in range(world)], wanted=rank == world - 1)
     assert got is not None and [bytes(v) for v in got] == [bytes([s]) * 5 for s in range(world)]
     slots = getattr(comm, "_slots", None)
-    report = comm.allgather({"rank": rank, "node": comm.world.node, "slot_bytes": slots.capacity if slots else 0})
+    report = comm.allgather({"rank": rank, "node": comm.world.node, "slot_bytes": slots.capacity if slots else 0,
+                             "landed_bytes": getattr(comm, "landed_bytes", 0)})
     if rank == 0:
         out.write_text(json.dumps(report))
 

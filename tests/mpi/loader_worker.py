@@ -13,7 +13,7 @@ from pathlib import Path
 
 import ddpipe
 from ddpipe.comm import init_comm
-from ddpipe.sample import Sample
+from ddpipe.sample import Sample, owned
 
 MODES = ["none", "local", "partial", "global"]
 FORMATS = ["wds", "hdf5", "lmdb"]
@@ -23,11 +23,23 @@ def keys(batches: list[list[Sample]]) -> list[list[str]]:
     return [[s["__key__"] for s in b] for b in batches]
 
 
+def wrong_bytes(loader: ddpipe.Loader, stored: dict[str, Sample]) -> list[str]:
+    """The keys of samples yielded with bytes other than their shard's, over two epochs, each batch
+    dropped once checked (as training does: then received samples' memory is reused round after round)."""
+    wrong = []
+    for epoch in (3, 4):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            wrong += [s["__key__"] for s in batch if owned(s) != stored[s["__key__"]]]
+    return wrong
+
+
 def main() -> None:
     data, out, phase = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     comm = init_comm(timeout=120)
     rank = comm.world.rank
     report: dict[str, object] = {"world": comm.world.size}
+    stored = {fmt: {s["__key__"]: owned(s) for s in ddpipe.open_dataset(data / fmt)} for fmt in FORMATS}
     for fmt in FORMATS:
         for mode in MODES:
             for drop_last in (False, True):
@@ -61,7 +73,7 @@ def main() -> None:
                     fresh.load_state_dict(pickle.loads(state_file.read_bytes()))
                     rest = keys(list(fresh))
                     mine = {"first": first, "again": again, "other": other, "len": len(first), "part": part,
-                            "rest": rest}
+                            "rest": rest, "wrong_bytes": wrong_bytes(loader(), stored[fmt])}
                 else:
                     fresh = loader()
                     fresh.load_state_dict(pickle.loads(state_file.read_bytes()))

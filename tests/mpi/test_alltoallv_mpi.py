@@ -1,6 +1,7 @@
 """The exchange's transfer on real ranks, as one node and as several: segments for the ranks of a
-node go through its shared send slots, the rest through MPI; either way every byte arrives, the
-slots grow when a round outgrows them, and a segment received stays intact while later rounds run."""
+node land in the place their receiver offered (or, larger, go through the sender's shared send
+slot), the rest go through MPI; either way every byte arrives, the slots grow when a round outgrows
+them, and a segment received stays intact while later rounds run, whichever way it came."""
 
 from __future__ import annotations
 
@@ -25,3 +26,5 @@ def test_every_byte_arrives_through_slots_and_mpi(tmp_path: Path, ranks: int, no
     alone = nodes == ranks  # a rank alone on its node has no node peers and no slots
     assert all((r["slot_bytes"] > 0) != alone for r in report)
     assert len({r["slot_bytes"] for r in report if r["node"] == 0}) == 1  # one size on a node
+    # node peers' segments of the steady rounds landed in their receivers' zones, uncopied
+    assert all((r["landed_bytes"] > 0) != alone for r in report)

@@ -67,6 +67,8 @@ def test_invariants_with_real_ranks(data: Path, tmp_path: Path, world: int) -> N
         assert len(ranks) == world
         check_epoch(name, ranks, "first", world)
         check_epoch(name, ranks, "other", world)
+        # every sample carries its own bytes, however it reached the rank
+        assert all(r["wrong_bytes"] == [] for r in ranks), name
         # invariant 3: the same stream for the same seed and epoch; another for another epoch
         assert all(r["first"] == r["again"] for r in ranks), name
         if "-none-" not in name:
