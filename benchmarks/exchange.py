@@ -1,7 +1,7 @@
 """The cost of the partial exchange: epoch time with Q = 0.3 against Q = 0, and the exchange's
 throughput against raw MPI Alltoallv of the same bytes, on real ranks.
 
-    python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 15] [--round-size 128]
+    python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 15] [--round-size 128 512]
 
 Data: synth ImageNet-like JPEGs in 16 MB WebDataset shards. Each repeat runs one epoch per Q,
 alternating, with the shards evicted from the page cache first (cold, the I/O-bound case the
@@ -12,7 +12,10 @@ a rank: packing the samples to send, moving the bytes once every rank has arrive
 (the slowest rank's), in wall time and in its thread's processor time (which leaves out the turns
 of the rank's other threads, reading and batching, on a node with fewer free cores than threads);
 the time spent waiting for slower ranks to arrive (reading or decoding behind
-the others) is shown apart, as it is not the exchange's cost but the stages' imbalance. *Alone*: the
+the others) is shown apart, as it is not the exchange's cost but the stages' imbalance. *Landed*:
+the share of the bytes exchanged that reached their receivers without a second copy (through the
+receivers' landing zones, ddpipe/comm/landing.py). Each round size (the loader's default is 512)
+is a run of its own. *Alone*: the
 exchange's own code over an epoch's samples already in memory, with nothing else running in the
 process, against raw Alltoallv of that run's bytes: what the exchange adds to MPI's cost by itself.
 """
@@ -20,6 +23,7 @@ process, against raw Alltoallv of that run's bytes: what the exchange adds to MP
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -64,10 +68,15 @@ def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
                for q in (0.0, 0.3)}
     times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm") for q in (0.0, 0.3)}
     exchange, cpu, waiting, raw, moved = [], [], [], [], []
+    landed = sent = 0
     for rep in range(repeats):
         for q in (0.0, 0.3) if rep % 2 == 0 else (0.3, 0.0):
+            before = getattr(comm, "landed_bytes", 0)
             times[f"cold-{q}"].append(timed_epoch(loaders[q], files))
+            sent += int(loaders[q].stats.get("bytes_sent", 0))
             times[f"warm-{q}"].append(timed_epoch(loaders[q]))
+            sent += int(loaders[q].stats.get("bytes_sent", 0))
+            landed += getattr(comm, "landed_bytes", 0) - before
         stats = loaders[0.3].stats
         everyone = comm.allgather(stats["round_bytes"])
         exchange.append(max(comm.allgather(stats["exchange_seconds"])))
@@ -76,9 +85,11 @@ def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
         raw.append(max(comm.allgather(raw_alltoallv(everyone, comm.world.rank))))
         moved.append(sum(sum(sum(r) for r in rank) for rank in everyone))
     alone, alone_raw = exchange_alone(loaders[0.3], repeats)
+    landed_share = sum(comm.allgather(landed)) / max(sum(comm.allgather(sent)), 1)
     if comm.world.rank == 0:
         out.write_text(json.dumps({"times": times, "exchange_s": exchange, "exchange_cpu_s": cpu, "wait_s": waiting,
-                                   "raw_s": raw, "bytes": moved, "alone_s": alone, "alone_raw_s": alone_raw}))
+                                   "raw_s": raw, "bytes": moved, "alone_s": alone, "alone_raw_s": alone_raw,
+                                   "landed_share": landed_share}))
 
 
 def exchange_alone(loader: ddpipe.Loader, repeats: int) -> tuple[list[float], list[float]]:
@@ -135,26 +146,26 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--round-size", type=int, default=128)
+    ap.add_argument("--round-size", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--torchrun-ranks", type=int, nargs="*", default=[2, 4, 8])
     ap.add_argument("--worker", nargs=2, metavar=("DATA", "OUT"))
     ap.add_argument("--torch-worker", nargs=2, metavar=("DATA", "OUT"))
     args = ap.parse_args()
     if args.worker:
-        worker(Path(args.worker[0]), Path(args.worker[1]), args.repeats, args.round_size)
+        worker(Path(args.worker[0]), Path(args.worker[1]), args.repeats, args.round_size[0])
         return
     if args.torch_worker:
-        torch_worker(Path(args.torch_worker[0]), Path(args.torch_worker[1]), 3, args.round_size)
+        torch_worker(Path(args.torch_worker[0]), Path(args.torch_worker[1]), 3, args.round_size[0])
         return
     root = synth_shards(args.n, "exchange")
     rows = []
-    for ranks in args.ranks:
-        out = DATA / f"exchange-{ranks}.json"
-        mpiexec(ranks, __file__, "--repeats", args.repeats, "--round-size", args.round_size, "--worker", root, out)
+    for round_size, ranks in itertools.product(args.round_size, args.ranks):
+        out = DATA / f"exchange-{round_size}-{ranks}.json"
+        mpiexec(ranks, __file__, "--repeats", args.repeats, "--round-size", round_size, "--worker", root, out)
         r = json.loads(out.read_text())
         t = r["times"]
         rows.append({
-            "ranks": ranks,
+            "round": round_size, "ranks": ranks,
             "cold_q0": median(t["cold-0.0"]), "cold_q3": median(t["cold-0.3"]),
             "cold_ratio": median([b / a for a, b in zip(t["cold-0.0"], t["cold-0.3"], strict=True)]),
             "warm_q0": median(t["warm-0.0"]), "warm_q3": median(t["warm-0.3"]),
@@ -166,35 +177,37 @@ def main() -> None:
             "cpu_vs_raw": median([raw / ours for raw, ours in zip(r["raw_s"], r["exchange_cpu_s"], strict=True)]),
             "alone_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["alone_s"], strict=True)]),
             "alone_vs_raw": median([raw / ours for raw, ours in zip(r["alone_raw_s"], r["alone_s"], strict=True)]),
-            "wait_s": median(r["wait_s"]),
+            "wait_s": median(r["wait_s"]), "landed": r["landed_share"],
         })
-    cols = [("ranks", "ranks", "d"), ("cold_q0", "cold Q=0 s", ".2f"), ("cold_q3", "cold Q=0.3 s", ".2f"),
+    cols = [("round", "round", "d"), ("ranks", "ranks", "d"), ("cold_q0", "cold Q=0 s", ".2f"),
+            ("cold_q3", "cold Q=0.3 s", ".2f"),
             ("cold_ratio", "cold Q=0.3 / Q=0", ".2f"), ("warm_q0", "warm Q=0 s", ".2f"),
             ("warm_q3", "warm Q=0.3 s", ".2f"), ("warm_ratio", "warm Q=0.3 / Q=0", ".2f"),
             ("exchanged_mb", "MB exchanged", ".0f"), ("exchange_mb_s", "exchange MB/s", ".0f"),
             ("raw_mb_s", "raw Alltoallv MB/s", ".0f"), ("vs_raw", "exchange / raw", ".2f"),
             ("cpu_vs_raw", "processor time: exchange / raw", ".2f"),
             ("alone_mb_s", "alone MB/s", ".0f"), ("alone_vs_raw", "alone / raw", ".2f"),
-            ("wait_s", "waiting for peers s", ".2f")]
+            ("wait_s", "waiting for peers s", ".2f"), ("landed", "landed", ".2f")]
     text = table(rows, cols)
     wire_rows = []
     for ranks in args.torchrun_ranks:
         out = DATA / f"exchange-torchrun-{ranks}.json"
-        torchrun(ranks, __file__, "--round-size", args.round_size, "--torch-worker", root, out)
+        torchrun(ranks, __file__, "--round-size", args.round_size[0], "--torch-worker", root, out)
         r = json.loads(out.read_text())
         wire_rows.append({"ranks": ranks, "epochs": r["epochs"], "exchanged_mb": r["exchanged"] / 1e6,
                           "wire_mb": None if r["wire"] is None else r["wire"] / 1e6,
                           "wire_ratio": None if r["wire"] is None else r["wire"] / r["exchanged"]})
     if wire_rows:
-        text += "\n\nUnder torchrun (gloo):\n\n" + table(wire_rows, [
+        text += f"\n\nUnder torchrun (gloo), rounds of {args.round_size[0]}:\n\n" + table(wire_rows, [
             ("ranks", "ranks", "d"), ("epochs", "epochs", "d"), ("exchanged_mb", "MB exchanged", ".0f"),
             ("wire_mb", "MB through loopback", ".0f"), ("wire_ratio", "loopback / exchanged", ".3f")])
     ranks = " ".join(map(str, args.ranks))
+    rounds = " ".join(map(str, args.round_size))
     command = (f"python benchmarks/exchange.py --n {args.n} --ranks {ranks} --repeats {args.repeats} "
-               f"--round-size {args.round_size} --torchrun-ranks {' '.join(map(str, args.torchrun_ranks))}")
+               f"--round-size {rounds} --torchrun-ranks {' '.join(map(str, args.torchrun_ranks))}")
     path = save("exchange", {"benchmark": "exchange", "command": command, "machine": machine(), "rows": rows,
                              "torchrun_rows": wire_rows,
-                             "batch_size": BATCH, "round_size": args.round_size, "table": text})
+                             "batch_size": BATCH, "round_sizes": args.round_size, "table": text})
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
 

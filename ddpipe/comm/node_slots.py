@@ -6,7 +6,9 @@ has reached every rank, each rank copies the segments meant for it straight out 
 peers' slots. Through ``MPI_Alltoallv`` the same bytes are copied by the kernel (CMA) while both
 ranks are inside the call: a rank whose peer is not yet scheduled spins until it is, which on a
 node with more ranks than free cores took the core the peer was waiting for (benchmarks/exchange.py).
-Here nothing waits but the header, which ranks poll with sleeps.
+Here nothing waits but the header, which ranks poll with sleeps. A segment that fits the place its
+receiver offered in its landing zone goes there instead (:mod:`ddpipe.comm.landing`): one copy, not
+two; the slots carry the rest.
 
 Two slots per rank, used in turn: a rank writes round j + 2 into the slot of round j only after
 round j + 1's header has reached it from every rank, which each rank sends only after copying out
