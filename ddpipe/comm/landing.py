@@ -11,9 +11,9 @@ slots, as before.
 
 The receiver alone decides when its memory is free again: a round's place lives as long as any
 view of it does (the samples a shuffle buffer holds), in its own process, so no lifetime crosses
-processes. Places are taken in turn from a ring (:class:`PlaceRing`); one still held blocks the
-ring behind it, and a zone with no room offers nothing (that round goes through the slots). The
-window is never freed while the process runs: views of it may live as long as the caller keeps them.
+processes. Places are taken lowest first (:class:`Places`), and a zone with no room offers
+nothing (that round goes through the slots). The window is never freed while the process runs:
+views of it may live as long as the caller keeps them.
 """
 
 from __future__ import annotations
@@ -25,55 +25,41 @@ from typing import Any
 import numpy as np
 
 
-class PlaceRing:
-    """Places of ``capacity`` bytes taken in turn, oldest first, each freed on its own (in any
-    order, from any thread); space comes back once every place taken before it is free too."""
+class Places:
+    """A zone of ``capacity`` bytes handed out as places, each taken at the lowest start where it
+    fits and freed on its own (in any order, from any thread). Lowest first, so that the zone's
+    first pages serve over and over: a place further on is memory touched for the first time, page
+    faults in the receiver and in every sender that writes there (places taken in turn round the
+    zone brought a fresh one into every epoch of 8 ranks until the turn came round)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._taken: deque[list[int]] = deque()  # [start, stop, freed] of each place, oldest first
+        self._taken: dict[int, int] = {}  # start -> stop of each place held
         self._freed: deque[int] = deque()  # starts of places freed since the last take
 
     def take(self, nbytes: int) -> int | None:
-        """The start of a free place of ``nbytes``, now taken; None if the ring has no room."""
-        self._collect()
+        """The start of a free place of ``nbytes``, now taken; None if the zone has no room."""
+        while self._freed:
+            self._taken.pop(self._freed.popleft(), None)
         if nbytes <= 0 or nbytes > self.capacity:
             return None
-        if not self._taken:
-            start = 0
-        else:
-            oldest, newest = self._taken[0][0], self._taken[-1]
-            if newest[0] >= oldest:  # free: after the newest place, and before the oldest
-                start = newest[1] if newest[1] + nbytes <= self.capacity else 0
-                if start == 0 and nbytes > oldest:
-                    return None
-            elif newest[1] + nbytes <= oldest:  # wrapped: free only between the newest and the oldest
-                start = newest[1]
-            else:
-                return None
-        self._taken.append([start, start + nbytes, 0])
+        start = 0
+        for begin, stop in sorted(self._taken.items()):
+            if start + nbytes <= begin:
+                break
+            start = max(start, stop)
+        if start + nbytes > self.capacity:
+            return None
+        self._taken[start] = start + nbytes
         return start
 
     def stop(self, start: int) -> int:
         """Where the place taken at ``start`` ends."""
-        for entry in self._taken:
-            if entry[0] == start and not entry[2]:
-                return entry[1]
-        raise KeyError(start)
+        return self._taken[start]
 
     def free(self, start: int) -> None:
         """Free the place taken at ``start``. Safe from any thread (an append, collected at the next take)."""
         self._freed.append(start)
-
-    def _collect(self) -> None:
-        while self._freed:
-            start = self._freed.popleft()
-            for entry in self._taken:
-                if entry[0] == start and not entry[2]:
-                    entry[2] = 1
-                    break
-        while self._taken and self._taken[0][2]:
-            self._taken.popleft()
 
 
 class LandingZone:
@@ -81,7 +67,7 @@ class LandingZone:
     shared-memory window over the node's ranks, ``capacity`` bytes each."""
 
     def __init__(self, node_comm: Any, mpi: Any, capacity: int) -> None:
-        self.ring = PlaceRing(capacity)
+        self.places = Places(capacity)
         self._win = mpi.Win.Allocate_shared(capacity, 1, comm=node_comm)
         self._win.Lock_all(mpi.MODE_NOCHECK)  # one passive epoch for the window's life, as the slots'
         self._zones = [np.frombuffer(self._win.Shared_query(r)[0], dtype=np.uint8)
@@ -94,8 +80,8 @@ class LandingZone:
 
     def place(self, start: int) -> memoryview:
         """The place taken at ``start`` in this rank's zone, freed when its last view dies."""
-        array: np.ndarray = self._mine[start : self.ring.stop(start)]
-        weakref.finalize(array, self.ring.free, start)
+        array: np.ndarray = self._mine[start : self.places.stop(start)]
+        weakref.finalize(array, self.places.free, start)
         return array.data  # a view of ``array``: it, and every slice of it, keeps the place taken
 
     def sync(self) -> None:

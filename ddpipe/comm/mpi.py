@@ -168,7 +168,7 @@ class MPIComm(Comm):
             self._offers[source] = (int(incoming[source, 6]), int(incoming[source, 7]))
         if not incoming[:, 1].any():
             if landing is not None and zone is not None:
-                zone.ring.free(landing)
+                zone.places.free(landing)
             return None
         recv_sizes = incoming[:, 0]
         landed = (incoming[:, 3] == _LANDED) & (recv_sizes > 0)
@@ -220,7 +220,7 @@ class MPIComm(Comm):
                      out: list[memoryview]) -> None:
         """Put views of what landed in this round's place into ``out``; free the place if nothing did."""
         if not landed.any():
-            zone.ring.free(landing)
+            zone.places.free(landing)
             return
         zone.sync()
         place = zone.place(landing)  # freed once every view of what landed there has died
@@ -241,7 +241,7 @@ class MPIComm(Comm):
         if self._room == 0:
             return
         sources = [r for r in self._node_ranks if r != self.world.rank]
-        start = zone.ring.take(self._room * len(sources))
+        start = zone.places.take(self._room * len(sources))
         if start is None:
             return
         for k, source in enumerate(sources):
