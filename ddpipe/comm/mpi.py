@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .base import DEFAULT_TIMEOUT, Comm, Part, Request, Watchdog, pack_parts, segment_lengths
-from .landing import LandingZone
+from .landing import LandingZone, zone_capacity
 from .mpi_peers import MPIPeerLink
 from .node_slots import NodeSlots
 from .world import World, available_cores
@@ -194,7 +194,9 @@ class MPIComm(Comm):
                     slots.grow(ask + ask // 4)
                     if self._zone is None:  # room for the rounds the caller holds, the next, and a spare
                         per_round = max(slots.capacity, _PAGE * (len(self._node_ranks) - 1))
-                        self._zone = LandingZone(self.node_comm, self._mpi, min((hold + 2) * per_round, _ZONE_MAX))
+                        asked = min((hold + 2) * per_round, _ZONE_MAX)
+                        capacity = zone_capacity(asked, per_round, len(self._node_ranks))
+                        self._zone = LandingZone(self.node_comm, self._mpi, capacity)  # collective: 0 bytes too
             self.transfer_seconds += time.perf_counter() - t0
         view = rbuf.data  # no copy: callers unpack straight from the receive buffer
         out = [view[d : d + s] for d, s in zip(recv_displs.tolist(), copied.tolist(), strict=True)]

@@ -9,8 +9,11 @@ sent are dropped as soon as the call returns."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +40,13 @@ def parts(data: np.ndarray, turn: int) -> list[bytes]:
 
 def main() -> None:
     out, rounds = Path(sys.argv[1]), int(sys.argv[2])
+    if sys.argv[3:] == ["small-shm"]:  # a container's /dev/shm with 64 KB free: no room for zones
+        statvfs = os.statvfs
+
+        def small_shm(path: Any) -> Any:
+            return SimpleNamespace(f_bavail=16, f_frsize=4096) if str(path) == "/dev/shm" else statvfs(path)
+
+        os.statvfs = small_shm
     comm = init_comm(timeout=120)
     rank, world = comm.world.rank, comm.world.size
     kept = []

@@ -28,3 +28,13 @@ def test_every_byte_arrives_through_slots_and_mpi(tmp_path: Path, ranks: int, no
     assert len({r["slot_bytes"] for r in report if r["node"] == 0}) == 1  # one size on a node
     # node peers' segments of the steady rounds landed in their receivers' zones, uncopied
     assert all((r["landed_bytes"] > 0) != alone for r in report)
+
+
+def test_without_shared_memory_to_spare_segments_go_through_the_slots(tmp_path: Path) -> None:
+    """Where /dev/shm has little room left (a container's default), ranks make no landing zones,
+    whose pages would end them with SIGBUS once touched beyond it: every byte still arrives."""
+    out = tmp_path / "report.json"
+    proc = mpiexec(3, WORKER, out, "12", "small-shm", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert all(r["slot_bytes"] > 0 and r["landed_bytes"] == 0 for r in report)
