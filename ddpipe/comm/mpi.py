@@ -15,7 +15,6 @@ import pickle
 import stat
 import sys
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -70,7 +69,7 @@ class MPIComm(Comm):
         self._offers: dict[int, tuple[int, int]] = {}  # rank -> the place it offered this rank (start, bytes)
         self._landing: int | None = None  # where this rank's place for this round's landings starts
         self._next_landing: int | None = None
-        self._received_recently: deque[int] = deque(maxlen=8)  # largest segment from a node peer, per round
+        self._largest_received = 0  # the largest segment a node peer has sent this rank
         self._room = 0  # bytes offered to each node peer
         self.landed_bytes = 0  # bytes received without a copy, through landing zones
         self._dog = Watchdog(timeout, lambda what: self.abort(
@@ -186,9 +185,7 @@ class MPIComm(Comm):
                 for source in np.flatnonzero((incoming[:, 3] == _SLOT) & (recv_sizes > 0)).tolist():
                     at, n, d = int(incoming[source, 2]), int(recv_sizes[source]), int(recv_displs[source])
                     rbuf[d : d + n] = slots.slot(self._local_of[source], turn)[at : at + n]
-                peers_max = int(recv_sizes[self._on_node].max(initial=0))
-                if peers_max > 0:
-                    self._received_recently.append(peers_max)
+                self._largest_received = max(self._largest_received, int(recv_sizes[self._on_node].max(initial=0)))
                 ask = int(incoming[self._on_node, 4].max())
                 if ask > 0:  # the same on every rank of the node: each saw every one's header
                     slots.grow(ask + ask // 4)
@@ -233,13 +230,12 @@ class MPIComm(Comm):
 
     def _offer(self, zone: LandingZone, header: np.ndarray) -> None:
         """Offer each node peer a place in this rank's zone for its segment of the next round: a
-        quarter more than the largest segment a node peer sent here in the last rounds, and the same
-        from round to round until a segment outgrows it (so that a peer writes to the same parts of
-        this zone, page for page); none before the first round, or while the zone has no room."""
+        quarter more than the largest segment a node peer has sent here, and the same from round to
+        round until a segment outgrows it (so that a peer writes to the same parts of this zone, page
+        for page); none before the first round, or while the zone has no room."""
         self._next_landing = None
-        largest = max(self._received_recently, default=0)
-        if largest > self._room:
-            self._room = -(-int(largest * 1.25) // _PAGE) * _PAGE  # places start page-aligned
+        if self._largest_received > self._room:
+            self._room = -(-int(self._largest_received * 1.25) // _PAGE) * _PAGE  # places start page-aligned
         if self._room == 0:
             return
         sources = [r for r in self._node_ranks if r != self.world.rank]
