@@ -24,17 +24,19 @@ from .comm.base import segment_lengths
 from .errors import DdpipeError
 from .plan import RankPlan
 from .sample import KEY, Sample, owned
+from .shufflers import ExchangeRound, ReceiptLifetimes, receipt_lifetimes
 
 # emit((global index, sample)) -> False once the consumer has stopped
 Emit = Callable[[tuple[int, Sample]], bool]
 
 
 class ExchangeShuffler:
-    def __init__(self, comm: Comm, plan: RankPlan, hold: int = 2) -> None:
-        """``hold``: how many rounds' received samples the consumer may keep at once (see Comm.alltoallv)."""
+    def __init__(self, comm: Comm, plan: RankPlan, lifetimes: ReceiptLifetimes | None = None) -> None:
+        """``lifetimes``: how long the consumer keeps what this rank receives (:func:`receipt_lifetimes`);
+        by default, as its plan says for a consumer that takes each sample as soon as it is emitted."""
         self.comm = comm
         self.plan = plan
-        self.hold = hold
+        self.lifetimes = lifetimes or receipt_lifetimes(plan.stream, plan.order, plan.rounds, 0, len(plan.order))
         self.samples_sent = 0
         self.bytes_sent = 0
         # what the exchange costs this rank: packing, moving the bytes once every rank has arrived, and
@@ -50,57 +52,81 @@ class ExchangeShuffler:
         """Read, exchange and emit every round; False if every rank stopped before the last one.
         ``samples`` may hold views of the shards they were read from (``Dataset.read(views=True)``):
         a sample sent is copied once, from its shard into the segment, and one kept once, out of it."""
-        plan, size = self.plan, self.comm.world.size
-        reads = plan.reads.tolist()  # Python ints once, not a NumPy scalar per sample
+        reads = self.plan.reads.tolist()  # Python ints once, not a NumPy scalar per sample
         stopped = False
-        for j, rnd in enumerate(plan.rounds):
-            length = rnd.stop - rnd.start
-            chunk = list(itertools.islice(samples, length))
-            if len(chunk) != length:
-                raise DdpipeError(f"exchange round {j}: the reads ended {length - len(chunk)} samples early")
-            outgoing: list[list[tuple[int, Sample]]] = [[] for _ in range(size)]
-            for positions, dest in zip(rnd.send, rnd.dests, strict=True):
-                outgoing[dest] = [(reads[p], chunk[p - rnd.start]) for p in positions.tolist()]
-            kept = np.ones(length, dtype=bool)
-            kept[rnd.sent - rnd.start] = False
-            # kept samples are copied out of their shards (the copy every read makes, not the
-            # exchange's); sent ones go from their shards straight into the segments
-            out: list[tuple[int, Sample]] = [(reads[rnd.start + i], owned(chunk[i]))
-                                             for i in np.flatnonzero(kept).tolist()]
-            t0, cpu0 = time.perf_counter(), time.thread_time()
-            segments = [segment_parts(items) for items in outgoing]
-            counts = segment_lengths(segments, size).tolist()
-            t1 = time.perf_counter()
-            moved = self.comm.transfer_seconds
-            # the samples received are views into this round's own buffer, handed on uncopied
-            received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=not stopped, hold=self.hold)
-            if received is None:  # every rank has stopped
+        for j, rnd in enumerate(self.plan.rounds):
+            out = self._round(j, rnd, samples, reads, wanted=not stopped)
+            if out is None:  # every rank has stopped
                 return False
-            t2 = time.perf_counter()
-            self.samples_sent += len(rnd.sent)
-            self.round_bytes.append(counts)
-            self.bytes_sent += sum(counts)
-            moved = self.comm.transfer_seconds - moved
-            for source, expected in zip(rnd.sources, rnd.recv, strict=True):
-                items = unpack_segment(received[source]) if expected.size else []
-                if [g for g, _ in items] != expected.tolist():
-                    raise DdpipeError(f"exchange round {j}: rank {source} sent samples the plan does not expect; "
-                                      "do all ranks run the same ddpipe version, dataset and options?")
-                out.extend(items)
-            self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)
-            self.exchange_cpu_seconds += time.thread_time() - cpu0
-            self.wait_seconds += (t2 - t1) - moved
             if not stopped:
-                for item in out:
-                    if not emit(item):
-                        stopped = True
-                        break
+                stopped = not _emit_all(out, emit)
+            # what this round received may go as soon as the consumer is done with it: this thread's
+            # references are gone before the next round (whose buffer the receiver takes meanwhile)
+            del out
         return not stopped
 
+    def _round(self, j: int, rnd: ExchangeRound, samples: Iterator[Sample], reads: list[int],
+               wanted: bool) -> list[tuple[int, Sample]] | None:
+        """Round ``j``: what this rank keeps, then what it received, in the plan's order; None if
+        every rank has stopped."""
+        size, length = self.comm.world.size, rnd.stop - rnd.start
+        chunk = list(itertools.islice(samples, length))
+        if len(chunk) != length:
+            raise DdpipeError(f"exchange round {j}: the reads ended {length - len(chunk)} samples early")
+        outgoing: list[list[tuple[int, Sample]]] = [[] for _ in range(size)]
+        for positions, dest in zip(rnd.send, rnd.dests, strict=True):
+            outgoing[dest] = [(reads[p], chunk[p - rnd.start]) for p in positions.tolist()]
+        kept = np.ones(length, dtype=bool)
+        kept[rnd.sent - rnd.start] = False
+        # kept samples are copied out of their shards (the copy every read makes, not the
+        # exchange's); sent ones go from their shards straight into the segments
+        out: list[tuple[int, Sample]] = [(reads[rnd.start + i], owned(chunk[i]))
+                                         for i in np.flatnonzero(kept).tolist()]
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        segments = [segment_parts(items) for items in outgoing]
+        counts = segment_lengths(segments, size).tolist()
+        t1 = time.perf_counter()
+        moved = self.comm.transfer_seconds
+        # the samples received are views into this round's own buffer, handed on uncopied
+        received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=wanted,
+                                       hold=self.lifetimes.rounds_held)
+        if received is None:
+            return None
+        t2 = time.perf_counter()
+        self.samples_sent += len(rnd.sent)
+        self.round_bytes.append(counts)
+        self.bytes_sent += sum(counts)
+        moved = self.comm.transfer_seconds - moved
+        arrived = len(out)
+        for source, expected in zip(rnd.sources, rnd.recv, strict=True):
+            if expected.size:
+                indices, items = unpack_segment(received[source])
+                if indices != expected.tolist():
+                    raise DdpipeError(f"exchange round {j}: rank {source} sent samples the plan does not "
+                                      "expect; do all ranks run the same ddpipe version, dataset and options?")
+                out.extend(items)
+        # samples the consumer keeps long leave the round's buffer, so that it goes once the rest are used
+        for i in np.flatnonzero(self.lifetimes.copy_out[j]).tolist():
+            g, sample = out[arrived + i]
+            out[arrived + i] = (g, owned(sample))
+        self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)
+        self.exchange_cpu_seconds += time.thread_time() - cpu0
+        self.wait_seconds += (t2 - t1) - moved
+        return out
 
-# A segment: u64 header length, a msgpack header [[index, key, [[field, length], ...]], ...], then
-# every field's bytes back to back. Hand-framed rather than one msgpack object so that the fields go
-# from the buffers they were read into (msgpack's packer copies, at about 1 GB/s here).
+
+def _emit_all(out: list[tuple[int, Sample]], emit: Emit) -> bool:
+    """Emit ``out`` in order; False once the consumer has stopped."""
+    return all(emit(item) for item in out)
+
+
+# A segment: u64 header length, a msgpack header, then every field's bytes back to back. The header
+# is [keys joined by newlines (keys hold no whitespace), the field-name lists in use, each sample's
+# list (uint16), the samples' global indices (int64), every field's length (int64)]: flat arrays
+# rather than lists per sample, since each container alive at once counts towards the garbage
+# collector's next pass (per-sample lists made it run 35 times an epoch instead of 3, ~5% of an
+# epoch's time). Hand-framed rather than one msgpack object so that the fields go from the buffers
+# they were read into (msgpack's packer copies, at about 1 GB/s here).
 _LEN = struct.Struct("<Q")
 
 
@@ -109,21 +135,36 @@ def segment_parts(items: list[tuple[int, Sample]]) -> list[bytes]:
     as it is (no copy); none for no items."""
     if not items:
         return []
-    meta = [[g, s[KEY], [[k, len(v)] for k, v in s.items() if k != KEY]] for g, s in items]
-    header = msgpack.packb(meta, use_bin_type=True)
-    return [_LEN.pack(len(header)) + header, *(v for _, s in items for k, v in s.items() if k != KEY)]
+    kinds: dict[tuple[str, ...], int] = {}
+    kind_of, lengths, fields = [], [], []
+    for _, sample in items:
+        names = tuple(k for k in sample if k != KEY)
+        kind_of.append(kinds.setdefault(names, len(kinds)))
+        for name in names:
+            fields.append(sample[name])
+            lengths.append(len(sample[name]))
+    header = msgpack.packb(["\n".join(s[KEY] for _, s in items), list(kinds),
+                            np.array(kind_of, dtype=np.uint16).tobytes(),
+                            np.array([g for g, _ in items], dtype=np.int64).tobytes(),
+                            np.array(lengths, dtype=np.int64).tobytes()], use_bin_type=True)
+    return [_LEN.pack(len(header)) + header, *fields]
 
 
-def unpack_segment(segment: memoryview) -> list[tuple[int, Sample]]:
-    """The samples of one segment; their fields are views into ``segment`` (no copy)."""
+def unpack_segment(segment: memoryview) -> tuple[list[int], list[tuple[int, Sample]]]:
+    """The global indices of one segment's samples, and the samples; their fields are views into
+    ``segment`` (no copy)."""
     (header_len,) = _LEN.unpack_from(segment)
     at = _LEN.size + header_len
-    meta = msgpack.unpackb(segment[_LEN.size : at], raw=False)
+    keys, kinds, kind_of, indices, lengths = msgpack.unpackb(segment[_LEN.size : at], raw=False)
+    indices = np.frombuffer(indices, dtype=np.int64).tolist()
+    bounds = (np.cumsum(np.frombuffer(lengths, dtype=np.int64)) + at).tolist()
     items = []
-    for g, key, fields in meta:
+    f = 0
+    for g, key, kind in zip(indices, keys.split("\n"), np.frombuffer(kind_of, dtype=np.uint16).tolist(), strict=True):
         sample: Sample = {KEY: key}
-        for name, length in fields:
-            sample[name] = segment[at : at + length]
-            at += length
-        items.append((int(g), sample))
-    return items
+        for name in kinds[kind]:
+            sample[name] = segment[at : bounds[f]]
+            at = bounds[f]
+            f += 1
+        items.append((g, sample))
+    return indices, items

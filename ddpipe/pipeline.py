@@ -35,7 +35,7 @@ from .exchange import ExchangeShuffler
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
-from .shufflers import get_shuffler
+from .shufflers import get_shuffler, receipt_lifetimes
 from .staging import NodeStager, StageOptions, default_stage_dir, node_local_dir
 from .staging.order import node_shard_order
 from .throttle import SourceLimits
@@ -303,9 +303,12 @@ class Loader:
                 # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead
                 # (~110 MB of JPEGs) brought Q = 0.3 from 1.14 to 1.06 of Q = 0 in benchmarks/exchange.py
                 ahead = _read_ahead(samples, max(2 * self.options.round_size, 1024))
-                # the consumer keeps received samples for up to a shuffle buffer, plus the round emitted
-                held = -(-self.options.buffer_size // self.options.round_size) + 1
-                shuffler = ExchangeShuffler(self.comm, rank_plan, hold=held)
+                # the consumer runs up to the queue and the batches it holds behind the exchange; samples
+                # it keeps past two shuffle buffers are copied out rather than keep their round's buffer
+                lifetimes = receipt_lifetimes(rank_plan.stream, rank_plan.order, rank_plan.rounds,
+                                              ahead=self.read_options.prefetch + 2 * self.options.batch_size,
+                                              copy_beyond=2 * self.options.buffer_size + self.options.round_size)
+                shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes)
                 try:
                     finished = shuffler.run(ahead, emit)
                 finally:

@@ -68,6 +68,8 @@ class RankPlan:
     reads: np.ndarray  # global sample indices in the order this rank reads them
     order: np.ndarray  # global sample indices in the order this rank yields them
     rounds: tuple[ExchangeRound, ...] = ()
+    # global sample indices in the order the exchange hands them on (what the shuffle buffer takes in)
+    stream: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ def plan_epoch(
         reads.append(mode.reads(share, shard_of_sample, seed, epoch, r).astype(np.int64))
 
     rounds, streams = mode.exchange(reads, per, seed, epoch, opt.exchange_fraction, opt.round_size)
-    ranks = [RankPlan(r, reads[r], mode.yield_order(streams[r], seed, epoch, r, opt.buffer_size), rounds[r])
-             for r in range(world_size)]
+    ranks = [RankPlan(r, reads[r], mode.yield_order(streams[r], seed, epoch, r, opt.buffer_size), rounds[r],
+                      streams[r]) for r in range(world_size)]
     return EpochPlan(epoch, world_size, opt, tuple(ranks), per, random_access=mode.random_access,
                      dropped=np.concatenate(dropped) if dropped else np.zeros(0, dtype=np.int64))

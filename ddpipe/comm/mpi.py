@@ -189,8 +189,11 @@ class MPIComm(Comm):
                 ask = int(incoming[self._on_node, 4].max())
                 if ask > 0:  # the same on every rank of the node: each saw every one's header
                     slots.grow(ask + ask // 4)
-                    if self._zone is None:  # room for the rounds the caller holds, the next, and a spare
-                        per_round = max(slots.capacity, _PAGE * (len(self._node_ranks) - 1))
+                    if self._zone is None:
+                        # room for the rounds the caller holds (the next among them) and two spare (at an
+                        # epoch's start the last batch of the one before may still hold its rounds), in
+                        # places as _offer makes them, with room for segments to grow as rounds go on
+                        per_round = _room_for(self._largest_received * 5 // 4) * (len(self._node_ranks) - 1)
                         asked = min((hold + 2) * per_round, _ZONE_MAX)
                         capacity = zone_capacity(asked, per_round, len(self._node_ranks))
                         self._zone = LandingZone(self.node_comm, self._mpi, capacity)  # collective: 0 bytes too
@@ -235,7 +238,7 @@ class MPIComm(Comm):
         for page); none before the first round, or while the zone has no room."""
         self._next_landing = None
         if self._largest_received > self._room:
-            self._room = -(-int(self._largest_received * 1.25) // _PAGE) * _PAGE  # places start page-aligned
+            self._room = _room_for(self._largest_received)
         if self._room == 0:
             return
         sources = [r for r in self._node_ranks if r != self.world.rank]
@@ -276,6 +279,12 @@ class MPIGradientChannel:
 
     def free(self) -> None:
         self._comm.Free()
+
+
+def _room_for(largest: int) -> int:
+    """The place offered to each node peer: a quarter more than the largest segment received, in
+    pages (places start page-aligned), and at least one page."""
+    return max(-(-int(largest * 1.25) // _PAGE), 1) * _PAGE
 
 
 def world_comm(timeout: float) -> MPIComm:

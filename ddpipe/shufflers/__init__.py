@@ -13,7 +13,7 @@ from .base import ShuffleMode
 from .full import GlobalShuffle
 from .local import LocalShuffle
 from .none import NoShuffle
-from .partial import ExchangeRound, PartialShuffle
+from .partial import ExchangeRound, PartialShuffle, ReceiptLifetimes, receipt_lifetimes
 
 SHUFFLERS: dict[str, ShuffleMode] = {m.name: m for m in (NoShuffle(), LocalShuffle(), PartialShuffle(),
                                                           GlobalShuffle())}
@@ -27,4 +27,5 @@ def get_shuffler(name: str) -> ShuffleMode:
         raise ValueError(f"shuffle must be one of {', '.join(SHUFFLE_MODES)}, not {name!r}") from None
 
 
-__all__ = ["SHUFFLERS", "SHUFFLE_MODES", "ExchangeRound", "ShuffleMode", "get_shuffler"]
+__all__ = ["SHUFFLERS", "SHUFFLE_MODES", "ExchangeRound", "ReceiptLifetimes", "ShuffleMode", "get_shuffler",
+           "receipt_lifetimes"]

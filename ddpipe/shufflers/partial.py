@@ -134,3 +134,51 @@ class PartialShuffle(LocalShuffle):
                 rounds[r].append(ExchangeRound(shape, r, world_size, sent[r], received[r]))
         streams = np.concatenate(pieces, axis=1).astype(np.int64)
         return [tuple(x) for x in rounds], list(streams)
+
+
+@dataclass(frozen=True)
+class ReceiptLifetimes:
+    """How long a rank holds the samples it receives, known from its plan before any byte moves."""
+
+    rounds_held: int  # the most rounds whose receive buffers may be held at once
+    copy_out: tuple[np.ndarray, ...]  # per round, over its received samples: those to copy out of the buffer
+
+
+def receipt_lifetimes(stream: np.ndarray, order: np.ndarray, rounds: tuple[ExchangeRound, ...], ahead: int,
+                      copy_beyond: int) -> ReceiptLifetimes:
+    """A round's received samples arrive in one buffer, which lives until the last of them is yielded.
+    A shuffle buffer's tail is unbounded (one of B items keeps an item k·B positions longer with
+    probability about e^-k), so a single sample could keep a whole round's buffer for the rest of the
+    epoch: samples yielded more than ``copy_beyond`` positions after they arrive are copied out
+    instead (a few percent at twice the buffer). ``rounds_held`` then counts the buffers held at once
+    at most, each taken one round before its round arrives (a landing zone's offer) and freed once the
+    consumer, at most ``ahead`` samples behind the exchange, has yielded the last sample kept in it.
+    ``stream`` and ``order``: the rank's samples as the exchange emits them and as the rank yields
+    them (:class:`ddpipe.plan.RankPlan`)."""
+    if not rounds:
+        return ReceiptLifetimes(0, ())
+    positions = np.arange(len(stream))
+    yielded_at = _last_positions(stream, order)  # a padded sample that repeats: its last time
+    # samples the consumer has taken from the exchange once it has yielded p + 1
+    taken_to_yield = np.maximum.accumulate(_last_positions(order, stream)) + 1
+    copy_out, last_kept = [], []
+    for r in rounds:
+        at = slice(r.stop - len(r.received), r.stop)  # each round emits what it keeps, then what it received
+        far = yielded_at[at] - positions[at] > copy_beyond
+        copy_out.append(far)
+        last_kept.append(int(yielded_at[at][~far].max(initial=-1)))
+    last = np.array(last_kept)
+    held = 0
+    for k, r in enumerate(rounds):
+        # offering round k + 1's buffer during round k, every sample before round k emitted
+        yielded = int(np.searchsorted(taken_to_yield, max(r.start - ahead, 0), side="right"))
+        held = max(held, int((last[: k + 2] >= yielded).sum()))
+    return ReceiptLifetimes(held, tuple(copy_out))
+
+
+def _last_positions(values: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """For each of ``values``, the last position in ``within`` that holds it (each must be there)."""
+    by_value = np.argsort(within, kind="stable")
+    found = np.searchsorted(within[by_value], values, side="right") - 1
+    out: np.ndarray = by_value[found]
+    return out
