@@ -50,8 +50,9 @@ class ExchangeShuffler:
 
     def run(self, samples: Iterator[Sample], emit: Emit) -> bool:
         """Read, exchange and emit every round; False if every rank stopped before the last one.
-        ``samples`` may hold views of the shards they were read from (``Dataset.read(views=True)``):
-        a sample sent is copied once, from its shard into the segment, and one kept once, out of it."""
+        ``samples``: this rank's reads, as :func:`own_kept` gives them (or all copied out of their
+        shards): a sample sent is copied once, from its shard into the segment, and one kept is
+        handed on as it comes."""
         reads = self.plan.reads.tolist()  # Python ints once, not a NumPy scalar per sample
         stopped = False
         for j, rnd in enumerate(self.plan.rounds):
@@ -78,10 +79,9 @@ class ExchangeShuffler:
             outgoing[dest] = [(reads[p], chunk[p - rnd.start]) for p in positions.tolist()]
         kept = np.ones(length, dtype=bool)
         kept[rnd.sent - rnd.start] = False
-        # kept samples are copied out of their shards (the copy every read makes, not the
-        # exchange's); sent ones go from their shards straight into the segments
-        out: list[tuple[int, Sample]] = [(reads[rnd.start + i], owned(chunk[i]))
-                                         for i in np.flatnonzero(kept).tolist()]
+        # kept samples come copied out of their shards (own_kept, on the reading thread); sent ones go
+        # from their shards straight into the segments
+        out: list[tuple[int, Sample]] = [(reads[rnd.start + i], chunk[i]) for i in np.flatnonzero(kept).tolist()]
         t0, cpu0 = time.perf_counter(), time.thread_time()
         segments = [segment_parts(items) for items in outgoing]
         counts = segment_lengths(segments, size).tolist()
@@ -113,6 +113,19 @@ class ExchangeShuffler:
         self.exchange_cpu_seconds += time.thread_time() - cpu0
         self.wait_seconds += (t2 - t1) - moved
         return out
+
+
+def own_kept(samples: Iterator[Sample], plan: RankPlan) -> Iterator[Sample]:
+    """``samples``, this rank's reads, with the ones it keeps copied out of their shards as they come
+    (the copy every read makes) and the ones it sends left as views, for the segments. Run on the
+    reading thread, the copies overlap the reads: done in the exchange's round instead, they were a
+    round's worth of copying after its last read, and cold epochs (benchmarks/exchange.py, 4 ranks)
+    ended 30-50 ms after those with Q = 0."""
+    sent = np.zeros(len(plan.reads), dtype=bool)
+    for rnd in plan.rounds:
+        sent[rnd.sent] = True
+    for sample, is_sent in zip(samples, sent.tolist(), strict=False):
+        yield sample if is_sent else owned(sample)
 
 
 def _emit_all(out: list[tuple[int, Sample]], emit: Emit) -> bool:

@@ -31,7 +31,7 @@ from .dataset import Dataset, open_dataset
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
 from .errors import CorruptShardError, DdpipeError, SampleError
-from .exchange import ExchangeShuffler
+from .exchange import ExchangeShuffler, own_kept
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
@@ -302,7 +302,7 @@ class Loader:
                 # reading gets a thread of its own, so later rounds are read (the GIL released in I/O)
                 # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead
                 # (~110 MB of JPEGs) brought Q = 0.3 from 1.14 to 1.06 of Q = 0 in benchmarks/exchange.py
-                ahead = _read_ahead(samples, max(2 * self.options.round_size, 1024))
+                ahead = _read_ahead(own_kept(samples, rank_plan), max(2 * self.options.round_size, 1024))
                 # the consumer runs up to the queue and the batches it holds behind the exchange; samples
                 # it keeps past two shuffle buffers are copied out rather than keep their round's buffer
                 lifetimes = receipt_lifetimes(rank_plan.stream, rank_plan.order, rank_plan.rounds,
