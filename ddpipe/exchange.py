@@ -148,18 +148,22 @@ def segment_parts(items: list[tuple[int, Sample]]) -> list[bytes]:
     as it is (no copy); none for no items."""
     if not items:
         return []
-    kinds: dict[tuple[str, ...], int] = {}
-    kind_of, lengths, fields = [], [], []
+    kinds: dict[tuple[str, ...], int] = {}  # a sample's keys, in order -> its field-name list's number
+    names_of: list[list[str]] = []
+    kind_of: list[int] = []
+    fields: list[bytes | memoryview] = []
     for _, sample in items:
-        names = tuple(k for k in sample if k != KEY)
-        kind_of.append(kinds.setdefault(names, len(kinds)))
-        for name in names:
-            fields.append(sample[name])
-            lengths.append(len(sample[name]))
-    header = msgpack.packb(["\n".join(s[KEY] for _, s in items), list(kinds),
+        keys = tuple(sample)
+        kind = kinds.get(keys)
+        if kind is None:
+            kind = kinds[keys] = len(names_of)
+            names_of.append([k for k in keys if k != KEY])
+        kind_of.append(kind)
+        fields.extend(map(sample.__getitem__, names_of[kind]))
+    header = msgpack.packb(["\n".join(s[KEY] for _, s in items), names_of,
                             np.array(kind_of, dtype=np.uint16).tobytes(),
                             np.array([g for g, _ in items], dtype=np.int64).tobytes(),
-                            np.array(lengths, dtype=np.int64).tobytes()], use_bin_type=True)
+                            np.array(list(map(len, fields)), dtype=np.int64).tobytes()], use_bin_type=True)
     return [_LEN.pack(len(header)) + header, *fields]
 
 
@@ -168,16 +172,16 @@ def unpack_segment(segment: memoryview) -> tuple[list[int], list[tuple[int, Samp
     ``segment`` (no copy)."""
     (header_len,) = _LEN.unpack_from(segment)
     at = _LEN.size + header_len
-    keys, kinds, kind_of, indices, lengths = msgpack.unpackb(segment[_LEN.size : at], raw=False)
+    keys, names_of, kind_of, indices, lengths = msgpack.unpackb(segment[_LEN.size : at], raw=False)
     indices = np.frombuffer(indices, dtype=np.int64).tolist()
-    bounds = (np.cumsum(np.frombuffer(lengths, dtype=np.int64)) + at).tolist()
+    bounds = np.cumsum(np.frombuffer(lengths, dtype=np.int64)) + at
+    views = [segment[a:b] for a, b in zip([at, *bounds[:-1].tolist()], bounds.tolist(), strict=True)]
     items = []
     f = 0
     for g, key, kind in zip(indices, keys.split("\n"), np.frombuffer(kind_of, dtype=np.uint16).tolist(), strict=True):
+        names = names_of[kind]
         sample: Sample = {KEY: key}
-        for name in kinds[kind]:
-            sample[name] = segment[at : bounds[f]]
-            at = bounds[f]
-            f += 1
+        sample.update(zip(names, views[f : f + len(names)], strict=True))
+        f += len(names)
         items.append((g, sample))
     return indices, items
