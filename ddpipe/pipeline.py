@@ -11,7 +11,6 @@ holds samples that arrived before their turn: at most about one buffer plus one 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import queue
 import socket
@@ -32,6 +31,7 @@ from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
 from .errors import CorruptShardError, DdpipeError, SampleError
 from .exchange import ExchangeShuffler, own_kept
+from .handoff import END, put_unless_stopped, read_ahead
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
@@ -46,7 +46,6 @@ if TYPE_CHECKING:  # torch loads only when something decodes
     from .decode.output import Decoder
 
 STATE_VERSION = 1
-_END = object()
 
 
 class Loader:
@@ -268,7 +267,7 @@ class Loader:
                 for g in indices.tolist():
                     while not held[g]:
                         item = out.get()
-                        if item is _END:
+                        if item is END:
                             raise DdpipeError("the epoch ended early: another rank stopped iterating; every rank "
                                               "must iterate the same number of batches")
                         if isinstance(item, BaseException):
@@ -290,7 +289,7 @@ class Loader:
         rank_plan = plan.ranks[self.rank]
 
         def emit(item: Any) -> bool:
-            return _put(out, item, stop)
+            return put_unless_stopped(out, item, stop)
 
         try:
             # the exchange copies each sample once, to its send slot or out of its shard (views)
@@ -302,7 +301,7 @@ class Loader:
                 # reading gets a thread of its own, so later rounds are read (the GIL released in I/O)
                 # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead
                 # (~110 MB of JPEGs) brought Q = 0.3 from 1.14 to 1.06 of Q = 0 in benchmarks/exchange.py
-                ahead = _read_ahead(own_kept(samples, rank_plan), max(2 * self.options.round_size, 1024))
+                ahead = read_ahead(own_kept(samples, rank_plan), max(2 * self.options.round_size, 1024))
                 # the consumer runs up to the queue and the batches it holds behind the exchange; samples
                 # it keeps past two shuffle buffers are copied out rather than keep their round's buffer
                 lifetimes = receipt_lifetimes(rank_plan.stream, rank_plan.order, rank_plan.rounds,
@@ -320,13 +319,13 @@ class Loader:
                                    "exchange_cpu_seconds": shuffler.exchange_cpu_seconds,
                                    "round_bytes": shuffler.round_bytes})
                 if not finished:
-                    emit(_END)
+                    emit(END)
                     return
             else:
                 for g, sample in zip(rank_plan.reads.tolist(), samples, strict=True):
                     if not emit((g, sample)):
                         return
-            emit(_END)
+            emit(END)
         except BaseException as e:  # reaches the consumer intact
             emit(e)
 
@@ -357,47 +356,3 @@ class Loader:
         self._pending = remaining
         self._batches_done = 0
         self._plan = None
-
-
-def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
-    """Put ``item`` unless ``stop`` is set first; a full queue never blocks a stopped pipeline."""
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Generator[Sample, None, None]:
-    """``samples`` produced by a thread of its own, at most about ``depth`` ahead of the caller,
-    until the caller closes this generator. Not stopped by the loader's stop: a rank that stops
-    iterating still completes the exchange round in progress, which the other ranks are waiting in.
-    Samples cross between the threads ``group`` at a time: a queue's put and get cost more than
-    reading a small sample does."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth // group))
-    stop = threading.Event()
-
-    def fill() -> None:
-        try:
-            for chunk in iter(lambda: list(itertools.islice(samples, group)), []):
-                if not _put(q, chunk, stop):
-                    return
-            _put(q, _END, stop)
-        except BaseException as e:  # reaches the consumer intact
-            _put(q, e, stop)
-
-    reader = threading.Thread(target=fill, daemon=True, name="ddpipe-reader")
-    reader.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield from item
-    finally:
-        stop.set()
-        reader.join()

@@ -1,0 +1,59 @@
+"""Handing items between the loader's threads: a put that a stopped pipeline never blocks in, and
+a reading thread of its own ahead of the exchange."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Generator, Iterator
+from typing import Any
+
+from .sample import Sample
+
+#: Marks the end of a stream handed between threads.
+END = object()
+
+
+def put_unless_stopped(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` unless ``stop`` is set first; a full queue never blocks a stopped pipeline."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Generator[Sample, None, None]:
+    """``samples`` produced by a thread of its own, at most about ``depth`` ahead of the caller,
+    until the caller closes this generator. Not stopped by the loader's stop: a rank that stops
+    iterating still completes the exchange round in progress, which the other ranks are waiting in.
+    Samples cross between the threads ``group`` at a time: a queue's put and get cost more than
+    reading a small sample does."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth // group))
+    stop = threading.Event()
+
+    def fill() -> None:
+        try:
+            for chunk in iter(lambda: list(itertools.islice(samples, group)), []):
+                if not put_unless_stopped(q, chunk, stop):
+                    return
+            put_unless_stopped(q, END, stop)
+        except BaseException as e:  # reaches the consumer intact
+            put_unless_stopped(q, e, stop)
+
+    reader = threading.Thread(target=fill, daemon=True, name="ddpipe-reader")
+    reader.start()
+    try:
+        while True:
+            item = q.get()
+            if item is END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        reader.join()
