@@ -23,7 +23,7 @@ import numpy as np
 from .base import DEFAULT_TIMEOUT, Comm, Part, Request, Watchdog, pack_parts, segment_lengths
 from .landing import LandingZone, zone_capacity
 from .mpi_peers import MPIPeerLink
-from .node_slots import NodeSlots
+from .node_slots import NodeSlots, slot_capacity
 from .world import World, available_cores
 
 T = TypeVar("T")
@@ -61,6 +61,7 @@ class MPIComm(Comm):
         # a node's ranks exchange through shared send slots (node_slots.py); ranks alone on a node need none
         self._slots = NodeSlots(local, MPI) if local.Get_size() > 1 else None
         self._turn = 0  # exchanges so far: which of the two slots is this one's
+        self._slots_full = False  # /dev/shm had no room for the slots to grow: no rank asks again
         self._local_of = {r: i for i, r in enumerate(self._node_ranks)}
         self._on_node = np.isin(np.arange(self.world.size), self._node_ranks)
         self._peer_link: MPIPeerLink | None = None
@@ -153,7 +154,7 @@ class MPIComm(Comm):
                 pack_parts(segments[d], slot[at : at + lengths[d]])
                 at += int(lengths[d])
             slots.sync()  # the slot's bytes, visible before the header that points at them
-        elif slots is not None and need > 0:
+        elif slots is not None and need > 0 and not self._slots_full:
             header[:, 4] = need
         header[me, 3] = _OWN
         via_mpi = (header[:, 3] == _MPI) & (lengths > 0)
@@ -188,21 +189,32 @@ class MPIComm(Comm):
                 self._largest_received = max(self._largest_received, int(recv_sizes[self._on_node].max(initial=0)))
                 ask = int(incoming[self._on_node, 4].max())
                 if ask > 0:  # the same on every rank of the node: each saw every one's header
-                    slots.grow(ask + ask // 4)
-                    if self._zone is None:
-                        # room for the rounds the caller holds (the next among them) and two spare (at an
-                        # epoch's start the last batch of the one before may still hold its rounds), in
-                        # places as _offer makes them, with room for segments to grow as rounds go on
-                        per_round = _room_for(self._largest_received * 5 // 4) * (len(self._node_ranks) - 1)
-                        asked = min((hold + 2) * per_round, _ZONE_MAX)
-                        capacity = zone_capacity(asked, per_round, len(self._node_ranks))
-                        self._zone = LandingZone(self.node_comm, self._mpi, capacity)  # collective: 0 bytes too
+                    self._grow(slots, ask + ask // 4, hold)
             self.transfer_seconds += time.perf_counter() - t0
         view = rbuf.data  # no copy: callers unpack straight from the receive buffer
         out = [view[d : d + s] for d, s in zip(recv_displs.tolist(), copied.tolist(), strict=True)]
         if landing is not None and zone is not None:
             self._take_landed(zone, landing, landed, incoming, out)
         return out
+
+    def _grow(self, slots: NodeSlots, capacity: int, hold: int) -> None:
+        """Grow the node's slots to ``capacity`` bytes, collectively over its ranks, and make the
+        landing zones with their first growth. Where ``/dev/shm`` has no room for them, they stay as
+        they are and no rank asks again: rounds that do not fit go through MPI."""
+        # every rank of the node must take the same size: the least room any of them sees
+        capacity = self.node_comm.allreduce(slot_capacity(capacity, len(self._node_ranks)), op=self._mpi.MIN)
+        if capacity == 0:
+            self._slots_full = True
+            return
+        slots.grow(capacity)
+        if self._zone is None:
+            # room for the rounds the caller holds (the next among them) and two spare (at an epoch's
+            # start the last batch of the one before may still hold its rounds), in places as _offer
+            # makes them, with room for segments to grow as rounds go on
+            per_round = _room_for(self._largest_received * 5 // 4) * (len(self._node_ranks) - 1)
+            asked = min((hold + 2) * per_round, _ZONE_MAX)
+            zone = zone_capacity(asked, per_round, len(self._node_ranks))
+            self._zone = LandingZone(self.node_comm, self._mpi, zone)  # collective: 0 bytes too
 
     def _land(self, zone: LandingZone, segments: Sequence[Sequence[Part]], lengths: np.ndarray, peer: np.ndarray,
               header: np.ndarray) -> None:

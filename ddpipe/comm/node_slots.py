@@ -14,14 +14,28 @@ Two slots per rank, used in turn: a rank writes round j + 2 into the slot of rou
 round j + 1's header has reached it from every rank, which each rank sends only after copying out
 round j. Slots grow when a round does not fit, for all of a node's ranks at once after a round in
 which one asked (every rank sees every rank's header), since a shared window is made collectively;
-a round that does not fit goes through MPI meanwhile.
+a round that does not fit goes through MPI meanwhile. MPICH backs shared windows with ``/dev/shm``,
+which containers often keep small (Docker's default is 64 MB) and where a page touched beyond its
+room ends the process with SIGBUS: the slots take at most a quarter of the room left there, and
+where that is too little they stay as they are and MPI carries the rounds that do not fit.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
+
+
+def slot_capacity(wanted: int, local_ranks: int, shm: str = "/dev/shm") -> int:
+    """``wanted`` bytes per slot if the node's slots (two per rank) fit in a quarter of the room left
+    in ``shm``, else 0."""
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return wanted
+    return wanted if 2 * wanted * local_ranks <= st.f_bavail * st.f_frsize // 4 else 0
 
 
 class NodeSlots:

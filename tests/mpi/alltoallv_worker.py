@@ -40,7 +40,7 @@ def parts(data: np.ndarray, turn: int) -> list[bytes]:
 
 def main() -> None:
     out, rounds = Path(sys.argv[1]), int(sys.argv[2])
-    if sys.argv[3:] == ["small-shm"]:  # a container's /dev/shm with 64 KB free: no room for zones
+    if sys.argv[3:] == ["small-shm"]:  # a container's /dev/shm with 64 KB free: no room for slots or zones
         statvfs = os.statvfs
 
         def small_shm(path: Any) -> Any:
