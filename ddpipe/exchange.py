@@ -70,18 +70,19 @@ class ExchangeShuffler:
                wanted: bool) -> list[tuple[int, Sample]] | None:
         """Round ``j``: what this rank keeps, then what it received, in the plan's order; None if
         every rank has stopped."""
-        size, length = self.comm.world.size, rnd.stop - rnd.start
+        size, start = self.comm.world.size, rnd.start  # a property: read once, not per sample
+        length = rnd.stop - start
         chunk = list(itertools.islice(samples, length))
         if len(chunk) != length:
             raise DdpipeError(f"exchange round {j}: the reads ended {length - len(chunk)} samples early")
         outgoing: list[list[tuple[int, Sample]]] = [[] for _ in range(size)]
         for positions, dest in zip(rnd.send, rnd.dests, strict=True):
-            outgoing[dest] = [(reads[p], chunk[p - rnd.start]) for p in positions.tolist()]
+            outgoing[dest] = [(reads[p], chunk[p - start]) for p in positions.tolist()]
         kept = np.ones(length, dtype=bool)
-        kept[rnd.sent - rnd.start] = False
+        kept[rnd.sent - start] = False
         # kept samples come copied out of their shards (own_kept, on the reading thread); sent ones go
         # from their shards straight into the segments
-        out: list[tuple[int, Sample]] = [(reads[rnd.start + i], chunk[i]) for i in np.flatnonzero(kept).tolist()]
+        out: list[tuple[int, Sample]] = [(reads[start + i], chunk[i]) for i in np.flatnonzero(kept).tolist()]
         t0, cpu0 = time.perf_counter(), time.thread_time()
         segments = [segment_parts(items) for items in outgoing]
         counts = segment_lengths(segments, size).tolist()
