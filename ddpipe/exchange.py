@@ -175,8 +175,8 @@ def unpack_segment(segment: memoryview) -> tuple[list[int], list[tuple[int, Samp
     at = _LEN.size + header_len
     keys, names_of, kind_of, indices, lengths = msgpack.unpackb(segment[_LEN.size : at], raw=False)
     indices = np.frombuffer(indices, dtype=np.int64).tolist()
-    bounds = np.cumsum(np.frombuffer(lengths, dtype=np.int64)) + at
-    views = [segment[a:b] for a, b in zip([at, *bounds[:-1].tolist()], bounds.tolist(), strict=True)]
+    ends = (np.cumsum(np.frombuffer(lengths, dtype=np.int64)) + at).tolist()
+    views = [segment[a:b] for a, b in zip([at, *ends[:-1]], ends, strict=True)]
     items = []
     f = 0
     for g, key, kind in zip(indices, keys.split("\n"), np.frombuffer(kind_of, dtype=np.uint16).tolist(), strict=True):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +71,16 @@ def release_freed_memory() -> bool:
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return bool(trim(0))
+
+
+def shared_memory_left(shm: str = "/dev/shm") -> int | None:
+    """The bytes left in ``shm`` (where MPICH's shared windows and Python's SharedMemory live, and
+    which containers often keep small); None where it cannot be told."""
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def anonymous_resident_bytes() -> int | None:

@@ -292,7 +292,8 @@ class Loader:
             return put_unless_stopped(out, item, stop)
 
         try:
-            # the exchange copies each sample once, to its send slot or out of its shard (views)
+            # the exchange copies each sample once: a kept one out of its shard as it is read
+            # (own_kept), a sent one into its receiver's landing zone or a send slot (views)
             samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access, store=self.stager,
                                         limits=self._source_limits, verify=self.read_options.verify,
                                         on_corrupt=self._on_corrupt if self.on_error == "skip" else None,

@@ -18,22 +18,21 @@ views of it may live as long as the caller keeps them.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections import deque
 from typing import Any
 
 import numpy as np
 
+from ..memory import shared_memory_left
 
-def zone_capacity(wanted: int, one_round: int, local_ranks: int, shm: str = "/dev/shm") -> int:
+
+def zone_capacity(wanted: int, one_round: int, local_ranks: int) -> int:
     """The bytes a rank's zone takes: ``wanted``, but at most its share of half the shared memory
     left (MPICH backs shared windows with ``/dev/shm``, which a container may keep small: pages
     touched beyond it end the process with SIGBUS); none if that is less than ``one_round``."""
-    try:
-        st = os.statvfs(shm)
-        free = st.f_bavail * st.f_frsize
-    except OSError:
+    free = shared_memory_left()
+    if free is None:
         return wanted
     capacity = min(wanted, free // (2 * local_ranks))
     return capacity if capacity >= one_round else 0

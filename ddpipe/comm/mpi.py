@@ -213,8 +213,8 @@ class MPIComm(Comm):
             # makes them, with room for segments to grow as rounds go on
             per_round = _room_for(self._largest_received * 5 // 4) * (len(self._node_ranks) - 1)
             asked = min((hold + 2) * per_round, _ZONE_MAX)
-            zone = zone_capacity(asked, per_round, len(self._node_ranks))
-            self._zone = LandingZone(self.node_comm, self._mpi, zone)  # collective: 0 bytes too
+            zone_bytes = zone_capacity(asked, per_round, len(self._node_ranks))
+            self._zone = LandingZone(self.node_comm, self._mpi, zone_bytes)  # collective: 0 bytes too
 
     def _land(self, zone: LandingZone, segments: Sequence[Sequence[Part]], lengths: np.ndarray, peer: np.ndarray,
               header: np.ndarray) -> None:

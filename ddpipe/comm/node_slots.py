@@ -22,20 +22,18 @@ where that is too little they stay as they are and MPI carries the rounds that d
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
+from ..memory import shared_memory_left
 
-def slot_capacity(wanted: int, local_ranks: int, shm: str = "/dev/shm") -> int:
+
+def slot_capacity(wanted: int, local_ranks: int) -> int:
     """``wanted`` bytes per slot if the node's slots (two per rank) fit in a quarter of the room left
-    in ``shm``, else 0."""
-    try:
-        st = os.statvfs(shm)
-    except OSError:
-        return wanted
-    return wanted if 2 * wanted * local_ranks <= st.f_bavail * st.f_frsize // 4 else 0
+    in /dev/shm, else 0."""
+    free = shared_memory_left()
+    return wanted if free is None or 2 * wanted * local_ranks <= free // 4 else 0
 
 
 class NodeSlots:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import os
 import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
@@ -20,6 +19,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 from PIL import Image
 
+from ..memory import shared_memory_left
 from ..workers import die_with_parent
 from .augment import random_crops
 from .resample import resize_crop
@@ -137,12 +137,7 @@ class PilPool:
     def _make_ring(self) -> list[SharedMemory]:
         """The shared-memory batches, or none where /dev/shm lacks room (a full tmpfs would kill a
         worker with SIGBUS mid-write: images are pickled back instead)."""
-        try:
-            shm = os.statvfs("/dev/shm")
-            free = shm.f_bavail * shm.f_frsize
-        except OSError:
-            free = 0
-        if free < 2 * self.RING * self._rows_bytes():
+        if (shared_memory_left() or 0) < 2 * self.RING * self._rows_bytes():
             return []
         return [SharedMemory(create=True, size=self._rows_bytes()) for _ in range(self.RING)]
 
