@@ -11,7 +11,6 @@ one synchronisation per round, not two.
 
 from __future__ import annotations
 
-import itertools
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import msgpack
 import numpy as np
 
 from .comm import Comm
-from .comm.base import segment_lengths
+from .comm.base import Part, Segment, Written, segment_lengths
 from .errors import DdpipeError
 from .plan import RankPlan
 from .sample import KEY, Sample, owned
@@ -54,51 +53,56 @@ class ExchangeShuffler:
         shards): a sample sent is copied once, from its shard into the segment, and one kept is
         handed on as it comes."""
         reads = self.plan.reads.tolist()  # Python ints once, not a NumPy scalar per sample
-        stopped = False
-        for j, rnd in enumerate(self.plan.rounds):
-            out = self._round(j, rnd, samples, reads, wanted=not stopped)
-            if out is None:  # every rank has stopped
-                return False
-            if not stopped:
-                stopped = not _emit_all(out, emit)
-            # what this round received may go as soon as the consumer is done with it: this thread's
-            # references are gone before the next round (whose buffer the receiver takes meanwhile)
-            del out
-        return not stopped
+        consumer = _Consumer(emit)
+        return all(self._round(j, rnd, samples, reads, consumer) for j, rnd in enumerate(self.plan.rounds)) \
+            and consumer.wanted
 
     def _round(self, j: int, rnd: ExchangeRound, samples: Iterator[Sample], reads: list[int],
-               wanted: bool) -> list[tuple[int, Sample]] | None:
-        """Round ``j``: what this rank keeps, then what it received, in the plan's order; None if
-        every rank has stopped."""
+               consumer: _Consumer) -> bool:
+        """Round ``j``: emit what this rank keeps as it is read, exchange, emit what it received, in
+        the plan's order; False if every rank has stopped. Kept samples go to the consumer before the
+        round is sent, so that it works on them while the round's last samples are read and sent
+        (a round of 512 is an epoch's reads for 8 ranks of 3,000 samples: the consumer had nothing
+        until the reads ended)."""
         size, start = self.comm.world.size, rnd.start  # a property: read once, not per sample
         length = rnd.stop - start
-        chunk = list(itertools.islice(samples, length))
-        if len(chunk) != length:
-            raise DdpipeError(f"exchange round {j}: the reads ended {length - len(chunk)} samples early")
-        outgoing: list[list[tuple[int, Sample]]] = [[] for _ in range(size)]
+        dest_of = np.full(length, -1, dtype=np.int64)  # the rank each position goes to; -1: kept
         for positions, dest in zip(rnd.send, rnd.dests, strict=True):
-            outgoing[dest] = [(reads[p], chunk[p - start]) for p in positions.tolist()]
-        kept = np.ones(length, dtype=bool)
-        kept[rnd.sent - start] = False
-        # kept samples come copied out of their shards (own_kept, on the reading thread); sent ones go
-        # from their shards straight into the segments
-        out: list[tuple[int, Sample]] = [(reads[start + i], chunk[i]) for i in np.flatnonzero(kept).tolist()]
-        t0, cpu0 = time.perf_counter(), time.thread_time()
-        segments = [segment_parts(items) for items in outgoing]
+            dest_of[positions - start] = dest
+        # each sample sent is copied into its receiver's place as it is read, while later ones are still
+        # being read (cold shards: the copies overlap the reads rather than follow the round's last)
+        places = self.comm.places()
+        writers = [SegmentWriter(places.get(d)) for d in range(size)]
+        writing = writing_cpu = 0.0  # the copies' time, part of the exchange's (the reads' is not)
+        read = 0
+        # reads first: zip stops there, taking no sample beyond the round
+        for g, d, sample in zip(reads[start : rnd.stop], dest_of.tolist(), samples, strict=False):
+            read += 1
+            if d < 0:  # kept: copied out of its shard on the reading thread (own_kept)
+                consumer.put((g, sample))
+            else:
+                t, cpu = time.perf_counter(), time.thread_time()
+                writers[d].add(g, sample)
+                writing += time.perf_counter() - t
+                writing_cpu += time.thread_time() - cpu
+        if read != length:
+            raise DdpipeError(f"exchange round {j}: the reads ended {length - read} samples early")
+        t0, cpu0 = time.perf_counter() - writing, time.thread_time() - writing_cpu
+        segments = [w.finish() for w in writers]
         counts = segment_lengths(segments, size).tolist()
         t1 = time.perf_counter()
         moved = self.comm.transfer_seconds
         # the samples received are views into this round's own buffer, handed on uncopied
-        received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=wanted,
+        received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=consumer.wanted,
                                        hold=self.lifetimes.rounds_held)
         if received is None:
-            return None
+            return False
         t2 = time.perf_counter()
         self.samples_sent += len(rnd.sent)
         self.round_bytes.append(counts)
         self.bytes_sent += sum(counts)
         moved = self.comm.transfer_seconds - moved
-        arrived = len(out)
+        out: list[tuple[int, Sample]] = []
         for source, expected in zip(rnd.sources, rnd.recv, strict=True):
             if expected.size:
                 indices, items = unpack_segment(received[source])
@@ -106,14 +110,16 @@ class ExchangeShuffler:
                     raise DdpipeError(f"exchange round {j}: rank {source} sent samples the plan does not "
                                       "expect; do all ranks run the same ddpipe version, dataset and options?")
                 out.extend(items)
+        del received  # the round's buffer may go as soon as the consumer is done with its samples
         # samples the consumer keeps long leave the round's buffer, so that it goes once the rest are used
         for i in np.flatnonzero(self.lifetimes.copy_out[j]).tolist():
-            g, sample = out[arrived + i]
-            out[arrived + i] = (g, owned(sample))
+            g, sample = out[i]
+            out[i] = (g, owned(sample))
         self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)
         self.exchange_cpu_seconds += time.thread_time() - cpu0
         self.wait_seconds += (t2 - t1) - moved
-        return out
+        consumer.put_all(out)
+        return True
 
 
 def own_kept(samples: Iterator[Sample], plan: RankPlan) -> Iterator[Sample]:
@@ -129,54 +135,111 @@ def own_kept(samples: Iterator[Sample], plan: RankPlan) -> Iterator[Sample]:
         yield sample if is_sent else owned(sample)
 
 
-def _emit_all(out: list[tuple[int, Sample]], emit: Emit) -> bool:
-    """Emit ``out`` in order; False once the consumer has stopped."""
-    return all(emit(item) for item in out)
+class _Consumer:
+    """Where a rank's samples go, until it stops wanting them (the rank still exchanges after)."""
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self.wanted = True
+
+    def put(self, item: tuple[int, Sample]) -> None:
+        if self.wanted:
+            self.wanted = self._emit(item)
+
+    def put_all(self, items: list[tuple[int, Sample]]) -> None:
+        self.wanted = self.wanted and all(map(self._emit, items))
 
 
-# A segment: u64 header length, a msgpack header, then every field's bytes back to back. The header
-# is [keys joined by newlines (keys hold no whitespace), the field-name lists in use, each sample's
-# list (uint16), the samples' global indices (int64), every field's length (int64)]: flat arrays
-# rather than lists per sample, since each container alive at once counts towards the garbage
-# collector's next pass (per-sample lists made it run 35 times an epoch instead of 3, ~5% of an
-# epoch's time). Hand-framed rather than one msgpack object so that the fields go from the buffers
-# they were read into (msgpack's packer copies, at about 1 GB/s here).
+# A segment: every field's bytes back to back, then a msgpack header, then its length (u64): the
+# header last, so that a sender can copy each sample into its receiver's place as it is read, before
+# the header is known. The header is [keys joined by newlines (keys hold no whitespace), the
+# field-name lists in use, each sample's list (uint16), the samples' global indices (int64), every
+# field's length (int64)]: flat arrays rather than lists per sample, since each container alive at
+# once counts towards the garbage collector's next pass (per-sample lists made it run 35 times an
+# epoch instead of 3, ~5% of an epoch's time). Hand-framed rather than one msgpack object so that the
+# fields go from the buffers they were read into (msgpack's packer copies, at about 1 GB/s here).
 _LEN = struct.Struct("<Q")
 
 
-def segment_parts(items: list[tuple[int, Sample]]) -> list[bytes]:
-    """The segment carrying ``items`` to one rank, as its parts: the framed header, then each field
-    as it is (no copy); none for no items."""
-    if not items:
-        return []
-    kinds: dict[tuple[str, ...], int] = {}  # a sample's keys, in order -> its field-name list's number
-    names_of: list[list[str]] = []
-    kind_of: list[int] = []
-    fields: list[bytes | memoryview] = []
-    for _, sample in items:
+class SegmentWriter:
+    """The segment for one rank, built a sample at a time. Given the place its receiver offered
+    (:meth:`Comm.places`), each field is copied there as it comes, while the segment fits; the fields
+    are kept as views too, so that a segment that outgrows its place goes as parts instead."""
+
+    def __init__(self, place: memoryview | None = None) -> None:
+        self._place = place
+        self._at = 0  # bytes written to the place
+        self._kinds: dict[tuple[str, ...], int] = {}  # a sample's keys, in order -> its field-name list's number
+        self._names_of: list[list[str]] = []
+        self._keys: list[str] = []
+        self._kind_of: list[int] = []
+        self._indices: list[int] = []
+        self._fields: list[bytes | memoryview] = []
+
+    def add(self, index: int, sample: Sample) -> None:
         keys = tuple(sample)
-        kind = kinds.get(keys)
+        kind = self._kinds.get(keys)
         if kind is None:
-            kind = kinds[keys] = len(names_of)
-            names_of.append([k for k in keys if k != KEY])
-        kind_of.append(kind)
-        fields.extend(map(sample.__getitem__, names_of[kind]))
-    header = msgpack.packb(["\n".join(s[KEY] for _, s in items), names_of,
-                            np.array(kind_of, dtype=np.uint16).tobytes(),
-                            np.array([g for g, _ in items], dtype=np.int64).tobytes(),
-                            np.array(list(map(len, fields)), dtype=np.int64).tobytes()], use_bin_type=True)
-    return [_LEN.pack(len(header)) + header, *fields]
+            kind = self._kinds[keys] = len(self._names_of)
+            self._names_of.append([k for k in keys if k != KEY])
+        self._keys.append(sample[KEY])
+        self._kind_of.append(kind)
+        self._indices.append(index)
+        fields = list(map(sample.__getitem__, self._names_of[kind]))
+        self._fields.extend(fields)
+        place = self._place
+        if place is not None:
+            at = self._at
+            for field in fields:
+                end = at + len(field)
+                if end > len(place):  # outgrown: the parts go instead
+                    self._place = None
+                    return
+                place[at:end] = field
+                at = end
+            self._at = at
+
+    def finish(self) -> Segment:
+        """The segment: :class:`Written` if it is whole in its place, else its parts (none for no samples)."""
+        place, at = self._place, self._at
+        if not self._indices or place is None:
+            return self.parts()
+        trailer = self._trailer()
+        if at + len(trailer) > len(place):
+            return [*self._fields, trailer]
+        place[at : at + len(trailer)] = trailer
+        return Written(at + len(trailer))
+
+    def parts(self) -> list[Part]:
+        """The segment as its parts: each field as it is (no copy), then the header; none for no samples."""
+        return [*self._fields, self._trailer()] if self._indices else []
+
+    def _trailer(self) -> bytes:
+        header = msgpack.packb(["\n".join(self._keys), self._names_of,
+                                np.array(self._kind_of, dtype=np.uint16).tobytes(),
+                                np.array(self._indices, dtype=np.int64).tobytes(),
+                                np.array(list(map(len, self._fields)), dtype=np.int64).tobytes()], use_bin_type=True)
+        return bytes(header) + _LEN.pack(len(header))
+
+
+def segment_parts(items: list[tuple[int, Sample]]) -> list[Part]:
+    """The segment carrying ``items`` to one rank, as its parts: each field as it is (no copy), then
+    the header; none for no items."""
+    writer = SegmentWriter()
+    for index, sample in items:
+        writer.add(index, sample)
+    return writer.parts()
 
 
 def unpack_segment(segment: memoryview) -> tuple[list[int], list[tuple[int, Sample]]]:
     """The global indices of one segment's samples, and the samples; their fields are views into
     ``segment`` (no copy)."""
-    (header_len,) = _LEN.unpack_from(segment)
-    at = _LEN.size + header_len
-    keys, names_of, kind_of, indices, lengths = msgpack.unpackb(segment[_LEN.size : at], raw=False)
+    end = len(segment) - _LEN.size
+    (header_len,) = _LEN.unpack_from(segment, end)
+    keys, names_of, kind_of, indices, lengths = msgpack.unpackb(segment[end - header_len : end], raw=False)
     indices = np.frombuffer(indices, dtype=np.int64).tolist()
-    ends = (np.cumsum(np.frombuffer(lengths, dtype=np.int64)) + at).tolist()
-    views = [segment[a:b] for a, b in zip([at, *ends[:-1]], ends, strict=True)]
+    ends = np.cumsum(np.frombuffer(lengths, dtype=np.int64)).tolist()
+    views = [segment[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
     items = []
     f = 0
     for g, key, kind in zip(indices, keys.split("\n"), np.frombuffer(kind_of, dtype=np.uint16).tolist(), strict=True):

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpipe.comm import Comm
-from ddpipe.exchange import segment_parts, unpack_segment
+from ddpipe.comm.base import Written
+from ddpipe.exchange import SegmentWriter, segment_parts, unpack_segment
 
 from .formats.conformance import samples
 
@@ -23,6 +24,27 @@ def test_segments_round_trip(per_dest: list[list[dict[str, Any]]]) -> None:
     for items, parts in zip(outgoing, segments, strict=True):
         if items:
             assert unpack_segment(memoryview(b"".join(parts))) == ([g for g, _ in items], items)
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples, st.integers(0, 2000))
+def test_a_segment_written_in_its_place_reads_back_whole_or_goes_as_parts(items: list[dict[str, Any]],
+                                                                          room: int) -> None:
+    """A sender writes each sample into the place its receiver offered as it comes: the segment is
+    the same whether it fitted there or outgrew it midway and went as parts."""
+    numbered = [(10 + i, s) for i, s in enumerate(items)]
+    place = bytearray(b"\xee" * (room + 16))  # bytes past the place must stay untouched
+    writer = SegmentWriter(memoryview(place)[:room])
+    for g, sample in numbered:
+        writer.add(g, sample)
+    segment = writer.finish()
+    whole = b"".join(segment_parts(numbered))
+    if isinstance(segment, Written):
+        assert bytes(place[: segment.nbytes]) == whole
+    else:
+        assert b"".join(segment) == whole and len(whole) > room
+    assert place[room:] == b"\xee" * 16
+    assert unpack_segment(memoryview(whole)) == ([g for g, _ in numbered], numbered)
 
 
 def test_world_of_one_exchanges_with_itself() -> None:

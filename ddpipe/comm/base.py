@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
@@ -29,6 +30,17 @@ if TYPE_CHECKING:
     Part: TypeAlias = Buffer  # a buffer: one piece of a segment to send
 else:
     Part = object
+
+
+@dataclass(frozen=True)
+class Written:
+    """A segment its sender has already written whole at the start of the place its receiver offered
+    for it (:meth:`Comm.places`): ``nbytes`` long, nothing left to pack."""
+
+    nbytes: int
+
+
+Segment = Sequence[Part] | Written  # what one rank sends another in one alltoallv: its parts, or Written
 
 
 class Request(Protocol):
@@ -101,7 +113,15 @@ class Comm:
             self._send = np.empty(int(nbytes * 1.25), dtype=np.uint8)
         return self._send
 
-    def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
+    def places(self) -> dict[int, memoryview]:
+        """For the next :meth:`alltoallv`: the place, writable, that rank ``d`` offered this one for
+        its segment, for each ``d`` that offered one (node peers with shared memory, from the second
+        round on). A segment written whole at the start of its place goes as :class:`Written`, so that
+        a sender copies each sample there as it is read rather than all at once when the round is
+        sent. None in a world of one."""
+        return {}
+
+    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange",
                   wanted: bool = True, hold: int = 2) -> list[memoryview] | None:
         """Send ``segments[d]`` (given as its parts, which go back to back) to rank ``d``; returns the
         segment each rank sent here, as views of one buffer of this round's own, which lives as long
@@ -148,18 +168,21 @@ class Comm:
         """Leave the job's collectives cleanly (every rank calls it, at the end)."""
 
 
-def segment_lengths(segments: Sequence[Sequence[Part]], size: int) -> np.ndarray:
+def segment_lengths(segments: Sequence[Segment], size: int) -> np.ndarray:
     """Each segment's bytes, checked: one segment per rank, none over MPI's 2 GiB count limit."""
     if len(segments) != size:
         raise ValueError("one segment per rank")
-    lengths = np.array([sum((memoryview(p).nbytes for p in parts), 0) for parts in segments], dtype=np.int64)
+    lengths = np.array([s.nbytes if isinstance(s, Written) else sum((memoryview(p).nbytes for p in s), 0)
+                        for s in segments], dtype=np.int64)
     if lengths.max(initial=0) >= 2**31:
         raise ValueError("an exchange round moves over 2 GiB between two ranks: lower round_size")
     return lengths
 
 
-def pack_parts(parts: Sequence[Part], into: np.ndarray) -> None:
+def pack_parts(parts: Segment, into: np.ndarray) -> None:
     """``parts`` back to back at the start of ``into``."""
+    if isinstance(parts, Written):
+        raise ValueError("a segment written in its receiver's place has no parts left to pack")
     view = into.data
     at = 0
     for part in parts:

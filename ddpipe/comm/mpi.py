@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import DEFAULT_TIMEOUT, Comm, Part, Request, Watchdog, pack_parts, segment_lengths
+from .base import DEFAULT_TIMEOUT, Comm, Request, Segment, Watchdog, Written, pack_parts, segment_lengths
 from .landing import LandingZone, zone_capacity
 from .mpi_peers import MPIPeerLink
 from .node_slots import NodeSlots, slot_capacity
@@ -126,7 +126,13 @@ class MPIComm(Comm):
             self._comm.Allgatherv(send, [out, (sizes.tolist(), displs.tolist()), self._mpi.BYTE])
         return [out[d : d + s].tobytes() for d, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
 
-    def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
+    def places(self) -> dict[int, memoryview]:
+        zone = self._zone
+        if zone is None:
+            return {}
+        return {d: zone.peer(self._local_of[d])[start : start + room].data for d, (start, room) in self._offers.items()}
+
+    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange",
                   wanted: bool = True, hold: int = 2) -> list[memoryview] | None:
         """Segments for this node's ranks go straight to the place their receiver offered in its landing
         zone (:mod:`ddpipe.comm.landing`) or, larger than that, into this rank's send slot, for their
@@ -216,14 +222,16 @@ class MPIComm(Comm):
             zone_bytes = zone_capacity(asked, per_round, len(self._node_ranks))
             self._zone = LandingZone(self.node_comm, self._mpi, zone_bytes)  # collective: 0 bytes too
 
-    def _land(self, zone: LandingZone, segments: Sequence[Sequence[Part]], lengths: np.ndarray, peer: np.ndarray,
+    def _land(self, zone: LandingZone, segments: Sequence[Segment], lengths: np.ndarray, peer: np.ndarray,
               header: np.ndarray) -> None:
-        """Pack each node peer's segment into the place it offered, where it fits (clearing it from
-        ``peer``, the segments left for the slots), and make this round's offers."""
+        """Pack each node peer's segment into the place it offered, where it fits and is not there
+        already (clearing it from ``peer``, the segments left for the slots), and make this round's
+        offers."""
         for d in np.flatnonzero(peer).tolist():
             start, room = self._offers.get(d, (0, 0))
             if lengths[d] <= room:
-                pack_parts(segments[d], zone.peer(self._local_of[d])[start : start + lengths[d]])
+                if not isinstance(segments[d], Written):
+                    pack_parts(segments[d], zone.peer(self._local_of[d])[start : start + lengths[d]])
                 header[d, 2], header[d, 3] = start, _LANDED
                 peer[d] = False
         self._offers.clear()  # an offer holds for one round
@@ -261,7 +269,7 @@ class MPIComm(Comm):
             header[source, 6], header[source, 7] = start + k * self._room, self._room
         self._next_landing = start
 
-    def _alltoallv_rest(self, segments: Sequence[Sequence[Part]], lengths: np.ndarray, via_mpi: np.ndarray,
+    def _alltoallv_rest(self, segments: Sequence[Segment], lengths: np.ndarray, via_mpi: np.ndarray,
                         incoming: np.ndarray, rbuf: np.ndarray, recv_displs: np.ndarray) -> None:
         """The segments that travel through MPI (between nodes, or a round that outgrew the slots)."""
         send_counts = np.where(via_mpi, lengths, 0)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import DEFAULT_TIMEOUT, Comm, Part, pack_parts, segment_lengths
+from .base import DEFAULT_TIMEOUT, Comm, Segment, pack_parts, segment_lengths
 from .world import World, available_cores
 
 T = TypeVar("T")
@@ -71,7 +71,7 @@ class TorchComm(Comm):
     def barrier(self) -> None:
         self._wait("barrier", self._group.barrier())
 
-    def alltoallv(self, segments: Sequence[Sequence[Part]], what: str = "exchange",
+    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange",
                   wanted: bool = True, hold: int = 2) -> list[memoryview] | None:
         """One all-to-all of variable sizes: each byte crosses the wire once (``hold``: see Comm)."""
         torch, size = self._torch, self.world.size

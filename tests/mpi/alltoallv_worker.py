@@ -3,8 +3,9 @@ many times larger than the ones before, so that the node's send slots grow mid-w
 do not fit go through MPI), each given as several buffers, each byte a function of (round, source,
 destination, position), every segment checked on arrival and kept until the end to check that no
 later round overwrote it; then rounds of like sizes whose views are dropped, but for some kept to the
-end, so that segments land in their receivers' zones and the zones' places are reused. The buffers
-sent are dropped as soon as the call returns."""
+end, so that segments land in their receivers' zones and the zones' places are reused, every other
+one written there by its sender before the call (as the exchange does, sample by sample). The
+buffers sent are dropped as soon as the call returns."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ddpipe.comm import init_comm
+from ddpipe.comm.base import Segment, Written
 
 
 def segment(turn: int, source: int, dest: int, size: int) -> np.ndarray:
@@ -36,6 +38,22 @@ def parts(data: np.ndarray, turn: int) -> list[bytes]:
     """``data`` cut into pieces of varied sizes (some empty), as bytes objects of their own."""
     cuts = np.sort(np.random.default_rng(turn).integers(0, len(data) + 1, size=3))
     return [data[a:b].tobytes() for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
+
+def outgoing(comm: Any, turn: int, counts: list[int], write: bool) -> list[Segment]:
+    """This rank's segments of ``turn``; with ``write``, those that fit the places their receivers
+    offered written there already."""
+    places = comm.places() if write else {}
+    segments: list[Segment] = []
+    for dest, n in enumerate(counts):
+        data = segment(turn, comm.world.rank, dest, n)
+        place = places.get(dest)
+        if place is not None and 0 < n <= len(place):
+            place[:n] = data.data
+            segments.append(Written(n))
+        else:
+            segments.append(parts(data, turn))
+    return segments
 
 
 def main() -> None:
@@ -61,13 +79,16 @@ def main() -> None:
     for turn, source, view in kept:
         expected = segment(turn, source, rank, int(sizes(turn, world)[source][rank]))
         assert np.array_equal(np.frombuffer(view, dtype=np.uint8), expected), ("later", turn, source)
+    del kept, received, view  # their places in the zones come free
     # rounds of like sizes whose views the caller drops (all but every fourth round's, kept to the
     # end): their segments land in the receivers' zones, which take back the places of dropped views
     steady = []
+    written = 0  # segments written in their receivers' places before the call
     for turn in range(rounds, 3 * rounds):
-        counts = np.full(world, 20_000 + 1000 * (turn % 3))
-        received = comm.alltoallv([parts(segment(turn, rank, dest, n), turn) for dest, n in enumerate(counts)],
-                                  hold=2)
+        counts = [20_000 + 1000 * (turn % 3)] * world
+        segments = outgoing(comm, turn, counts, write=turn % 2 == 1)
+        written += sum(isinstance(s, Written) for s in segments)
+        received = comm.alltoallv(segments, hold=2)
         assert received is not None
         for source, view in enumerate(received):
             assert np.array_equal(np.frombuffer(view, dtype=np.uint8), segment(turn, source, rank, len(view)))
@@ -85,7 +106,7 @@ def main() -> None:
     assert got is not None and [bytes(v) for v in got] == [bytes([s]) * 5 for s in range(world)]
     slots = getattr(comm, "_slots", None)
     report = comm.allgather({"rank": rank, "node": comm.world.node, "slot_bytes": slots.capacity if slots else 0,
-                             "landed_bytes": getattr(comm, "landed_bytes", 0)})
+                             "landed_bytes": getattr(comm, "landed_bytes", 0), "written": written})
     if rank == 0:
         out.write_text(json.dumps(report))
 

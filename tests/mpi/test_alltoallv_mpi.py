@@ -26,8 +26,10 @@ def test_every_byte_arrives_through_slots_and_mpi(tmp_path: Path, ranks: int, no
     alone = nodes == ranks  # a rank alone on its node has no node peers and no slots
     assert all((r["slot_bytes"] > 0) != alone for r in report)
     assert len({r["slot_bytes"] for r in report if r["node"] == 0}) == 1  # one size on a node
-    # node peers' segments of the steady rounds landed in their receivers' zones, uncopied
+    # node peers' segments of the steady rounds landed in their receivers' zones, uncopied, some
+    # written there by their senders before the call
     assert all((r["landed_bytes"] > 0) != alone for r in report)
+    assert all((r["written"] > 0) != alone for r in report)
 
 
 def test_without_shared_memory_to_spare_segments_go_through_mpi(tmp_path: Path) -> None:
@@ -37,4 +39,4 @@ def test_without_shared_memory_to_spare_segments_go_through_mpi(tmp_path: Path) 
     proc = mpiexec(3, WORKER, out, "12", "small-shm", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert all(r["slot_bytes"] == 0 and r["landed_bytes"] == 0 for r in report)
+    assert all(r["slot_bytes"] == 0 and r["landed_bytes"] == 0 and r["written"] == 0 for r in report)
