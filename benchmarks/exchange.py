@@ -1,7 +1,7 @@
 """The cost of the partial exchange: epoch time with Q = 0.3 against Q = 0, and the exchange's
 throughput against raw MPI Alltoallv of the same bytes, on real ranks.
 
-    python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 15] [--round-size 128 512]
+    python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 15] [--round-size 128 512] [--slow-source 600MB/s]
 
 Data: synth ImageNet-like JPEGs in 16 MB WebDataset shards. Each repeat runs one epoch per Q,
 alternating, with the shards evicted from the page cache first (cold, the I/O-bound case the
@@ -15,7 +15,11 @@ the time spent waiting for slower ranks to arrive (reading or decoding behind
 the others) is shown apart, as it is not the exchange's cost but the stages' imbalance. *Landed*:
 the share of the bytes exchanged that reached their receivers without a second copy (through the
 receivers' landing zones, ddpipe/comm/landing.py). Each round size (the loader's default is 512)
-is a run of its own. *Alone*: the
+is a run of its own. *Slow source*: the same epochs, warm, read through ddpipe's model of a shared
+file system (``SourceLimits``: the node's ranks share --slow-source of bandwidth, 600 MB/s by
+default), so that reading is I/O-bound as on a cluster; on this machine the cold epochs are not
+(the kernel filling the page cache from a fast local disk costs processor time, not waiting).
+*Alone*: the
 exchange's own code over an epoch's samples already in memory, with nothing else running in the
 process, against raw Alltoallv of that run's bytes: what the exchange adds to MPI's cost by itself.
 """
@@ -38,6 +42,7 @@ from ddpipe.comm import init_comm
 from ddpipe.exchange import ExchangeShuffler
 
 BATCH = 64
+SLOW_REPEATS = 9  # slow-source epochs take ~0.6 s: fewer repeats than the others
 
 
 def raw_alltoallv(round_bytes_all: list[list[list[int]]], rank: int) -> float:
@@ -60,13 +65,16 @@ def raw_alltoallv(round_bytes_all: list[list[list[int]]], rank: int) -> float:
     return total
 
 
-def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
+def worker(root: Path, out: Path, repeats: int, round_size: int, slow_source: str) -> None:
     comm = init_comm()
     files = [root / s.file for s in ddpipe.load_manifest(root).shards]
     loaders = {q: ddpipe.Loader(root, BATCH, decode="none", shuffle="partial", exchange_fraction=q,
                                   round_size=round_size, comm=comm)
                for q in (0.0, 0.3)}
-    times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm") for q in (0.0, 0.3)}
+    slow = {q: ddpipe.Loader(root, BATCH, decode="none", shuffle="partial", exchange_fraction=q,
+                               round_size=round_size, comm=comm, source_limits=slow_source)
+            for q in (0.0, 0.3)}
+    times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm", "slow") for q in (0.0, 0.3)}
     exchange, cpu, waiting, raw, moved = [], [], [], [], []
     landed = sent = 0
     for rep in range(repeats):
@@ -77,6 +85,8 @@ def worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
             times[f"warm-{q}"].append(timed_epoch(loaders[q]))
             sent += int(loaders[q].stats.get("bytes_sent", 0))
             landed += getattr(comm, "landed_bytes", 0) - before
+            if rep < SLOW_REPEATS:
+                times[f"slow-{q}"].append(timed_epoch(slow[q]))
         stats = loaders[0.3].stats
         everyone = comm.allgather(stats["round_bytes"])
         exchange.append(max(comm.allgather(stats["exchange_seconds"])))
@@ -148,11 +158,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--round-size", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--torchrun-ranks", type=int, nargs="*", default=[2, 4, 8])
+    ap.add_argument("--slow-source", default="600MB/s", help="a node's bandwidth from the modelled shared file system")
     ap.add_argument("--worker", nargs=2, metavar=("DATA", "OUT"))
     ap.add_argument("--torch-worker", nargs=2, metavar=("DATA", "OUT"))
     args = ap.parse_args()
     if args.worker:
-        worker(Path(args.worker[0]), Path(args.worker[1]), args.repeats, args.round_size[0])
+        worker(Path(args.worker[0]), Path(args.worker[1]), args.repeats, args.round_size[0], args.slow_source)
         return
     if args.torch_worker:
         torch_worker(Path(args.torch_worker[0]), Path(args.torch_worker[1]), 3, args.round_size[0])
@@ -161,7 +172,8 @@ def main() -> None:
     rows = []
     for round_size, ranks in itertools.product(args.round_size, args.ranks):
         out = DATA / f"exchange-{round_size}-{ranks}.json"
-        mpiexec(ranks, __file__, "--repeats", args.repeats, "--round-size", round_size, "--worker", root, out)
+        mpiexec(ranks, __file__, "--repeats", args.repeats, "--round-size", round_size, "--slow-source",
+                args.slow_source, "--worker", root, out)
         r = json.loads(out.read_text())
         t = r["times"]
         rows.append({
@@ -170,6 +182,8 @@ def main() -> None:
             "cold_ratio": median([b / a for a, b in zip(t["cold-0.0"], t["cold-0.3"], strict=True)]),
             "warm_q0": median(t["warm-0.0"]), "warm_q3": median(t["warm-0.3"]),
             "warm_ratio": median([b / a for a, b in zip(t["warm-0.0"], t["warm-0.3"], strict=True)]),
+            "slow_q0": median(t["slow-0.0"]),
+            "slow_ratio": median([b / a for a, b in zip(t["slow-0.0"], t["slow-0.3"], strict=True)]),
             "exchanged_mb": median(r["bytes"]) / 1e6,
             "exchange_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["exchange_s"], strict=True)]),
             "raw_mb_s": median([b / s / 1e6 for b, s in zip(r["bytes"], r["raw_s"], strict=True)]),
@@ -183,6 +197,7 @@ def main() -> None:
             ("cold_q3", "cold Q=0.3 s", ".2f"),
             ("cold_ratio", "cold Q=0.3 / Q=0", ".2f"), ("warm_q0", "warm Q=0 s", ".2f"),
             ("warm_q3", "warm Q=0.3 s", ".2f"), ("warm_ratio", "warm Q=0.3 / Q=0", ".2f"),
+            ("slow_q0", "slow source Q=0 s", ".2f"), ("slow_ratio", "slow source Q=0.3 / Q=0", ".2f"),
             ("exchanged_mb", "MB exchanged", ".0f"), ("exchange_mb_s", "exchange MB/s", ".0f"),
             ("raw_mb_s", "raw Alltoallv MB/s", ".0f"), ("vs_raw", "exchange / raw", ".2f"),
             ("cpu_vs_raw", "processor time: exchange / raw", ".2f"),
@@ -204,10 +219,12 @@ def main() -> None:
     ranks = " ".join(map(str, args.ranks))
     rounds = " ".join(map(str, args.round_size))
     command = (f"python benchmarks/exchange.py --n {args.n} --ranks {ranks} --repeats {args.repeats} "
-               f"--round-size {rounds} --torchrun-ranks {' '.join(map(str, args.torchrun_ranks))}")
+               f"--round-size {rounds} --torchrun-ranks {' '.join(map(str, args.torchrun_ranks))} "
+               f"--slow-source {args.slow_source}")
     path = save("exchange", {"benchmark": "exchange", "command": command, "machine": machine(), "rows": rows,
                              "torchrun_rows": wire_rows,
-                             "batch_size": BATCH, "round_sizes": args.round_size, "table": text})
+                             "batch_size": BATCH, "round_sizes": args.round_size, "slow_source": args.slow_source,
+                             "table": text})
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
 
