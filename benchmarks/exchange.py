@@ -1,7 +1,8 @@
 """The cost of the partial exchange: epoch time with Q = 0.3 against Q = 0, and the exchange's
 throughput against raw MPI Alltoallv of the same bytes, on real ranks.
 
-    python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 15] [--round-size 128 512] [--slow-source 600MB/s]
+    python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 15] [--round-size 128 512]
+                                  [--slow-source 600MB/s]
 
 Data: synth ImageNet-like JPEGs in 16 MB WebDataset shards. Each repeat runs one epoch per Q,
 alternating, with the shards evicted from the page cache first (cold, the I/O-bound case the
