@@ -82,21 +82,21 @@ class ExchangeShuffler:
         places = self.comm.places()
         writers = [SegmentWriter(places.get(d)) for d in range(size)]
         out: list[tuple[int, Sample]] = []  # kept samples, then received ones
-        writing = writing_cpu = 0.0  # the copies' time, part of the exchange's (the reads' is not)
+        writing = 0.0  # the copies' wall time, part of the exchange's (the reads' is not)
         read = 0
+        cpu0 = time.thread_time()  # this thread's processor time is all the exchange's: reading has its own
         # reads first: zip stops there, taking no sample beyond the round
         for g, d, sample in zip(reads[start : rnd.stop], dest_of.tolist(), samples, strict=False):
             read += 1
             if d < 0:  # kept: copied out of its shard on the reading thread (own_kept)
                 out.append((g, sample))
             else:
-                t, cpu = time.perf_counter(), time.thread_time()
+                t = time.perf_counter()
                 writers[d].add(g, sample)
                 writing += time.perf_counter() - t
-                writing_cpu += time.thread_time() - cpu
         if read != length:
             raise DdpipeError(f"exchange round {j}: the reads ended {length - read} samples early")
-        t0, cpu0 = time.perf_counter() - writing, time.thread_time() - writing_cpu
+        t0 = time.perf_counter() - writing
         segments = [w.finish() for w in writers]
         counts = segment_lengths(segments, size).tolist()
         t1 = time.perf_counter()
@@ -198,25 +198,26 @@ class SegmentWriter:
 
     def finish(self) -> Segment:
         """The segment: :class:`Written` if it is whole in its place, else its parts (none for no samples)."""
-        place, at = self._place, self._at
-        if not self._indices or place is None:
-            return self.parts()
+        if not self._indices:
+            return []
         trailer = self._trailer()
-        if at + len(trailer) > len(place):
+        place, end = self._place, self._at + len(trailer)
+        if place is None or end > len(place):
             return [*self._fields, trailer]
-        place[at : at + len(trailer)] = trailer
-        return Written(at + len(trailer))
+        place[self._at : end] = trailer
+        return Written(end)
 
     def parts(self) -> list[Part]:
         """The segment as its parts: each field as it is (no copy), then the header; none for no samples."""
         return [*self._fields, self._trailer()] if self._indices else []
 
     def _trailer(self) -> bytes:
-        header = msgpack.packb(["\n".join(self._keys), self._names_of,
-                                np.array(self._kind_of, dtype=np.uint16).tobytes(),
-                                np.array(self._indices, dtype=np.int64).tobytes(),
-                                np.array(list(map(len, self._fields)), dtype=np.int64).tobytes()], use_bin_type=True)
-        return bytes(header) + _LEN.pack(len(header))
+        header: bytes = msgpack.packb(["\n".join(self._keys), self._names_of,
+                                       np.array(self._kind_of, dtype=np.uint16).tobytes(),
+                                       np.array(self._indices, dtype=np.int64).tobytes(),
+                                       np.array(list(map(len, self._fields)), dtype=np.int64).tobytes()],
+                                      use_bin_type=True)
+        return header + _LEN.pack(len(header))
 
 
 def segment_parts(items: list[tuple[int, Sample]]) -> list[Part]:
