@@ -25,8 +25,12 @@ from .plan import RankPlan
 from .sample import KEY, Sample, owned
 from .shufflers import ExchangeRound, ReceiptLifetimes, receipt_lifetimes
 
-# emit((global index, sample)) -> False once the consumer has stopped
-Emit = Callable[[tuple[int, Sample]], bool]
+# emit([(global index, sample), ...]) -> False once the consumer has stopped
+Emit = Callable[[list[tuple[int, Sample]]], bool]
+#: Samples handed to the consumer at a time, at most: a queue's put and get, and waking the consumer,
+#: cost more than a sample's other handling (one at a time, 4 ranks took 5-8% more processor time
+#: an epoch in benchmarks/exchange.py, Q = 0 and Q = 0.3 alike)
+EMIT_GROUP = 32
 
 
 class ExchangeShuffler:
@@ -47,31 +51,25 @@ class ExchangeShuffler:
         self.exchange_cpu_seconds = 0.0
         self.round_bytes: list[list[int]] = []  # bytes sent to each rank, per round
 
-    def run(self, samples: Iterator[Sample], emit: Emit) -> bool:
-        """Read, exchange and emit every round; False if every rank stopped before the last one.
-        ``samples``: this rank's reads, as :func:`own_kept` gives them (or all copied out of their
-        shards): a sample sent is copied once, from its shard into the segment, and one kept is
-        handed on as it comes."""
+    def run(self, samples: Iterator[Sample], emit: Emit, group: int = EMIT_GROUP) -> bool:
+        """Read, exchange and emit every round, ``group`` samples at a time; False if every rank
+        stopped before the last one. ``samples``: this rank's reads, as :func:`own_kept` gives them
+        (or all copied out of their shards): a sample sent is copied once, from its shard into the
+        segment, and one kept is handed on as it comes."""
         reads = self.plan.reads.tolist()  # Python ints once, not a NumPy scalar per sample
-        stopped = False
+        handover = _Handover(emit, group)
         for j, rnd in enumerate(self.plan.rounds):
-            out = self._round(j, rnd, samples, reads, wanted=not stopped)
-            if out is None:  # every rank has stopped
+            if not self._round(j, rnd, samples, reads, handover):  # every rank has stopped
                 return False
-            if not stopped:
-                stopped = not _emit_all(out, emit)
-            # what this round received may go as soon as the consumer is done with it: this thread's
-            # references are gone before the next round (whose buffer the receiver takes meanwhile)
-            del out
-        return not stopped
+        return not handover.stopped
 
     def _round(self, j: int, rnd: ExchangeRound, samples: Iterator[Sample], reads: list[int],
-               wanted: bool) -> list[tuple[int, Sample]] | None:
-        """Round ``j``: what this rank keeps, then what it received, in the plan's order; None if
-        every rank has stopped. The kept samples wait for the round: handed to the consumer as they
-        were read, they woke it once a sample (8 ranks of benchmarks/loader.py: 1,029 images/s
-        against 1,103 without, in paired runs), while its shuffle buffer mostly needs the round's
-        received samples before it can fill a batch."""
+               handover: _Handover) -> bool:
+        """Round ``j``: hand on what this rank keeps, then what it received, in the plan's order; False
+        if every rank has stopped. The kept samples wait for the round: handed on as they were read,
+        one at a time they woke the consumer once a sample (8 ranks of benchmarks/loader.py: 1,029
+        images/s against 1,103 without, in paired runs), and in groups they gained nothing measurable,
+        while the consumer's shuffle buffer mostly needs the round's received samples to fill a batch."""
         size, start = self.comm.world.size, rnd.start  # a property: read once, not per sample
         length = rnd.stop - start
         dest_of = np.full(length, -1, dtype=np.int64)  # the rank each position goes to; -1: kept
@@ -81,15 +79,17 @@ class ExchangeShuffler:
         # being read (cold shards: the copies overlap the reads rather than follow the round's last)
         places = self.comm.places()
         writers = [SegmentWriter(places.get(d)) for d in range(size)]
-        out: list[tuple[int, Sample]] = []  # kept samples, then received ones
         writing = 0.0  # the copies' wall time, part of the exchange's (the reads' is not)
         read = 0
-        cpu0 = time.thread_time()  # this thread's processor time is all the exchange's: reading has its own
+        kept: list[tuple[int, Sample]] = []
+        # this thread's processor time is the exchange's, bar handing samples on: reading has a thread of
+        # its own
+        cpu0 = time.thread_time() - handover.cpu_seconds
         # reads first: zip stops there, taking no sample beyond the round
         for g, d, sample in zip(reads[start : rnd.stop], dest_of.tolist(), samples, strict=False):
             read += 1
             if d < 0:  # kept: copied out of its shard on the reading thread (own_kept)
-                out.append((g, sample))
+                kept.append((g, sample))
             else:
                 t = time.perf_counter()
                 writers[d].add(g, sample)
@@ -102,31 +102,37 @@ class ExchangeShuffler:
         t1 = time.perf_counter()
         moved = self.comm.transfer_seconds
         # the samples received are views into this round's own buffer, handed on uncopied
-        received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=wanted,
+        received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=not handover.stopped,
                                        hold=self.lifetimes.rounds_held)
         if received is None:
-            return None
+            return False
         t2 = time.perf_counter()
         self.samples_sent += len(rnd.sent)
         self.round_bytes.append(counts)
         self.bytes_sent += sum(counts)
         moved = self.comm.transfer_seconds - moved
-        arrived = len(out)
+        arrived: list[tuple[int, Sample]] = []
         for source, expected in zip(rnd.sources, rnd.recv, strict=True):
             if expected.size:
                 indices, items = unpack_segment(received[source])
                 if indices != expected.tolist():
                     raise DdpipeError(f"exchange round {j}: rank {source} sent samples the plan does not "
                                       "expect; do all ranks run the same ddpipe version, dataset and options?")
-                out.extend(items)
+                arrived.extend(items)
         # samples the consumer keeps long leave the round's buffer, so that it goes once the rest are used
         for i in np.flatnonzero(self.lifetimes.copy_out[j]).tolist():
-            g, sample = out[arrived + i]
-            out[arrived + i] = (g, owned(sample))
+            g, sample = arrived[i]
+            arrived[i] = (g, owned(sample))
         self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)
-        self.exchange_cpu_seconds += time.thread_time() - cpu0
         self.wait_seconds += (t2 - t1) - moved
-        return out
+        # what this round received may go as soon as the consumer is done with it: this thread keeps
+        # no reference past the round (the receiver takes the next round's buffer meanwhile)
+        handover.extend(kept)
+        handover.extend(arrived)
+        del kept, arrived, received
+        handover.flush()
+        self.exchange_cpu_seconds += time.thread_time() - handover.cpu_seconds - cpu0
+        return True
 
 
 def own_kept(samples: Iterator[Sample], plan: RankPlan) -> Iterator[Sample]:
@@ -142,9 +148,32 @@ def own_kept(samples: Iterator[Sample], plan: RankPlan) -> Iterator[Sample]:
         yield sample if is_sent else owned(sample)
 
 
-def _emit_all(out: list[tuple[int, Sample]], emit: Emit) -> bool:
-    """Emit ``out`` in order; False once the consumer has stopped."""
-    return all(emit(item) for item in out)
+class _Handover:
+    """Samples handed to the consumer a group at a time, in order, until it stops."""
+
+    def __init__(self, emit: Emit, group: int) -> None:
+        self._emit = emit
+        self._size = group
+        self._group: list[tuple[int, Sample]] = []
+        self.stopped = False
+        self.cpu_seconds = 0.0  # this thread's processor time spent handing on (the consumer's wake-ups)
+
+    def add(self, item: tuple[int, Sample]) -> None:
+        self._group.append(item)
+        if len(self._group) >= self._size:
+            self.flush()
+
+    def extend(self, items: list[tuple[int, Sample]]) -> None:
+        for item in items:
+            self.add(item)
+
+    def flush(self) -> None:
+        """Hand on what is waiting; once the consumer has stopped, drop it."""
+        group, self._group = self._group, []
+        if group and not self.stopped:
+            t = time.thread_time()
+            self.stopped = not self._emit(group)
+            self.cpu_seconds += time.thread_time() - t
 
 
 # A segment: every field's bytes back to back, then a msgpack header, then its length (u64): the
@@ -160,8 +189,11 @@ _LEN = struct.Struct("<Q")
 
 class SegmentWriter:
     """The segment for one rank, built a sample at a time. Given the place its receiver offered
-    (:meth:`Comm.places`), each field is copied there as it comes, while the segment fits; the fields
-    are kept as views too, so that a segment that outgrows its place goes as parts instead."""
+    (:meth:`Comm.places`), each sample's fields are copied there as they come, while the segment
+    fits, and no view of them is kept: a view keeps its shard's mapping alive, and a round's views,
+    dropped together at its end, unmapped the 3-4 shards it had read (~0.5 ms each here) between
+    its exchange and the next round. A segment that outgrows its place goes as parts instead: what
+    was written there, then the later fields as views."""
 
     def __init__(self, place: memoryview | None = None) -> None:
         self._place = place
@@ -171,7 +203,8 @@ class SegmentWriter:
         self._keys: list[str] = []
         self._kind_of: list[int] = []
         self._indices: list[int] = []
-        self._fields: list[bytes | memoryview] = []
+        self._lengths: list[int] = []  # every field's
+        self._fields: list[bytes | memoryview] = []  # the fields not in the place
 
     def add(self, index: int, sample: Sample) -> None:
         keys = tuple(sample)
@@ -183,18 +216,20 @@ class SegmentWriter:
         self._kind_of.append(kind)
         self._indices.append(index)
         fields = list(map(sample.__getitem__, self._names_of[kind]))
-        self._fields.extend(fields)
-        place = self._place
-        if place is not None:
-            at = self._at
-            for field in fields:
-                end = at + len(field)
-                if end > len(place):  # outgrown: the parts go instead
-                    self._place = None
-                    return
-                place[at:end] = field
-                at = end
-            self._at = at
+        lengths = list(map(len, fields))
+        self._lengths.extend(lengths)
+        place, at = self._place, self._at
+        if place is not None and at + sum(lengths) > len(place):  # outgrown: parts from now on
+            if at:
+                self._fields.append(place[:at])
+            self._place = place = None
+        if place is None:
+            self._fields.extend(fields)
+            return
+        for field, n in zip(fields, lengths, strict=True):
+            place[at : at + n] = field
+            at += n
+        self._at = at
 
     def finish(self) -> Segment:
         """The segment: :class:`Written` if it is whole in its place, else its parts (none for no samples)."""
@@ -202,20 +237,26 @@ class SegmentWriter:
             return []
         trailer = self._trailer()
         place, end = self._place, self._at + len(trailer)
-        if place is None or end > len(place):
+        if place is None:
             return [*self._fields, trailer]
+        if end > len(place):
+            return [place[: self._at], trailer]
         place[self._at : end] = trailer
         return Written(end)
 
     def parts(self) -> list[Part]:
-        """The segment as its parts: each field as it is (no copy), then the header; none for no samples."""
-        return [*self._fields, self._trailer()] if self._indices else []
+        """The segment as its parts, the header last; none for no samples. Without a place, each
+        field as it is (no copy)."""
+        if not self._indices:
+            return []
+        written = [self._place[: self._at]] if self._place is not None else []
+        return [*written, *self._fields, self._trailer()]
 
     def _trailer(self) -> bytes:
         header: bytes = msgpack.packb(["\n".join(self._keys), self._names_of,
                                        np.array(self._kind_of, dtype=np.uint16).tobytes(),
                                        np.array(self._indices, dtype=np.int64).tobytes(),
-                                       np.array(list(map(len, self._fields)), dtype=np.int64).tobytes()],
+                                       np.array(self._lengths, dtype=np.int64).tobytes()],
                                       use_bin_type=True)
         return header + _LEN.pack(len(header))
 

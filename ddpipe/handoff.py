@@ -1,5 +1,5 @@
-"""Handing items between the loader's threads: a put that a stopped pipeline never blocks in, and
-a reading thread of its own ahead of the exchange."""
+"""Handing items between the loader's threads: a put that a stopped pipeline never blocks in, items
+handed over in groups, and a reading thread of its own ahead of the exchange."""
 
 from __future__ import annotations
 
@@ -47,13 +47,19 @@ def read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Genera
     reader = threading.Thread(target=fill, daemon=True, name="ddpipe-reader")
     reader.start()
     try:
-        while True:
-            item = q.get()
-            if item is END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield from item
+        yield from ungrouped(q)
     finally:
         stop.set()
         reader.join()
+
+
+def ungrouped(q: queue.Queue[Any]) -> Generator[Any, None, None]:
+    """The items of the groups (lists) put into ``q``, one at a time, until :data:`END`; an exception
+    put there is raised here."""
+    while True:
+        group = q.get()
+        if group is END:
+            return
+        if isinstance(group, BaseException):
+            raise group
+        yield from group

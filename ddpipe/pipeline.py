@@ -11,6 +11,7 @@ holds samples that arrived before their turn: at most about one buffer plus one 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import queue
 import socket
@@ -30,8 +31,8 @@ from .dataset import Dataset, open_dataset
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
 from .errors import CorruptShardError, DdpipeError, SampleError
-from .exchange import ExchangeShuffler, own_kept
-from .handoff import END, put_unless_stopped, read_ahead
+from .exchange import EMIT_GROUP, ExchangeShuffler, own_kept
+from .handoff import END, put_unless_stopped, read_ahead, ungrouped
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
@@ -251,28 +252,34 @@ class Loader:
         self.stats["corrupt_shards"].append(self.dataset.manifest.shards[shard].file)
         print(f"ddpipe: warning: skipping the samples of a corrupt shard: {error}", file=sys.stderr, flush=True)
 
+    @property
+    def _group(self) -> int:
+        """Samples handed from the producer to the consumer at a time: never more than ``prefetch``."""
+        return max(1, min(EMIT_GROUP, self.read_options.prefetch))
+
     def _encoded(self, plan: EpochPlan) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
         """This rank's batches of encoded samples, in the plan's order, with their global indices."""
-        out: queue.Queue[Any] = queue.Queue(maxsize=self.read_options.prefetch)
+        # the producer puts lists of (global index, sample), ``_group`` long: ``prefetch`` samples queued
+        out: queue.Queue[Any] = queue.Queue(maxsize=max(1, self.read_options.prefetch // self._group))
         stop = threading.Event()
         producer = threading.Thread(target=self._produce, args=(plan, out, stop), daemon=True,
                                     name=f"ddpipe-producer-{self.rank}")
         producer.start()
         held: defaultdict[int, deque[Sample]] = defaultdict(deque)
         holding = peak = 0  # samples that arrived before their turn: bounded by the shuffle buffer
+        arrivals = ungrouped(out)  # a group's samples are taken one at a time, as they are needed
         try:
             for b in range(plan.num_batches):
                 indices = plan.batch(self.rank, b)
                 batch = []
                 for g in indices.tolist():
                     while not held[g]:
-                        item = out.get()
-                        if item is END:
+                        arrived = next(arrivals, None)
+                        if arrived is None:
                             raise DdpipeError("the epoch ended early: another rank stopped iterating; every rank "
                                               "must iterate the same number of batches")
-                        if isinstance(item, BaseException):
-                            raise item
-                        held[item[0]].append(item[1])
+                        index, sample = arrived
+                        held[index].append(sample)
                         holding += 1
                     peak = max(peak, holding - 1)  # less the one taken at once
                     batch.append(held[g].popleft())
@@ -282,6 +289,7 @@ class Loader:
                 self.stats["held_peak"] = peak
                 yield indices, batch
         finally:
+            arrivals.close()
             stop.set()  # the producer notices within one queue timeout, even when the queue is full
             producer.join()
 
@@ -305,12 +313,13 @@ class Loader:
                 ahead = read_ahead(own_kept(samples, rank_plan), max(2 * self.options.round_size, 1024))
                 # the consumer runs up to the queue and the batches it holds behind the exchange; samples
                 # it keeps past two shuffle buffers are copied out rather than keep their round's buffer
+                ahead_of_consumer = self.read_options.prefetch + self._group + 2 * self.options.batch_size
                 lifetimes = receipt_lifetimes(rank_plan.stream, rank_plan.order, rank_plan.rounds,
-                                              ahead=self.read_options.prefetch + 2 * self.options.batch_size,
+                                              ahead=ahead_of_consumer,
                                               copy_beyond=2 * self.options.buffer_size + self.options.round_size)
                 shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes)
                 try:
-                    finished = shuffler.run(ahead, emit)
+                    finished = shuffler.run(ahead, emit, self._group)
                 finally:
                     ahead.close()  # only now may reading stop: a round in progress needs its samples
                 # update, not replace: the consumer may still be counting skipped samples in stats
@@ -323,8 +332,9 @@ class Loader:
                     emit(END)
                     return
             else:
-                for g, sample in zip(rank_plan.reads.tolist(), samples, strict=True):
-                    if not emit((g, sample)):
+                pairs = zip(rank_plan.reads.tolist(), samples, strict=True)
+                for group in iter(lambda: list(itertools.islice(pairs, self._group)), []):
+                    if not emit(group):
                         return
             emit(END)
         except BaseException as e:  # reaches the consumer intact

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpipe.comm import Comm
 from ddpipe.comm.base import Written
 from ddpipe.exchange import SegmentWriter, segment_parts, unpack_segment
+from ddpipe.sample import KEY
 
 from .formats.conformance import samples
 
@@ -45,6 +47,21 @@ def test_a_segment_written_in_its_place_reads_back_whole_or_goes_as_parts(items:
         assert b"".join(segment) == whole and len(whole) > room
     assert place[room:] == b"\xee" * 16
     assert unpack_segment(memoryview(whole)) == ([g for g, _ in numbered], numbered)
+
+
+def test_a_segment_written_in_its_place_keeps_no_view_of_its_samples() -> None:
+    """The bytes a sample was read into (a shard's mapping) are free once it is in its place, while a
+    segment that goes as parts keeps them, uncopied, until it has gone."""
+    shard = bytearray(b"x" * 300)
+    writer = SegmentWriter(memoryview(bytearray(1000)))
+    for i in range(3):
+        writer.add(i, {KEY: f"k{i}", "jpg": memoryview(shard)[100 * i : 100 * i + 100]})
+    shard.extend(b"y")  # a buffer cannot be resized while a view of it lives (BufferError)
+    unplaced = SegmentWriter()
+    unplaced.add(0, {KEY: "k0", "jpg": memoryview(shard)[:100]})
+    with pytest.raises(BufferError):
+        shard.extend(b"y")
+    assert isinstance(writer.finish(), Written)
 
 
 def test_world_of_one_exchanges_with_itself() -> None:
