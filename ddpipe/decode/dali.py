@@ -87,16 +87,15 @@ class _Feed:
             self.inflight.append(batch)
             batch = self._next_batch()
         self.inflight.append(batch)
-        out: tuple[Any, ...] = ([np.frombuffer(d, dtype=np.uint8) for d in batch.datas],
-                                np.asarray(batch.labels, dtype=np.int64).reshape(-1, 1))
+        # one array of each sample's numbers (label, then its crop window and flip): DALI gives each
+        # external source output a worker thread of its own, idle between batches
+        columns = [np.asarray(batch.labels, dtype=np.int64)]
         if self.options.train:
             c = batch.crops
             assert c is not None
-            out += (np.stack([c.left, c.top], axis=1).astype(np.int32),
-                    np.stack([c.width, c.height], axis=1).astype(np.int32))
-            if self.gpu:
-                out += (c.flip.astype(np.int32).reshape(-1, 1),)
-        return out
+            columns += [c.left, c.top, c.width, c.height] + ([c.flip] if self.gpu else [])
+        numbers = np.stack([np.asarray(col, dtype=np.int64) for col in columns], axis=1)
+        return [np.frombuffer(d, dtype=np.uint8) for d in batch.datas], numbers
 
 
 def with_crops(batch: EncodedBatch, seed: int, epoch: int, options: DecodeOptions,
@@ -151,26 +150,26 @@ class DaliDecoder:
         out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[o.dtype]
         device_id = (self.device.index or 0) if self.gpu_decode else None
         where = "mixed" if self.gpu_decode else "cpu"
-        inputs = 2 + (2 + self.transform_in_dali if o.train else 0)
 
         # the dynamic executor keeps an output alive while anything refers to it, so outputs are handed
         # to torch without a copy (a copy of each float32 batch cost 14% of CPU decoding throughput)
         @dali.pipeline_def(batch_size=self.batch_size, num_threads=o.workers, device_id=device_id, seed=0,
                            prefetch_queue_depth=2, exec_dynamic=True)
         def pipe():  # type: ignore[no-untyped-def]
-            fed = fn.external_source(source=feed, num_outputs=inputs, batch=True, cycle="raise",
-                                     dtype=[types.UINT8, types.INT64, types.INT32, types.INT32, types.INT32][:inputs])
-            encoded, labels = fed[0], fed[1]
+            encoded, numbers = fn.external_source(source=feed, num_outputs=2, batch=True, cycle="raise",
+                                                  dtype=[types.UINT8, types.INT64])
+            labels = numbers[0:1]
             if o.train:  # decode only the crop window, as EXIF-blind as the window's choice
-                images = fn.decoders.image_slice(encoded, device=where, output_type=types.RGB, start=fed[2],
-                                                 shape=fed[3], axis_names="WH", adjust_orientation=False)
+                window = fn.cast(numbers[1:5], dtype=types.INT32)  # left, top, width, height
+                images = fn.decoders.image_slice(encoded, device=where, output_type=types.RGB, start=window[0:2],
+                                                 shape=window[2:4], axis_names="WH", adjust_orientation=False)
             else:
                 images = fn.decoders.image(encoded, device=where, output_type=types.RGB, adjust_orientation=False)
             if not self.transform_in_dali:  # the Resampler resizes, flips and normalises (see resample.py)
                 return images, labels
             if o.train:
                 images = fn.resize(images, resize_x=o.size, resize_y=o.size, antialias=o.antialias)
-                mirror, crop = fed[4], None
+                mirror, crop = fn.cast(numbers[5], dtype=types.INT32), None
             else:
                 images = fn.resize(images, resize_shorter=o.resize_shorter, antialias=o.antialias)
                 mirror, crop = 0, (o.size, o.size)
