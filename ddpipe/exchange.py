@@ -57,16 +57,22 @@ class ExchangeShuffler:
         (or all copied out of their shards): a sample sent is copied once, from its shard into the
         segment, and one kept is handed on as it comes."""
         reads = self.plan.reads.tolist()  # Python ints once, not a NumPy scalar per sample
-        handover = _Handover(emit, group)
+        stopped = False
         for j, rnd in enumerate(self.plan.rounds):
-            if not self._round(j, rnd, samples, reads, handover):  # every rank has stopped
+            out = self._round(j, rnd, samples, reads, wanted=not stopped)
+            if out is None:  # every rank has stopped
                 return False
-        return not handover.stopped
+            if not stopped:
+                stopped = not all(emit(out[i : i + group]) for i in range(0, len(out), group))
+            # what this round received may go as soon as the consumer is done with it: this thread's
+            # references are gone before the next round (whose buffer the receiver takes meanwhile)
+            del out
+        return not stopped
 
     def _round(self, j: int, rnd: ExchangeRound, samples: Iterator[Sample], reads: list[int],
-               handover: _Handover) -> bool:
-        """Round ``j``: hand on what this rank keeps, then what it received, in the plan's order; False
-        if every rank has stopped. The kept samples wait for the round: handed on as they were read,
+               wanted: bool) -> list[tuple[int, Sample]] | None:
+        """Round ``j``: what this rank keeps, then what it received, in the plan's order; None if
+        every rank has stopped. The kept samples wait for the round: handed on as they were read,
         one at a time they woke the consumer once a sample (8 ranks of benchmarks/loader.py: 1,029
         images/s against 1,103 without, in paired runs), and in groups they gained nothing measurable,
         while the consumer's shuffle buffer mostly needs the round's received samples to fill a batch."""
@@ -81,15 +87,13 @@ class ExchangeShuffler:
         writers = [SegmentWriter(places.get(d)) for d in range(size)]
         writing = 0.0  # the copies' wall time, part of the exchange's (the reads' is not)
         read = 0
-        kept: list[tuple[int, Sample]] = []
-        # this thread's processor time is the exchange's, bar handing samples on: reading has a thread of
-        # its own
-        cpu0 = time.thread_time() - handover.cpu_seconds
+        out: list[tuple[int, Sample]] = []  # kept samples, then received ones
+        cpu0 = time.thread_time()  # this thread's processor time is all the exchange's: reading has its own
         # reads first: zip stops there, taking no sample beyond the round
         for g, d, sample in zip(reads[start : rnd.stop], dest_of.tolist(), samples, strict=False):
             read += 1
             if d < 0:  # kept: copied out of its shard on the reading thread (own_kept)
-                kept.append((g, sample))
+                out.append((g, sample))
             else:
                 t = time.perf_counter()
                 writers[d].add(g, sample)
@@ -102,37 +106,31 @@ class ExchangeShuffler:
         t1 = time.perf_counter()
         moved = self.comm.transfer_seconds
         # the samples received are views into this round's own buffer, handed on uncopied
-        received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=not handover.stopped,
+        received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=wanted,
                                        hold=self.lifetimes.rounds_held)
         if received is None:
-            return False
+            return None
         t2 = time.perf_counter()
         self.samples_sent += len(rnd.sent)
         self.round_bytes.append(counts)
         self.bytes_sent += sum(counts)
         moved = self.comm.transfer_seconds - moved
-        arrived: list[tuple[int, Sample]] = []
+        arrived = len(out)
         for source, expected in zip(rnd.sources, rnd.recv, strict=True):
             if expected.size:
                 indices, items = unpack_segment(received[source])
                 if indices != expected.tolist():
                     raise DdpipeError(f"exchange round {j}: rank {source} sent samples the plan does not "
                                       "expect; do all ranks run the same ddpipe version, dataset and options?")
-                arrived.extend(items)
+                out.extend(items)
         # samples the consumer keeps long leave the round's buffer, so that it goes once the rest are used
         for i in np.flatnonzero(self.lifetimes.copy_out[j]).tolist():
-            g, sample = arrived[i]
-            arrived[i] = (g, owned(sample))
+            g, sample = out[arrived + i]
+            out[arrived + i] = (g, owned(sample))
         self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)
+        self.exchange_cpu_seconds += time.thread_time() - cpu0
         self.wait_seconds += (t2 - t1) - moved
-        # what this round received may go as soon as the consumer is done with it: this thread keeps
-        # no reference past the round (the receiver takes the next round's buffer meanwhile)
-        handover.extend(kept)
-        handover.extend(arrived)
-        del kept, arrived, received
-        handover.flush()
-        self.exchange_cpu_seconds += time.thread_time() - handover.cpu_seconds - cpu0
-        return True
+        return out
 
 
 def own_kept(samples: Iterator[Sample], plan: RankPlan) -> Iterator[Sample]:
@@ -146,34 +144,6 @@ def own_kept(samples: Iterator[Sample], plan: RankPlan) -> Iterator[Sample]:
         sent[rnd.sent] = True
     for sample, is_sent in zip(samples, sent.tolist(), strict=False):
         yield sample if is_sent else owned(sample)
-
-
-class _Handover:
-    """Samples handed to the consumer a group at a time, in order, until it stops."""
-
-    def __init__(self, emit: Emit, group: int) -> None:
-        self._emit = emit
-        self._size = group
-        self._group: list[tuple[int, Sample]] = []
-        self.stopped = False
-        self.cpu_seconds = 0.0  # this thread's processor time spent handing on (the consumer's wake-ups)
-
-    def add(self, item: tuple[int, Sample]) -> None:
-        self._group.append(item)
-        if len(self._group) >= self._size:
-            self.flush()
-
-    def extend(self, items: list[tuple[int, Sample]]) -> None:
-        for item in items:
-            self.add(item)
-
-    def flush(self) -> None:
-        """Hand on what is waiting; once the consumer has stopped, drop it."""
-        group, self._group = self._group, []
-        if group and not self.stopped:
-            t = time.thread_time()
-            self.stopped = not self._emit(group)
-            self.cpu_seconds += time.thread_time() - t
 
 
 # A segment: every field's bytes back to back, then a msgpack header, then its length (u64): the
@@ -237,20 +207,19 @@ class SegmentWriter:
             return []
         trailer = self._trailer()
         place, end = self._place, self._at + len(trailer)
-        if place is None:
-            return [*self._fields, trailer]
-        if end > len(place):
-            return [place[: self._at], trailer]
+        if place is None or end > len(place):
+            return self._parts(trailer)
         place[self._at : end] = trailer
         return Written(end)
 
     def parts(self) -> list[Part]:
         """The segment as its parts, the header last; none for no samples. Without a place, each
         field as it is (no copy)."""
-        if not self._indices:
-            return []
+        return self._parts(self._trailer()) if self._indices else []
+
+    def _parts(self, trailer: bytes) -> list[Part]:
         written = [self._place[: self._at]] if self._place is not None else []
-        return [*written, *self._fields, self._trailer()]
+        return [*written, *self._fields, trailer]
 
     def _trailer(self) -> bytes:
         header: bytes = msgpack.packb(["\n".join(self._keys), self._names_of,

@@ -6,10 +6,12 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Generator, Iterator
-from typing import Any
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any, TypeVar
 
 from .sample import Sample
+
+T = TypeVar("T")
 
 #: Marks the end of a stream handed between threads.
 END = object()
@@ -37,7 +39,7 @@ def read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Genera
 
     def fill() -> None:
         try:
-            for chunk in iter(lambda: list(itertools.islice(samples, group)), []):
+            for chunk in in_groups(samples, group):
                 if not put_unless_stopped(q, chunk, stop):
                     return
             put_unless_stopped(q, END, stop)
@@ -63,3 +65,9 @@ def ungrouped(q: queue.Queue[Any]) -> Generator[Any, None, None]:
         if isinstance(group, BaseException):
             raise group
         yield from group
+
+
+def in_groups(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` as lists of ``size`` (the last may be shorter), taken as they come."""
+    it = iter(items)
+    return iter(lambda: list(itertools.islice(it, size)), [])

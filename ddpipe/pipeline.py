@@ -11,7 +11,6 @@ holds samples that arrived before their turn: at most about one buffer plus one 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import queue
 import socket
@@ -32,7 +31,7 @@ from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
 from .errors import CorruptShardError, DdpipeError, SampleError
 from .exchange import EMIT_GROUP, ExchangeShuffler, own_kept
-from .handoff import END, put_unless_stopped, read_ahead, ungrouped
+from .handoff import END, in_groups, put_unless_stopped, read_ahead, ungrouped
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
@@ -332,8 +331,7 @@ class Loader:
                     emit(END)
                     return
             else:
-                pairs = zip(rank_plan.reads.tolist(), samples, strict=True)
-                for group in iter(lambda: list(itertools.islice(pairs, self._group)), []):
+                for group in in_groups(zip(rank_plan.reads.tolist(), samples, strict=True), self._group):
                     if not emit(group):
                         return
             emit(END)
