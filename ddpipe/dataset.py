@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -161,7 +161,7 @@ class Dataset:
 
     def read(self, indices: np.ndarray, *, random_access: bool = False, store: ShardStore | None = None,
              limits: SourceLimits | None = None, verify: bool = True,
-             on_corrupt: OnCorrupt | None = None, views: bool = False) -> Iterator[Sample]:
+             on_corrupt: OnCorrupt | None = None, views: bool = False) -> Generator[Sample, None, None]:
         """The samples at global ``indices``, in that order.
 
         Sequential by default: each run of increasing positions within one shard is one scan of the

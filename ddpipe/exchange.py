@@ -46,16 +46,17 @@ class ExchangeShuffler:
         # unpacking (compared with raw Alltoallv); waiting for slower ranks to arrive is counted apart
         self.exchange_seconds = 0.0
         self.wait_seconds = 0.0
-        # the processor time this thread spent in the exchange, waits included (they sleep): on a node
-        # with fewer free cores than threads, its wall time also holds the other threads' turns
+        # the processor time this thread spent in the exchange (copying sent samples into places, and
+        # the rounds themselves, waits included: they sleep), its reads left out: on a node with fewer
+        # free cores than threads, the exchange's wall time also holds the other threads' turns
         self.exchange_cpu_seconds = 0.0
         self.round_bytes: list[list[int]] = []  # bytes sent to each rank, per round
 
     def run(self, samples: Iterator[Sample], emit: Emit, group: int = EMIT_GROUP) -> bool:
         """Read, exchange and emit every round, ``group`` samples at a time; False if every rank
-        stopped before the last one. ``samples``: this rank's reads, as :func:`own_kept` gives them
-        (or all copied out of their shards): a sample sent is copied once, from its shard into the
-        segment, and one kept is handed on as it comes."""
+        stopped before the last one. ``samples``: this rank's reads, their fields views of their
+        shards or bytes: each is copied once, a sample sent from its shard into its receiver's
+        place, one kept into ``bytes`` of its own (none for fields already ``bytes``)."""
         reads = self.plan.reads.tolist()  # Python ints once, not a NumPy scalar per sample
         stopped = False
         for j, rnd in enumerate(self.plan.rounds):
@@ -81,25 +82,27 @@ class ExchangeShuffler:
         dest_of = np.full(length, -1, dtype=np.int64)  # the rank each position goes to; -1: kept
         for positions, dest in zip(rnd.send, rnd.dests, strict=True):
             dest_of[positions - start] = dest
-        # each sample sent is copied into its receiver's place as it is read, while later ones are still
-        # being read (cold shards: the copies overlap the reads rather than follow the round's last)
+        # each sample sent is copied into its receiver's place as it is read, not all after the round's
+        # last read (cold shards: the kernel reads the next shard in meanwhile)
         places = self.comm.places()
         writers = [SegmentWriter(places.get(d)) for d in range(size)]
-        writing = 0.0  # the copies' wall time, part of the exchange's (the reads' is not)
+        # the copies into places are the exchange's time, wall and processor (this thread reads too)
+        writing = writing_cpu = 0.0
         read = 0
         out: list[tuple[int, Sample]] = []  # kept samples, then received ones
-        cpu0 = time.thread_time()  # this thread's processor time is all the exchange's: reading has its own
         # reads first: zip stops there, taking no sample beyond the round
         for g, d, sample in zip(reads[start : rnd.stop], dest_of.tolist(), samples, strict=False):
             read += 1
-            if d < 0:  # kept: copied out of its shard on the reading thread (own_kept)
-                out.append((g, sample))
+            if d < 0:  # kept: out of its shard, the one copy a read makes
+                out.append((g, owned(sample)))
             else:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 writers[d].add(g, sample)
                 writing += time.perf_counter() - t
+                writing_cpu += time.thread_time() - c
         if read != length:
             raise DdpipeError(f"exchange round {j}: the reads ended {length - read} samples early")
+        cpu0 = time.thread_time() - writing_cpu
         t0 = time.perf_counter() - writing
         segments = [w.finish() for w in writers]
         counts = segment_lengths(segments, size).tolist()
@@ -131,19 +134,6 @@ class ExchangeShuffler:
         self.exchange_cpu_seconds += time.thread_time() - cpu0
         self.wait_seconds += (t2 - t1) - moved
         return out
-
-
-def own_kept(samples: Iterator[Sample], plan: RankPlan) -> Iterator[Sample]:
-    """``samples``, this rank's reads, with the ones it keeps copied out of their shards as they come
-    (the copy every read makes) and the ones it sends left as views, for the segments. Run on the
-    reading thread, the copies overlap the reads: done in the exchange's round instead, they were a
-    round's worth of copying after its last read, and cold epochs (benchmarks/exchange.py, 4 ranks)
-    ended 30-50 ms after those with Q = 0."""
-    sent = np.zeros(len(plan.reads), dtype=bool)
-    for rnd in plan.rounds:
-        sent[rnd.sent] = True
-    for sample, is_sent in zip(samples, sent.tolist(), strict=False):
-        yield sample if is_sent else owned(sample)
 
 
 # A segment: every field's bytes back to back, then a msgpack header, then its length (u64): the

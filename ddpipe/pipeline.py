@@ -30,8 +30,8 @@ from .dataset import Dataset, open_dataset
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
 from .errors import CorruptShardError, DdpipeError, SampleError
-from .exchange import EMIT_GROUP, ExchangeShuffler, own_kept
-from .handoff import END, in_groups, put_unless_stopped, read_ahead, ungrouped
+from .exchange import EMIT_GROUP, ExchangeShuffler
+from .handoff import END, in_groups, put_unless_stopped, ungrouped
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
@@ -299,17 +299,18 @@ class Loader:
             return put_unless_stopped(out, item, stop)
 
         try:
-            # the exchange copies each sample once: a kept one out of its shard as it is read
-            # (own_kept), a sent one into its receiver's landing zone or a send slot (views)
+            # the exchange copies each sample once: a kept one out of its shard, a sent one into its
+            # receiver's landing zone or a send slot (views until then)
             samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access, store=self.stager,
                                         limits=self._source_limits, verify=self.read_options.verify,
                                         on_corrupt=self._on_corrupt if self.on_error == "skip" else None,
                                         views=bool(rank_plan.rounds))
             if rank_plan.rounds:
-                # reading gets a thread of its own, so later rounds are read (the GIL released in I/O)
-                # while this one is exchanged, or waits for a slower rank; 1,024 samples of read-ahead
-                # (~110 MB of JPEGs) brought Q = 0.3 from 1.14 to 1.06 of Q = 0 in benchmarks/exchange.py
-                ahead = read_ahead(own_kept(samples, rank_plan), max(2 * self.options.round_size, 1024))
+                # the exchange reads on this thread: a reading thread of its own, ahead of it, cost more
+                # in handing samples over and taking turns with it than it gained by reading during the
+                # rounds' waits (benchmarks/exchange.py, warm: Q = 0.3 at 1.04 of Q = 0 on 4 ranks
+                # without it, against 1.10 with it; cold and the slow source alike; the kernel reads
+                # the next shard ahead meanwhile, Dataset.read's prefetch)
                 # the consumer runs up to the queue and the batches it holds behind the exchange; samples
                 # it keeps past two shuffle buffers are copied out rather than keep their round's buffer
                 ahead_of_consumer = self.read_options.prefetch + self._group + 2 * self.options.batch_size
@@ -318,9 +319,9 @@ class Loader:
                                               copy_beyond=2 * self.options.buffer_size + self.options.round_size)
                 shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes)
                 try:
-                    finished = shuffler.run(ahead, emit, self._group)
+                    finished = shuffler.run(samples, emit, self._group)
                 finally:
-                    ahead.close()  # only now may reading stop: a round in progress needs its samples
+                    samples.close()  # its shards' mappings and staged copies go now, not when collected
                 # update, not replace: the consumer may still be counting skipped samples in stats
                 self.stats.update({"samples_sent": shuffler.samples_sent, "bytes_sent": shuffler.bytes_sent,
                                    "exchange_seconds": shuffler.exchange_seconds,
