@@ -2,7 +2,7 @@
 throughput against raw MPI Alltoallv of the same bytes, on real ranks.
 
     python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 15] [--round-size 128 512]
-                                  [--slow-source 600MB/s]
+                                  [--slow-source 600MB/s] [--name exchange]
 
 Data: synth ImageNet-like JPEGs in 16 MB WebDataset shards. Each repeat runs one epoch per Q,
 alternating, with the shards evicted from the page cache first (cold, the I/O-bound case the
@@ -20,7 +20,10 @@ is a run of its own. *Slow source*: the same epochs, warm, read through ddpipe's
 file system (``SourceLimits``: the node's ranks share --slow-source of bandwidth, 600 MB/s by
 default), so that reading is I/O-bound as on a cluster; on this machine the cold epochs are not
 (the kernel filling the page cache from a fast local disk costs processor time, not waiting).
-*Alone*: the
+*Disk limit*:
+the reference for the cold epochs, measured in the same run: every rank maps its share of the shards,
+evicted first, paged in whole (no checksum, no parsing), the slowest rank's seconds: what the disk
+and the kernel allow. *Alone*: the
 exchange's own code over an epoch's samples already in memory, with nothing else running in the
 process, against raw Alltoallv of that run's bytes: what the exchange adds to MPI's cost by itself.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import mmap
 import sys
 import time
 from pathlib import Path
@@ -38,8 +42,8 @@ import numpy as np
 from _common import DATA, mpiexec, save, synth_shards, timed_epoch, torchrun
 
 import ddpipe
-from ddpipe.bench.harness import machine, median, table
-from ddpipe.comm import init_comm
+from ddpipe.bench.harness import evict_page_cache, machine, median, table
+from ddpipe.comm import Comm, init_comm
 from ddpipe.exchange import ExchangeShuffler
 
 BATCH = 64
@@ -66,6 +70,20 @@ def raw_alltoallv(round_bytes_all: list[list[list[int]]], rank: int) -> float:
     return total
 
 
+def disk_limit(files: list[Path], comm: Comm) -> float:
+    """Seconds for the ranks to read every shard cold, each rank its share, mapped and paged in whole
+    (one call a shard, nothing else done): the slowest rank's, as an epoch's."""
+    if comm.world.local_rank == 0:
+        evict_page_cache(files)
+    comm.barrier()
+    t0 = time.perf_counter()
+    for path in files[comm.world.rank :: comm.world.size]:
+        with open(path, "rb") as f:
+            mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                      prot=mmap.PROT_READ).close()
+    return float(max(comm.allgather(time.perf_counter() - t0)))
+
+
 def worker(root: Path, out: Path, repeats: int, round_size: int, slow_source: str) -> None:
     comm = init_comm()
     files = [root / s.file for s in ddpipe.load_manifest(root).shards]
@@ -76,9 +94,11 @@ def worker(root: Path, out: Path, repeats: int, round_size: int, slow_source: st
                                round_size=round_size, comm=comm, source_limits=slow_source)
             for q in (0.0, 0.3)}
     times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm", "slow") for q in (0.0, 0.3)}
+    times["disk"] = []
     exchange, cpu, waiting, raw, moved = [], [], [], [], []
     landed = sent = 0
     for rep in range(repeats):
+        times["disk"].append(disk_limit(files, comm))
         for q in (0.0, 0.3) if rep % 2 == 0 else (0.3, 0.0):
             before = getattr(comm, "landed_bytes", 0)
             times[f"cold-{q}"].append(timed_epoch(loaders[q], files))
@@ -160,6 +180,7 @@ def main() -> None:
     ap.add_argument("--round-size", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--torchrun-ranks", type=int, nargs="*", default=[2, 4, 8])
     ap.add_argument("--slow-source", default="600MB/s", help="a node's bandwidth from the modelled shared file system")
+    ap.add_argument("--name", default="exchange", help="the results' name: benchmarks/results/NAME.json")
     ap.add_argument("--worker", nargs=2, metavar=("DATA", "OUT"))
     ap.add_argument("--torch-worker", nargs=2, metavar=("DATA", "OUT"))
     args = ap.parse_args()
@@ -181,6 +202,9 @@ def main() -> None:
             "round": round_size, "ranks": ranks,
             "cold_q0": median(t["cold-0.0"]), "cold_q3": median(t["cold-0.3"]),
             "cold_ratio": median([b / a for a, b in zip(t["cold-0.0"], t["cold-0.3"], strict=True)]),
+            "disk": median(t["disk"]),
+            "cold_q0_disk": median([a / d for a, d in zip(t["cold-0.0"], t["disk"], strict=True)]),
+            "cold_q3_disk": median([b / d for b, d in zip(t["cold-0.3"], t["disk"], strict=True)]),
             "warm_q0": median(t["warm-0.0"]), "warm_q3": median(t["warm-0.3"]),
             "warm_ratio": median([b / a for a, b in zip(t["warm-0.0"], t["warm-0.3"], strict=True)]),
             "slow_q0": median(t["slow-0.0"]),
@@ -196,7 +220,9 @@ def main() -> None:
         })
     cols = [("round", "round", "d"), ("ranks", "ranks", "d"), ("cold_q0", "cold Q=0 s", ".2f"),
             ("cold_q3", "cold Q=0.3 s", ".2f"),
-            ("cold_ratio", "cold Q=0.3 / Q=0", ".2f"), ("warm_q0", "warm Q=0 s", ".2f"),
+            ("cold_ratio", "cold Q=0.3 / Q=0", ".2f"), ("disk", "disk limit s", ".2f"),
+            ("cold_q0_disk", "cold Q=0 / disk", ".2f"), ("cold_q3_disk", "cold Q=0.3 / disk", ".2f"),
+            ("warm_q0", "warm Q=0 s", ".2f"),
             ("warm_q3", "warm Q=0.3 s", ".2f"), ("warm_ratio", "warm Q=0.3 / Q=0", ".2f"),
             ("slow_q0", "slow source Q=0 s", ".2f"), ("slow_ratio", "slow source Q=0.3 / Q=0", ".2f"),
             ("exchanged_mb", "MB exchanged", ".0f"), ("exchange_mb_s", "exchange MB/s", ".0f"),
@@ -221,8 +247,8 @@ def main() -> None:
     rounds = " ".join(map(str, args.round_size))
     command = (f"python benchmarks/exchange.py --n {args.n} --ranks {ranks} --repeats {args.repeats} "
                f"--round-size {rounds} --torchrun-ranks {' '.join(map(str, args.torchrun_ranks))} "
-               f"--slow-source {args.slow_source}")
-    path = save("exchange", {"benchmark": "exchange", "command": command, "machine": machine(), "rows": rows,
+               f"--slow-source {args.slow_source}" + (f" --name {args.name}" if args.name != "exchange" else ""))
+    path = save(args.name, {"benchmark": "exchange", "command": command, "machine": machine(), "rows": rows,
                              "torchrun_rows": wire_rows,
                              "batch_size": BATCH, "round_sizes": args.round_size, "slow_source": args.slow_source,
                              "table": text})
