@@ -246,7 +246,7 @@ def main() -> None:
     ranks = " ".join(map(str, args.ranks))
     rounds = " ".join(map(str, args.round_size))
     command = (f"python benchmarks/exchange.py --n {args.n} --ranks {ranks} --repeats {args.repeats} "
-               f"--round-size {rounds} --torchrun-ranks {' '.join(map(str, args.torchrun_ranks))} "
+               f"--round-size {rounds} --torchrun-ranks {' '.join(map(str, args.torchrun_ranks))}".rstrip() + " "
                f"--slow-source {args.slow_source}" + (f" --name {args.name}" if args.name != "exchange" else ""))
     path = save(args.name, {"benchmark": "exchange", "command": command, "machine": machine(), "rows": rows,
                              "torchrun_rows": wire_rows,
