@@ -1,5 +1,5 @@
-"""Handing items between the loader's threads: a put that a stopped pipeline never blocks in, and
-items handed over in groups."""
+"""Handing items between the loader's threads: a put that a stopped pipeline never blocks in, items
+handed over in groups, and a reading thread of its own ahead of the exchange."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import queue
 import threading
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any, TypeVar
+
+from .sample import Sample
 
 T = TypeVar("T")
 
@@ -24,6 +26,32 @@ def put_unless_stopped(q: queue.Queue[Any], item: Any, stop: threading.Event) ->
         except queue.Full:
             continue
     return False
+
+def read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Generator[Sample, None, None]:
+    """``samples`` produced by a thread of its own, at most about ``depth`` ahead of the caller,
+    until the caller closes this generator: reading that goes on while the caller waits (for an
+    exchange round). Not stopped by the loader's stop: a rank that stops iterating still completes
+    the exchange round in progress, which the other ranks are waiting in. Samples cross between the
+    threads ``group`` at a time: a queue's put and get cost more than reading a small sample does."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth // group))
+    stop = threading.Event()
+
+    def fill() -> None:
+        try:
+            for chunk in in_groups(samples, group):
+                if not put_unless_stopped(q, chunk, stop):
+                    return
+            put_unless_stopped(q, END, stop)
+        except BaseException as e:  # reaches the consumer intact
+            put_unless_stopped(q, e, stop)
+
+    reader = threading.Thread(target=fill, daemon=True, name="ddpipe-reader")
+    reader.start()
+    try:
+        yield from ungrouped(q)
+    finally:
+        stop.set()
+        reader.join()
 
 
 def ungrouped(q: queue.Queue[Any]) -> Generator[Any, None, None]:

@@ -31,7 +31,7 @@ from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
 from .errors import CorruptShardError, DdpipeError, SampleError
 from .exchange import EMIT_GROUP, ExchangeShuffler
-from .handoff import END, in_groups, put_unless_stopped, ungrouped
+from .handoff import END, in_groups, put_unless_stopped, read_ahead, ungrouped
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .sample import BAD, KEY, Sample
@@ -310,7 +310,7 @@ class Loader:
                 # in handing samples over and taking turns with it than it gained by reading during the
                 # rounds' waits (benchmarks/exchange.py, warm: Q = 0.3 at 1.04 of Q = 0 on 4 ranks
                 # without it, against 1.10 with it; cold and the slow source alike; the kernel reads
-                # the next shard ahead meanwhile, Dataset.read's prefetch)
+                # the next shard ahead meanwhile, Dataset.read's prefetch), except below
                 # the consumer runs up to the queue and the batches it holds behind the exchange; samples
                 # it keeps past two shuffle buffers are copied out rather than keep their round's buffer
                 ahead_of_consumer = self.read_options.prefetch + self._group + 2 * self.options.batch_size
@@ -318,6 +318,13 @@ class Loader:
                                               ahead=ahead_of_consumer,
                                               copy_beyond=2 * self.options.buffer_size + self.options.round_size)
                 shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes)
+                if self.stager is not None and self.stager.options.capacity is not None:
+                    # where the node's stager may wait for its readers to make room (a capacity), reading
+                    # has a thread of its own, ahead, so that a rank waiting for its round still moves
+                    # past the shards it is done with: in step, the ranks' shards in use at a round's
+                    # end could fill the capacity, the round waiting on a shard the stager waits to
+                    # make room for (tests/mpi/test_staging_mpi.py: 2 ranks, room for 3 shards)
+                    samples = read_ahead(samples, max(2 * self.options.round_size, 1024))
                 try:
                     finished = shuffler.run(samples, emit, self._group)
                 finally:
