@@ -243,11 +243,10 @@ def main() -> None:
         text += f"\n\nUnder torchrun (gloo), rounds of {args.round_size[0]}:\n\n" + table(wire_rows, [
             ("ranks", "ranks", "d"), ("epochs", "epochs", "d"), ("exchanged_mb", "MB exchanged", ".0f"),
             ("wire_mb", "MB through loopback", ".0f"), ("wire_ratio", "loopback / exchanged", ".3f")])
-    ranks = " ".join(map(str, args.ranks))
-    rounds = " ".join(map(str, args.round_size))
-    command = (f"python benchmarks/exchange.py --n {args.n} --ranks {ranks} --repeats {args.repeats} "
-               f"--round-size {rounds} --torchrun-ranks {' '.join(map(str, args.torchrun_ranks))}".rstrip() + " "
-               f"--slow-source {args.slow_source}" + (f" --name {args.name}" if args.name != "exchange" else ""))
+    command = " ".join(map(str, ["python benchmarks/exchange.py", "--n", args.n, "--ranks", *args.ranks,
+                                 "--repeats", args.repeats, "--round-size", *args.round_size,
+                                 "--torchrun-ranks", *args.torchrun_ranks, "--slow-source", args.slow_source,
+                                 *(["--name", args.name] if args.name != "exchange" else [])]))
     path = save(args.name, {"benchmark": "exchange", "command": command, "machine": machine(), "rows": rows,
                              "torchrun_rows": wire_rows,
                              "batch_size": BATCH, "round_sizes": args.round_size, "slow_source": args.slow_source,

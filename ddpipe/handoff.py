@@ -27,6 +27,7 @@ def put_unless_stopped(q: queue.Queue[Any], item: Any, stop: threading.Event) ->
             continue
     return False
 
+
 def read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Generator[Sample, None, None]:
     """``samples`` produced by a thread of its own, at most about ``depth`` ahead of the caller,
     until the caller closes this generator: reading that goes on while the caller waits (for an
