@@ -1,7 +1,9 @@
 """Carrying out ``partial``'s plan over MPI: each round, send the chosen encoded samples with one
 ``Alltoallv`` and emit what this rank keeps, then what it received, in the plan's order.
 
-Runs in the loader's producer thread, so the exchange overlaps with the consumer's work. Every rank
+Runs in the loader's producer thread, so the exchange overlaps with the consumer's work. While a rank
+waits for the others to arrive at a round, it reads the next round's samples (:class:`ReadsAhead`):
+a rank ahead keeps its lead instead of idling, and the rounds' imbalances do not add up. Every rank
 runs the same rounds in the same order. A rank whose consumer stopped (a loop broken to checkpoint,
 say) goes on reading and exchanging, discarding its own output, for as long as any other rank still
 iterates: the others need what it sends. In each round's first message (the sizes each rank will
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
 
 import msgpack
 import numpy as np
@@ -52,15 +55,21 @@ class ExchangeShuffler:
         self.exchange_cpu_seconds = 0.0
         self.round_bytes: list[list[int]] = []  # bytes sent to each rank, per round
 
-    def run(self, samples: Iterator[Sample], emit: Emit, group: int = EMIT_GROUP) -> bool:
+    def run(self, samples: Iterator[Sample], emit: Emit, group: int = EMIT_GROUP,
+            read_while_waiting: bool = True) -> bool:
         """Read, exchange and emit every round, ``group`` samples at a time; False if every rank
         stopped before the last one. ``samples``: this rank's reads, their fields views of their
         shards or bytes: each is copied once, a sample sent from its shard into its receiver's
-        place, one kept into ``bytes`` of its own (none for fields already ``bytes``)."""
+        place, one kept into ``bytes`` of its own (none for fields already ``bytes``); a generator
+        is closed once the last round has read its samples. ``read_while_waiting``: read the next
+        round's samples while waiting for the other ranks (not where reading may wait on them)."""
         reads = self.plan.reads.tolist()  # Python ints once, not a NumPy scalar per sample
+        ahead = ReadsAhead(samples)
         stopped = False
         for j, rnd in enumerate(self.plan.rounds):
-            out = self._round(j, rnd, samples, reads, wanted=not stopped)
+            following = self.plan.rounds[j + 1] if j + 1 < len(self.plan.rounds) else None
+            ahead.limit = following.stop - following.start if following is not None and read_while_waiting else 0
+            out = self._round(j, rnd, ahead, reads, wanted=not stopped, last=following is None)
             if out is None:  # every rank has stopped
                 return False
             if not stopped:
@@ -70,8 +79,8 @@ class ExchangeShuffler:
             del out
         return not stopped
 
-    def _round(self, j: int, rnd: ExchangeRound, samples: Iterator[Sample], reads: list[int],
-               wanted: bool) -> list[tuple[int, Sample]] | None:
+    def _round(self, j: int, rnd: ExchangeRound, samples: ReadsAhead, reads: list[int], wanted: bool,
+               last: bool) -> list[tuple[int, Sample]] | None:
         """Round ``j``: what this rank keeps, then what it received, in the plan's order; None if
         every rank has stopped. The kept samples wait for the round: handed on as they were read,
         one at a time they woke the consumer once a sample (8 ranks of benchmarks/loader.py: 1,029
@@ -102,18 +111,22 @@ class ExchangeShuffler:
                 writing_cpu += time.thread_time() - c
         if read != length:
             raise DdpipeError(f"exchange round {j}: the reads ended {length - read} samples early")
+        if last:
+            # the last round's reads are done: the last shard's mapping goes now, while this rank waits
+            # for the others, not once the epoch's last samples are out (every rank at once, then)
+            samples.close()
         cpu0 = time.thread_time() - writing_cpu
         t0 = time.perf_counter() - writing
         segments = [w.finish() for w in writers]
         counts = segment_lengths(segments, size).tolist()
         t1 = time.perf_counter()
-        moved = self.comm.transfer_seconds
+        moved, ahead_seconds, ahead_cpu = self.comm.transfer_seconds, samples.seconds, samples.cpu_seconds
         # the samples received are views into this round's own buffer, handed on uncopied
         received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=wanted,
-                                       hold=self.lifetimes.rounds_held)
+                                       hold=self.lifetimes.rounds_held, while_waiting=samples.read_one)
         if received is None:
             return None
-        t2 = time.perf_counter()
+        t2 = time.perf_counter() - (samples.seconds - ahead_seconds)  # reading ahead is not waiting
         self.samples_sent += len(rnd.sent)
         self.round_bytes.append(counts)
         self.bytes_sent += sum(counts)
@@ -131,9 +144,59 @@ class ExchangeShuffler:
             g, sample = out[arrived + i]
             out[arrived + i] = (g, owned(sample))
         self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)
-        self.exchange_cpu_seconds += time.thread_time() - cpu0
+        self.exchange_cpu_seconds += time.thread_time() - cpu0 - (samples.cpu_seconds - ahead_cpu)
         self.wait_seconds += (t2 - t1) - moved
         return out
+
+
+class ReadsAhead:
+    """A rank's reads, taken in order, of which up to ``limit`` may be read ahead, one at a time, while
+    the rank waits for a round (4 ranks of benchmarks/exchange.py, cold: a rank that arrived first
+    otherwise idled while the others read, and each round's slowest rank set the pace). An error
+    raised reading ahead is raised where its sample would have been taken."""
+
+    def __init__(self, samples: Iterator[Sample]) -> None:
+        self._samples = samples
+        self._ahead: deque[Sample | _Failed] = deque()
+        self.limit = 0
+        self.seconds = self.cpu_seconds = 0.0  # spent reading ahead, wall and this thread's processor
+
+    def __iter__(self) -> ReadsAhead:
+        return self
+
+    def __next__(self) -> Sample:
+        if not self._ahead:
+            return next(self._samples)
+        item = self._ahead.popleft()
+        if isinstance(item, _Failed):
+            raise item.error
+        return item
+
+    def read_one(self) -> bool:
+        """Read one sample ahead; False once ``limit`` are (or the reads ended or failed)."""
+        if len(self._ahead) >= self.limit:
+            return False
+        t, c = time.perf_counter(), time.thread_time()
+        try:
+            self._ahead.append(next(self._samples))
+        except StopIteration:
+            self.limit = 0
+        except Exception as e:  # raised where its sample would have been taken
+            self._ahead.append(_Failed(e))
+            self.limit = 0
+        self.seconds += time.perf_counter() - t
+        self.cpu_seconds += time.thread_time() - c
+        return bool(self.limit) and len(self._ahead) < self.limit
+
+    def close(self) -> None:
+        """Close the reads if they are a generator (their open shard's mapping goes)."""
+        if isinstance(self._samples, Generator):
+            self._samples.close()
+
+
+class _Failed:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 # A segment: every field's bytes back to back, then a msgpack header, then its length (u64): the

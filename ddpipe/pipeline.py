@@ -318,7 +318,8 @@ class Loader:
                                               ahead=ahead_of_consumer,
                                               copy_beyond=2 * self.options.buffer_size + self.options.round_size)
                 shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes)
-                if self.stager is not None and self.stager.options.capacity is not None:
+                reads_wait_on_peers = self.stager is not None and self.stager.options.capacity is not None
+                if reads_wait_on_peers:
                     # where the node's stager may wait for its readers to make room (a capacity), reading
                     # has a thread of its own, ahead, so that a rank waiting for its round still moves
                     # past the shards it is done with: in step, the ranks' shards in use at a round's
@@ -326,7 +327,9 @@ class Loader:
                     # make room for (tests/mpi/test_staging_mpi.py: 2 ranks, room for 3 shards)
                     samples = read_ahead(samples, max(2 * self.options.round_size, 1024))
                 try:
-                    finished = shuffler.run(samples, emit, self._group)
+                    # reading the next round while waiting for a round is for reads that never wait on
+                    # the other ranks' progress (a stalled poll would stall the round for them too)
+                    finished = shuffler.run(samples, emit, self._group, read_while_waiting=not reads_wait_on_peers)
                 finally:
                     samples.close()  # its shards' mappings and staged copies go now, not when collected
                 # update, not replace: the consumer may still be counting skipped samples in stats

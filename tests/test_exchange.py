@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from ddpipe.comm import Comm
 from ddpipe.comm.base import Written
-from ddpipe.exchange import SegmentWriter, segment_parts, unpack_segment
+from ddpipe.exchange import ReadsAhead, SegmentWriter, segment_parts, unpack_segment
 from ddpipe.sample import KEY
 
 from .formats.conformance import samples
@@ -71,3 +72,41 @@ def test_world_of_one_exchanges_with_itself() -> None:
     (segment,) = received
     assert unpack_segment(segment) == ([7], [(7, {"__key__": "a", "jpg": b"xyz"})])
     assert Comm().alltoallv([[b"x"]], wanted=False) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 30), st.lists(st.tuples(st.booleans(), st.integers(0, 8)), max_size=60),
+       st.one_of(st.none(), st.integers(0, 29)))
+def test_reading_ahead_gives_every_sample_in_order_and_an_error_where_it_was_met(
+        n: int, steps: list[tuple[bool, int]], fails_at: int | None) -> None:
+    """However reads ahead (while waiting, up to a limit) and reads taken interleave, the samples come
+    in their order, none twice or lost, the read-ahead never holding more than its limit; a read that
+    fails ahead of time raises where its sample would have been taken, after every sample before it."""
+    read = []
+
+    def reads() -> Iterator[dict[str, Any]]:
+        for i in range(n):
+            if i == fails_at:
+                raise OSError(f"shard cut short at sample {i}")
+            read.append(i)
+            yield {KEY: str(i)}
+
+    ahead = ReadsAhead(reads())
+    taken: list[int] = []
+    try:
+        for wait, limit in steps:
+            if wait:
+                ahead.limit, held = limit, len(read) - len(taken)
+                while ahead.read_one():
+                    pass
+                assert len(read) - len(taken) <= max(limit, held)
+            else:
+                taken.append(int(next(ahead)[KEY]))
+        taken.extend(int(s[KEY]) for s in ahead)
+    except OSError as e:
+        assert fails_at is not None and fails_at < n and str(e).endswith(str(fails_at))
+        assert taken == list(range(fails_at))
+    except StopIteration:  # a step took one beyond the end
+        assert taken == list(range(n))
+    else:
+        assert (fails_at is None or fails_at >= n) and taken == list(range(n))

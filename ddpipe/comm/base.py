@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 else:
     Part = object
 
+#: Work a rank does while it waits for the others to arrive at a collective, a step at a time: called
+#: between polls, instead of sleeping, until it returns False (nothing more to do)
+WhileWaiting = Callable[[], bool]
+
 
 @dataclass(frozen=True)
 class Written:
@@ -121,11 +125,12 @@ class Comm:
         sent. None in a world of one."""
         return {}
 
-    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange",
-                  wanted: bool = True, hold: int = 2) -> list[memoryview] | None:
+    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange", wanted: bool = True,
+                  hold: int = 2, while_waiting: WhileWaiting | None = None) -> list[memoryview] | None:
         """Send ``segments[d]`` (given as its parts, which go back to back) to rank ``d``; returns the
         segment each rank sent here, as views of one buffer of this round's own, which lives as long
-        as any view of it (callers hand the views on instead of copying them).
+        as any view of it (callers hand the views on instead of copying them). ``while_waiting``: what
+        to do while the other ranks arrive (:data:`WhileWaiting`); a world of one never waits.
 
         ``wanted``: whether this rank still wants the exchange. The ranks agree on it in the same
         message that tells each rank the sizes it will receive (one synchronisation, not two); if no

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import DEFAULT_TIMEOUT, Comm, Request, Segment, Watchdog, Written, pack_parts, segment_lengths
+from .base import DEFAULT_TIMEOUT, Comm, Request, Segment, Watchdog, WhileWaiting, Written, pack_parts, segment_lengths
 from .landing import LandingZone, zone_capacity
 from .mpi_peers import MPIPeerLink
 from .node_slots import NodeSlots, slot_capacity
@@ -95,14 +95,19 @@ class MPIComm(Comm):
             self._peer_link = MPIPeerLink(self._comm.Dup(), self._mpi)
         return self._peer_link
 
-    def _arrive(self, request: Any, what: str) -> None:
-        """Wait for a small collective, sleeping between polls, until the deadline."""
+    def _arrive(self, request: Any, what: str, while_waiting: WhileWaiting | None = None) -> None:
+        """Wait for a small collective, doing ``while_waiting``'s steps or else sleeping between polls,
+        until the deadline."""
         deadline = time.monotonic() + self.timeout
         delay = 2e-5
         while not request.Test():
             if time.monotonic() > deadline:
                 self.abort(f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung; "
                            "aborting the job")
+            if while_waiting is not None:
+                if while_waiting():
+                    continue
+                while_waiting = None
             time.sleep(delay)
             delay = min(delay * 1.5, 1e-3)
 
@@ -132,8 +137,8 @@ class MPIComm(Comm):
             return {}
         return {d: zone.peer(self._local_of[d])[start : start + room].data for d, (start, room) in self._offers.items()}
 
-    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange",
-                  wanted: bool = True, hold: int = 2) -> list[memoryview] | None:
+    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange", wanted: bool = True,
+                  hold: int = 2, while_waiting: WhileWaiting | None = None) -> list[memoryview] | None:
         """Segments for this node's ranks go straight to the place their receiver offered in its landing
         zone (:mod:`ddpipe.comm.landing`) or, larger than that, into this rank's send slot, for their
         receivers to copy out (:mod:`ddpipe.comm.node_slots`); the rest go through ``Alltoallv``."""
@@ -167,7 +172,7 @@ class MPIComm(Comm):
         header[:, 5] = int(via_mpi.any())
         incoming = np.zeros((size, 8), dtype=np.int64)
         self.transfer_seconds += time.perf_counter() - t0  # the packing is part of moving the bytes
-        self._arrive(self._comm.Ialltoall(header, incoming), what)
+        self._arrive(self._comm.Ialltoall(header, incoming), what, while_waiting)
         self._turn += 1
         landing, self._landing = self._landing, self._next_landing
         for source in np.flatnonzero(incoming[:, 7] > 0).tolist():

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import DEFAULT_TIMEOUT, Comm, Segment, pack_parts, segment_lengths
+from .base import DEFAULT_TIMEOUT, Comm, Segment, WhileWaiting, pack_parts, segment_lengths
 from .world import World, available_cores
 
 T = TypeVar("T")
@@ -47,8 +47,10 @@ class TorchComm(Comm):
         mine = {c for n_, c in self.allgather((node, available_cores())) if n_ == node}
         self.world = dataclasses.replace(self.world, cores=max(mine))
 
-    def _wait(self, what: str, work: Any) -> None:
+    def _wait(self, what: str, work: Any, while_waiting: WhileWaiting | None = None) -> None:
         try:
+            while while_waiting is not None and not work.is_completed() and while_waiting():
+                pass
             work.wait()
         except RuntimeError as e:  # gloo raises on its timeout or when a peer is gone
             self.abort(f"{what} failed: {e}; another rank died or hung")
@@ -71,14 +73,15 @@ class TorchComm(Comm):
     def barrier(self) -> None:
         self._wait("barrier", self._group.barrier())
 
-    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange",
-                  wanted: bool = True, hold: int = 2) -> list[memoryview] | None:
-        """One all-to-all of variable sizes: each byte crosses the wire once (``hold``: see Comm)."""
+    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange", wanted: bool = True,
+                  hold: int = 2, while_waiting: WhileWaiting | None = None) -> list[memoryview] | None:
+        """One all-to-all of variable sizes: each byte crosses the wire once (``hold``, ``while_waiting``:
+        see Comm)."""
         torch, size = self._torch, self.world.size
         lengths = segment_lengths(segments, size)
         header = torch.tensor([[int(n), int(wanted)] for n in lengths], dtype=torch.int64)  # see Comm.alltoallv
         got = torch.zeros(size, 2, dtype=torch.int64)
-        self._wait(what, self._group.alltoall_base(got, header, [], [], _alltoall_options()))
+        self._wait(what, self._group.alltoall_base(got, header, [], [], _alltoall_options()), while_waiting)
         if not bool(got[:, 1].any()):
             return None
         incoming = got[:, 0].tolist()

@@ -56,6 +56,29 @@ def outgoing(comm: Any, turn: int, counts: list[int], write: bool) -> list[Segme
     return segments
 
 
+def waiting_work(comm: Any) -> int:
+    """A round in which rank 0 does work of its own while it waits: the last rank arrives only once
+    rank 0 has done a step of it (told over COMM_WORLD, not ddpipe's communicator), and the work stops
+    when it says it has no more. The steps rank 0 took (0 on the others)."""
+    from mpi4py import MPI
+
+    rank, world = comm.world.rank, comm.world.size
+    steps = 0
+
+    def step() -> bool:
+        nonlocal steps
+        if steps == 0:
+            MPI.COMM_WORLD.send(b"waiting", dest=world - 1, tag=7)
+        steps += 1
+        return steps < 3
+
+    if rank == world - 1:
+        MPI.COMM_WORLD.recv(source=0, tag=7)
+    got = comm.alltoallv([[bytes([rank, d])] for d in range(world)], while_waiting=step if rank == 0 else None)
+    assert got is not None and [bytes(v) for v in got] == [bytes([s, rank]) for s in range(world)]
+    return steps
+
+
 def main() -> None:
     out, rounds = Path(sys.argv[1]), int(sys.argv[2])
     if sys.argv[3:] == ["small-shm"]:  # a container's /dev/shm with 64 KB free: no room for slots or zones
@@ -104,9 +127,11 @@ def main() -> None:
     # one rank still wanting it is enough for every rank to take part
     got = comm.alltoallv([[bytes([rank]) * 5] for _ in range(world)], wanted=rank == world - 1)
     assert got is not None and [bytes(v) for v in got] == [bytes([s]) * 5 for s in range(world)]
+    steps = waiting_work(comm)
     slots = getattr(comm, "_slots", None)
     report = comm.allgather({"rank": rank, "node": comm.world.node, "slot_bytes": slots.capacity if slots else 0,
-                             "landed_bytes": getattr(comm, "landed_bytes", 0), "written": written})
+                             "landed_bytes": getattr(comm, "landed_bytes", 0), "written": written,
+                             "waiting_steps": steps})
     if rank == 0:
         out.write_text(json.dumps(report))
 

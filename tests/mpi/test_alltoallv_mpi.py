@@ -1,7 +1,8 @@
 """The exchange's transfer on real ranks, as one node and as several: segments for the ranks of a
 node land in the place their receiver offered (or, larger, go through the sender's shared send
 slot), the rest go through MPI; either way every byte arrives, the slots grow when a round outgrows
-them, and a segment received stays intact while later rounds run, whichever way it came."""
+them, and a segment received stays intact while later rounds run, whichever way it came; a rank
+that waits for the others does the caller's work meanwhile."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def test_every_byte_arrives_through_slots_and_mpi(tmp_path: Path, ranks: int, no
     # written there by their senders before the call
     assert all((r["landed_bytes"] > 0) != alone for r in report)
     assert all((r["written"] > 0) != alone for r in report)
+    # a rank waiting for the others does the caller's work meanwhile, until the work says it is done
+    assert 1 <= report[0]["waiting_steps"] <= 3
+    assert all(r["waiting_steps"] == 0 for r in report[1:])
 
 
 def test_without_shared_memory_to_spare_segments_go_through_mpi(tmp_path: Path) -> None:
