@@ -126,7 +126,7 @@ class ExchangeShuffler:
                                        hold=self.lifetimes.rounds_held, while_waiting=samples.read_one)
         if received is None:
             return None
-        t2 = time.perf_counter() - (samples.seconds - ahead_seconds)  # reading ahead is not waiting
+        t2 = time.perf_counter()
         self.samples_sent += len(rnd.sent)
         self.round_bytes.append(counts)
         self.bytes_sent += sum(counts)
@@ -145,7 +145,7 @@ class ExchangeShuffler:
             out[arrived + i] = (g, owned(sample))
         self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)
         self.exchange_cpu_seconds += time.thread_time() - cpu0 - (samples.cpu_seconds - ahead_cpu)
-        self.wait_seconds += (t2 - t1) - moved
+        self.wait_seconds += (t2 - t1) - moved - (samples.seconds - ahead_seconds)  # reading ahead is not waiting
         return out
 
 
