@@ -155,3 +155,24 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
     planned_copies = sum(sum(r["sizes"]) for r in report) - 20  # the plan's own padding (pad, not drop)
     repeats = sum(r["repeated"] for r in report)
     assert len(labels) - (20 - len(bad)) <= planned_copies + repeats  # beyond each once: padding, counted repeats
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_corrupt_shard_met_while_reading_ahead_ends_the_job_naming_it(tmp_path: Path, ranks: int) -> None:
+    """With ``on_error="fail"``, a shard that fails its checksum is reported by the rank that reads it,
+    wherever it met it (a rank reads the next round's samples while it waits for a round), and the
+    job ends at once rather than at the watchdog's timeout."""
+    from ..test_integrity import flip_middle_keeping_time, shard_file
+
+    data = make_dataset(tmp_path / "wds", "wds", [12] * 8, payload=2048)
+    bad = shard_file(data, 5)
+    flip_middle_keeping_time(bad)
+    code = ("import sys, ddpipe, ddpipe.distributed; "
+            "job = ddpipe.distributed.init('cpu', timeout=100, process_group=False); "
+            "ld = ddpipe.Loader(sys.argv[1], 2, decode='none', shuffle='partial', exchange_fraction=0.5, "
+            "round_size=4, comm=job.comm); [None for _ in ld]")
+    proc = mpiexec(ranks, "-c", code, data, timeout=90)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert f"{bad.name}: checksum mismatch" in output and "ending the job" in output, output
+    assert "did not complete within" not in output, output
