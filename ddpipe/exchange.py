@@ -73,7 +73,10 @@ class ExchangeShuffler:
             if out is None:  # every rank has stopped
                 return False
             if not stopped:
-                stopped = not all(emit(out[i : i + group]) for i in range(0, len(out), group))
+                # the epoch's last round goes as one group: every rank hands it on at the same moment,
+                # and each group put wakes the consumer once more on a node busy with all of them
+                n = group if following is not None else max(len(out), 1)
+                stopped = not all(emit(out[i : i + n]) for i in range(0, len(out), n))
             # what this round received may go as soon as the consumer is done with it: this thread's
             # references are gone before the next round (whose buffer the receiver takes meanwhile)
             del out
@@ -109,12 +112,12 @@ class ExchangeShuffler:
                 writers[d].add(g, sample)
                 writing += time.perf_counter() - t
                 writing_cpu += time.thread_time() - c
+            # a view of its shard, copied by now: held until the round returns, the last one kept the
+            # epoch's last shard mapped, and its unmapping (~0.5 ms) came at the epoch's end, on every
+            # rank at once (8 ranks of benchmarks/exchange.py, cold: the epoch's end 2 ms later)
+            del sample
         if read != length:
             raise DdpipeError(f"exchange round {j}: the reads ended {length - read} samples early")
-        if last:
-            # the last round's reads are done: the last shard's mapping goes now, while this rank waits
-            # for the others, not once the epoch's last samples are out (every rank at once, then)
-            samples.close()
         cpu0 = time.thread_time() - writing_cpu
         t0 = time.perf_counter() - writing
         segments = [w.finish() for w in writers]
@@ -122,8 +125,13 @@ class ExchangeShuffler:
         t1 = time.perf_counter()
         moved, ahead_seconds, ahead_cpu = self.comm.transfer_seconds, samples.seconds, samples.cpu_seconds
         # the samples received are views into this round's own buffer, handed on uncopied
+        # after the last round's reads, the last shard's mapping goes while this rank waits for the
+        # others, once its own part is out: not when the epoch's last samples are (every rank at once)
         received = self.comm.alltoallv(segments, f"exchange round {j}", wanted=wanted,
-                                       hold=self.lifetimes.rounds_held, while_waiting=samples.read_one)
+                                       hold=self.lifetimes.rounds_held,
+                                       while_waiting=samples.close_when_waiting if last else samples.read_one)
+        if last:
+            samples.close()  # if the round needed no wait
         if received is None:
             return None
         t2 = time.perf_counter()
@@ -187,6 +195,11 @@ class ReadsAhead:
         self.seconds += time.perf_counter() - t
         self.cpu_seconds += time.thread_time() - c
         return bool(self.limit) and len(self._ahead) < self.limit
+
+    def close_when_waiting(self) -> bool:
+        """A step to take while waiting: :meth:`close`; False, as there is nothing more to do."""
+        self.close()
+        return False
 
     def close(self) -> None:
         """Close the reads if they are a generator (their open shard's mapping goes)."""
