@@ -55,15 +55,20 @@ def read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Genera
         reader.join()
 
 
-def ungrouped(q: queue.Queue[Any]) -> Generator[Any, None, None]:
-    """The items of the groups (lists) put into ``q``, one at a time, until :data:`END`; an exception
-    put there is raised here."""
+def groups(q: queue.Queue[Any]) -> Generator[list[Any], None, None]:
+    """The groups (lists) put into ``q``, until :data:`END`; an exception put there is raised here."""
     while True:
         group = q.get()
         if group is END:
             return
         if isinstance(group, BaseException):
             raise group
+        yield group
+
+
+def ungrouped(q: queue.Queue[Any]) -> Generator[Any, None, None]:
+    """The items of the groups put into ``q`` (:func:`groups`), one at a time."""
+    for group in groups(q):
         yield from group
 
 

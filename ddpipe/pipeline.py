@@ -17,7 +17,6 @@ import socket
 import sys
 import threading
 import weakref
-from collections import defaultdict, deque
 from collections.abc import Generator, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -31,9 +30,10 @@ from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
 from .errors import CorruptShardError, DdpipeError, SampleError
 from .exchange import EMIT_GROUP, ExchangeShuffler
-from .handoff import END, in_groups, put_unless_stopped, read_ahead, ungrouped
+from .handoff import END, groups, in_groups, put_unless_stopped, read_ahead
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
 from .plan import EpochPlan, PlanOptions, plan_epoch
+from .reorder import batches_in_order
 from .sample import BAD, KEY, Sample
 from .shufflers import get_shuffler, receipt_lifetimes
 from .staging import NodeStager, StageOptions, default_stage_dir, node_local_dir
@@ -264,29 +264,11 @@ class Loader:
         producer = threading.Thread(target=self._produce, args=(plan, out, stop), daemon=True,
                                     name=f"ddpipe-producer-{self.rank}")
         producer.start()
-        held: defaultdict[int, deque[Sample]] = defaultdict(deque)
-        holding = peak = 0  # samples that arrived before their turn: bounded by the shuffle buffer
-        arrivals = ungrouped(out)  # a group's samples are taken one at a time, as they are needed
+        arrivals = groups(out)
         try:
-            for b in range(plan.num_batches):
-                indices = plan.batch(self.rank, b)
-                batch = []
-                for g in indices.tolist():
-                    while not held[g]:
-                        arrived = next(arrivals, None)
-                        if arrived is None:
-                            raise DdpipeError("the epoch ended early: another rank stopped iterating; every rank "
-                                              "must iterate the same number of batches")
-                        index, sample = arrived
-                        held[index].append(sample)
-                        holding += 1
-                    peak = max(peak, holding - 1)  # less the one taken at once
-                    batch.append(held[g].popleft())
-                    holding -= 1
-                    if not held[g]:
-                        del held[g]
-                self.stats["held_peak"] = peak
-                yield indices, batch
+            rank_plan = plan.ranks[self.rank]
+            yield from batches_in_order(arrivals, rank_plan.stream, rank_plan.order, plan.options.batch_size,
+                                        plan.num_batches, self.stats)
         finally:
             arrivals.close()
             stop.set()  # the producer notices within one queue timeout, even when the queue is full

@@ -116,7 +116,8 @@ def test_the_consumer_holds_at_most_one_shuffle_buffer(uneven: Path, shuffle: st
     ld.set_epoch(epoch)
     assert sum(len(b) for b in ld) == 194
     bound = buffer_size if shuffle in ("local", "partial") else 0  # none and global yield in read order
-    assert ld.stats["held_peak"] <= max(bound - 1, 0)
+    group = 4  # samples handed over at a time: prefetch's
+    assert ld.stats["held_peak"] <= max(bound - 1, 0) + group - 1
 
 
 def test_memory_grows_with_neither_the_epochs_nor_the_dataset(tmp_path: Path) -> None:
