@@ -183,9 +183,11 @@ class Loader:
         stream = self._encoded(plan)
         try:
             if self.decode == "none":
+                # placeholders come only from shards skipped as corrupt (on_error="skip")
+                skipping = self.on_error == "skip"
                 for indices, samples in stream:
                     self._batches_done += 1
-                    yield self._without_placeholders(indices, samples)
+                    yield self._without_placeholders(indices, samples) if skipping else samples
             else:
                 from .decode.output import make_decoder
 
