@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,24 @@ def test_freed_memory_goes_back_only_once_the_process_outgrows_its_loaders_first
     assert given == (0, 0, 1, 0, 0)
     assert after[1] >= before[1] - 10 and after[2] < before[2] - 250
     assert after[4] >= before[4] - 10  # a second loader's first epoch raised the bound: its working set stays
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_anonymous_resident_memory_counts_the_heap_and_not_mapped_files(tmp_path: Path) -> None:
+    import mmap
+
+    from ddpipe.memory import anonymous_resident_bytes
+
+    big = tmp_path / "file"
+    big.write_bytes(b"\1" * (64 << 20))
+    before = anonymous_resident_bytes()
+    assert before is not None
+    with open(big, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+        assert sum(mapped[i] for i in range(0, len(mapped), mmap.PAGESIZE)) > 0  # every page touched
+        with_file = anonymous_resident_bytes()
+    heap = bytearray(b"\1" * (64 << 20))
+    with_heap = anonymous_resident_bytes()
+    assert with_file is not None and with_heap is not None
+    assert abs(with_file - before) < 16 << 20  # the mapped file's 64 MB are not the process's own
+    assert with_heap - with_file > 56 << 20
+    del heap
