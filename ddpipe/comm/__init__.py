@@ -9,19 +9,27 @@ comes from its rendezvous and ddpipe's collectives go through a gloo group of it
 
 from __future__ import annotations
 
-from .base import DEFAULT_TIMEOUT, Comm, GradientChannel, Watchdog
+from .base import DEFAULT_TIMEOUT, Comm, GradientChannel, Watchdog, end_job_on_uncaught
 from .world import World, available_cores, launched_by_mpi, launched_by_torchrun
 
 
-def init_comm(timeout: float = DEFAULT_TIMEOUT, tune_allocator: bool = True) -> Comm:
+def init_comm(timeout: float = DEFAULT_TIMEOUT, tune_allocator: bool = True, abort_on_error: bool = True) -> Comm:
     """The job's communicator: MPI under mpiexec/srun, torch.distributed under torchrun, else a world
-    of one. This is a data-loading process's set-up: unless told not to, it also tunes glibc's
-    allocator for the churn of ~100 KB samples (:func:`ddpipe.memory.keep_freed_memory`), a setting
-    of the whole process."""
+    of one. This is a data-loading process's set-up, with two settings of the whole process unless
+    told not to: it tunes glibc's allocator for the churn of ~100 KB samples
+    (:func:`ddpipe.memory.keep_freed_memory`), and in a job of several ranks an uncaught exception on
+    any rank ends every rank at once (:func:`ddpipe.comm.base.end_job_on_uncaught`)."""
     if tune_allocator:
         from ..memory import keep_freed_memory
 
         keep_freed_memory()
+    comm = _job_comm(timeout)
+    if abort_on_error and comm.world.size > 1:
+        end_job_on_uncaught(comm)
+    return comm
+
+
+def _job_comm(timeout: float) -> Comm:
     if launched_by_mpi():
         try:
             from .mpi import world_comm

@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -171,6 +172,31 @@ class Comm:
 
     def close(self) -> None:
         """Leave the job's collectives cleanly (every rank calls it, at the end)."""
+
+
+def end_job_on_uncaught(comm: Comm) -> None:
+    """Make an uncaught exception (Ctrl-C included) end every rank of ``comm``'s job at once, its
+    traceback printed once by the rank that raised it, instead of leaving the others to wait out the
+    collective timeout in a collective it never joins. Wraps ``sys.excepthook`` (once per hook:
+    installing over itself does nothing)."""
+    previous = sys.excepthook
+    if getattr(previous, "ends_the_job", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException, trace: types.TracebackType | None) -> None:
+        # to the process's own stderr: a hook that wraps this one (torch.distributed installs one when a
+        # process group is made later) may be capturing sys.stderr, and the job ends before it writes
+        captured, sys.stderr = sys.stderr, sys.__stderr__
+        try:
+            previous(kind, error, trace)  # this rank's traceback, once
+            print(f"ddpipe: rank {comm.world.rank} raised {kind.__name__}: ending the job", file=sys.stderr,
+                  flush=True)
+        finally:
+            sys.stderr = captured
+        comm.end_job(130 if issubclass(kind, KeyboardInterrupt) else 1)
+
+    hook.ends_the_job = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def segment_lengths(segments: Sequence[Segment], size: int) -> np.ndarray:

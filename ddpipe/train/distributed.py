@@ -20,9 +20,6 @@ end the whole job within seconds, printed once by the rank that raised it.
 from __future__ import annotations
 
 import atexit
-import sys
-import types
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +27,7 @@ import torch
 from torch import nn
 
 from ..comm import Comm, World, init_comm, launched_by_mpi, launched_by_torchrun
-from ..comm.base import DEFAULT_TIMEOUT
+from ..comm.base import DEFAULT_TIMEOUT, end_job_on_uncaught
 from ..errors import DdpipeError
 from .mpi_allreduce import DEFAULT_BUCKET_BYTES, MPIGradientAverager
 
@@ -71,14 +68,14 @@ def init(device: str = "auto", *, timeout: float = DEFAULT_TIMEOUT, abort_on_err
     process group (if the script has not), as DDP needs. ``abort_on_error``: an uncaught exception
     (Ctrl-C included) on any rank ends every rank now, instead of leaving the others to wait out the
     collective timeout."""
-    comm = comm or init_comm(timeout)
+    comm = comm or init_comm(timeout, abort_on_error=False)  # ending the job is set up below, after torch's hook
     target = _device(device, comm.world.local_rank)
     launcher = "mpi" if launched_by_mpi() else "torchrun" if launched_by_torchrun() else "none"
     job = Job(comm.world, comm, target, launcher)
     if process_group and comm.world.size > 1:
         init_process_group(job, timeout)
     if abort_on_error and comm.world.size > 1:  # after torch's own hook (init_process_group installs one)
-        sys.excepthook = _ends_the_job(comm, sys.excepthook)
+        end_job_on_uncaught(comm)
     return job
 
 
@@ -93,22 +90,6 @@ def _device(device: str, local_rank: int) -> torch.device:
             target = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(target)
     return target
-
-
-def _ends_the_job(comm: Comm, previous: Callable[..., Any]) -> Callable[..., Any]:
-    def hook(kind: type[BaseException], error: BaseException, trace: types.TracebackType | None) -> None:
-        # to the process's own stderr: a hook that wraps this one (torch.distributed installs one when a
-        # process group is made later) may be capturing sys.stderr, and the job ends before it writes
-        captured, sys.stderr = sys.stderr, sys.__stderr__
-        try:
-            previous(kind, error, trace)  # this rank's traceback, once
-            print(f"ddpipe: rank {comm.world.rank} raised {kind.__name__}: ending the job", file=sys.stderr,
-                  flush=True)
-        finally:
-            sys.stderr = captured
-        comm.end_job(130 if issubclass(kind, KeyboardInterrupt) else 1)
-
-    return hook
 
 
 def init_process_group(job: Job, timeout: float = DEFAULT_TIMEOUT) -> None:

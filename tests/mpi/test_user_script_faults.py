@@ -1,5 +1,6 @@
-"""A user's own script under mpiexec: one rank's exception ends the whole job at once, and Ctrl-C to
-the launcher leaves no process and no shared memory behind."""
+"""A user's own script under mpiexec: one rank's exception ends the whole job at once, whether the
+script set the job up with ddpipe.distributed.init() or only made a Loader, and Ctrl-C to the
+launcher leaves no process and no shared memory behind."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..helpers import alive
 
 pytestmark = pytest.mark.mpi
 WORKER = Path(__file__).with_name("user_script_worker.py")
+LOADER_ONLY = Path(__file__).with_name("loader_only_worker.py")
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,25 @@ def test_an_exception_on_one_rank_ends_the_job(data: Path, tmp_path: Path, ranks
     # the others waited in a collective the failing rank never joined: without ending the job they would
     # have waited out the 300 s collective timeout
     assert ended - float((tmp_path / "raised_at").read_text()) < 15
+
+
+@pytest.mark.parametrize(("ranks", "failing"), [(2, 0), (3, 2)])
+def test_an_exception_in_a_script_with_only_a_loader_ends_the_job(data: Path, tmp_path: Path, ranks: int,
+                                                                  failing: int) -> None:
+    proc = mpiexec(ranks, LOADER_ONLY, data, tmp_path, "raise", str(failing), timeout=120)
+    ended = time.time()
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert output.count(f"RuntimeError: a bad thing on rank {failing}") == 1, output
+    assert f"ddpipe: rank {failing} raised RuntimeError: ending the job" in output, output
+    # the others were reading on into an exchange round the failing rank never joined (a 300 s wait)
+    assert ended - float((tmp_path / "raised_at").read_text()) < 15
+
+
+def test_ending_the_job_on_an_exception_can_be_turned_off(data: Path, tmp_path: Path) -> None:
+    proc = mpiexec(2, LOADER_ONLY, data, tmp_path, "hook", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("untouched=True") == 2, proc.stdout
 
 
 def _shm() -> set[str]:
