@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import pickle
+import sys
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -115,9 +116,9 @@ class TorchComm(Comm):
             self.barrier()
 
     def _leave(self, timeout: float) -> None:
-        """At exit: leave with the others, waiting ``timeout`` seconds at most and saying nothing if they
-        do not come (a rank still at work, or gone), then tear the group down."""
-        if not self._closed:
+        """At exit: leave with the others, waiting ``timeout`` seconds at most (none: not at all) and
+        saying nothing if they do not come (a rank still at work, or gone), then tear the group down."""
+        if not self._closed and timeout > 0:
             self._closed = True
             with contextlib.suppress(RuntimeError):
                 self._group.barrier().wait(timedelta(seconds=timeout))
@@ -126,8 +127,12 @@ class TorchComm(Comm):
 
 def _leave_at_exit(comm: weakref.ref[TorchComm]) -> None:
     alive = comm()
-    if alive is not None:
-        alive._leave(LEAVE_TIMEOUT)
+    if alive is None:
+        return
+    # after an uncaught exception (with the job-ending hook turned off) the others may be inside a
+    # collective of their own: waiting for them would only hold back torchrun's noticing this exit
+    failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    alive._leave(0 if failed is not None else LEAVE_TIMEOUT)
 
 
 def _alltoall_options() -> Any:

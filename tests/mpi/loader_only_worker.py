@@ -2,8 +2,9 @@
 test_user_script_faults.py under mpiexec.
 
 argv: DATA OUT MODE [RANK]. ``raise``: rank RANK raises after its first batch while the others read
-on (and wait for it in the next exchange round). ``hook``: with ``init_comm(abort_on_error=False)``,
-print whether the process's exception hook is still Python's own."""
+on (and wait for it in the next exchange round); ``raise-unhooked``: the same with
+``init_comm(abort_on_error=False)`` (under torchrun, which ends the others itself). ``hook``: with
+``init_comm(abort_on_error=False)``, print whether the process's exception hook is still Python's own."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def main() -> None:
         ddpipe.init_comm(abort_on_error=False)
         print(f"untouched={sys.excepthook is sys.__excepthook__}", flush=True)
         return
-    loader = ddpipe.Loader(data, 2, decode="none", shuffle="partial", exchange_fraction=0.5, round_size=4)
+    comm = ddpipe.init_comm(abort_on_error=False) if mode == "raise-unhooked" else None
+    loader = ddpipe.Loader(data, 2, decode="none", shuffle="partial", exchange_fraction=0.5, round_size=4,
+                           comm=comm)
     for epoch in range(10_000):
         loader.set_epoch(epoch)
         for step, _ in enumerate(loader):

@@ -57,6 +57,22 @@ def test_an_exception_in_a_script_with_only_a_loader_ends_the_job(data: Path, tm
     assert ended - float((tmp_path / "raised_at").read_text()) < 15
 
 
+@pytest.mark.parametrize("mode", ["raise", "raise-unhooked"])
+def test_an_exception_in_a_loader_only_script_under_torchrun_ends_the_job(data: Path, tmp_path: Path,
+                                                                          mode: str) -> None:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(LOADER_ONLY), str(data), str(tmp_path), mode, "1"], capture_output=True, text=True,
+                          timeout=180, env=env)
+    ended = time.time()
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "RuntimeError: a bad thing on rank 1" in output, output
+    # torchrun ends the others once the failing rank has exited; that rank does not wait at exit for
+    # the others to leave ddpipe's group with it (they are inside an exchange round)
+    assert ended - float((tmp_path / "raised_at").read_text()) < 30, output
+
+
 def test_ending_the_job_on_an_exception_can_be_turned_off(data: Path, tmp_path: Path) -> None:
     proc = mpiexec(2, LOADER_ONLY, data, tmp_path, "hook", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
