@@ -57,6 +57,12 @@ def mpiexec(n: int, *args: str | os.PathLike[str], timeout: float = 180,
                           timeout=timeout, env=env)
 
 
+def torchrun(n: int, *args: str | os.PathLike[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Launch ``n`` processes of ``python ARGS`` on this node under torchrun (one thread each)."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                           *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+
 def dir_bytes(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` (relative name -> bytes), to compare outputs byte for byte."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

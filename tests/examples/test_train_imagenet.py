@@ -3,7 +3,6 @@ the same losses under both launchers for the same seed, and a resume mid-epoch."
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 
 import ddpipe
 
-from ..conftest import BIN, REPO, mpiexec
+from ..conftest import REPO, mpiexec, torchrun
 
 pytestmark = pytest.mark.mpi
 SCRIPT = REPO / "examples" / "train_imagenet.py"
@@ -30,12 +29,6 @@ def data(raw_images: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def losses(stdout: str) -> list[float]:
     return [float(x) for x in re.findall(r"step \d+/\d+: .* loss ([\d.]+)", stdout)]
-
-
-def torchrun(n: int, *args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                           *map(str, args)], capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +52,7 @@ def test_mpiexec_trains_evaluates_and_reports_every_rank(under_mpiexec: str) -> 
 
 
 def test_same_seed_same_losses_under_mpiexec_and_torchrun(data: Path, under_mpiexec: str) -> None:
-    proc = torchrun(2, SCRIPT, data, "--val", data, *ARGS)
+    proc = torchrun(2, SCRIPT, data, "--val", data, *ARGS, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert losses(proc.stdout) == pytest.approx(losses(under_mpiexec), abs=1e-5)
 

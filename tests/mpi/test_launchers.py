@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ddpipe.comm import Comm, init_comm, launched_by_mpi, launched_by_torchrun
 
-from ..conftest import BIN, mpiexec
+from ..conftest import mpiexec, torchrun
 from ..helpers import make_dataset
 
 WORKER = Path(__file__).with_name("torchrun_worker.py")
@@ -47,10 +44,7 @@ def test_mpiexec_world_and_node() -> None:
 @pytest.mark.mpi
 def test_torchrun_runs_the_exchange(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "wds", "wds", [10, 11, 12])
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(WORKER), str(data), str(tmp_path)], capture_output=True, text=True, timeout=180,
-                          env=env)
+    proc = torchrun(2, WORKER, data, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world"] for r in ranks] == [[0, 2, 0], [1, 2, 1]]
@@ -64,13 +58,10 @@ def test_a_loader_only_script_under_torchrun_ends_cleanly(tmp_path: Path) -> Non
     # its ranks leave ddpipe's gloo group together at exit: one leaving while gloo still talked to it
     # was killed with SIGABRT ("terminate called without an active exception") in 3 of 8 runs of 4 ranks
     data = make_dataset(tmp_path / "wds", "wds", [10, 11, 12])
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
     for run in range(3):
         out = tmp_path / f"run{run}"
         out.mkdir()
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                               "4", str(WORKER), str(data), str(out), "loader-only"], capture_output=True, text=True,
-                              timeout=180, env=env)
+        proc = torchrun(4, WORKER, data, out, "loader-only")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         keys = [json.loads((out / f"rank{r}.json").read_text())["keys"] for r in range(4)]
         assert len({len(k) for k in keys}) == 1  # every rank the same number of samples
@@ -81,10 +72,7 @@ def test_a_loader_only_script_under_torchrun_ends_cleanly(tmp_path: Path) -> Non
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_torchrun_leaves_the_default_process_group_to_the_script(tmp_path: Path, when: str) -> None:
     data = make_dataset(tmp_path / "wds", "wds", [10, 11, 12])
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(Path(__file__).with_name("torchrun_group_worker.py")), str(data), str(tmp_path), when],
-                          capture_output=True, text=True, timeout=180, env=env)
+    proc = torchrun(2, Path(__file__).with_name("torchrun_group_worker.py"), data, tmp_path, when)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     everything = {f"s/{i:06d}" for i in range(33)}

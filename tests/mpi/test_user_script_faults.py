@@ -17,7 +17,7 @@ import pytest
 
 import ddpipe
 
-from ..conftest import BIN, mpiexec
+from ..conftest import BIN, mpiexec, torchrun
 from ..helpers import alive
 
 pytestmark = pytest.mark.mpi
@@ -60,10 +60,7 @@ def test_an_exception_in_a_script_with_only_a_loader_ends_the_job(data: Path, tm
 @pytest.mark.parametrize("mode", ["raise", "raise-unhooked"])
 def test_an_exception_in_a_loader_only_script_under_torchrun_ends_the_job(data: Path, tmp_path: Path,
                                                                           mode: str) -> None:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(LOADER_ONLY), str(data), str(tmp_path), mode, "1"], capture_output=True, text=True,
-                          timeout=180, env=env)
+    proc = torchrun(2, LOADER_ONLY, data, tmp_path, mode, "1")
     ended = time.time()
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
