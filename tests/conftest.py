@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,12 +33,27 @@ def raw_copy(raw_images: Path, tmp_path: Path) -> Path:
     return dest
 
 
+def launch(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+           cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` to its end, as ``subprocess.run`` with captured text output would, in a process
+    group of its own: a launch that outlives ``timeout`` is killed with every process it started
+    (``subprocess.run`` kills only the launcher, and a hung job's ranks lived on after the suite)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_cli(*args: str | os.PathLike[str], check: bool = False, timeout: float = 120,
             cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m ddpipe ARGS`` in a fresh process, as a user would."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run([sys.executable, "-m", "ddpipe", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=cwd)
+    proc = launch([sys.executable, "-m", "ddpipe", *map(str, args)], timeout, env, cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"ddpipe {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -53,15 +69,15 @@ def mpiexec(n: int, *args: str | os.PathLike[str], timeout: float = 180,
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     if nodes is not None:
         env["MPIR_CVAR_NUM_CLIQUES"] = str(nodes)
-    return subprocess.run([exe, "-n", str(n), sys.executable, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return launch([exe, "-n", str(n), sys.executable, *map(str, args)], timeout, env)
 
 
 def torchrun(n: int, *args: str | os.PathLike[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """Launch ``n`` processes of ``python ARGS`` on this node under torchrun (one thread each)."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                           *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+    return launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                   *map(str, args)], timeout, env)
+
 
 def dir_bytes(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` (relative name -> bytes), to compare outputs byte for byte."""

@@ -4,9 +4,6 @@ Skipped without CUDA (CI has no GPU); run on a GPU machine."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +17,7 @@ from ddpipe.decode import DecodeOptions
 from ddpipe.train.loop import Trainer, TrainOptions
 from ddpipe.train.models import SmallCNN
 
+from ..conftest import torchrun
 from ..decode.test_decode import labelled_samples
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -56,8 +54,6 @@ def test_amp_channels_last_training_on_gpu_decoded_batches_learns(data: Path, dt
 
 def test_ddp_under_torchrun_averages_over_nccl(data: Path, tmp_path: Path) -> None:
     """The loader's communicator is made first, then DDP: the gradients must still go over NCCL."""
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                           str(WORKER), str(data)], capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = torchrun(1, WORKER, data, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "backend nccl" in proc.stdout and "steps 6" in proc.stdout, proc.stdout
