@@ -208,6 +208,20 @@ def probe(images: Path, root: Path, epochs: int) -> None:
         t0 = time.perf_counter()
         k = sum(len(b) for b in encoded)
     print(f"Loader, encoded samples only (local): {k / (time.perf_counter() - t0):.0f} samples/s", flush=True)
+    # ddpipe's own decoder (its feed, crop windows, graph and hand-over to torch) without the Loader's
+    # threads: between the graph alone, above, and the Loader, below
+    in_memory = [(np.arange(b * BATCH, (b + 1) * BATCH), samples[b * BATCH : (b + 1) * BATCH]) for b in range(n)]
+    alone = decoder_from_memory(in_memory, torch.device("cuda"), True, epochs)
+    print(f"DaliDecoder fed from memory: {alone:.0f} img/s", flush=True)
+    # the calling thread takes the interpreter lock back after each wait in DALI or CUDA; a thread that
+    # holds it (the Loader's reader) gives it up only every switch interval (5 ms by default)
+    default_interval = sys.getswitchinterval()
+    for interval in (default_interval, 1e-4):
+        sys.setswitchinterval(interval)
+        loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle="local")
+        rates = epoch_rates(lambda ld=loader: (x for x, _ in ld), epochs)
+        print(f"Loader, dali-gpu (local), switch interval {interval * 1e3:g} ms: {median(rates):.0f} img/s", flush=True)
+    sys.setswitchinterval(default_interval)
     loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle="local")
     list(loader)
     profile = cProfile.Profile()
@@ -218,6 +232,32 @@ def probe(images: Path, root: Path, epochs: int) -> None:
     torch.cuda.synchronize()
     print(f"Loader, dali-gpu (local), profiled: {k / (time.perf_counter() - t0):.0f} img/s", flush=True)
     pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+
+
+def decoder_from_memory(batches: list[tuple[Any, list[Any]]], device: Any, gpu: bool, epochs: int) -> float:
+    """Images/s of ddpipe's DALI decoder alone over encoded ``(indices, samples)`` batches held in memory
+    (the training transform), the median of the epochs after the first."""
+    from ddpipe.decode import DecodeOptions
+    from ddpipe.decode.batches import EncodedBatch
+    from ddpipe.decode.dali import DaliDecoder
+
+    def on_bad(index: int, sample: Any, reason: str) -> None:
+        raise RuntimeError(f"sample {index}: {reason}")
+
+    decoder = DaliDecoder(DecodeOptions(threads=CORES), BATCH, device, gpu_decode=gpu)
+    rates = []
+    for epoch in range(epochs):
+        t0, k = time.perf_counter(), 0
+        encoded = (EncodedBatch.of(indices, samples, on_bad) for indices, samples in batches)
+        for images, _ in decoder.decode(encoded, 0, epoch, on_bad):
+            k += len(images)
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+        rates.append(k / (time.perf_counter() - t0))
+    decoder.close()
+    return median(rates[1:]) if len(rates) > 1 else rates[0]
 
 
 # ---- the harness ------------------------------------------------------------------------------
