@@ -199,10 +199,14 @@ def probe(images: Path, root: Path, epochs: int) -> None:
     rate("image_slice (ddpipe's graph)", lambda e, s, h: sliced(e, s, h, adjust_orientation=False))
     rate("image_slice, static executor", lambda e, s, h: sliced(e, s, h, adjust_orientation=False), dynamic=False)
     rate("image_slice, hw_decoder_load=1", lambda e, s, h: sliced(e, s, h, hw_decoder_load=1.0))
+    # the hardware decoder kept out: where ddpipe's graph runs at this rate, it is not getting it
+    rate("image_slice, hw_decoder_load=0", lambda e, s, h: sliced(e, s, h, hw_decoder_load=0.0))
     rate("full decode, then slice on the GPU", lambda e, s, h: fn.slice(
         fn.decoders.image(e, device="mixed", output_type=types.RGB), s, h, axis_names="WH"))
     rate("image_random_crop (DALI's own)", lambda e, s, h: fn.decoders.image_random_crop(
         e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0]))
+    rate("image_random_crop, hw_decoder_load=0", lambda e, s, h: fn.decoders.image_random_crop(
+        e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0], hw_decoder_load=0.0))
     encoded = ddpipe.Loader(root, BATCH, decode="none", shuffle="local")
     for _ in range(2):
         t0 = time.perf_counter()
