@@ -2,28 +2,27 @@
 throughput against raw MPI Alltoallv of the same bytes, on real ranks.
 
     python benchmarks/exchange.py [--n 3000] [--ranks 2 4 8] [--repeats 15] [--round-size 128 512]
-                                  [--slow-source 600MB/s] [--name exchange]
+                                  [--torchrun-ranks 2 4 8] [--slow-source 600MB/s] [--name exchange]
 
 Data: synth ImageNet-like JPEGs in 16 MB WebDataset shards. Each repeat runs one epoch per Q,
 alternating, with the shards evicted from the page cache first (cold, the I/O-bound case the
-exchange is meant to hide behind) and then again warm; the epoch time is the slowest rank's.
-The reference for throughput replays each round's byte counts, rank by rank, through plain
+exchange is meant to hide behind) and then again warm; the epoch time is the slowest rank's. The
+reference for throughput replays each round's byte counts, rank by rank, through plain
 ``MPI.Ialltoallv`` on preallocated buffers in the same run. The exchange's own time is what it costs
 a rank: packing the samples to send, moving the bytes once every rank has arrived, and unpacking
-(the slowest rank's), in wall time and in its thread's processor time (which leaves out the turns
-of the rank's other threads, reading and batching, on a node with fewer free cores than threads);
-the time spent waiting for slower ranks to arrive (reading or decoding behind
-the others) is shown apart, as it is not the exchange's cost but the stages' imbalance. *Landed*:
-the share of the bytes exchanged that reached their receivers without a second copy (through the
-receivers' landing zones, ddpipe/comm/landing.py). Each round size (the loader's default is 512)
-is a run of its own. *Slow source*: the same epochs, warm, read through ddpipe's model of a shared
-file system (``SourceLimits``: the node's ranks share --slow-source of bandwidth, 600 MB/s by
-default), so that reading is I/O-bound as on a cluster; on this machine the cold epochs are not
-(the kernel filling the page cache from a fast local disk costs processor time, not waiting).
-*Disk limit*:
-the reference for the cold epochs, measured in the same run: every rank maps its share of the shards,
-evicted first, paged in whole (no checksum, no parsing), the slowest rank's seconds: what the disk
-and the kernel allow. *Alone*: the
+(the slowest rank's), in wall time and in its thread's processor time (which leaves out the turns of
+the rank's other threads, reading and batching, on a node with fewer free cores than threads); the
+time spent waiting for slower ranks to arrive (reading or decoding behind the others) is shown
+apart, as it is not the exchange's cost but the stages' imbalance. *Landed*: the share of the bytes
+exchanged that reached their receivers without a second copy (through the receivers' landing zones,
+ddpipe/comm/landing.py). Each round size (the loader's default is 512) is a run of its own. *Slow
+source*: the same epochs, warm, read through ddpipe's model of a shared file system
+(``SourceLimits``: the node's ranks share --slow-source of bandwidth, 600 MB/s by default), so that
+reading is I/O-bound throughout, as on a cluster; on this machine the cold epochs are so only in
+part (fast local disk: in /proc/stat the 2 cores were busy 52% of a cold Q = 0 epoch on 8 ranks and
+waited on the disk 41%; 39% and 50% on 2 ranks). *Disk limit*: the reference for the cold epochs,
+measured in the same run: every rank maps its share of the shards, evicted first, paged in whole (no
+checksum, no parsing), the slowest rank's seconds: what the disk and the kernel allow. *Alone*: the
 exchange's own code over an epoch's samples already in memory, with nothing else running in the
 process, against raw Alltoallv of that run's bytes: what the exchange adds to MPI's cost by itself.
 """
