@@ -215,8 +215,7 @@ def probe(images: Path, root: Path, epochs: int) -> None:
     # ddpipe's own decoder (its feed, crop windows, graph and hand-over to torch) without the Loader's
     # threads: between the graph alone, above, and the Loader, below
     in_memory = [(np.arange(b * BATCH, (b + 1) * BATCH), samples[b * BATCH : (b + 1) * BATCH]) for b in range(n)]
-    alone = decoder_from_memory(in_memory, torch.device("cuda"), True, epochs)
-    print(f"DaliDecoder fed from memory: {alone:.0f} img/s", flush=True)
+    print(f"DaliDecoder fed from memory: {median(decoder_from_memory(in_memory, epochs)):.0f} img/s", flush=True)
     # the calling thread takes the interpreter lock back after each wait in DALI or CUDA; a thread that
     # holds it (the Loader's reader) gives it up only every switch interval (5 ms by default)
     default_interval = sys.getswitchinterval()
@@ -238,9 +237,11 @@ def probe(images: Path, root: Path, epochs: int) -> None:
     pstats.Stats(profile).sort_stats("tottime").print_stats(15)
 
 
-def decoder_from_memory(batches: list[tuple[Any, list[Any]]], device: Any, gpu: bool, epochs: int) -> float:
-    """Images/s of ddpipe's DALI decoder alone over encoded ``(indices, samples)`` batches held in memory
-    (the training transform), the median of the epochs after the first."""
+def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> list[float]:
+    """Images/s of ddpipe's DALI decoder alone (``mixed``, the training transform) over encoded
+    ``(indices, samples)`` batches held in memory, each epoch after the first."""
+    import torch
+
     from ddpipe.decode import DecodeOptions
     from ddpipe.decode.batches import EncodedBatch
     from ddpipe.decode.dali import DaliDecoder
@@ -248,20 +249,18 @@ def decoder_from_memory(batches: list[tuple[Any, list[Any]]], device: Any, gpu: 
     def on_bad(index: int, sample: Any, reason: str) -> None:
         raise RuntimeError(f"sample {index}: {reason}")
 
-    decoder = DaliDecoder(DecodeOptions(threads=CORES), BATCH, device, gpu_decode=gpu)
-    rates = []
-    for epoch in range(epochs):
-        t0, k = time.perf_counter(), 0
-        encoded = (EncodedBatch.of(indices, samples, on_bad) for indices, samples in batches)
-        for images, _ in decoder.decode(encoded, 0, epoch, on_bad):
-            k += len(images)
-        if device.type == "cuda":
-            import torch
+    decoder = DaliDecoder(DecodeOptions(threads=CORES), BATCH, torch.device("cuda"), gpu_decode=True)
+    epoch = [0]
 
-            torch.cuda.synchronize()
-        rates.append(k / (time.perf_counter() - t0))
-    decoder.close()
-    return median(rates[1:]) if len(rates) > 1 else rates[0]
+    def decoded():  # type: ignore[no-untyped-def]
+        encoded = (EncodedBatch.of(indices, samples, on_bad) for indices, samples in batches)
+        epoch[0] += 1
+        return (images for images, _ in decoder.decode(encoded, 0, epoch[0], on_bad))
+
+    try:
+        return epoch_rates(decoded, epochs)
+    finally:
+        decoder.close()
 
 
 # ---- the harness ------------------------------------------------------------------------------
