@@ -25,7 +25,7 @@ def test_killed_rank_ends_the_job(data: Path) -> None:
     proc = mpiexec(3, WORKER, data, "kill", "20", timeout=120)
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
-    assert elapsed < 60
+    assert elapsed < 60  # a hang bound, not a speed: it ends in ~1 s, the others' wait would be 300 s
     output = proc.stdout + proc.stderr
     assert "finished" not in output
     assert "BAD TERMINATION" in output and "signal 9" in output, output
@@ -36,7 +36,7 @@ def test_hung_rank_makes_the_others_abort(data: Path) -> None:
     proc = mpiexec(3, WORKER, data, "hang", "5", timeout=120)
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
-    assert elapsed < 60
+    assert elapsed < 60  # a hang bound: the 5 s watchdog ends it in ~6 s; the hung rank alone never would
     assert "did not complete within 5 s: another rank died or hung; aborting the job" in proc.stderr, proc.stderr
     assert "exchange round" in proc.stderr
 
