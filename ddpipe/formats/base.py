@@ -14,10 +14,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..checksum import file_checksum
+from ..checksum import buffer_checksum, file_checksum
 from ..errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
 from ..sample import Sample, check_sample
 from . import atomic
+from .mapped import MappedFile
 
 R = TypeVar("R", bound="ShardReader")
 
@@ -50,6 +51,11 @@ class ShardReader(abc.ABC):
 
     def __iter__(self) -> Iterator[Sample]:
         return self.scan()
+
+    def mapped_file(self) -> MappedFile | None:
+        """The shard's file as this reader maps it, if it does: its checksum is then taken through
+        the same mapping, so that a check and the scan after it read the file from disk once."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook: not every reader holds a handle
         """Release file handles."""
@@ -179,8 +185,15 @@ class ShardFormat(abc.ABC):
             raise ChecksumMismatchError(reader.path, expected=checksum, actual=actual)
 
     def checksum(self, reader: ShardReader) -> str:
-        """The checksum of the shard ``reader`` reads, as manifests record it (a format whose reader
-        holds the file's bytes already hashes those instead of reading the file again)."""
+        """The checksum of the shard ``reader`` reads, as manifests record it: through the reader's
+        mapping of the file where it has one that fits whole, else read in chunks."""
+        mapped = reader.mapped_file()
+        if mapped is not None and mapped.fits_whole:
+            try:
+                with mapped.content(whole=True) as content:
+                    return buffer_checksum(content)
+            except ValueError:  # an empty file cannot be mapped
+                pass
         return file_checksum(reader.path)
 
 

@@ -21,6 +21,7 @@ from ..errors import CorruptShardError
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .hdf5_heap import HeapFormatError, open_vlen_heap
+from .mapped import MappedFile
 
 # rows read at once in a scan: one HDF5 call per block, not per sample
 _BLOCK_ROWS = 256
@@ -70,7 +71,8 @@ class ForeignHDF5Reader(ShardReader):
                 raise self._corrupt(f"{len(labels)} labels for {self._n} images")
             self.labels: list[int] | None = None if labels is None else labels.tolist()
             # vlen images straight from the file where their layout allows (hdf5_heap.py: why)
-            self._heap = open_vlen_heap(self._file, self._images) if self._kind == "vlen" else None
+            self._mapped = MappedFile(self.path)
+            self._heap = open_vlen_heap(self._file, self._images, self._mapped) if self._kind == "vlen" else None
         except CorruptShardError:
             raise
         except (OSError, KeyError, ValueError) as e:
@@ -80,7 +82,8 @@ class ForeignHDF5Reader(ShardReader):
         return self._n
 
     def _sample(self, i: int, data: Any) -> Sample:
-        value = bytes(data) if isinstance(data, bytes) else data.tobytes()  # bytes from the heap or an S string
+        # the heap's view, or an S string (bytes, its padding dropped), or a vlen array or opaque V value
+        value = bytes(data) if isinstance(data, (bytes, memoryview)) else data.tobytes()
         sample: Sample = {KEY: f"{self._prefix}/{i:08d}", self._field: value}
         if self.labels is not None:
             sample["cls"] = b"%d" % self.labels[i]
@@ -97,15 +100,17 @@ class ForeignHDF5Reader(ShardReader):
         for lo in range(start, self._n, _BLOCK_ROWS):
             hi = min(lo + _BLOCK_ROWS, self._n)
             try:
-                block = self._heap.read(lo, hi) if self._heap is not None else self._images[lo:hi]
+                block = self._heap.read(lo, hi, whole=start == 0) if self._heap is not None else self._images[lo:hi]
             except (OSError, HeapFormatError) as e:
                 raise self._corrupt(f"cannot read images {lo}-{hi - 1}: {e}") from None
             for i, data in enumerate(block, start=lo):
                 yield self._sample(i, data)
 
+    def mapped_file(self) -> MappedFile:
+        return self._mapped
+
     def close(self) -> None:
-        if self._heap is not None:
-            self._heap.close()
+        self._mapped.close()
         self._file.close()
 
 

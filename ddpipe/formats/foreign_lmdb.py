@@ -22,6 +22,7 @@ from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .lmdb import open_whole
 from .lmdb_values import META_KEY, RecordError, read_value
+from .mapped import MappedFile
 
 
 def read_labels_file(path: Path) -> dict[str, int]:
@@ -75,6 +76,12 @@ class ForeignLMDBReader(ShardReader):
             raise self._corrupt(f"unreadable LMDB environment: {e}") from None
         if self._n < 0:
             self._n = sum(1 for _ in self._sample_keys())
+
+    def mapped_file(self) -> MappedFile:
+        # LMDB reads through a mapping of its own; this one, for the checksum only, pages the file in
+        # with one call and goes when the checksum is taken (warm checked reads of an adopted LMDB:
+        # 0.52 of raw against 0.37 reading the file to hash it)
+        return MappedFile(self.path)
 
     def __len__(self) -> int:
         return self._n

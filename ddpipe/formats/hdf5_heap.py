@@ -1,7 +1,8 @@
 """Reading a variable-length ``uint8`` HDF5 dataset straight from the file: written here because
 h5py's own vlen read converts every element through HDF5's type machinery, measured at ~1 GB/s on
 this machine, which holds cold sequential reads to ~0.6 of the disk; this path runs at the disk's
-speed (``benchmarks/formats.py``, "adopted HDF5").
+speed (``benchmarks/formats.py``, "adopted HDF5"). It reads the file's mapping (mapped.py), the one
+the shard's checksum is taken through, so that a checked scan reads the file from the disk once.
 
 The HDF5 file format (version 1 structures, the spec's "Global Heap" and "Variable-length" sections):
 a vlen element stored in a contiguous dataset is 16 bytes, the sequence length (uint32), the
@@ -17,12 +18,13 @@ no filters. Anything else (chunked or compressed datasets, other sizes) returns 
 
 from __future__ import annotations
 
-import os
 import struct
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+
+from .mapped import MappedFile
 
 ELEMENT = np.dtype([("length", "<u4"), ("collection", "<u8"), ("index", "<u4")])
 _COLLECTION = struct.Struct("<4sB3xQ")
@@ -35,65 +37,67 @@ class HeapFormatError(ValueError):
 
 
 class VlenHeap:
-    """The elements of one contiguous vlen ``uint8`` dataset, read from the file with ``pread``."""
+    """The elements of one contiguous vlen ``uint8`` dataset, read from the file's mapping (mapped.py):
+    a check before the scan has paged it in, so the scan reads no byte from the disk again."""
 
-    def __init__(self, path: str, offset: int, count: int) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
-        if hasattr(os, "posix_fadvise"):  # a scan reads the heap in file order: a larger read-ahead
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    def __init__(self, file: MappedFile, offset: int, count: int) -> None:
+        self._file = file
         self._offset = offset
         self._count = count
-        self._collections: OrderedDict[int, tuple[bytes, dict[int, tuple[int, int]]]] = OrderedDict()
+        # address -> {object index: (data offset, length)}, offsets in the file
+        self._collections: OrderedDict[int, dict[int, tuple[int, int]]] = OrderedDict()
 
-    def _collection(self, address: int) -> tuple[bytes, dict[int, tuple[int, int]]]:
+    def _collection(self, content: memoryview, address: int) -> dict[int, tuple[int, int]]:
         cached = self._collections.get(address)
         if cached is not None:
             self._collections.move_to_end(address)
             return cached
-        head = os.pread(self._fd, _COLLECTION.size, address)
-        if len(head) < _COLLECTION.size:
+        if address + _COLLECTION.size > len(content):
             raise HeapFormatError(f"a global heap collection at {address} lies past the end of the file")
-        magic, version, size = _COLLECTION.unpack(head)
+        magic, version, size = _COLLECTION.unpack_from(content, address)
         if magic != b"GCOL" or version != 1:
             raise HeapFormatError(f"no global heap collection at {address}")
-        data = os.pread(self._fd, size, address)
+        end = min(address + size, len(content))
         objects: dict[int, tuple[int, int]] = {}
-        at = _COLLECTION.size
-        while at + _OBJECT.size <= len(data):
-            index, _, length = _OBJECT.unpack_from(data, at)
+        at = address + _COLLECTION.size
+        while at + _OBJECT.size <= end:
+            index, _, length = _OBJECT.unpack_from(content, at)
             if index == 0:
                 break
             objects[index] = (at + _OBJECT.size, length)
             at += _OBJECT.size + (length + 7) // 8 * 8
-        self._collections[address] = (data, objects)
+        self._collections[address] = objects
         if len(self._collections) > _CACHED:
             self._collections.popitem(last=False)
-        return data, objects
+        return objects
 
-    def read(self, lo: int, hi: int) -> list[bytes]:
-        """The bytes of elements ``lo`` to ``hi - 1``."""
-        raw = os.pread(self._fd, (hi - lo) * ELEMENT.itemsize, self._offset + lo * ELEMENT.itemsize)
-        elements = np.frombuffer(raw, dtype=ELEMENT)
+    def read(self, lo: int, hi: int, *, whole: bool = False) -> list[memoryview]:
+        """Views of the bytes of elements ``lo`` to ``hi - 1`` in the file's mapping. ``whole``: the
+        scan goes on to the end of the file, so it is paged in at once where it fits."""
+        content = self._file.content(whole=whole)
+        table = content[self._offset + lo * ELEMENT.itemsize : self._offset + hi * ELEMENT.itemsize]
+        if len(table) != (hi - lo) * ELEMENT.itemsize:
+            raise HeapFormatError("the dataset's elements lie past the end of the file")
+        elements = np.frombuffer(table, dtype=ELEMENT)
+        ask_ahead = not self._file.paged_in
         out = []
         for length, address, index in zip(elements["length"].tolist(), elements["collection"].tolist(),
                                           elements["index"].tolist(), strict=True):
             if length == 0:
-                out.append(b"")
+                out.append(content[0:0])
                 continue
-            data, objects = self._collection(address)
-            where = objects.get(index)
-            if where is None or where[1] < length:
+            if ask_ahead:
+                self._file.ask_ahead(address)
+            where = self._collection(content, address).get(index)
+            if where is None or where[1] < length or where[0] + length > len(content):
                 raise HeapFormatError(f"object {index} of the collection at {address} is missing or short")
-            out.append(data[where[0] : where[0] + length])
+            out.append(content[where[0] : where[0] + length])
         return out
 
-    def close(self) -> None:
-        os.close(self._fd)
 
-
-def open_vlen_heap(file: Any, dataset: Any) -> VlenHeap | None:
-    """A :class:`VlenHeap` over ``dataset`` (an h5py vlen uint8 dataset of ``file``), or None when its
-    layout is not the one read here."""
+def open_vlen_heap(file: Any, dataset: Any, mapped: MappedFile) -> VlenHeap | None:
+    """A :class:`VlenHeap` over ``dataset`` (an h5py vlen uint8 dataset of ``file``, mapped as
+    ``mapped``), or None when its layout is not the one read here."""
     if dataset.chunks is not None or dataset.compression is not None or dataset.ndim != 1:
         return None
     if file.id.get_create_plist().get_sizes() != (8, 8):
@@ -102,4 +106,4 @@ def open_vlen_heap(file: Any, dataset: Any) -> VlenHeap | None:
     count = int(dataset.shape[0])
     if offset is None or dataset.id.get_storage_size() != count * ELEMENT.itemsize:
         return None
-    return VlenHeap(file.filename, int(offset), count)
+    return VlenHeap(mapped, int(offset), count)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import mmap
 import os
 import tarfile
 from collections.abc import Iterator
@@ -23,20 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checksum import buffer_checksum
 from ..sample import KEY, Sample, field_names, owned
 from .base import ShardFormat, ShardReader, ShardWriter
+from .mapped import MappedFile
 
 IDX_VERSION = "v1.2"
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: page the whole mapping in with one call
-# A scan from a shard's start (or a check, which hashes all of it) pages the whole shard in when it
-# maps it: one call, and the fastest way through it here (64 MB shards, unchecked: 2,570 MB/s cold,
-# against 1,234 asking 8 MB ahead at a time). A scan that starts mid-shard (a rank's share can)
-# instead asks the kernel to read ahead of itself, _AHEAD at a time (madvise(MADV_WILLNEED)), so
-# that it does not read the part before it.
-_AHEAD = 8 << 20
-_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
-
 # (extension, data offset, size, member name) of one tar member
 Member = tuple[str, int, int, str]
 
@@ -199,17 +189,12 @@ def _header_matches(header: bytes, name: str, size: int) -> bool:
 class TarReader(ShardReader):
     """Reads a tar shard through its DALI index (built from the headers when the index is absent).
 
-    The file is mapped, not read: checking its checksum and tar headers and then handing out its
-    samples touch the page cache's own pages, where reading the file made the kernel copy it twice
-    (once to hash it, once to scan it) and the scan copy it once more out of its read buffer. Each
-    sample is still copied out into ``bytes`` of its own, so a sample the shuffle buffer holds long
-    does not keep the whole shard mapped; :meth:`scan_views` gives the views themselves, for a
-    caller that copies each sample once anyway (the exchange copies a sample it sends into its send
-    slot, and only the samples it keeps into ``bytes``). Reading 16 MB shards, checked, took 0.09 s
-    of processor time per 354 MB against 0.17 s (this machine, page cache warm; 0.15 against 0.23
-    cold).
-    Like DALI's readers, which map files too, it relies on shards not being truncated in place
-    while they are read (ddpipe replaces files by renaming, which leaves a mapping intact).
+    The file is mapped, not read (mapped.py: why). Each sample is still copied out into ``bytes`` of
+    its own, so a sample the shuffle buffer holds long does not keep the whole shard mapped;
+    :meth:`scan_views` gives the views themselves, for a caller that copies each sample once anyway
+    (the exchange copies a sample it sends into its send slot, and only the samples it keeps into
+    ``bytes``). Reading 16 MB shards, checked, took 0.09 s of processor time per 354 MB against
+    0.17 s when the file was read (this machine, page cache warm; 0.15 against 0.23 cold).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -222,9 +207,7 @@ class TarReader(ShardReader):
                 raise self._corrupt("truncated tar: its index points past the end of the file")
         else:
             self._groups = scan_tar_members(self.path)
-        self._mapping: mmap.mmap | None = None
-        self._whole = False  # the mapping was paged in whole
-        self._asked = 0  # the file up to here has been asked for (see _AHEAD)
+        self._file = MappedFile(self.path)
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -235,32 +218,14 @@ class TarReader(ShardReader):
         return self._groups
 
     def content(self, *, whole: bool = False) -> memoryview:
-        """The shard's bytes, mapped. ``whole``: all of the file is about to be read (checked, or
-        scanned from its start), so it is paged in with one call; otherwise pages come in as they are
-        touched, or as a scan asks for them ahead of itself."""
-        if self._mapping is None or (whole and not self._whole):
-            with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size == 0:
-                    raise self._corrupt("empty file: not a tar")
-                flags = mmap.MAP_SHARED | (_POPULATE if whole else 0)
-                self._mapping = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
-            self._whole = whole
-            self._asked = len(self._mapping) if whole else 0
-        return memoryview(self._mapping)
+        """The shard's bytes, mapped (see mapped.py)."""
+        try:
+            return self._file.content(whole=whole)
+        except ValueError:
+            raise self._corrupt("empty file: not a tar") from None
 
-    def _ask_ahead(self, position: int) -> None:
-        """Ask the kernel to read in the file from ``position`` to ``_AHEAD`` past it, unless at least
-        half of that has been asked for already."""
-        mapping = self._mapping
-        if mapping is None or _WILLNEED is None:
-            return
-        size = len(mapping)
-        if self._asked >= min(position + _AHEAD // 2, size):
-            return
-        start = max(self._asked, position - position % mmap.PAGESIZE)  # madvise wants a page-aligned start
-        stop = min(-(-(position + _AHEAD) // mmap.PAGESIZE) * mmap.PAGESIZE, size)
-        mapping.madvise(_WILLNEED, start, stop - start)
-        self._asked = stop
+    def mapped_file(self) -> MappedFile:
+        return self._file
 
     def _sample(self, content: memoryview, group: list[Member]) -> Sample:
         """The sample of ``group``, its fields views of ``content``."""
@@ -283,16 +248,14 @@ class TarReader(ShardReader):
         if start >= len(self._groups):
             return
         content = self.content(whole=start == 0)
-        ask_ahead = not self._whole  # a shard paged in whole has nothing left to ask for
+        ask_ahead = not self._file.paged_in
         for group in self._groups[start:]:
             if ask_ahead:
-                self._ask_ahead(group[0][1])
+                self._file.ask_ahead(group[0][1])
             yield self._sample(content, group)
 
     def close(self) -> None:
-        # dropped, not closed: a scan left suspended still holds a view of it, and the mapping goes
-        # when that view does
-        self._mapping = None
+        self._file.close()
 
 
 class TarWriter(ShardWriter):
@@ -334,13 +297,6 @@ class TarFormat(ShardFormat):
 
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         return TarWriter(path)
-
-    def checksum(self, reader: ShardReader) -> str:
-        if not isinstance(reader, TarReader):
-            return super().checksum(reader)
-        # hashed through the mapping the scan then reads: the file's bytes come from disk once
-        with reader.content(whole=True) as content:
-            return buffer_checksum(content)
 
     def verify(self, reader: ShardReader, checksum: str) -> None:
         super().verify(reader, checksum)

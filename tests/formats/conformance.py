@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddpipe.checksum import file_checksum
 from ddpipe.errors import CorruptShardError, MissingShardError, SampleError
 from ddpipe.formats import ShardFormat, get_format
 from ddpipe.formats.atomic import partial_path
@@ -67,6 +68,16 @@ class FormatConformance:
             assert list(r.scan(len(items))) == []
             with pytest.raises(IndexError):
                 r[len(items)]
+
+    def test_check_through_the_reader_then_scan(self, tmp_path: Path) -> None:
+        """A reader's check (through its mapping of the file, where it has one) gives the checksum
+        manifests record, and the scan that follows it from the same pages gives the samples."""
+        items = example_samples()
+        path = self.write(self.shard(tmp_path), items)
+        with self.fmt.reader(path) as r:
+            assert self.fmt.checksum(r) == file_checksum(path)
+            assert list(r) == items
+            assert r[3] == items[3]
 
     def test_same_samples_give_same_bytes(self, tmp_path: Path) -> None:
         items = example_samples()

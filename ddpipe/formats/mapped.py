@@ -1,0 +1,82 @@
+"""A shard file mapped into memory, so that checking its checksum and then reading its samples touch
+the page cache's own pages once: reading it instead made the kernel copy it twice (once to hash it,
+once to scan it), and the scan copy it again out of its read buffer.
+
+A scan from a file's start, or a check (which hashes all of it), pages the whole file in when it maps
+it: one call, and the fastest way through it here (64 MB tar shards, unchecked: 2,570 MB/s cold,
+against 1,234 asking 8 MB ahead at a time). A scan that starts mid-file (a rank's share can) instead
+asks the kernel to read ahead of itself, ``AHEAD`` at a time (``madvise(MADV_WILLNEED)``), so that it
+does not read the part before it; and so does every scan of a file past ``POPULATE_LIMIT``.
+
+Like DALI's readers, which map files too, this relies on shards not being truncated in place while
+they are read (ddpipe replaces files by renaming, which leaves a mapping intact).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: page the whole mapping in with one call
+_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
+AHEAD = 8 << 20
+# Files adopted in place (HDF5, LMDB) can hold a whole dataset: paged in with one call, such a file
+# would be read in full before its first sample and its first pages evicted by its last.
+POPULATE_LIMIT = 2 << 30
+
+
+class MappedFile:
+    """One file, mapped read-only on first use; a new mapping once the file is wanted whole."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+        self._mapping: mmap.mmap | None = None
+        self._whole = False  # the mapping was paged in whole
+        self._asked = 0  # the file up to here has been asked for (see ask_ahead)
+
+    @property
+    def fits_whole(self) -> bool:
+        """Small enough to be paged in with one call."""
+        return self.size <= POPULATE_LIMIT
+
+    def content(self, *, whole: bool = False) -> memoryview:
+        """The file's bytes. ``whole``: all of the file is about to be read (checked, or scanned from
+        its start), so it is paged in with one call where it fits; otherwise pages come in as they
+        are touched, or as a scan asks for them ahead of itself. Raises ``ValueError`` for an empty
+        file, which cannot be mapped."""
+        whole = whole and self.fits_whole
+        if self._mapping is None or (whole and not self._whole):
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    raise ValueError("empty file")
+                flags = mmap.MAP_SHARED | (_POPULATE if whole else 0)
+                self._mapping = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+            self._whole = whole
+            self._asked = len(self._mapping) if whole else 0
+        return memoryview(self._mapping)
+
+    @property
+    def paged_in(self) -> bool:
+        """The mapping was paged in whole: a scan has nothing to ask ahead for."""
+        return self._whole
+
+    def ask_ahead(self, position: int) -> None:
+        """Ask the kernel to read in the file from ``position`` to ``AHEAD`` past it, unless at least
+        half of that has been asked for already."""
+        mapping = self._mapping
+        if mapping is None or _WILLNEED is None:
+            return
+        size = len(mapping)
+        if self._asked >= min(position + AHEAD // 2, size):
+            return
+        start = max(self._asked, position - position % mmap.PAGESIZE)  # madvise wants a page-aligned start
+        stop = min(-(-(position + AHEAD) // mmap.PAGESIZE) * mmap.PAGESIZE, size)
+        mapping.madvise(_WILLNEED, start, stop - start)
+        self._asked = stop
+
+    def close(self) -> None:
+        # dropped, not closed: a scan left suspended may still hold a view of it, and the mapping
+        # goes when that view does
+        self._mapping = None
