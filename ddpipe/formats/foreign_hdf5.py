@@ -97,10 +97,11 @@ class ForeignHDF5Reader(ShardReader):
             raise self._corrupt(f"cannot read image {i}: {e}") from None
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
+        heap = self._heap
         for lo in range(start, self._n, _BLOCK_ROWS):
             hi = min(lo + _BLOCK_ROWS, self._n)
             try:
-                block = self._heap.read(lo, hi, whole=start == 0) if self._heap is not None else self._images[lo:hi]
+                block = heap.read(lo, hi, from_start=start == 0) if heap is not None else self._images[lo:hi]
             except (OSError, HeapFormatError) as e:
                 raise self._corrupt(f"cannot read images {lo}-{hi - 1}: {e}") from None
             for i, data in enumerate(block, start=lo):

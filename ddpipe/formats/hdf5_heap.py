@@ -71,10 +71,10 @@ class VlenHeap:
             self._collections.popitem(last=False)
         return objects
 
-    def read(self, lo: int, hi: int, *, whole: bool = False) -> list[memoryview]:
-        """Views of the bytes of elements ``lo`` to ``hi - 1`` in the file's mapping. ``whole``: the
-        scan goes on to the end of the file, so it is paged in at once where it fits."""
-        content = self._file.content(whole=whole)
+    def read(self, lo: int, hi: int, *, from_start: bool = False) -> list[memoryview]:
+        """Views of the bytes of elements ``lo`` to ``hi - 1`` in the file's mapping. ``from_start``:
+        they are part of a scan from the first element (see :meth:`MappedFile.for_scan`)."""
+        content = self._file.for_scan(from_start=from_start)
         table = content[self._offset + lo * ELEMENT.itemsize : self._offset + hi * ELEMENT.itemsize]
         if len(table) != (hi - lo) * ELEMENT.itemsize:
             raise HeapFormatError("the dataset's elements lie past the end of the file")

@@ -1,0 +1,34 @@
+"""How a shard file is mapped: paged in whole only where all of it will be read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ddpipe.formats.mapped import SCAN_WHOLE_LIMIT, MappedFile
+
+
+def test_a_scan_pages_in_whole_only_a_shard_sized_file_read_from_its_start(tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    small.write_bytes(os.urandom(1 << 16))
+    mapped = MappedFile(small)
+    assert bytes(mapped.for_scan(from_start=False)[:8]) == small.read_bytes()[:8]
+    assert not mapped.paged_in  # a share that starts mid-file asks ahead of itself instead
+    mapped.for_scan(from_start=True)
+    assert mapped.paged_in
+    # an adopted file larger than any shard (sparse here: no disk used) may be read only in part
+    large = tmp_path / "large"
+    with open(large, "wb") as f:
+        f.truncate(SCAN_WHOLE_LIMIT + (1 << 20))
+    big = MappedFile(large)
+    assert len(big.for_scan(from_start=True)) == SCAN_WHOLE_LIMIT + (1 << 20)
+    assert not big.paged_in
+
+
+def test_an_empty_file_cannot_be_mapped(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="empty file"):
+        MappedFile(empty).content(whole=True)
