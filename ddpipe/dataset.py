@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .checksum import sample_digest, unpack_digests
 from .errors import CorruptShardError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .manifest import Manifest, ShardInfo, load_manifest
@@ -50,7 +51,13 @@ class Dataset:
     copy that fails is dropped and the source read instead. Given ``on_corrupt``, a shard whose
     source fails too is reported to it instead, and each of its samples read comes out as a
     placeholder marked :data:`~ddpipe.sample.BAD`: the stream keeps the plan's length and order (the
-    exchange and every rank's batch count depend on it) while the decoder drops and counts them."""
+    exchange and every rank's batch count depend on it) while the decoder drops and counts them.
+
+    A shard whose manifest entry holds sample digests (adopted files: one shard that many ranks may
+    each read a part of) is checked sample by sample instead, each sample read against its digest
+    before it is used, so a rank hashes what it reads rather than the whole file: a sample that
+    differs is an error naming the shard and the sample, a staged copy's makes the rest of the shard
+    come from the source, and under ``on_corrupt`` only that sample becomes a placeholder."""
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest) -> None:
         self.root = Path(root)
@@ -58,6 +65,7 @@ class Dataset:
         # the shard files: beside index.json, or where an adopted dataset's manifest says
         self.data_root = self.root / manifest.data_dir if manifest.data_dir is not None else self.root
         self.format: ShardFormat = get_format(manifest.format).configured(manifest.layout, self.data_root)
+        self._digests: dict[int, np.ndarray] = {}  # unpacked on first use
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -120,30 +128,82 @@ class Dataset:
             raise
         return reader
 
+    def sample_digests(self, shard: int) -> np.ndarray | None:
+        """The shard's sample digests from the manifest (see the class), or None if it has none."""
+        info = self.manifest.shards[shard]
+        if not info.digests:
+            return None
+        if shard not in self._digests:
+            self._digests[shard] = unpack_digests(info.digests, info.samples)  # checked as the manifest loaded
+        return self._digests[shard]
+
     def iter_shard(self, shard: int, start: int = 0, *, store: ShardStore | None = None,
                    limits: SourceLimits | None = None, verify: bool = True,
                    on_corrupt: OnCorrupt | None = None, views: bool = False) -> Iterator[Sample]:
         """The samples of one shard from position ``start``, read sequentially. ``views``: fields
         may be views of the shard in memory (:meth:`ShardReader.scan_views`)."""
+        digests = self.sample_digests(shard) if verify else None
         try:
-            opened = self.open_shard(shard, store, verify=verify)
+            opened = self.open_shard(shard, store, verify=verify and digests is None)
         except CorruptShardError as e:
             if on_corrupt is None:
                 raise
             on_corrupt(shard, e)
             yield from (self.placeholder(shard, pos, e) for pos in range(start, self.manifest.shards[shard].samples))
             return
-        with opened as reader:
-            from_source = reader.path.parent.resolve() == self.data_root.resolve()  # not a staged copy
-            slow = limits if limits is not None and from_source else None
+        position = start
+        told = False  # on_corrupt hears of a shard once, however many of its samples differ
+        while True:
+            with opened as reader:
+                for sample in self._scan(shard, reader, position, limits, views):
+                    error = self._differs(shard, position, sample, reader) if digests is not None else None
+                    if error is not None:
+                        if self._staged(shard, reader):
+                            opened = self._from_source(shard, store, error)
+                            break
+                        if on_corrupt is None:
+                            raise error
+                        if not told:
+                            on_corrupt(shard, error)
+                            told = True
+                        sample = self.placeholder(shard, position, error)
+                    yield sample
+                    position += 1
+                else:
+                    return
+
+    def _differs(self, shard: int, position: int, sample: Sample, reader: ShardReader) -> CorruptShardError | None:
+        """The error for a sample that does not match its digest, or None."""
+        digests = self.sample_digests(shard)
+        if digests is None or sample_digest(sample) == digests[position]:
+            return None
+        return CorruptShardError(f"sample {position} ({sample.get(KEY)!r}) is not the one index.json records "
+                                 "(its digest differs)", path=reader.path)
+
+    def _staged(self, shard: int, reader: ShardReader) -> bool:
+        return reader.path != self.data_root / self.manifest.shards[shard].file
+
+    def _from_source(self, shard: int, store: ShardStore | None, error: CorruptShardError) -> ShardReader:
+        """A staged copy's sample differs: drop the copy and read the shard's source instead."""
+        print(f"ddpipe: warning: staged copy {error}; reading the rest from the source", file=sys.stderr, flush=True)
+        if store is not None:
+            store.invalidate(shard)
+        info = self.manifest.shards[shard]
+        return self._open(info, self.data_root / info.file, False)  # checked sample by sample, as the copy was
+
+    def _scan(self, shard: int, reader: ShardReader, start: int, limits: SourceLimits | None,
+              views: bool) -> Iterator[Sample]:
+        """A sequential scan of an open shard, paying the slow-source model where it reads the source."""
+        from_source = reader.path.parent.resolve() == self.data_root.resolve()  # not a staged copy
+        slow = limits if limits is not None and from_source else None
+        if slow is not None:
+            slow.on_open()
+        info = self.manifest.shards[shard]
+        share = info.bytes // max(info.samples, 1)  # a scan reads the whole file: each sample its share
+        for sample in (reader.scan_views(start) if views else reader.scan(start)):
             if slow is not None:
-                slow.on_open()
-            info = self.manifest.shards[shard]
-            share = info.bytes // max(info.samples, 1)  # a scan reads the whole file: each sample its share
-            for sample in (reader.scan_views(start) if views else reader.scan(start)):
-                if slow is not None:
-                    slow.on_read(share)
-                yield sample
+                slow.on_read(share)
+            yield sample
 
     def placeholder(self, shard: int, position: int, error: CorruptShardError) -> Sample:
         """What stands in for a sample of a shard dropped as corrupt (see ``on_corrupt``)."""
@@ -226,12 +286,14 @@ class Dataset:
         readers: OrderedDict[int, ShardReader] = OrderedDict()
         verified: set[int] = set()  # each shard once, however often it is reopened
         corrupt: dict[int, CorruptShardError] = {}
+        told: set[int] = set()  # shards with a sample that differs, reported once to on_corrupt
         try:
             for shard, pos in zip(shards, positions, strict=True):
                 if shard in corrupt:
                     yield self.placeholder(shard, pos, corrupt[shard])
                     continue
-                check = verify and shard not in verified
+                by_sample = verify and self.sample_digests(shard) is not None
+                check = verify and not by_sample and shard not in verified
                 try:
                     reader = readers.pop(shard, None) or self.open_shard(shard, store, verify=check)
                 except CorruptShardError as e:
@@ -242,10 +304,24 @@ class Dataset:
                     yield self.placeholder(shard, pos, e)
                     continue
                 verified.add(shard)
+                sample = reader[pos]
+                error = self._differs(shard, pos, sample, reader) if by_sample else None
+                if error is not None and self._staged(shard, reader):
+                    reader.close()
+                    reader = self._from_source(shard, store, error)
+                    sample = reader[pos]
+                    error = self._differs(shard, pos, sample, reader)
                 readers[shard] = reader
                 if len(readers) > _OPEN_SHARDS:
                     readers.popitem(last=False)[1].close()
-                yield reader[pos]
+                if error is not None:
+                    if on_corrupt is None:
+                        raise error
+                    if shard not in told:
+                        on_corrupt(shard, error)
+                        told.add(shard)
+                    sample = self.placeholder(shard, pos, error)
+                yield sample
         finally:
             for reader in readers.values():
                 reader.close()

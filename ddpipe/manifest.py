@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .checksum import unpack_digests
 from .errors import ManifestError
 from .formats.atomic import atomic_write_bytes
 
@@ -52,19 +53,24 @@ class ShardInfo:
     bytes: int
     checksum: str
     labels: tuple[tuple[int, int], ...] = ()  # (class, count) runs in stored order; () when unknown
+    # each sample's digest (checksum.sample_digest), packed; "" when the shard has none (then its reads
+    # check the whole file's checksum)
+    digests: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"file": self.file, "samples": self.samples, "bytes": self.bytes,
                                "checksum": self.checksum}
         if self.labels:
             doc["labels"] = [list(run) for run in self.labels]
+        if self.digests:
+            doc["digests"] = self.digests
         return doc
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ShardInfo:
         """The inverse of :meth:`to_dict` (KeyError, TypeError or ValueError if ``doc`` is not one)."""
         return cls(str(doc["file"]), int(doc["samples"]), int(doc["bytes"]), str(doc["checksum"]),
-                   tuple((int(c), int(n)) for c, n in doc.get("labels", ())))
+                   tuple((int(c), int(n)) for c, n in doc.get("labels", ())), str(doc.get("digests", "")))
 
 
 def label_runs(labels: Iterable[int]) -> tuple[tuple[int, int], ...]:
@@ -172,6 +178,11 @@ class Manifest:
             if s.labels and (sum(n for _, n in s.labels) != s.samples or min(min(r) for r in s.labels) < 0):
                 raise ManifestError(f"shard {s.file!r}: its label runs do not add up to its {s.samples} samples",
                                     path=path)
+            if s.digests:
+                try:
+                    unpack_digests(s.digests, s.samples)
+                except ValueError as e:
+                    raise ManifestError(f"shard {s.file!r}: its sample digests do not read: {e}", path=path) from None
         if len({s.file for s in shards}) != len(shards):
             raise ManifestError("a shard file is listed twice", path=path)
         if "num_samples" in doc and doc["num_samples"] != manifest.num_samples:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .checksum import file_checksum
+from .checksum import file_checksum, sample_digest
 from .dataset import Dataset
 from .decode.spec import IMAGE_FIELDS, decode_check
 from .errors import DdpipeError
@@ -74,8 +74,12 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
     for sidecar_check in _SIDECAR_CHECKS.get(dataset.manifest.format, ()):
         sidecar_check(shard_path)
     count = 0
+    digests = dataset.sample_digests(i)
     with dataset.format.reader(shard_path) as reader:
         for sample in reader.scan():
+            if digests is not None and count < len(digests) and sample_digest(sample) != digests[count]:
+                report.problems.append(f"{shard_path}: sample {count} ({sample[KEY]!r}) differs from its digest "
+                                       "in index.json")
             count += 1
             if not decode:
                 continue

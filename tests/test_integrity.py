@@ -114,3 +114,94 @@ def test_under_skip_a_corrupt_shard_is_dropped_and_counted(data: Path, tmp_path:
 def test_checking_can_be_turned_off(data: Path) -> None:
     flip_middle_keeping_time(shard_file(data, 0))
     assert len(epoch(data, verify=False)) == 48  # the user's choice: read as it is
+
+
+# Adopted files: one shard each, which many ranks may each read a part of, checked sample by sample
+ADOPTED = ["h5-vlen", "caffe-encoded"]
+
+
+def adopted(name: str, tmp_path: Path) -> Path:
+    from .convert.test_adopt_foreign import adopt
+
+    return adopt(name, tmp_path)
+
+
+def flip_inside_sample(path: Path, image: bytes) -> None:
+    """Flip a byte in the middle of one sample's image where the file holds it, keeping the time."""
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    at = data.find(image)
+    assert at >= 0 and data.find(image, at + 1) < 0  # the sample's bytes, and only they
+    data[at + len(image) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def image_of(root: Path, position: int) -> tuple[str, bytes]:
+    sample = list(ddpipe.open_dataset(root))[position]
+    return sample["__key__"], bytes(sample["jpg"])
+
+
+@pytest.mark.parametrize("name", ADOPTED)
+def test_an_adopted_file_is_checked_by_what_each_rank_reads(name: str, tmp_path: Path) -> None:
+    import numpy as np
+
+    root = adopted(name, tmp_path)
+    dataset = ddpipe.open_dataset(root)
+    assert all(info.digests for info in dataset.manifest.shards)
+    key, image = image_of(root, 7)
+    flip_inside_sample(shard_file(root, 0), image)
+    dataset = ddpipe.open_dataset(root)
+    # a share that does not hold the changed sample reads (the whole file's checksum would refuse it)
+    assert len(list(dataset.read(np.arange(8, 14)))) == 6
+    with pytest.raises(CorruptShardError, match=f"sample 7 \\({key!r}\\)") as info:
+        list(dataset.read(np.arange(0, 14)))
+    assert info.value.path == str(shard_file(root, 0))
+    for shuffle in ("partial", "global"):
+        with pytest.raises(CorruptShardError, match="digest differs"):
+            list(ddpipe.Loader(root, 4, decode="none", shuffle=shuffle))
+
+
+@pytest.mark.parametrize("name", ADOPTED)
+def test_under_skip_only_the_changed_sample_of_an_adopted_file_is_dropped(name: str, tmp_path: Path) -> None:
+    root = adopted(name, tmp_path)
+    keys = [s["__key__"] for s in ddpipe.open_dataset(root)]
+    key, image = image_of(root, 7)
+    flip_inside_sample(shard_file(root, 0), image)
+    loader = ddpipe.Loader(root, 4, decode="none", shuffle="partial", on_error="skip")
+    got = [s["__key__"] for batch in loader for s in batch]
+    assert sorted(got) == sorted(k for k in keys if k != key)
+    assert loader.stats["skipped"] == 1 and loader.stats["corrupt_shards"] == [shard_file(root, 0).name]
+
+
+@pytest.mark.parametrize("name", ADOPTED)
+def test_a_changed_sample_in_a_staged_copy_of_an_adopted_file_is_read_from_the_source(
+        name: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    root = adopted(name, tmp_path)
+    want = {s["__key__"]: bytes(s["jpg"]) for s in ddpipe.open_dataset(root)}
+    _, image = image_of(root, 7)
+    for shuffle in ("partial", "global"):
+        stage = tmp_path / f"stage-{shuffle}"
+
+        def read() -> dict[str, bytes]:
+            loader = ddpipe.Loader(root, 4, decode="none", shuffle=shuffle, stage_dir=stage)  # noqa: B023
+            return {s["__key__"]: bytes(s["jpg"]) for batch in loader for s in batch}
+
+        assert read() == want  # staged
+        flip_inside_sample(next(stage.rglob(shard_file(root, 0).name)), image)
+        assert read() == want  # the source's bytes
+        assert "staged copy" in capfd.readouterr().err
+
+
+def test_sample_digests_that_do_not_read_are_a_manifest_error(tmp_path: Path) -> None:
+    import json
+
+    from .conftest import run_cli
+
+    root = adopted("h5-vlen", tmp_path)
+    doc = json.loads((root / "index.json").read_text())
+    doc["shards"][0]["digests"] = doc["shards"][0]["digests"][:-12]
+    (root / "index.json").write_text(json.dumps(doc))
+    proc = run_cli("inspect", root)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "sample digests" in proc.stderr and "index.json" in proc.stderr

@@ -1,9 +1,11 @@
 """``ddpipe index`` for HDF5 files and LMDB environments that other tools wrote: a manifest beside
 them (or in a directory the user names, when the data is read-only), never a copy of the data.
 
-Adoption reads every file once: it hashes it (the manifest's checksum, which every later read is
-checked against), counts the samples and finds the labels. When a layout is ambiguous it lists what
-it found and asks for a name rather than guessing.
+Adoption reads every file once: it hashes it (the manifest's checksum, which staging and ``ddpipe
+verify`` check), records each sample's digest (which every read by the Loader is checked against:
+an adopted file is one shard, which many ranks may each read a part of), counts the samples and
+finds the labels. When a layout is ambiguous it lists what it found and asks for a name rather than
+guessing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checksum import file_checksum
+from ..checksum import file_checksum, pack_digests, sample_digest
 from ..errors import DdpipeError
 from ..manifest import Manifest, ShardInfo, label_runs, save_manifest
 
@@ -84,7 +86,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     """Adopt the HDF5 files in ``data`` (each a shard) in place."""
     import h5py
 
-    from ..formats.foreign_hdf5 import ForeignHDF5Reader
+    from ..formats.foreign_hdf5 import ForeignHDF5Format, ForeignHDF5Reader
     from ..formats.lmdb_values import sniff_image_field
 
     files = sorted(p for p in data.iterdir() if p.suffix.lower() in HDF5_SUFFIXES and not p.name.startswith("."))
@@ -116,13 +118,16 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     if label_attr:
         layout["label_attr"] = label_attr
     shards, max_label = [], -1
+    fmt = ForeignHDF5Format(layout)
     for path in files:
         reader = ForeignHDF5Reader(path, layout)
         with reader:
             if reader.labels:
                 max_label = max(max_label, max(reader.labels))
-            shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, file_checksum(path),
-                                    label_runs(reader.labels or ())))
+            checksum = fmt.checksum(reader)  # through the mapping the scan then reads
+            digests = pack_digests(sample_digest(sample) for sample in reader.scan())
+            shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, checksum,
+                                    label_runs(reader.labels or ()), digests))
     fields = tuple(sorted({field} | ({"cls"} if labels or label_attr else set())))
     manifest = Manifest(format="hdf5-foreign", fields=fields, classes=_classes(max_label, classes, data),
                         shards=tuple(shards), layout=layout)
@@ -168,12 +173,15 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
                 raise DdpipeError(f"the values hold no labels and the key {key!r} shows none: give --labels-file "
                                   "(lines of 'key label') or --label-regex with a group (?P<label>...)", path=mdb)
             layout["label_regex"] = guess
+    labels, digests = [], []
     with ForeignLMDBReader(mdb, {**layout, "source_dir": str(data)}) as reader:
-        labels = [int(sample["cls"]) for sample in reader.scan()]  # every record read: a bad one is named now
+        for sample in reader.scan():  # every record read: a bad one is named now
+            labels.append(int(sample["cls"]))
+            digests.append(sample_digest(sample))
         count = len(reader)
     manifest = Manifest(format="lmdb-foreign", fields=tuple(sorted({layout["field"], "cls"})),
                         classes=_classes(max(labels, default=-1), classes, data),
                         shards=(ShardInfo(mdb.name, count, mdb.stat().st_size, file_checksum(mdb),
-                                          label_runs(labels)),),
+                                          label_runs(labels), pack_digests(digests)),),
                         layout={**layout, "samples": count})
     return _write(data, out, manifest)
