@@ -37,7 +37,8 @@ class VerifyReport:
 
 def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progress: bool = True,
                    stage_dir: str | os.PathLike[str] | None = None) -> VerifyReport:
-    """Check every shard: present, of the recorded size and checksum, with the recorded sample count;
+    """Check every shard: present, of the recorded size and checksum, with the recorded sample count
+    (and each sample's digest, where the manifest records them);
     with ``decode``, that every image field decodes. With ``stage_dir``, check instead the copies of
     this dataset staged there (those staged: a partial stage is not a problem). Problems are
     collected, not raised."""
