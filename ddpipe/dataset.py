@@ -12,7 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from .checksum import sample_digest, unpack_digests
-from .errors import CorruptShardError, MissingShardError
+from .errors import CorruptShardError, DigestMismatchError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .manifest import Manifest, ShardInfo, load_manifest
 from .sample import BAD, KEY, Sample, owned
@@ -177,8 +177,7 @@ class Dataset:
         digests = self.sample_digests(shard)
         if digests is None or sample_digest(sample) == digests[position]:
             return None
-        return CorruptShardError(f"sample {position} ({sample.get(KEY)!r}) is not the one index.json records "
-                                 "(its digest differs)", path=reader.path)
+        return DigestMismatchError(reader.path, position=position, key=str(sample.get(KEY)))
 
     def _staged(self, shard: int, reader: ShardReader) -> bool:
         return reader.path != self.data_root / self.manifest.shards[shard].file

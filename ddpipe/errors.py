@@ -67,6 +67,16 @@ class ChecksumMismatchError(CorruptShardError):
         self.actual = actual
 
 
+class DigestMismatchError(CorruptShardError):
+    """A sample of an adopted file is not the one its manifest records (its digest differs)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, position: int, key: str) -> None:
+        super().__init__(f"sample {position} ({key!r}) is not the one index.json records (its digest differs)",
+                         path=path)
+        self.position = position
+        self.key = key
+
+
 class SampleError(DdpipeError, ValueError):
     """A sample is malformed (bad key or field name) or cannot be decoded."""
 

@@ -28,7 +28,7 @@ from .comm import Comm, init_comm
 from .dataset import Dataset, open_dataset
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
-from .errors import CorruptShardError, DdpipeError, SampleError
+from .errors import CorruptShardError, DdpipeError, DigestMismatchError, SampleError
 from .exchange import EMIT_GROUP, ExchangeShuffler
 from .handoff import END, groups, in_groups, put_unless_stopped, read_ahead
 from .loader_options import LoaderKeywords, ReadOptions, loader_options
@@ -249,9 +249,12 @@ class Loader:
         return kept
 
     def _on_corrupt(self, shard: int, error: CorruptShardError) -> None:
-        """Under ``on_error="skip"``: a shard failed its checksum; its samples come as placeholders."""
+        """Under ``on_error="skip"``: a shard failed its checksum (its samples come as placeholders), or
+        a sample of an adopted file its digest (that sample does)."""
         self.stats["corrupt_shards"].append(self.dataset.manifest.shards[shard].file)
-        print(f"ddpipe: warning: skipping the samples of a corrupt shard: {error}", file=sys.stderr, flush=True)
+        what = "a sample" if isinstance(error, DigestMismatchError) else "the samples of a shard"
+        print(f"ddpipe: warning: skipping {what} that index.json does not match: {error}", file=sys.stderr,
+              flush=True)
 
     @property
     def _group(self) -> int:

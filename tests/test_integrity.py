@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ddpipe
-from ddpipe.errors import ChecksumMismatchError, CorruptShardError
+from ddpipe.errors import ChecksumMismatchError, CorruptShardError, DigestMismatchError
 from ddpipe.formats import FORMAT_NAMES
 
 from .helpers import make_dataset, tiny_samples
@@ -154,11 +154,11 @@ def test_an_adopted_file_is_checked_by_what_each_rank_reads(name: str, tmp_path:
     dataset = ddpipe.open_dataset(root)
     # a share that does not hold the changed sample reads (the whole file's checksum would refuse it)
     assert len(list(dataset.read(np.arange(8, 14)))) == 6
-    with pytest.raises(CorruptShardError, match=f"sample 7 \\({key!r}\\)") as info:
+    with pytest.raises(DigestMismatchError, match=f"sample 7 \\({key!r}\\)") as info:
         list(dataset.read(np.arange(0, 14)))
     assert info.value.path == str(shard_file(root, 0))
     for shuffle in ("partial", "global"):
-        with pytest.raises(CorruptShardError, match="digest differs"):
+        with pytest.raises(DigestMismatchError, match="digest differs"):
             list(ddpipe.Loader(root, 4, decode="none", shuffle=shuffle))
 
 
