@@ -168,10 +168,11 @@ def test_under_skip_only_the_changed_sample_of_an_adopted_file_is_dropped(name: 
     keys = [s["__key__"] for s in ddpipe.open_dataset(root)]
     key, image = image_of(root, 7)
     flip_inside_sample(shard_file(root, 0), image)
-    loader = ddpipe.Loader(root, 4, decode="none", shuffle="partial", on_error="skip")
-    got = [s["__key__"] for batch in loader for s in batch]
-    assert sorted(got) == sorted(k for k in keys if k != key)
-    assert loader.stats["skipped"] == 1 and loader.stats["corrupt_shards"] == [shard_file(root, 0).name]
+    for shuffle in ("partial", "global"):
+        loader = ddpipe.Loader(root, 4, decode="none", shuffle=shuffle, on_error="skip")
+        got = [s["__key__"] for batch in loader for s in batch]
+        assert sorted(got) == sorted(k for k in keys if k != key)
+        assert loader.stats["skipped"] == 1 and loader.stats["corrupt_shards"] == [shard_file(root, 0).name]
 
 
 @pytest.mark.parametrize("name", ADOPTED)
