@@ -18,6 +18,20 @@ from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, load_mani
 from ..sample import label_of
 
 
+def recorded_classes(root: Path) -> list[str] | None:
+    """The class names of the manifest already in ``root``, if any: indexing again keeps the names
+    given before. An ``index.json`` that is not ddpipe's is someone else's file: refused, not replaced."""
+    if not (root / MANIFEST_NAME).exists():
+        return None
+    try:
+        recorded = load_manifest(root)
+    except ManifestError:
+        raise ConversionConflictError(
+            "index.json exists and is not a ddpipe manifest; move it away first", path=root / MANIFEST_NAME
+        ) from None
+    return list(recorded.classes) or None
+
+
 def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
     """Write ``index.json`` (and DALI ``.idx`` files) for the ``*.tar`` shards in ``directory``.
 
@@ -27,15 +41,8 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
     root = Path(directory)
     if not root.is_dir():
         raise DdpipeError("not a directory", path=root)
-    if (root / MANIFEST_NAME).exists():
-        try:
-            recorded = load_manifest(root)
-        except ManifestError:
-            raise ConversionConflictError(
-                "index.json exists and is not a ddpipe manifest; move it away first", path=root / MANIFEST_NAME
-            ) from None
-        if classes is None and recorded.classes:  # indexing again keeps the names given before
-            classes = list(recorded.classes)
+    if classes is None:
+        classes = recorded_classes(root)
     tars = sorted(p for p in root.glob("*.tar") if not p.name.startswith("."))
     if not tars:
         raise DdpipeError("no .tar shards found", path=root)

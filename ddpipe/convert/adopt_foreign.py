@@ -20,6 +20,7 @@ import numpy as np
 from ..checksum import file_checksum, pack_digests, sample_digest
 from ..errors import DdpipeError
 from ..manifest import Manifest, ShardInfo, label_runs, save_manifest
+from .adopt import recorded_classes
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # where plain-image LMDBs usually keep the label in the key: "<label>/<name>", "<name>_<label>"
@@ -41,8 +42,17 @@ def _classes(max_label: int, classes: list[str] | None, where: Path) -> tuple[st
     if classes is None:
         return tuple(str(i) for i in range(max_label + 1))
     if max_label >= len(classes):
-        raise DdpipeError(f"a label is {max_label}, but {len(classes)} class names were given", path=where)
+        raise DdpipeError(f"a label is {max_label}, but there are {len(classes)} class names (given, or recorded "
+                          "by the manifest already there)", path=where)
     return tuple(classes)
+
+
+def _given_or_recorded(classes: list[str] | None, data: Path, out: Path | None) -> list[str] | None:
+    """The class names given, else those of the manifest already where this one goes (indexing again
+    keeps them); refuses, before any work, to replace an ``index.json`` that is not ddpipe's."""
+    target = out or data
+    recorded = recorded_classes(target) if target.is_dir() else None
+    return classes if classes is not None else recorded
 
 
 def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[str, int]], list[tuple[str, int]]]:
@@ -89,6 +99,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     from ..formats.foreign_hdf5 import ForeignHDF5Format, ForeignHDF5Reader
     from ..formats.lmdb_values import sniff_image_field
 
+    classes = _given_or_recorded(classes, data, out)
     files = sorted(p for p in data.iterdir() if p.suffix.lower() in HDF5_SUFFIXES and not p.name.startswith("."))
     if not files:
         raise DdpipeError("no HDF5 files (.h5, .hdf5) found", path=data)
@@ -143,6 +154,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
     from ..formats.foreign_lmdb import ForeignLMDBReader
     from ..formats.lmdb_values import META_KEY, guess_kind, read_value, sniff_image_field
 
+    classes = _given_or_recorded(classes, data, out)
     mdb = data / "data.mdb"
     env = lmdb.open(str(mdb), subdir=False, readonly=True, lock=False)
     try:

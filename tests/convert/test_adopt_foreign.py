@@ -179,3 +179,21 @@ def test_vlen_images_read_from_the_file_match_h5py(tmp_path: Path) -> None:
         assert reader._heap is not None  # the direct path, not h5py's
         assert [s["jpg"] for s in reader.scan()] == expected
         assert [s["jpg"] for s in reader.scan(9)] == expected[9:]
+
+
+@pytest.mark.parametrize("name", ["h5-vlen", "caffe-encoded"])
+def test_indexing_again_keeps_the_class_names_and_never_replaces_a_foreign_index_json(name: str,
+                                                                                     tmp_path: Path) -> None:
+    make, flags, _ = LAYOUTS[name]
+    root = make(tmp_path / name)
+    names = tmp_path / "names.txt"
+    names.write_text("".join(f"class-{c}\n" for c in range(fd.CLASSES)))
+    run_cli("index", root, *flags, "--classes", names, check=True)
+    run_cli("index", root, *flags, check=True)  # again, to record what a newer ddpipe records
+    assert ddpipe.load_manifest(root).classes == tuple(f"class-{c}" for c in range(fd.CLASSES))
+    other = tmp_path / f"{name}-theirs"
+    root.rename(other)
+    (other / "index.json").write_text('{"written by": "another tool"}')
+    proc = run_cli("index", other, *flags)
+    assert proc.returncode != 0 and "not a ddpipe manifest" in proc.stderr and "Traceback" not in proc.stderr
+    assert (other / "index.json").read_text() == '{"written by": "another tool"}'
