@@ -9,6 +9,7 @@ key) or ``"labels_file"`` (lines of ``key label`` in a file beside ``data.mdb``)
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from collections.abc import Iterator
@@ -66,6 +67,9 @@ class ForeignLMDBReader(ShardReader):
         self._field = str(layout.get("field", "jpg"))
         self._n = int(layout.get("samples", -1))
         self._keys: list[bytes] | None = None  # built on first random access
+        # where a scan may start: every seek_every-th sample's key (recorded by ddpipe index)
+        self._seek_every = int(layout.get("seek_every", 0))
+        self._seek_keys = [base64.b64decode(k) for k in layout.get("seek_keys", ())]
         try:
             # the label side file lives with the source data, not with a staged copy of data.mdb
             self._labels = LabelSource(layout, Path(layout.get("source_dir", self.path.parent)))
@@ -75,7 +79,7 @@ class ForeignLMDBReader(ShardReader):
         except (lmdb.Error, OSError, re.error, KeyError) as e:
             raise self._corrupt(f"unreadable LMDB environment: {e}") from None
         if self._n < 0:
-            self._n = sum(1 for _ in self._sample_keys())
+            self._n = sum(1 for _ in self.sample_keys())
 
     def mapped_file(self) -> MappedFile:
         # LMDB reads through a mapping of its own; this one, for the checksum only, pages the file in
@@ -86,7 +90,7 @@ class ForeignLMDBReader(ShardReader):
     def __len__(self) -> int:
         return self._n
 
-    def _sample_keys(self) -> Iterator[bytes]:
+    def sample_keys(self) -> Iterator[bytes]:
         with self._env.begin() as txn:
             for key in txn.cursor().iternext(keys=True, values=False):
                 if not META_KEY.match(key):
@@ -108,7 +112,7 @@ class ForeignLMDBReader(ShardReader):
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
         if self._keys is None:
-            self._keys = list(self._sample_keys())
+            self._keys = list(self.sample_keys())
         key = self._keys[i]
         with self._env.begin(buffers=False) as txn:
             value = txn.get(key)
@@ -119,8 +123,16 @@ class ForeignLMDBReader(ShardReader):
     def scan(self, start: int = 0) -> Iterator[Sample]:
         try:
             with self._env.begin() as txn:
+                cursor = txn.cursor()
                 i = 0
-                for key, value in txn.cursor():
+                seek = start // self._seek_every if self._seek_every else 0
+                if 0 < seek < len(self._seek_keys):  # near the share's start, by a key the manifest recorded
+                    if not cursor.set_key(self._seek_keys[seek]):
+                        raise self._corrupt(f"record {self._seek_keys[seek]!r} is missing")
+                    i = seek * self._seek_every
+                elif not cursor.first():
+                    raise self._corrupt("holds no records")
+                for key, value in cursor.iternext(keys=True, values=True):  # from the cursor's record on
                     if META_KEY.match(key):
                         continue
                     if i >= start:

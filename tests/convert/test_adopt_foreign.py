@@ -197,3 +197,19 @@ def test_indexing_again_keeps_the_class_names_and_never_replaces_a_foreign_index
     proc = run_cli("index", other, *flags)
     assert proc.returncode != 0 and "not a ddpipe manifest" in proc.stderr and "Traceback" not in proc.stderr
     assert (other / "index.json").read_text() == '{"written by": "another tool"}'
+
+
+@pytest.mark.parametrize("every", [1, 4, 64])
+def test_an_adopted_lmdb_scans_from_any_sample_by_the_keys_it_recorded(every: int, tmp_path: Path) -> None:
+    """A rank's share of an adopted LMDB starts near its first sample by a key the manifest recorded
+    (every ``every``-th), not after reading every record before it; either way, the same samples."""
+    from ddpipe.convert.adopt_foreign import index_lmdb
+
+    root = fd.lmdb_caffe(tmp_path / "caffe")
+    index_lmdb(root, seek_every=every)
+    dataset = ddpipe.open_dataset(root)
+    assert len(dataset.manifest.layout["seek_keys"]) == -(-len(dataset) // every)
+    whole = [s["__key__"] for s in dataset]
+    with dataset.format.reader(root / "data.mdb") as reader:
+        for start in range(len(dataset) + 1):
+            assert [s["__key__"] for s in reader.scan(start)] == whole[start:], start
