@@ -156,7 +156,7 @@ class Dataset:
         while True:
             with opened as reader:
                 for sample in self._scan(shard, reader, position, limits, views):
-                    error = self._differs(shard, position, sample, reader) if digests is not None else None
+                    error = _differs(digests, position, sample, reader.path)
                     if error is not None:
                         if self._staged(shard, reader):
                             opened = self._from_source(shard, store, error)
@@ -171,13 +171,6 @@ class Dataset:
                     position += 1
                 else:
                     return
-
-    def _differs(self, shard: int, position: int, sample: Sample, reader: ShardReader) -> CorruptShardError | None:
-        """The error for a sample that does not match its digest, or None."""
-        digests = self.sample_digests(shard)
-        if digests is None or sample_digest(sample) == digests[position]:
-            return None
-        return DigestMismatchError(reader.path, position=position, key=str(sample.get(KEY)))
 
     def _staged(self, shard: int, reader: ShardReader) -> bool:
         return reader.path != self.data_root / self.manifest.shards[shard].file
@@ -291,8 +284,8 @@ class Dataset:
                 if shard in corrupt:
                     yield self.placeholder(shard, pos, corrupt[shard])
                     continue
-                by_sample = verify and self.sample_digests(shard) is not None
-                check = verify and not by_sample and shard not in verified
+                digests = self.sample_digests(shard) if verify else None
+                check = verify and digests is None and shard not in verified
                 try:
                     reader = readers.pop(shard, None) or self.open_shard(shard, store, verify=check)
                 except CorruptShardError as e:
@@ -304,12 +297,12 @@ class Dataset:
                     continue
                 verified.add(shard)
                 sample = reader[pos]
-                error = self._differs(shard, pos, sample, reader) if by_sample else None
+                error = _differs(digests, pos, sample, reader.path)
                 if error is not None and self._staged(shard, reader):
                     reader.close()
                     reader = self._from_source(shard, store, error)
                     sample = reader[pos]
-                    error = self._differs(shard, pos, sample, reader)
+                    error = _differs(digests, pos, sample, reader.path)
                 readers[shard] = reader
                 if len(readers) > _OPEN_SHARDS:
                     readers.popitem(last=False)[1].close()
@@ -324,6 +317,13 @@ class Dataset:
         finally:
             for reader in readers.values():
                 reader.close()
+
+
+def _differs(digests: np.ndarray | None, position: int, sample: Sample, path: Path) -> CorruptShardError | None:
+    """The error for a sample that does not match its digest (none to match: no error), or None."""
+    if digests is None or sample_digest(sample) == digests[position]:
+        return None
+    return DigestMismatchError(path, position=position, key=str(sample.get(KEY)))
 
 
 def advise_willneed(path: Path) -> None:

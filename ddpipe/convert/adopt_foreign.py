@@ -191,15 +191,15 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
                 raise DdpipeError(f"the values hold no labels and the key {key!r} shows none: give --labels-file "
                                   "(lines of 'key label') or --label-regex with a group (?P<label>...)", path=mdb)
             layout["label_regex"] = guess
-    labels, digests = [], []
+    labels, digests, seek_keys = [], [], []
     with ForeignLMDBReader(mdb, {**layout, "source_dir": str(data)}) as reader:
-        for sample in reader.scan():  # every record read: a bad one is named now
+        for i, (raw, sample) in enumerate(reader.records()):  # every record read: a bad one is named now
             labels.append(int(sample["cls"]))
             digests.append(sample_digest(sample))
+            if i % seek_every == 0:
+                seek_keys.append(base64.b64encode(raw).decode("ascii"))
         count = len(reader)
-        layout["seek_every"] = seek_every
-        layout["seek_keys"] = [base64.b64encode(key).decode("ascii")
-                               for i, key in enumerate(reader.sample_keys()) if i % seek_every == 0]
+    layout.update(seek_every=seek_every, seek_keys=seek_keys)
     manifest = Manifest(format="lmdb-foreign", fields=tuple(sorted({layout["field"], "cls"})),
                         classes=_classes(max(labels, default=-1), classes, data),
                         shards=(ShardInfo(mdb.name, count, mdb.stat().st_size, file_checksum(mdb),

@@ -23,7 +23,6 @@ from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .lmdb import open_whole
 from .lmdb_values import META_KEY, RecordError, read_value
-from .mapped import MappedFile
 
 
 def read_labels_file(path: Path) -> dict[str, int]:
@@ -79,18 +78,12 @@ class ForeignLMDBReader(ShardReader):
         except (lmdb.Error, OSError, re.error, KeyError) as e:
             raise self._corrupt(f"unreadable LMDB environment: {e}") from None
         if self._n < 0:
-            self._n = sum(1 for _ in self.sample_keys())
-
-    def mapped_file(self) -> MappedFile:
-        # LMDB reads through a mapping of its own; this one, for the checksum only, pages the file in
-        # with one call and goes when the checksum is taken (warm checked reads of an adopted LMDB:
-        # 0.52 of raw against 0.37 reading the file to hash it)
-        return MappedFile(self.path)
+            self._n = sum(1 for _ in self._sample_keys())
 
     def __len__(self) -> int:
         return self._n
 
-    def sample_keys(self) -> Iterator[bytes]:
+    def _sample_keys(self) -> Iterator[bytes]:
         with self._env.begin() as txn:
             for key in txn.cursor().iternext(keys=True, values=False):
                 if not META_KEY.match(key):
@@ -112,7 +105,7 @@ class ForeignLMDBReader(ShardReader):
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
         if self._keys is None:
-            self._keys = list(self.sample_keys())
+            self._keys = list(self._sample_keys())
         key = self._keys[i]
         with self._env.begin(buffers=False) as txn:
             value = txn.get(key)
@@ -121,6 +114,10 @@ class ForeignLMDBReader(ShardReader):
         return self._sample(key, value)
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
+        return (sample for _, sample in self.records(start))
+
+    def records(self, start: int = 0) -> Iterator[tuple[bytes, Sample]]:
+        """:meth:`scan` with each sample's key as stored (``ddpipe index`` records some, to seek by)."""
         try:
             with self._env.begin() as txn:
                 cursor = txn.cursor()
@@ -136,7 +133,8 @@ class ForeignLMDBReader(ShardReader):
                     if META_KEY.match(key):
                         continue
                     if i >= start:
-                        yield self._sample(bytes(key), bytes(value))
+                        raw = bytes(key)
+                        yield raw, self._sample(raw, bytes(value))
                     i += 1
                 if i != self._n:
                     raise self._corrupt(f"holds {i} records, index.json says {self._n}")

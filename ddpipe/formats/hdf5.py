@@ -92,17 +92,11 @@ class HDF5Reader(ShardReader):
                 sample[name] = value.decode() if name == KEY else value
         return sample
 
-    def _content(self, from_start: bool) -> memoryview:
-        try:
-            return self._mapped.for_scan(from_start=from_start)
-        except ValueError:
-            raise self._corrupt("empty file: not an HDF5 shard") from None
-
     def __getitem__(self, index: int) -> Sample:
-        return self._sample(self._content(from_start=False), self._check_index(index))
+        return self._sample(self._mapped.for_scan(from_start=False), self._check_index(index))
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
-        content = self._content(from_start=start == 0)
+        content = self._mapped.for_scan(from_start=start == 0)
         ask_ahead = not self._mapped.paged_in
         images = max(self._offsets, key=lambda name: self._offsets[name][-1])  # the field that is most bytes
         for i in range(start, self._n):

@@ -19,6 +19,8 @@ import mmap
 import os
 from pathlib import Path
 
+from ..errors import CorruptShardError
+
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: page the whole mapping in with one call
 _WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
 AHEAD = 8 << 20
@@ -45,15 +47,15 @@ class MappedFile:
         return self.size <= POPULATE_LIMIT
 
     def content(self, *, whole: bool = False) -> memoryview:
-        """The file's bytes. ``whole``: all of the file is about to be read (checked, or scanned from
-        its start), so it is paged in with one call where it fits; otherwise pages come in as they
-        are touched, or as a scan asks for them ahead of itself. Raises ``ValueError`` for an empty
-        file, which cannot be mapped."""
+        """The file's bytes. ``whole``: all of the file is about to be read (a check; scans ask
+        :meth:`for_scan`), so it is paged in with one call where it fits; otherwise pages come in as
+        they are touched, or as a scan asks for them ahead of itself. An empty file, which cannot be
+        mapped, is a :class:`CorruptShardError`."""
         whole = whole and self.fits_whole
         if self._mapping is None or (whole and not self._whole):
             with open(self.path, "rb") as f:
                 if os.fstat(f.fileno()).st_size == 0:
-                    raise ValueError("empty file")
+                    raise CorruptShardError("empty file: not a shard", path=self.path)
                 flags = mmap.MAP_SHARED | (_POPULATE if whole else 0)
                 self._mapping = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
             self._whole = whole

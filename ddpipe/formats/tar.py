@@ -217,14 +217,9 @@ class TarReader(ShardReader):
         """Each sample's members (extension, data offset, size, name), from the index."""
         return self._groups
 
-    def content(self, *, whole: bool = False, scan_from: int | None = None) -> memoryview:
-        """The shard's bytes, mapped (see mapped.py); ``scan_from``: for a scan from that sample."""
-        try:
-            if scan_from is not None:
-                return self._file.for_scan(from_start=scan_from == 0)
-            return self._file.content(whole=whole)
-        except ValueError:
-            raise self._corrupt("empty file: not a tar") from None
+    def content(self, *, whole: bool = False) -> memoryview:
+        """The shard's bytes, mapped (see mapped.py)."""
+        return self._file.content(whole=whole)
 
     def mapped_file(self) -> MappedFile:
         return self._file
@@ -249,7 +244,7 @@ class TarReader(ShardReader):
     def scan_views(self, start: int = 0) -> Iterator[Sample]:
         if start >= len(self._groups):
             return
-        content = self.content(scan_from=start)
+        content = self._file.for_scan(from_start=start == 0)
         ask_ahead = not self._file.paged_in
         for group in self._groups[start:]:
             if ask_ahead:
