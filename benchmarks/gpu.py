@@ -45,8 +45,9 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def epoch_rates(batches_of_epoch: Any, epochs: int) -> list[float]:
-    """Images/s of each epoch after the first, each ended when the GPU is done with it."""
+def epoch_rates(batches_of_epoch: Any, epochs: int, first: bool = False) -> list[float]:
+    """Images/s of each epoch after the first (with ``first``, of the first too), each ended when the
+    GPU is done with it."""
     import torch
 
     rates = []
@@ -55,7 +56,7 @@ def epoch_rates(batches_of_epoch: Any, epochs: int) -> list[float]:
         for b in batches_of_epoch():
             n += len(b)
         torch.cuda.synchronize()
-        if e:
+        if e or first:
             rates.append(n / (time.perf_counter() - t0))
     return rates
 
@@ -215,7 +216,11 @@ def probe(images: Path, root: Path, epochs: int) -> None:
     # ddpipe's own decoder (its feed, crop windows, graph and hand-over to torch) without the Loader's
     # threads: between the graph alone, above, and the Loader, below
     in_memory = [(np.arange(b * BATCH, (b + 1) * BATCH), samples[b * BATCH : (b + 1) * BATCH]) for b in range(n)]
-    print(f"DaliDecoder fed from memory: {median(decoder_from_memory(in_memory, epochs)):.0f} img/s", flush=True)
+    # its first epoch builds its pipeline (the nvImageCodec decoders, the hardware decoder, buffers grown
+    # over the first batches); later epochs reset it: a pipeline built each epoch cost that every epoch
+    first, *later = decoder_from_memory(in_memory, epochs)
+    print(f"DaliDecoder fed from memory: first epoch {first:.0f} img/s, later {median(later):.0f} img/s",
+          flush=True)
     # the calling thread takes the interpreter lock back after each wait in DALI or CUDA; a thread that
     # holds it (the Loader's reader) gives it up only every switch interval (5 ms by default)
     default_interval = sys.getswitchinterval()
@@ -239,7 +244,8 @@ def probe(images: Path, root: Path, epochs: int) -> None:
 
 def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> list[float]:
     """Images/s of ddpipe's DALI decoder alone (``mixed``, the training transform) over encoded
-    ``(indices, samples)`` batches held in memory, each epoch after the first."""
+    ``(indices, samples)`` batches held in memory, each epoch, the first (which builds its pipeline)
+    included."""
     import torch
 
     from ddpipe.decode import DecodeOptions
@@ -258,7 +264,7 @@ def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> li
         return (images for images, _ in decoder.decode(encoded, 0, epoch[0], on_bad))
 
     try:
-        return epoch_rates(decoded, epochs)
+        return epoch_rates(decoded, epochs, first=True)
     finally:
         decoder.close()
 

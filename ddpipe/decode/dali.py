@@ -4,7 +4,8 @@ The pipeline is fed by ``fn.external_source`` with this rank's encoded batches (
 local shuffle) and each sample's crop window (chosen in augment.py from the seed, the epoch and the
 sample), decodes only that region, resizes, flips and normalises, and hands back torch tensors on
 the training device. On the CPU the resizing is torch's (resample.py). DALI runs a few batches
-ahead (its prefetch queue) while the caller trains on the current one.
+ahead (its prefetch queue) while the caller trains on the current one, and one pipeline serves
+every epoch that runs to its end (reset for the next).
 
 A corrupt image stops a DALI pipeline without saying which sample it was. The decoder keeps the
 batches DALI has taken but not returned; on an error it finds the bad samples of the failing batch
@@ -138,6 +139,7 @@ class DaliDecoder:
         self._resampler: Resampler | None = None if self.transform_in_dali else Resampler(options, options.workers)
         self._feed = _Feed(options, self.transform_in_dali)
         self._pipe: Any = None  # the epoch's pipeline
+        self._reusable = False  # the last epoch ran to its end: its pipeline can serve the next
 
     def close(self) -> None:
         self._pipe = None
@@ -212,14 +214,22 @@ class DaliDecoder:
                on_bad: OnBad) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This epoch's batches, decoded. Crops and flips follow (seed, epoch, sample)."""
         self._feed.attach(batches, seed, epoch, on_bad)
-        # a new pipeline each epoch: one reset for the next epoch kept ~64 MB more resident than a new
-        # one (benchmarks/soak.py), and building one takes ~5 ms on the CPU
-        self._pipe = None
-        self._pipe = self._pipeline()
+        # one pipeline for every epoch that ends: on an H100, while each epoch built its own (its decoders,
+        # the hardware decoder, buffers grown over its first batches), an 8,000-image epoch took ~2.5 s
+        # more than its decoding at DALI's own rate (gpu.py --probe times a first epoch against later
+        # ones); on the CPU a reset one now keeps no more memory than a new one (benchmarks/soak.py)
+        if self._pipe is not None and self._reusable:
+            self._pipe.reset()  # the source is iterated afresh: this epoch's batches
+        else:
+            self._pipe = None
+            self._pipe = self._pipeline()
+        self._reusable = False
         try:
             yield from self._run(on_bad)
+            self._reusable = True
         finally:
-            self._pipe = None
+            if not self._reusable:  # left mid-epoch or failed: what DALI prefetched belongs to no later epoch
+                self._pipe = None
 
     def _run(self, on_bad: OnBad) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         feed, inflight = self._feed, self._feed.inflight

@@ -127,6 +127,38 @@ def test_a_later_epoch_repeats_after_resume_and_after_an_abandoned_epoch(natural
         ld.close()
 
 
+def test_one_dali_pipeline_serves_every_epoch_that_ends(natural: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building a pipeline is the GPU path's start-up cost (its decoders and buffers): epochs that run
+    to their end hand theirs to the next; an abandoned epoch's, holding what it prefetched, goes."""
+    from ddpipe.decode.dali import DaliDecoder
+
+    built: list[int] = []
+    build = DaliDecoder._pipeline
+
+    def counted(self: DaliDecoder) -> object:
+        built.append(1)
+        return build(self)
+
+    monkeypatch.setattr(DaliDecoder, "_pipeline", counted)
+    fresh = []
+    for epoch in range(3):  # each epoch from a loader of its own: a pipeline of its own
+        ld = loader(natural, "dali-cpu")
+        ld.set_epoch(epoch)
+        fresh.append([x for x, _ in ld])
+        ld.close()
+    built.clear()
+    ld = loader(natural, "dali-cpu")
+    for epoch in (0, 1, 2, 1):
+        ld.set_epoch(epoch)
+        assert all(torch.equal(x, y) for x, y in zip([x for x, _ in ld], fresh[epoch], strict=True))
+    assert len(built) == 1
+    next(iter(ld))  # abandoned after one batch
+    ld.set_epoch(2)
+    assert all(torch.equal(x, y) for x, y in zip([x for x, _ in ld], fresh[2], strict=True))
+    assert len(built) == 2
+    ld.close()
+
+
 @pytest.mark.parametrize("decode", DECODERS)
 @pytest.mark.parametrize("dtype", ["uint8", "float32"])
 def test_batches_the_caller_holds_are_never_written_again(natural: Path, decode: str, dtype: str) -> None:
