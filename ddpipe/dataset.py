@@ -119,10 +119,10 @@ class Dataset:
         self.check_file(info, path)
         reader = self.format.reader(path)
         try:
+            if verify:  # first: the check pages the file in whole, and the count may read scattered pages
+                self.format.verify(reader, info.checksum)
             if len(reader) != info.samples:
                 raise CorruptShardError(f"holds {len(reader)} samples, index.json says {info.samples}", path=path)
-            if verify:
-                self.format.verify(reader, info.checksum)
         except BaseException:
             reader.close()
             raise

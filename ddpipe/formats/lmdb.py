@@ -58,27 +58,47 @@ def open_whole(path: Path) -> lmdb.Environment:
 
 
 class LMDBReader(ShardReader):
+    """Opens its environment on first use: a check of the shard's checksum, which pages the whole file
+    in at once, then comes first, and the opening reads pages already in memory (cold, opening first
+    cost ~10 ms a 64 MB shard in scattered reads of its meta pages and its last leaf, a fifth of a
+    checked read's time)."""
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
+        self._opened: tuple[lmdb.Environment, int] | None = None
+
+    @property
+    def _env(self) -> lmdb.Environment:
+        return self._open()[0]
+
+    def _open(self) -> tuple[lmdb.Environment, int]:
+        if self._opened is not None:
+            return self._opened
+        env = None
         try:
-            self._env = open_whole(self.path)
-            with self._env.begin() as txn:
+            env = open_whole(self.path)
+            with env.begin() as txn:
                 meta = txn.get(META_KEY)
             if meta is None:
                 raise self._corrupt("not a ddpipe LMDB shard (no __ddpipe__ record)")
             doc = json.loads(meta)
             if doc.get("layout") != LAYOUT_VERSION:
                 raise self._corrupt(f"unsupported LMDB layout {doc.get('layout')!r}")
-            self._n = int(doc["samples"])
+            self._opened = env, int(doc["samples"])
+            return self._opened
         except CorruptShardError:
+            if env is not None:
+                env.close()
             raise
         except (lmdb.Error, ValueError, KeyError) as e:
+            if env is not None:
+                env.close()
             raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
 
     def __len__(self) -> int:
-        return self._n
+        return self._open()[1]
 
-    def _unpack(self, raw: bytes | None, index: int) -> Sample:
+    def _unpack(self, raw: bytes | memoryview | None, index: int) -> Sample:
         if raw is None:
             raise self._corrupt(f"sample {index} is missing")
         try:
@@ -96,28 +116,32 @@ class LMDBReader(ShardReader):
             raise self._corrupt(f"cannot read sample {i}: {e}") from None
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
+        env, n = self._open()
         try:
-            with self._env.begin() as txn:
+            # buffers: each value is unpacked straight from the map (valid until the cursor moves), a copy
+            # fewer than taking it as bytes first
+            with env.begin(buffers=True) as txn:
                 cursor = txn.cursor()
-                if start >= self._n or not cursor.set_key(sample_key(start)):
-                    if start < self._n:
+                if start >= n or not cursor.set_key(sample_key(start)):
+                    if start < n:
                         raise self._corrupt(f"sample {start} is missing")
                     return
                 i = start
                 for key, raw in cursor:
-                    if i == self._n:
+                    if i == n:
                         break
                     if key != sample_key(i):
                         raise self._corrupt(f"sample {i} is missing")
                     yield self._unpack(raw, i)
                     i += 1
-                if i != self._n:
-                    raise self._corrupt(f"expected {self._n} samples, found {i}")
+                if i != n:
+                    raise self._corrupt(f"expected {n} samples, found {i}")
         except lmdb.Error as e:
             raise self._corrupt(f"cannot read: {e}") from None
 
     def close(self) -> None:
-        self._env.close()
+        if self._opened is not None:
+            self._opened[0].close()
 
 
 class LMDBWriter(ShardWriter):
