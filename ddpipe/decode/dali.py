@@ -182,6 +182,10 @@ class DaliDecoder:
             # rounding put it one pixel off for odd margins: 3% of the range apart on the device, 0.2% now)
             images = fn.crop_mirror_normalize(images, dtype=out_dtype, output_layout=layout, crop=crop,
                                               mirror=mirror, rounding="truncate", **norm)
+            if self.gpu_decode:
+                # on the device from DALI, in DALI's stream order: a copy of CPU labels from pageable memory
+                # waits for everything queued on the stream first (CUDA's rule), the last training step too
+                labels = labels.gpu()
             return images, labels
 
         p = pipe()
@@ -197,7 +201,8 @@ class DaliDecoder:
                 out = torch.utils.dlpack.from_dlpack(images.as_tensor())
             if self.options.channels_last:
                 out = out.permute(0, 3, 1, 2)  # NCHW shape with NHWC memory: torch's channels_last
-        target = torch.utils.dlpack.from_dlpack(labels.as_tensor()).reshape(-1)
+        with self.device:
+            target = torch.utils.dlpack.from_dlpack(labels.as_tensor()).reshape(-1)
         if out.device != self.device:
             out = out.to(self.device, non_blocking=True)
         return out, target.to(self.device, non_blocking=True)
