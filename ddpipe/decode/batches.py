@@ -27,6 +27,9 @@ class EncodedBatch:
     datas: list[bytes] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     crops: Crops | None = None  # each sample's crop window and flip, once chosen (augment.py)
+    # arrays a decoder handed to a library that reads them in place (DALI, no_copy): they live as long
+    # as the batch, which the decoder keeps until the library is done with it
+    fed: object = None
 
     @classmethod
     def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad) -> EncodedBatch:

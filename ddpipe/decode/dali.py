@@ -96,7 +96,9 @@ class _Feed:
             assert c is not None
             columns += [c.left, c.top, c.width, c.height] + ([c.flip] if self.gpu else [])
         numbers = np.stack([np.asarray(col, dtype=np.int64) for col in columns], axis=1)
-        return [np.frombuffer(d, dtype=np.uint8) for d in batch.datas], numbers
+        # DALI reads these in place (no_copy): they stay with the batch, in flight until its output is out
+        batch.fed = [np.frombuffer(d, dtype=np.uint8) for d in batch.datas], numbers
+        return batch.fed
 
 
 def with_crops(batch: EncodedBatch, seed: int, epoch: int, options: DecodeOptions,
@@ -158,8 +160,12 @@ class DaliDecoder:
         @dali.pipeline_def(batch_size=self.batch_size, num_threads=o.workers, device_id=device_id, seed=0,
                            prefetch_queue_depth=2, exec_dynamic=True)
         def pipe():  # type: ignore[no-untyped-def]
+            # no_copy: DALI reads the encoded bytes where they are (the shard's mapping, the exchange's
+            # landing zone), kept alive with their batch (_Feed); copying each batch in cost the calling
+            # thread a quarter of what feeding a graph that decodes nothing costs (13,000 against 17,000
+            # images/s on one core)
             encoded, numbers = fn.external_source(source=feed, num_outputs=2, batch=True, cycle="raise",
-                                                  dtype=[types.UINT8, types.INT64])
+                                                  no_copy=True, dtype=[types.UINT8, types.INT64])
             labels = numbers[0:1]
             if o.train:  # decode only the crop window, as EXIF-blind as the window's choice
                 window = fn.cast(numbers[1:5], dtype=types.INT32)  # left, top, width, height

@@ -176,3 +176,38 @@ def test_a_corrupt_shard_met_while_reading_ahead_ends_the_job_naming_it(tmp_path
     assert proc.returncode != 0, output
     assert f"{bad.name}: checksum mismatch" in output and "ending the job" in output, output
     assert "did not complete within" not in output, output
+
+
+def test_decoded_images_are_the_samples_exchanged_over_two_epochs(tmp_path: Path) -> None:
+    """DALI reads the encoded bytes in place (the shard's mapping, the exchange's landing zone or
+    receive buffer), so those must outlive its batches in flight: on 2 ranks with half of every
+    rank's samples exchanged in small rounds, each decoded image is still its own label's colour,
+    over two epochs of one pipeline."""
+    import numpy as np
+
+    import ddpipe
+
+    from ..decode.test_decode import COLORS, labelled_samples
+
+    data = tmp_path / "colours"
+    ddpipe.write_dataset(data, iter(labelled_samples(96, np.random.default_rng(4))), samples_per_shard=8,
+                         classes=[str(c) for c in range(len(COLORS))])
+    out = tmp_path / "out.json"
+    code = ("import json, sys, torch, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
+            "ld = ddpipe.Loader(sys.argv[1], 8, decode='dali-cpu', device='cpu', shuffle='partial', "
+            "exchange_fraction=0.5, round_size=8, comm=c, "
+            "decode_options=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
+            "colours = torch.tensor(" + repr(COLORS) + ", dtype=torch.float32); seen = []\n"
+            "for epoch in range(2):\n"
+            "    ld.set_epoch(epoch)\n"
+            "    for x, y in ld:\n"
+            "        nearest = torch.cdist(x.float().mean(dim=(2, 3)), colours).argmin(dim=1)\n"
+            "        seen.append([nearest.tolist(), y.tolist()])\n"
+            "r = c.allgather({'seen': seen, 'sent': ld.stats['samples_sent']})\n"
+            "c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
+    proc = mpiexec(2, "-c", code, data, out, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert all(r["sent"] > 0 for r in report)  # samples did cross between the ranks
+    pairs = [(a, b) for r in report for colours, labels in r["seen"] for a, b in zip(colours, labels, strict=True)]
+    assert len(pairs) == 2 * 96 and all(a == b for a, b in pairs)
