@@ -133,19 +133,23 @@ class Trainer:
         t_wait = time.perf_counter()
         stopped = False
         bar = self._bar(batches)
+        # summed on the device: reading a GPU loss every step would make the host wait for each step
+        # before asking the loader for the next batch, so the GPU would idle while the host caught up
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for images, labels in loader:
             log.wait_seconds += time.perf_counter() - t_wait
             for group in self.optimizer.param_groups:
                 group["lr"] = scaled_lr(self.opt, self.global_batch, self.epoch + (before + log.steps) / whole)
             loss = train_step(self.trained, self.optimizer, self._images(images), labels, self.scaler,
                               self.amp_dtype)
-            log.loss_sum += float(loss) * len(labels)
+            loss_sum += loss.double() * len(labels)
             log.images += len(labels)
             log.steps += 1
             self.step += 1
             if self.opt.checkpoint and self.opt.checkpoint_every and self.step % self.opt.checkpoint_every == 0:
                 self.save(self.opt.checkpoint)
             if self.opt.log_every and log.steps % self.opt.log_every == 0 and log.steps < batches:
+                log.loss_sum = float(loss_sum)
                 self._progress(log, batches, time.perf_counter() - t_epoch)
             if bar is not None:
                 bar.update()
@@ -156,6 +160,7 @@ class Trainer:
                     self.log(f"stopped after step {self.step} (--max-steps); checkpoint {self.opt.checkpoint}")
                 break
             t_wait = time.perf_counter()
+        log.loss_sum = float(loss_sum)  # the epoch's time includes waiting for its last step
         log.seconds = time.perf_counter() - t_epoch
         if bar is not None:
             bar.close()
