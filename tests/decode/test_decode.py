@@ -258,6 +258,35 @@ def test_corrupt_images_skipped_and_counted_batches_stay_equal(tmp_path: Path, d
     assert ld.stats["repeated"] == 2  # the stream ran 2 short: the last batch repeats 2 of its samples
 
 
+def test_the_pipeline_rebuilt_after_a_bad_image_serves_the_next_epoch(tmp_path: Path) -> None:
+    """An image whose header reads but whose data stops right after it passes the crop window's
+    check and stops DALI itself; the decoder finds it, rebuilds its pipeline mid-epoch, and the
+    rebuilt one, reset, gives the next epoch the batches a fresh loader gives it."""
+    samples = labelled_samples(20, np.random.default_rng(1))
+    data = samples[6]["jpg"]
+    scan = data.index(b"\xff\xda")
+    samples[6]["jpg"] = data[: scan + 2 + int.from_bytes(data[scan + 2 : scan + 4], "big") + 16]
+    root = tmp_path / "bad"
+    ddpipe.write_dataset(root, iter(samples), samples_per_shard=8)
+
+    def skipping() -> ddpipe.Loader:
+        return ddpipe.Loader(root, 4, decode="dali-cpu", device="cpu", shuffle="local", on_error="skip", seed=1,
+                             decode_options=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
+
+    ld = skipping()
+    list(ld)
+    ld.set_epoch(1)
+    again = [(x.clone(), y.clone()) for x, y in ld]
+    fresh = skipping()
+    fresh.set_epoch(1)
+    want = [(x.clone(), y.clone()) for x, y in fresh]
+    assert len(again) == len(want) == 5 and ld.stats["skipped"] == fresh.stats["skipped"] == 1
+    assert [k for k, _, _ in ld.skipped] == ["img/0006", "img/0006"]  # once an epoch
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(again, want, strict=True))
+    ld.close()
+    fresh.close()
+
+
 def dali_batches(root: Path, transform_in_dali: bool, **kw: object) -> list[torch.Tensor]:
     """Every batch of an epoch through a DALI CPU decoder whose resize, flip and normalisation are
     the Resampler's (the CPU path) or DALI's own (the graph the GPU path runs after ``mixed``)."""
