@@ -173,6 +173,7 @@ class Dataset:
                     return
 
     def _staged(self, shard: int, reader: ShardReader) -> bool:
+        """The reader reads a staged copy, not the shard's source file."""
         return reader.path != self.data_root / self.manifest.shards[shard].file
 
     def _from_source(self, shard: int, store: ShardStore | None, error: CorruptShardError) -> ShardReader:
@@ -186,8 +187,7 @@ class Dataset:
     def _scan(self, shard: int, reader: ShardReader, start: int, limits: SourceLimits | None,
               views: bool) -> Iterator[Sample]:
         """A sequential scan of an open shard, paying the slow-source model where it reads the source."""
-        from_source = reader.path.parent.resolve() == self.data_root.resolve()  # not a staged copy
-        slow = limits if limits is not None and from_source else None
+        slow = limits if limits is not None and not self._staged(shard, reader) else None
         if slow is not None:
             slow.on_open()
         info = self.manifest.shards[shard]

@@ -85,15 +85,13 @@ class LMDBReader(ShardReader):
             if doc.get("layout") != LAYOUT_VERSION:
                 raise self._corrupt(f"unsupported LMDB layout {doc.get('layout')!r}")
             self._opened = env, int(doc["samples"])
-            return self._opened
-        except CorruptShardError:
+        except (lmdb.Error, ValueError, KeyError) as e:  # a CorruptShardError raised above is a ValueError
             if env is not None:
                 env.close()
-            raise
-        except (lmdb.Error, ValueError, KeyError) as e:
-            if env is not None:
-                env.close()
+            if isinstance(e, CorruptShardError):
+                raise
             raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
+        return self._opened
 
     def __len__(self) -> int:
         return self._open()[1]
