@@ -1,6 +1,6 @@
 # Every target sets up what it needs on a fresh machine: a virtual environment in .venv,
 # torch first (pinned, so pip takes the local CPU build rather than several GB of CUDA wheels),
-# then ddpipe with its MPI, DALI and development extras.
+# then ddpipe with its MPI, DALI, decode-service and development extras.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[mpi,dali,dev]'
+	$(PY) -m pip install --quiet -e '.[mpi,dali,service,dev]'
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -85,7 +85,7 @@ class Loader:
             from .decode.output import resolve
 
             self.decode, self.device = resolve(self.decode_options.decoder, self.decode_options.device,
-                                               self.comm.world.local_rank)
+                                               self.comm.world.local_rank, served=bool(self.decode_options.service))
         self.epoch = 0
         # the samples this epoch plans over: None for all, or what a resumed epoch had left; it changes
         # only with set_epoch, so iterating again repeats the same stream and a state taken after the

@@ -45,6 +45,23 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from ..service import DecodeServer, ServeOptions
+
+    server = DecodeServer(ServeOptions(listen=args.listen, workers=args.workers, queue=args.queue,
+                                       max_request_bytes=args.max_request, log_every=args.log_every))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # finish the loop, join the workers, close the socket
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"ddpipe serve: listening on {server.endpoint} with {args.workers} worker(s)", flush=True)
+    server.serve(stop)
+    print(f"ddpipe serve: stopped after {server.counters.total_images} images", flush=True)
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ..stats import format_stats, inspect_dataset
 

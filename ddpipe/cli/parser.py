@@ -11,7 +11,7 @@ from ..formats import FORMAT_NAMES
 from ..plan import ASSIGNMENTS
 from ..shufflers import SHUFFLE_MODES
 from ..throttle import ENV_VAR as THROTTLE_ENV
-from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_stage, cmd_synth, cmd_train, cmd_verify
+from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_serve, cmd_stage, cmd_synth, cmd_train, cmd_verify
 
 
 def _size(text: str) -> int:
@@ -160,6 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="images/s one rank decodes on the cluster (default: measured here)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("serve", help="decode batches for trainers on other nodes (DecodeOptions(service=...))")
+    p.add_argument("--listen", default="127.0.0.1:5555",
+                   help="HOST:PORT to listen on (0.0.0.0 for every interface; port 0: any free one)")
+    p.add_argument("--workers", type=_positive, default=max(1, len(os.sched_getaffinity(0))),
+                   help="batches decoded at once, one core each (default: this process's cores)")
+    p.add_argument("--queue", type=int, default=0, help="requests waiting for a worker (default: 2 per worker); "
+                   "past it, trainers are told the server is busy")
+    p.add_argument("--max-request", type=_size, default=512 << 20, help="largest request taken, e.g. 512MB")
+    p.add_argument("--log-every", type=float, default=60.0, help="seconds between log lines")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
     p.add_argument("dataset")

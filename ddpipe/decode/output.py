@@ -37,8 +37,10 @@ def normalize(images: torch.Tensor, options: DecodeOptions | None = None,
     return (images.to(dtype) - mean) / std
 
 
-def resolve(decode: str, device: str, local_rank: int = 0) -> tuple[str, torch.device]:
-    """The decoder and the device that ``decode`` and ``device`` (either may be ``"auto"``) stand for."""
+def resolve(decode: str, device: str, local_rank: int = 0, served: bool = False) -> tuple[str, torch.device]:
+    """The decoder and the device that ``decode`` and ``device`` (either may be ``"auto"``) stand for.
+    ``served``: decoding is a decode service's, on the CPU (its servers' decoder, and this one's
+    while none answers)."""
     if decode not in DECODERS:
         raise DdpipeError(f"decode must be one of {', '.join(DECODERS)}, not {decode!r}")
     cuda = torch.cuda.is_available()
@@ -50,7 +52,7 @@ def resolve(decode: str, device: str, local_rank: int = 0) -> tuple[str, torch.d
             raise DdpipeError(f"device={device!r} but CUDA is not available")
     if decode == "auto":
         has_dali = importlib.util.find_spec("nvidia.dali") is not None
-        decode = ("dali-gpu" if target.type == "cuda" else "dali-cpu") if has_dali else "pil"
+        decode = ("dali-gpu" if target.type == "cuda" and not served else "dali-cpu") if has_dali else "pil"
     return decode, target
 
 
@@ -115,6 +117,10 @@ class PilDecoder:
 
 
 def make_decoder(kind: str, options: DecodeOptions, batch_size: int, device: torch.device) -> Decoder:
+    if options.service:
+        from ..service.client import ServiceDecoder
+
+        return ServiceDecoder(options, batch_size, device, kind)
     if kind == "pil":
         return PilDecoder(options, batch_size, device)
     from .dali import DaliDecoder

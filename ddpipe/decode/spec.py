@@ -49,8 +49,20 @@ class DecodeOptions:
     antialias: bool = True
     # decoding threads (DALI) or processes (pil); 0: the Loader gives the node's cores over its ranks
     threads: int = 0
+    # decode servers (``ddpipe serve``) to decode on, e.g. ("tcp://cpu-node-1:5555",): batches are
+    # the same as decoding here with the CPU decoder ("dali-cpu", else "pil"), which also takes over
+    # while no server answers; a server silent this many seconds with batches outstanding is dropped
+    service: tuple[str, ...] = ()
+    service_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.service, str) or not all(isinstance(s, str) for s in self.service):
+            raise ValueError(f"service must be a list of addresses such as 'tcp://host:5555', not {self.service!r}")
+        object.__setattr__(self, "service", tuple(self.service))  # a list given is kept as a tuple
+        if self.service_timeout <= 0:
+            raise ValueError(f"service_timeout must be positive, not {self.service_timeout}")
+        if self.service and self.decoder == "dali-gpu":
+            raise ValueError("a decode service decodes on the CPU: decoder 'auto', 'dali-cpu' or 'pil' with service")
         if self.decoder not in DECODERS:
             raise ValueError(f"decode must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
         if self.on_error not in ON_ERROR:
