@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # torch loads only when something decodes
     from typing_extensions import Unpack
 
     from .decode.output import Decoder
+    from .service.client import ServiceStats
 
 STATE_VERSION = 1
 
@@ -130,6 +131,12 @@ class Loader:
                                 f"{a or 'none'} and {b or 'none'}; give every rank of a node the same one")
             error.job_wide = True  # every rank raises it: none need end the others
             raise error
+
+    @property
+    def service_stats(self) -> ServiceStats | None:
+        """With ``DecodeOptions(service=...)``: what the decode servers and this process decoded, and
+        where the time went; ``None`` otherwise, or before the first batch."""
+        return getattr(self._decoder, "stats", None)
 
     def close(self) -> None:
         """Release the decoder (its DALI pipeline, threads or processes); iterating again makes a new one."""

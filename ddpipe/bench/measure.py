@@ -38,6 +38,7 @@ class BenchOptions:
     shuffle: str = "partial"
     exchange_fraction: float = 0.3
     decode: str = "auto"
+    decode_service: tuple[str, ...] = ()  # decode servers (ddpipe serve) instead of this process
     image_size: int = 224
     step_time: float = 0.05  # seconds a simulated training step takes
     cold: bool = False  # evict the dataset from the page cache before each epoch
@@ -83,6 +84,17 @@ class BenchReport:
     epochs: list[float] = field(default_factory=list)  # each epoch of the full pipeline, slowest rank
     step: str = "simulated"  # or the model whose real step was timed
     compare: list[dict[str, Any]] = field(default_factory=list)  # the peers: pipeline, images, seconds
+    service: dict[str, Any] = field(default_factory=dict)  # the decode service's totals, if one decoded
+
+    @property
+    def served_split(self) -> tuple[float, float]:
+        """With a decode service: the prep stall (waiting on decoding) split into the servers'
+        decoding and the rest of the round trips (transfer, queueing), in the round trips' proportion."""
+        trips = self.service.get("round_trip_seconds", 0.0)
+        if not trips:
+            return self.prep_stall, 0.0
+        decode = self.prep_stall * min(1.0, self.service["server_seconds"] / trips)
+        return decode, self.prep_stall - decode
 
     @property
     def decode_images_per_s(self) -> float:
@@ -126,7 +138,7 @@ class BenchReport:
                 "bottleneck": self.bottleneck, "max_feed_images_per_s": self.max_feed_images_per_s,
                 "step_images_per_s": self.step_images_per_s,
                 "stages": [{**asdict(s), "images_per_s": s.images_per_s, "mb_per_s": s.mb_per_s} for s in self.stages],
-                "epochs": self.epochs, "step": self.step,
+                "epochs": self.epochs, "step": self.step, "service": self.service,
                 "compare": [{**c, "ddpipe_over_peer": self.decode_images_per_s / c["images_per_s"]
                              if c["images_per_s"] else None} for c in self.compare],
                 "per_rank": self.per_rank}
@@ -161,7 +173,7 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
     if o.epochs < 1:
         raise DdpipeError("epochs must be at least 1")
     decode_options = DecodeOptions(size=o.image_size, resize_shorter=max(o.image_size, round(o.image_size * 8 / 7)),
-                                   dtype="uint8")
+                                   dtype="uint8", service=o.decode_service)
 
     def loader(shuffle: str, decode: str) -> Loader:
         return Loader(Path(dataset), o.batch_size, shuffle=shuffle, exchange_fraction=o.exchange_fraction,
@@ -241,6 +253,8 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
         mine["seconds"] += figures["seconds"]
         epochs.append(seconds)
         bar.update()
+    served = full.service_stats
+    service = _service_totals(comm.allgather(asdict(served) if served is not None else None), o.epochs)
     full.close()
     epoch_seconds = sum(epochs) / len(epochs)
     stages.append(StageFigures("full", stages[-1].images, stages[0].bytes, epoch_seconds, stages[-1].images,
@@ -254,7 +268,22 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
     bar.close()
     everyone = [dict(r, rank=rank) for rank, rows in enumerate(comm.allgather(per_rank)) for r in rows]
     return BenchReport(comm.world.size, stages, epoch_seconds, compute_seconds, memory_seconds, stages[-1].images,
-                       everyone, epochs, o.model or "simulated", compare)
+                       everyone, epochs, o.model or "simulated", compare, service)
+
+
+def _service_totals(ranks: list[dict[str, Any] | None], epochs: int) -> dict[str, Any]:
+    """The decode service's figures over the full pipeline's epochs, summed over the ranks: what
+    the servers and the ranks decoded, and the servers' decoding against the round trips."""
+    mine = [r for r in ranks if r is not None]
+    if not mine:
+        return {}
+    totals: dict[str, Any] = {k: sum(r[k] for r in mine) for k in ("remote_batches", "local_batches",
+                                                                      "server_seconds", "round_trip_seconds",
+                                                                      "bytes_received", "servers_lost")}
+    totals["servers"] = sorted({s for r in mine for s in r["by_server"]})
+    totals["transfer_seconds"] = max(0.0, totals["round_trip_seconds"] - totals["server_seconds"])
+    totals["epochs"] = epochs
+    return totals
 
 
 def _progress(phases: list[str], show: bool) -> Any:

@@ -16,6 +16,16 @@ def format_report(report: BenchReport) -> str:
              f"prep {100 * report.prep_stall:.0f}%)",
              f"bottleneck: {report.bottleneck}; the pipeline could feed {report.max_feed_images_per_s:.0f} images/s, "
              f"the step takes {report.step_images_per_s:.0f}"]
+    if report.service:
+        s = report.service
+        batches = s["remote_batches"] + s["local_batches"]
+        decode, transfer = report.served_split
+        per = 1000 / max(s["remote_batches"], 1)
+        lines.append(f"decode service ({len(s['servers'])} server(s)): {s['remote_batches']} of {batches} batches "
+                     f"decoded there, {s['local_batches']} here; a batch took {s['server_seconds'] * per:.0f} ms "
+                     f"decoding on a server, {s['transfer_seconds'] * per:.0f} ms in transfer and queueing")
+        lines.append(f"stall split: fetch {100 * report.fetch_stall:.0f}%, decode {100 * decode:.0f}%, "
+                     f"transfer {100 * transfer:.0f}%; step {100 * (1 - report.stall):.0f}% of the epoch")
     if len(report.epochs) > 1:
         lines.append("epochs (s): " + ", ".join(f"{e:.2f}" for e in report.epochs))
     full = [r for r in report.per_rank if r.get("stage") == "full"]

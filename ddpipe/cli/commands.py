@@ -126,7 +126,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     job = distributed.init(args.device)
     torch.manual_seed(args.seed)
     size = DecodeOptions(decoder=args.decode, device=str(job.device), on_error=args.on_error, size=args.image_size,
-                         resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)), dtype=args.dtype)
+                         resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)), dtype=args.dtype,
+                         service=tuple(args.decode_service))
     loader = Loader(args.dataset, args.batch_size, decode=size, shuffle=args.shuffle,
                     exchange_fraction=args.exchange_fraction, shard_assignment=args.shard_assignment, drop_last=True,
                     stage_dir=args.stage_dir, stage_capacity=args.stage_capacity, seed=args.seed, comm=job.comm)
@@ -140,8 +141,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                            amp=args.amp, channels_last=args.channels_last, checkpoint=args.checkpoint,
                            checkpoint_every=args.checkpoint_every, max_steps=args.max_steps, log_every=args.log_every)
     if job.is_main:
+        served = f" (on decode servers {', '.join(args.decode_service)})" if args.decode_service else ""
         print(f"training {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters) on "
-              f"{job.size} rank(s), {loader.decode} decoding on {loader.device}, global batch "
+              f"{job.size} rank(s), {loader.decode} decoding{served} on {loader.device}, global batch "
               f"{args.batch_size * job.size}, allreduce {args.allreduce}", flush=True)
     try:
         Trainer(model, loader, job, options, evaluate).fit()
@@ -170,7 +172,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.compare is not None:  # --compare alone: every peer installed here
         compare = tuple(args.compare) or tuple(p for p in PEERS if p in available_peers())
     options = BenchOptions(batch_size=args.batch_size, shuffle=args.shuffle, exchange_fraction=args.exchange_fraction,
-                           decode=args.decode, image_size=args.image_size, step_time=args.step_time, cold=args.cold,
+                           decode=args.decode, decode_service=tuple(args.decode_service), image_size=args.image_size,
+                           step_time=args.step_time, cold=args.cold,
                            stage_dir=args.stage_dir, source_limits=args.source_throttle, seed=args.seed,
                            epochs=args.epochs, model=args.model, compare=compare, compare_dir=args.compare_dir,
                            progress=sys.stderr.isatty() and not args.no_progress)

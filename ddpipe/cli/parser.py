@@ -30,6 +30,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _decode_service_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--decode-service", action="extend", type=lambda s: [a for a in s.split(",") if a], default=[],
+                   metavar="ADDRESS[,ADDRESS...]",
+                   help="decode on these servers (ddpipe serve), e.g. tcp://cpu-node-1:5555; here while none answers")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..bench.peers import PEERS
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
@@ -107,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="loader output; uint8 is normalised on the training device")
     p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])
     p.add_argument("--device", default="auto")
+    _decode_service_argument(p)
     p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
@@ -140,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
     p.add_argument("--exchange-fraction", type=float, default=0.3)
     p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])
+    _decode_service_argument(p)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
     p.add_argument("--stage-dir", default=None)

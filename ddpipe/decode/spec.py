@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import OptionError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "gif")
@@ -57,20 +59,20 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         if isinstance(self.service, str) or not all(isinstance(s, str) for s in self.service):
-            raise ValueError(f"service must be a list of addresses such as 'tcp://host:5555', not {self.service!r}")
+            raise OptionError(f"service must be a list of addresses such as 'tcp://host:5555', not {self.service!r}")
         object.__setattr__(self, "service", tuple(self.service))  # a list given is kept as a tuple
         if self.service_timeout <= 0:
-            raise ValueError(f"service_timeout must be positive, not {self.service_timeout}")
+            raise OptionError(f"service_timeout must be positive, not {self.service_timeout}")
         if self.service and self.decoder == "dali-gpu":
-            raise ValueError("a decode service decodes on the CPU: decoder 'auto', 'dali-cpu' or 'pil' with service")
+            raise OptionError("a decode service decodes on the CPU: decoder 'auto', 'dali-cpu' or 'pil' with service")
         if self.decoder not in DECODERS:
-            raise ValueError(f"decode must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
+            raise OptionError(f"decode must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
         if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
+            raise OptionError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+            raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
         if self.size < 1 or self.resize_shorter < self.size:
-            raise ValueError("size must be positive and resize_shorter at least size")
+            raise OptionError("size must be positive and resize_shorter at least size")
 
     @property
     def workers(self) -> int:

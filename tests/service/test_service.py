@@ -261,3 +261,20 @@ def test_wire_round_trip_keeps_every_byte() -> None:
     header = wire.unpack(frames[0])
     back = wire.read_decoded(header, [memoryview(io.BytesIO(bytes(frames[1])).getvalue())])
     assert np.array_equal(back.images, images) and back.bad == [(7, "does not decode")] and back.seconds == 0.5
+
+
+def test_bench_and_train_take_the_service_and_bench_splits_the_stall(natural: Path) -> None:
+    from ..conftest import run_cli
+
+    with servers(1) as (s,):
+        bench = run_cli("bench", natural, "--batch-size", "4", "--image-size", "24", "--step-time", "0.001",
+                        "--decode", "dali-cpu", "--decode-service", s.endpoint, "--no-progress", timeout=300)
+        train = run_cli("train", natural, "--model", "smallcnn", "--batch-size", "4", "--image-size", "24",
+                        "--decode-service", s.endpoint, "--log-every", "0", timeout=300)
+        log = s.stop()
+    assert bench.returncode == 0, bench.stderr
+    assert "decode service (1 server(s))" in bench.stdout and "0 here" in bench.stdout
+    assert "stall split: fetch" in bench.stdout and "transfer" in bench.stdout
+    assert train.returncode == 0, train.stderr
+    assert f"on decode servers {s.endpoint}" in train.stdout and "epoch 0:" in train.stdout
+    assert "stopped after" in log and "stopped after 0 images" not in log
