@@ -7,10 +7,10 @@ Every process is pinned with taskset: the trainer to core 0, a server to core 1.
 
 - **trainer**: one rank, ``dali-cpu`` decoding (one thread) to 224x224 uint8, local shuffle; its
   step is work that takes its core ``--step-time`` seconds when alone (``busy_step``), by default
-  as long as decoding a batch takes on one core (the raw rate below), so that neither decoding nor the step alone bounds the served case. Images/s and
-  the share of the epoch spent waiting for data, from the first batch on (start-up excluded, as
-  ``ddpipe bench`` takes rates); (a) decoding on core 0, (b) ``ddpipe serve`` on
-  core 1. Reference: (a), as a ratio.
+  as long as decoding a batch takes on one core (the raw rate below), so that neither decoding
+  nor the step alone bounds the served case. Images/s and the share of the epoch spent waiting
+  for data, from the first batch on (start-up excluded, as ``ddpipe bench`` takes rates);
+  (a) decoding on core 0, (b) ``ddpipe serve`` on core 1. Reference: (a), as a ratio.
 - **server**: a client on core 0 feeding the server on core 1 as fast as it decodes, with the
   epoch's encoded batches held in memory; reference: the same decoder decoding the same batches in
   one process on core 1 (the raw decode rate of that core, as the trainer would decode them).
@@ -83,7 +83,8 @@ def calls_for(seconds: float) -> int:
     return max(1, round(seconds * n / (time.perf_counter() - t0)))
 
 
-def trainer(dataset: Path, out: Path, batch_size: int, step_time: float, repeats: int, service: tuple[str, ...]) -> None:
+def trainer(dataset: Path, out: Path, batch_size: int, step_time: float, repeats: int,
+            service: tuple[str, ...]) -> None:
     import torch
 
     import ddpipe
@@ -185,7 +186,7 @@ def echo_server(kind: str, batches: int) -> None:
     print(f"tcp://127.0.0.1:{port}", flush=True)
     for _ in range(batches):
         peer, _ = sock.recv_multipart()
-        sock.send_multipart([peer, images], copy=False)
+        sock.send_multipart([peer, images.data], copy=False)
     time.sleep(0.5)
     sock.close(linger=1000)
     ctx.term()
@@ -232,8 +233,8 @@ def echo_client(kind: str, endpoint: str, batches: int, out: Path) -> None:
             sock.send(b"x")
         sent = min(inflight, batches)
         while received < batches:
-            frames = sock.recv_multipart(copy=False)
-            array = np.frombuffer(frames[0].buffer, dtype=np.uint8)
+            parts = sock.recv_multipart(copy=False)
+            array = np.frombuffer(parts[0].buffer, dtype=np.uint8)
             assert array.size == BATCH_BYTES
             received += 1
             if sent < batches:
