@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError("a decode server did not end within 60 s of SIGTERM") from None
+        settle = time.monotonic() + 20  # its pool's workers end as their parent goes: let them finish
+        while any(map(alive, kids)) and time.monotonic() < settle:
+            time.sleep(0.05)
         assert not [k for k in kids if alive(k)], "a decode server left processes behind"
         return out + err
 

@@ -278,3 +278,51 @@ def test_bench_and_train_take_the_service_and_bench_splits_the_stall(natural: Pa
     assert train.returncode == 0, train.stderr
     assert f"on decode servers {s.endpoint}" in train.stdout and "epoch 0:" in train.stdout
     assert "stopped after" in log and "stopped after 0 images" not in log
+
+
+def test_resuming_mid_epoch_through_the_service_continues_as_local_decoding(natural: Path) -> None:
+    local = loader(natural, options())
+    it = iter(local)
+    for _ in range(3):
+        next(it)
+    state = local.state_dict()
+    del it
+    here = loader(natural, options())
+    here.load_state_dict(state)
+    rest = [(x.clone(), y.clone()) for x, y in here]
+    with servers(1) as (s,):
+        resumed = loader(natural, options([s.endpoint]))
+        resumed.load_state_dict(state)
+        got = [(x.clone(), y.clone()) for x, y in resumed]
+        assert stats(resumed).remote_batches == len(got) > 0
+    assert same(got, rest)
+    assert 0 < sum(len(y) for _, y in got) < sum(len(y) for _, y in epoch(local))  # the rest, not a whole epoch
+
+
+TRAINER = """
+import sys, ddpipe
+decode = ddpipe.DecodeOptions(decoder="dali-cpu", device="cpu", size=24, resize_shorter=28, dtype="uint8",
+                              threads=1, service=(sys.argv[2],))
+loader = ddpipe.Loader(sys.argv[1], 4, decode=decode, shuffle="local", seed=5)
+for epoch in range(1000):
+    loader.set_epoch(epoch)
+    for batch in loader:
+        print("batch", flush=True)
+"""
+
+
+def test_a_trainer_killed_mid_epoch_leaves_the_server_serving_the_others(natural: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    expected = epoch(loader(natural, options()))
+    with servers(1) as (s,):
+        trainer = subprocess.Popen([sys.executable, str(script), str(natural), s.endpoint], stdout=subprocess.PIPE,
+                                   text=True)
+        assert trainer.stdout is not None and trainer.stdout.readline() == "batch\n"  # it is being served
+        trainer.kill()
+        trainer.wait(timeout=60)
+        assert same(epoch(loader(natural, options([s.endpoint]))), expected)
+        assert s.proc.poll() is None
