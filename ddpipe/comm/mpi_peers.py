@@ -5,6 +5,7 @@ The MPI module comes in from :mod:`ddpipe.comm.mpi`, the one importer of mpi4py.
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import threading
 import time
@@ -15,6 +16,17 @@ import numpy as np
 
 _REQUEST = 1  # tag of a request; each answer comes on a tag the requester chose for it
 _CHUNK = 8 << 20
+# a request's number n gives two tags: 2 + 2n for what the server sends (header, chunks), 3 + 2n for
+# the requester's "send the chunks". Two ranks that fetch from each other at once number their
+# requests alike; with one tag for both directions, one's "send them" met the other's header or
+# chunks ("Message truncated", a hang, or another file's bytes). Numbers wrap below MPI's smallest
+# allowed tag bound (32767).
+_NUMBERS = (32767 - 3) // 2
+
+
+def _tags(number: int) -> tuple[int, int]:
+    """(the server's answer tag, the requester's go-ahead tag) of request ``number``."""
+    return 2 + 2 * number, 3 + 2 * number
 
 
 class MPIPeerLink:
@@ -23,8 +35,8 @@ class MPIPeerLink:
     The serving thread polls for requests with short sleeps (a blocking receive would spin a core
     for the whole job). An answer is a header (the file's size, or -1) and then the file in chunks,
     on a tag the requester chose for that request, so a late answer to an abandoned request never
-    mixes with the next one. The chunks go only after the requester, having received the header,
-    says it still wants them: a requester that gave up first never receives them, and the server,
+    mixes with the next one; the requester's go-ahead comes on a tag of its own (see ``_tags``).
+    The chunks go only after the requester, having received the header, says it still wants them: a requester that gave up first never receives them, and the server,
     blocked in sending them, would serve no one again.
     """
 
@@ -32,7 +44,7 @@ class MPIPeerLink:
         self._comm, self._mpi = mpi_comm, mpi
         self._stop = threading.Event()
         self._server: threading.Thread | None = None
-        self._next_tag = 2
+        self._numbers = itertools.count()
 
     def serve(self, lookup: Callable[[int], str | None]) -> None:
         if self._server is not None:
@@ -50,7 +62,8 @@ class MPIPeerLink:
                 continue
             source = status.Get_source()
             self._comm.Recv(request, source=source, tag=_REQUEST)
-            item, tag, patience = int(request[0]), int(request[1]), int(request[2]) / 1000
+            item, patience = int(request[0]), int(request[2]) / 1000
+            tag, go = _tags(int(request[1]))
             path = lookup(item)
             try:
                 f = open(path, "rb", buffering=0) if path is not None else None  # noqa: SIM115 - closed below
@@ -62,7 +75,7 @@ class MPIPeerLink:
             with f:
                 size = os.fstat(f.fileno()).st_size
                 self._comm.Send(np.array([size], dtype=np.int64), dest=source, tag=tag)
-                if not self._still_wanted(source, tag, patience):
+                if not self._still_wanted(source, go, patience):
                     continue
                 buf = bytearray(min(_CHUNK, max(size, 1)))
                 sent = 0
@@ -74,10 +87,10 @@ class MPIPeerLink:
                     self._comm.Send([memoryview(buf)[:n], self._mpi.BYTE], dest=source, tag=tag)
                     sent += n
 
-    def _still_wanted(self, source: int, tag: int, patience: float) -> bool:
+    def _still_wanted(self, source: int, go_tag: int, patience: float) -> bool:
         """Whether the requester, sent the header, asks for the chunks within ``patience`` seconds."""
         go = np.empty(1, dtype=np.int64)
-        request = self._comm.Irecv(go, source=source, tag=tag)
+        request = self._comm.Irecv(go, source=source, tag=go_tag)
         deadline = time.monotonic() + patience
         while not request.Test():
             if time.monotonic() > deadline or self._stop.is_set():
@@ -89,8 +102,9 @@ class MPIPeerLink:
         return True
 
     def fetch(self, rank: int, item: int, sink: Callable[[memoryview], None], timeout: float) -> bool:
-        tag, self._next_tag = self._next_tag, self._next_tag + 1
-        self._comm.Send(np.array([item, tag, int(timeout * 1000)], dtype=np.int64), dest=rank, tag=_REQUEST)
+        number = next(self._numbers) % _NUMBERS
+        tag, go = _tags(number)
+        self._comm.Send(np.array([item, number, int(timeout * 1000)], dtype=np.int64), dest=rank, tag=_REQUEST)
         header = np.empty(1, dtype=np.int64)
         answer = self._comm.Irecv(header, source=rank, tag=tag)
         deadline = time.monotonic() + timeout
@@ -106,7 +120,7 @@ class MPIPeerLink:
         size = int(header[0])
         if size < 0:
             return False
-        self._comm.Send(np.array([1], dtype=np.int64), dest=rank, tag=tag)  # the chunks, please
+        self._comm.Send(np.array([1], dtype=np.int64), dest=rank, tag=go)  # the chunks, please
         buf = bytearray(min(_CHUNK, max(size, 1)))
         got = 0
         while got < size:  # the chunks follow at once: blocking receives

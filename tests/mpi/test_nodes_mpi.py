@@ -105,3 +105,14 @@ def test_a_peer_gives_its_copy_or_says_it_cannot(tmp_path: Path) -> None:
     said = [w for w in proc.stdout.split() if w in ("fetched", "refused", "checked", "abandoned", "gone")]
     assert said == ["fetched", "refused", "checked", "abandoned", "gone"]  # (UCX may warn too)
     assert "copying from the source instead" in proc.stderr
+
+
+def test_two_node_leaders_fetching_from_each_other_at_once_get_their_own_answers(tmp_path: Path) -> None:
+    import os
+
+    for rank in (0, 1):  # sizes that differ between the ranks, one over a chunk: a mixed-up answer shows
+        for k, size in enumerate((1000 + rank, (9 << 20) + 7 * rank, 3 + rank)):
+            (tmp_path / f"r{rank}-{k}.bin").write_bytes(os.urandom(size))
+    proc = mpiexec(2, Path(__file__).with_name("peer_both_worker.py"), tmp_path, timeout=300, nodes=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0: 0 wrong" in proc.stdout and "rank 1: 0 wrong" in proc.stdout, proc.stdout + proc.stderr
