@@ -36,8 +36,9 @@ class MPIPeerLink:
     for the whole job). An answer is a header (the file's size, or -1) and then the file in chunks,
     on a tag the requester chose for that request, so a late answer to an abandoned request never
     mixes with the next one; the requester's go-ahead comes on a tag of its own (see ``_tags``).
-    The chunks go only after the requester, having received the header, says it still wants them: a requester that gave up first never receives them, and the server,
-    blocked in sending them, would serve no one again.
+    The chunks go only after the requester, having received the header, says it still wants them:
+    a requester that gave up first never receives them, and the server, blocked in sending them,
+    would serve no one again.
     """
 
     def __init__(self, mpi_comm: Any, mpi: Any) -> None:
