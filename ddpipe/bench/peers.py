@@ -266,10 +266,7 @@ def make_peer(name: str, inputs: PeerInputs, options: PeerOptions) -> Callable[[
 
 
 def available_peers() -> list[str]:
-    import importlib.util
-
-    def have(module: str) -> bool:
-        return importlib.util.find_spec(module) is not None
+    from ..optional import installed as have
 
     out = ["torch"] if have("torch") else []
     out += ["webdataset"] if have("webdataset") else []

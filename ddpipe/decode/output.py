@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -12,11 +12,16 @@ import numpy as np
 import torch
 
 from ..errors import DdpipeError
+from ..optional import installed
 from . import DECODERS
 from .batches import EncodedBatch, OnBad
 from .spec import DecodeOptions
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class NoDaliWarning(UserWarning):
+    """``decoder="auto"`` without DALI: PIL decodes instead."""
 
 
 class Decoder(Protocol):
@@ -51,8 +56,12 @@ def resolve(decode: str, device: str, local_rank: int = 0, served: bool = False)
         if target.type == "cuda" and not cuda:
             raise DdpipeError(f"device={device!r} but CUDA is not available")
     if decode == "auto":
-        has_dali = importlib.util.find_spec("nvidia.dali") is not None
-        decode = ("dali-gpu" if target.type == "cuda" and not served else "dali-cpu") if has_dali else "pil"
+        if installed("nvidia.dali"):
+            decode = "dali-gpu" if target.type == "cuda" and not served else "dali-cpu"
+        else:  # a line once per process (the warnings module's default), not per loader
+            warnings.warn("NVIDIA DALI is not installed: decoding with PIL on the CPU (pip install 'ddpipe[dali]' "
+                          "for DALI)", NoDaliWarning, stacklevel=2)
+            decode = "pil"
     return decode, target
 
 
