@@ -15,6 +15,7 @@ compressing anything).
 
 from __future__ import annotations
 
+import io
 import pickle
 import re
 from typing import Any
@@ -106,6 +107,26 @@ def _record(obj: Any) -> tuple[bytes, int | None]:
     raise RecordError(f"a record of {type(obj).__name__} is not (image bytes, label)")
 
 
+class _PlainUnpickler(pickle.Unpickler):
+    """Pickles of plain values only: bytes, numbers, strings, tuples, lists, dicts, sets. A record
+    that names any other class or function is refused before anything is built, so that no stored
+    pickle runs code: a value changed after ``ddpipe index --allow-pickle`` (whose digest is checked
+    only once the sample is read) is an error, never a call (invariant 9)."""
+
+    # what plain values of older protocols name: bytes (protocol 2), and the built-in containers
+    PLAIN = frozenset({("_codecs", "encode"), ("builtins", "bytearray"), ("builtins", "set"), ("builtins", "frozenset"),
+             ("collections", "OrderedDict"), ("__builtin__", "set"), ("__builtin__", "frozenset")})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.PLAIN:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"the record names {module}.{name}: ddpipe unpickles plain values only")
+
+
+def plain_unpickle(value: bytes) -> Any:
+    return _PlainUnpickler(io.BytesIO(value)).load()
+
+
 def read_value(kind: str, value: bytes) -> tuple[bytes, int | None]:
     """(image bytes, label or None) from one value of ``kind`` (one of :data:`VALUE_KINDS`)."""
     try:
@@ -116,7 +137,7 @@ def read_value(kind: str, value: bytes) -> tuple[bytes, int | None]:
         if kind == "msgpack":
             return _record(msgpack.unpackb(value, raw=False))
         if kind == "pickle":  # allowed only where the manifest records the user's consent (ddpipe index)
-            return _record(pickle.loads(value))
+            return _record(plain_unpickle(value))
     except RecordError:
         raise
     except Exception as e:  # each decoder has its own errors; all mean "not this kind"

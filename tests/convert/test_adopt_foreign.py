@@ -213,3 +213,46 @@ def test_an_adopted_lmdb_scans_from_any_sample_by_the_keys_it_recorded(every: in
     with dataset.format.reader(root / "data.mdb") as reader:
         for start in range(len(dataset) + 1):
             assert [s["__key__"] for s in reader.scan(start)] == whole[start:], start
+
+
+class _Planted:
+    """A pickle that creates a file when unpickled (as a changed value of an adopted LMDB could)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_a_pickle_changed_after_indexing_never_runs(tmp_path: Path) -> None:
+    import pickle
+
+    root = adopt("lmdb-pickle", tmp_path)
+    marker = tmp_path / "ran"
+    # after indexing, one value overwritten in place, the file's size unchanged: a pickle that calls
+    # os.mkdir, padded to the old value's length (unpickling stops at its STOP opcode)
+    mdb = root / "data.mdb"
+    data = mdb.read_bytes()
+    old = pickle.dumps((fd.jpeg(3), 3 % fd.CLASSES), protocol=4)
+    planted = pickle.dumps(_Planted(marker), protocol=4)
+    assert data.count(old) == 1 and len(planted) < len(old)
+    mdb.write_bytes(data.replace(old, planted + bytes(len(old) - len(planted))))
+    with pytest.raises(ddpipe.CorruptShardError, match=r"'3'.*names posix\.mkdir|'3'.*names os\.mkdir"):
+        list(ddpipe.open_dataset(root))
+    loader = ddpipe.Loader(root, 5, decode="none", shuffle="none")
+    with pytest.raises(ddpipe.CorruptShardError):
+        list(loader)
+    proc = run_cli("verify", root)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert not marker.exists()  # nothing in the file ran
+
+
+def test_plain_pickles_of_every_protocol_still_read() -> None:
+    import pickle
+
+    from ddpipe.formats.lmdb_values import read_value
+
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        for record in ((b"\xff\xd8\xffimg", 3), [b"\xff\xd8\xffimg", 3], {"image": b"\xff\xd8\xffimg", "label": 3}):
+            assert read_value("pickle", pickle.dumps(record, protocol=protocol)) == (b"\xff\xd8\xffimg", 3)
