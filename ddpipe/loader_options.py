@@ -76,7 +76,9 @@ def _map(batch_size: int | None, plan: PlanOptions | None, decode: DecodeOptions
          stage: StageOptions | None, read: ReadOptions | None, k: LoaderKeywords) -> LoaderOptions:
     unknown = sorted(set(k) - set(LoaderKeywords.__annotations__))
     if unknown:
-        raise TypeError(f"Loader() got unexpected keyword arguments: {', '.join(unknown)}")
+        accepted = ", ".join(sorted(LoaderKeywords.__annotations__))
+        raise TypeError(f"Loader() got unexpected keyword arguments: {', '.join(unknown)}; it takes batch_size, "
+                        f"plan, decode, stage, read, seed, comm and {accepted}")
     plan = plan or PlanOptions()
     plan = PlanOptions(shuffle=k.get("shuffle", plan.shuffle),
                        exchange_fraction=k.get("exchange_fraction", plan.exchange_fraction),

@@ -65,3 +65,31 @@ def test_indexing_again_keeps_the_class_names(raw_images: Path, tmp_path: Path) 
     assert run_cli("index", ds, "--classes", tmp_path / "names.txt").returncode == 0
     assert run_cli("index", ds).returncode == 0  # again, without --classes
     assert ddpipe.load_manifest(ds).classes == names
+
+
+def test_training_and_bench_mistakes_are_one_line_before_any_work(raw_images: Path, tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+    ddpipe.convert(raw_images, ds, ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    small = ("--model", "smallcnn", "--image-size", "16")
+    assert "size must be positive" in one_line("train", ds, *small[:2], "--image-size", "0")
+    not_a_checkpoint = tmp_path / "junk.ckpt"
+    not_a_checkpoint.write_text("x")
+    msg = one_line("train", ds, *small, "--batch-size", "4", "--checkpoint", not_a_checkpoint)
+    assert str(not_a_checkpoint) in msg and "not a checkpoint" in msg
+    msg = one_line("train", ds, *small, "--batch-size", "100")  # 24 samples: no full batch of 100
+    assert "--batch-size 100 is more than a rank's share" in msg
+    assert "/missing-dir: the directory for --checkpoint" in one_line(
+        "train", ds, *small, "--checkpoint", tmp_path / "missing-dir" / "x.ckpt")
+    assert "/missing-dir: the directory for --plot" in one_line("bench", ds, "--plot", tmp_path / "missing-dir" / "p.png")
+    proc = run_cli("bench", ds, "--step-time", "-1")
+    assert proc.returncode == 2 and "--step-time: must be 0 or more seconds" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_shows_defaults_and_unknown_loader_keywords_list_the_known(tmp_path: Path) -> None:
+    import pytest
+
+    assert "(default: 0.05)" in run_cli("bench", "--help").stdout.replace("\n", " ")
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments: size; it takes .*shuffle"):
+        ddpipe.Loader(tmp_path, 4, size=3)  # type: ignore[call-arg]
+

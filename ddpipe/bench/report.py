@@ -15,7 +15,7 @@ def format_report(report: BenchReport) -> str:
              f"step {report.step}: stall {100 * report.stall:.0f}% (fetch {100 * report.fetch_stall:.0f}%, "
              f"prep {100 * report.prep_stall:.0f}%)",
              f"bottleneck: {report.bottleneck}; the pipeline could feed {report.max_feed_images_per_s:.0f} images/s, "
-             f"the step takes {report.step_images_per_s:.0f}"]
+             f"the step takes {report.step_images_per_s:.0f} images/s"]
     if report.service:
         s = report.service
         batches = s["remote_batches"] + s["local_batches"]

@@ -14,6 +14,16 @@ if TYPE_CHECKING:
     from ..bench import BenchReport
 
 
+def _writable_later(path: str | Path | None, flag: str) -> None:
+    """A file the command writes after its work: its directory must exist before the work starts."""
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        from ..errors import DdpipeError
+
+        error = DdpipeError(f"the directory for {flag} does not exist", path=Path(path).resolve().parent)
+        error.job_wide = True  # every rank checks the same path
+        raise error
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from ..synth import SynthOptions, synth
 
@@ -123,6 +133,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..train.loop import Trainer, TrainOptions
     from ..train.models import build_model
 
+    _writable_later(args.checkpoint, "--checkpoint")
     job = distributed.init(args.device)
     torch.manual_seed(args.seed)
     size = DecodeOptions(decoder=args.decode, device=str(job.device), on_error=args.on_error, size=args.image_size,
@@ -137,6 +148,15 @@ def cmd_train(args: argparse.Namespace) -> int:
                           seed=args.seed, comm=job.comm)
     classes = len(loader.dataset.classes) or args.num_classes
     model = build_model(args.model, classes)
+    if loader.batches_per_epoch == 0:  # every rank plans alike: each says so and leaves
+        from ..errors import DdpipeError
+
+        share = len(loader.dataset) // job.size
+        error = DdpipeError(f"--batch-size {args.batch_size} is more than a rank's share of the dataset ({share} of "
+                            f"{len(loader.dataset)} samples on {job.size} rank(s)), so an epoch has no full batch: "
+                            f"use a smaller batch size or fewer ranks", path=loader.dataset.root)
+        error.job_wide = True
+        raise error
     options = TrainOptions(epochs=args.epochs, allreduce=args.allreduce, lr=args.lr, warmup_epochs=args.warmup_epochs,
                            amp=args.amp, channels_last=args.channels_last, checkpoint=args.checkpoint,
                            checkpoint_every=args.checkpoint_every, max_steps=args.max_steps, log_every=args.log_every)
@@ -165,6 +185,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.harness import machine
     from ..comm import init_comm
 
+    _writable_later(args.json, "--json")
+    _writable_later(args.plot, "--plot")
     comm = init_comm()
     from ..bench.peers import PEERS, available_peers
 

@@ -13,6 +13,8 @@ from ..shufflers import SHUFFLE_MODES
 from ..throttle import ENV_VAR as THROTTLE_ENV
 from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_serve, cmd_stage, cmd_synth, cmd_train, cmd_verify
 
+HELP = argparse.ArgumentDefaultsHelpFormatter  # every subcommand's --help shows each option's default
+
 
 def _size(text: str) -> int:
     from ..convert.layout import parse_size
@@ -21,6 +23,16 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must be 0 or more seconds")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -41,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("synth", help="write an ImageNet-like ImageFolder of real JPEGs")
+    p = sub.add_parser("synth", formatter_class=HELP, help="write an ImageNet-like ImageFolder of real JPEGs")
     p.add_argument("out")
     p.add_argument("--n", type=_positive, default=1000, help="number of images")
     p.add_argument("--classes", type=_positive, default=10)
@@ -51,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("convert", help="convert an ImageFolder, a list file or a dataset into shards")
+    p = sub.add_parser("convert", formatter_class=HELP,
+                       help="convert an ImageFolder, a list file or a dataset into shards")
     p.add_argument("src", help="ImageFolder root, CSV/TSV list of 'path,label', or a ddpipe dataset")
     p.add_argument("out")
     p.add_argument("--format", choices=FORMAT_NAMES, default="wds")
@@ -71,19 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("index", help="adopt tar shards, HDF5 files or an LMDB in place: write their index.json")
+    p = sub.add_parser("index", formatter_class=HELP,
+                       help="adopt tar shards, HDF5 files or an LMDB in place: write their index.json")
     from ..convert import index_command
 
     index_command.add_arguments(p)
     p.set_defaults(func=index_command.main)
 
-    p = sub.add_parser("plan", help="score each shuffle at a world size from the manifest, and choose Q")
+    p = sub.add_parser("plan", formatter_class=HELP,
+                       help="score each shuffle at a world size from the manifest, and choose Q")
     from .. import plan_command
 
     plan_command.add_arguments(p)
     p.set_defaults(func=plan_command.main)
 
-    p = sub.add_parser("stage", help="copy this node's shards to node-local storage ahead of a job")
+    p = sub.add_parser("stage", formatter_class=HELP,
+                       help="copy this node's shards to node-local storage ahead of a job")
     p.add_argument("dataset")
     p.add_argument("--local-dir", required=True,
                    help="node-local directory (an SSD, or memory); {node} gives each node its own, "
@@ -99,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_stage)
 
-    p = sub.add_parser("train", help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
+    p = sub.add_parser("train", formatter_class=HELP,
+                       help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
     p.add_argument("dataset")
     p.add_argument("--model", default="resnet50", help="resnet18, resnet34, resnet50, resnet101 or smallcnn")
     p.add_argument("--epochs", type=_positive, default=1)
@@ -133,10 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("bench", help="measure each stage and the data wait of a training step, on this dataset")
+    p = sub.add_parser("bench", formatter_class=HELP,
+                       help="measure each stage and the data wait of a training step, on this dataset")
     p.add_argument("dataset")
     p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
-    p.add_argument("--step-time", type=float, default=0.05, help="seconds of a simulated training step")
+    p.add_argument("--step-time", type=_seconds, default=0.05, help="seconds of a simulated training step")
     p.add_argument("--model", default=None, help="time a real model's SGD step instead of a simulated one: "
                    "resnet18, resnet34, resnet50, resnet101 or smallcnn")
     p.add_argument("--epochs", type=_positive, default=1, help="epochs of the full pipeline feeding the step")
@@ -163,13 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-capacity", type=_size, default=3800 * 10**9)
     p.add_argument("--link-bandwidth", type=_size, default=25 * 10**9, help="per node, per second")
     p.add_argument("--link-latency", type=float, default=5e-6, help="seconds per message")
-    p.add_argument("--model-step-time", type=float, default=0.0, help="the real model's step (default: --step-time)")
+    p.add_argument("--model-step-time", type=_seconds, default=0.0, help="the real model's step (default: --step-time)")
     p.add_argument("--decode-rate", type=float, default=0.0,
                    help="images/s one rank decodes on the cluster (default: measured here)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("serve", help="decode batches for trainers on other nodes (DecodeOptions(service=...))")
+    p = sub.add_parser("serve", formatter_class=HELP,
+                       help="decode batches for trainers on other nodes (DecodeOptions(service=...))")
     p.add_argument("--listen", default="127.0.0.1:5555",
                    help="HOST:PORT to listen on (0.0.0.0 for every interface; port 0: any free one)")
     p.add_argument("--workers", type=_positive, default=max(1, len(os.sched_getaffinity(0))),
@@ -180,13 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=float, default=60.0, help="seconds between log lines")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
+    p = sub.add_parser("inspect", formatter_class=HELP, help="format, shards, samples, bytes, classes, per-field sizes")
     p.add_argument("dataset")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-scan", action="store_true", help="manifest only; skip per-field sizes")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("verify", help="check checksums and sample counts (and with --decode, every image)")
+    p = sub.add_parser("verify", formatter_class=HELP,
+                       help="check checksums and sample counts (and with --decode, every image)")
     p.add_argument("dataset")
     p.add_argument("--decode", action="store_true")
     p.add_argument("--stage-dir", default=None, help="check this dataset's copies staged in this directory instead")

@@ -9,6 +9,7 @@ state, so training resumes mid-epoch with exactly the samples the epoch had not 
 from __future__ import annotations
 
 import io
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from ..decode import normalize
+from ..errors import DdpipeError
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
 from .distributed import DataParallel, Job, wrap
@@ -227,7 +229,17 @@ class Trainer:
         self.comm.barrier()
 
     def _restore(self, path: Path) -> None:
-        state: dict[str, Any] = torch.load(path, map_location=self.device, weights_only=False)
+        # weights_only: tensors and plain values, never code (a checkpoint is a file like any input)
+        try:
+            state: dict[str, Any] = torch.load(path, map_location=self.device, weights_only=True)
+            if not isinstance(state, dict) or not {"model", "optimizer", "step", "epoch", "loader"} <= set(state):
+                raise ValueError("not a ddpipe train checkpoint (model, optimizer, step, epoch, loader)")
+        except pickle.UnpicklingError:  # torch's own message runs to a paragraph
+            raise DdpipeError("not a checkpoint ddpipe train can resume from: not a PyTorch file of tensors and plain "
+                              "values", path=path) from None
+        except (RuntimeError, ValueError, EOFError, OSError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DdpipeError(f"not a checkpoint ddpipe train can resume from: {reason}", path=path) from None
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
