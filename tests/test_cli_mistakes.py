@@ -80,7 +80,8 @@ def test_training_and_bench_mistakes_are_one_line_before_any_work(raw_images: Pa
     assert "--batch-size 100 is more than a rank's share" in msg
     assert "/missing-dir: the directory for --checkpoint" in one_line(
         "train", ds, *small, "--checkpoint", tmp_path / "missing-dir" / "x.ckpt")
-    assert "/missing-dir: the directory for --plot" in one_line("bench", ds, "--plot", tmp_path / "missing-dir" / "p.png")
+    assert "/missing-dir: the directory for --plot" in one_line("bench", ds, "--plot",
+                                                                 tmp_path / "missing-dir" / "p.png")
     proc = run_cli("bench", ds, "--step-time", "-1")
     assert proc.returncode == 2 and "--step-time: must be 0 or more seconds" in proc.stderr
     assert "Traceback" not in proc.stderr
