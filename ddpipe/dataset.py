@@ -99,6 +99,10 @@ class Dataset:
         if size != info.bytes:
             what = "truncated" if size < info.bytes else "larger than recorded"
             raise CorruptShardError(f"{what}: index.json says {info.bytes} bytes, file has {size}", path=path)
+        if info.samples * self.format.min_sample_bytes > size:
+            raise CorruptShardError(f"index.json says {info.samples} samples, more than {size} bytes of "
+                                    f"{self.format.name} can hold (at least {self.format.min_sample_bytes} bytes "
+                                    "each)", path=path)
 
     def open_shard(self, shard: int, store: ShardStore | None = None, *, verify: bool = False) -> ShardReader:
         """A reader over one shard (its copy in ``store``, if given), checked against its manifest

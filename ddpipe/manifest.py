@@ -175,6 +175,9 @@ class Manifest:
         for s in shards:
             if s.samples < 0 or s.bytes < 0 or "/" in s.file or s.file.startswith("."):
                 raise ManifestError(f"bad shard entry {s.file!r}", path=path)
+            if s.samples > s.bytes:  # before any array is sized from the count (its digests, its labels)
+                raise ManifestError(f"shard {s.file!r}: {s.samples} samples in {s.bytes} bytes (a sample takes at "
+                                    "least one)", path=path)
             if s.labels and (sum(n for _, n in s.labels) != s.samples or min(min(r) for r in s.labels) < 0):
                 raise ManifestError(f"shard {s.file!r}: its label runs do not add up to its {s.samples} samples",
                                     path=path)

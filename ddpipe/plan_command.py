@@ -67,6 +67,9 @@ def main(args: argparse.Namespace) -> int:
         raise DdpipeError("each --exchange-fraction must be in (0, 1]")
     dataset = Path(args.dataset)
     manifest = load_manifest(dataset)
+    from .dataset import Dataset
+
+    Dataset(dataset, manifest).check_files()  # sizes as recorded, so counts are bounded by the files
     labels = sample_labels(dataset, manifest)
     if len(labels) < args.world_size:
         raise DdpipeError(f"{len(labels)} samples cannot be shared by {args.world_size} ranks", path=dataset)

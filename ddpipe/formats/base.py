@@ -162,6 +162,9 @@ class ShardFormat(abc.ABC):
 
     name: str
     suffix: str
+    # the fewest bytes a shard of this format spends on one sample: a manifest that claims more
+    # samples than a shard's size allows is refused before anything is sized from its count
+    min_sample_bytes: int = 8
 
     @abc.abstractmethod
     def reader(self, path: str | os.PathLike[str]) -> ShardReader: ...

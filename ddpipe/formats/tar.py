@@ -286,6 +286,8 @@ class TarWriter(ShardWriter):
 
 
 class TarFormat(ShardFormat):
+    min_sample_bytes = 512  # a sample is at least one member: a 512-byte header
+
     name = "wds"
     suffix = ".tar"
 
