@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
 from ..dataset import Dataset, open_dataset
-from ..decode.spec import decode_check
+from ..decode.spec import check_pixels, decode_check, open_image
 from ..errors import DdpipeError, SourceError
 from ..formats import ShardReader
 from ..manifest import MANIFEST_NAME, SkippedItem
@@ -173,9 +173,15 @@ class ItemLoader:
         except OSError as e:
             raise SourceError(f"cannot read: {e.strerror or e}", path=item.path) from None
         try:
-            with Image.open(io.BytesIO(data)) as img:
+            with open_image(data) as img:
                 kind = img.format or ""
-        except (UnidentifiedImageError, OSError, ValueError):
+                width, height = img.size
+                check_pixels(width, height)
+        except ValueError as e:
+            if "pixels" not in str(e):
+                raise SourceError("not an image: no image format recognises it", path=item.path) from None
+            raise SourceError(f"does not decode: {e}", path=item.path) from None
+        except (UnidentifiedImageError, OSError):
             # PIL's message names the in-memory buffer by its address: the manifest records this text,
             # and two identical runs must write identical manifests
             raise SourceError("not an image: no image format recognises it", path=item.path) from None

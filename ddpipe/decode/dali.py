@@ -28,7 +28,7 @@ from ..errors import DdpipeError
 from .augment import image_size, random_crops
 from .batches import EncodedBatch, OnBad
 from .resample import TORCH_DTYPES, Resampler
-from .spec import DecodeOptions, decode_check
+from .spec import DecodeOptions, check_pixels, decode_check
 
 
 def _import_dali() -> Any:
@@ -73,8 +73,10 @@ class _Feed:
             raise StopIteration
         try:
             batch = next(self._batches)
-            if not self.options.train or not batch.datas:
+            if not batch.datas:
                 return batch
+            if not self.options.train:
+                return checked_headers(batch, self.options, self._on_bad)[0]
             return with_crops(batch, self._seed, self._epoch, self.options, self._on_bad)
         except StopIteration:
             raise
@@ -101,15 +103,17 @@ class _Feed:
         return batch.fed
 
 
-def with_crops(batch: EncodedBatch, seed: int, epoch: int, options: DecodeOptions,
-               on_bad: OnBad | None) -> EncodedBatch:
-    """The batch with each sample's crop window and flip; samples without a readable header are
-    reported and left out."""
+def checked_headers(batch: EncodedBatch, options: DecodeOptions,
+                    on_bad: OnBad | None) -> tuple[EncodedBatch, list[tuple[int, int]]]:
+    """The batch less the samples whose header cannot be read or says more pixels than
+    ``options.max_pixels`` (each reported: nothing is decoded from them), and the others' sizes."""
     sizes: list[tuple[int, int]] = []
     bad: set[int] = set()
     for g, sample, data in zip(batch.indices, batch.samples, batch.datas, strict=True):
         try:
-            sizes.append(image_size(data))
+            size = image_size(data)
+            check_pixels(*size, options.max_pixels)
+            sizes.append(size)
         except ValueError as e:
             if on_bad is not None:
                 on_bad(g, sample, f"does not decode: {e}")
@@ -118,6 +122,14 @@ def with_crops(batch: EncodedBatch, seed: int, epoch: int, options: DecodeOption
     if bad:
         sizes = [s for g, s in zip(batch.indices, sizes, strict=True) if g not in bad]
         batch = batch.without(bad)
+    return batch, sizes
+
+
+def with_crops(batch: EncodedBatch, seed: int, epoch: int, options: DecodeOptions,
+               on_bad: OnBad | None) -> EncodedBatch:
+    """The batch with each sample's crop window and flip; samples without a readable header, or
+    over the pixel limit, are reported and left out."""
+    batch, sizes = checked_headers(batch, options, on_bad)
     wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     batch.crops = random_crops(seed, epoch, np.asarray(batch.indices, dtype=np.int64), wh[:, 0], wh[:, 1], options)
     return batch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +15,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "gif")
 DTYPES = ("float32", "float16", "uint8")
+# PIL's default limit (Image.MAX_IMAGE_PIXELS): a 631-byte JPEG may say it is 30,000 x 30,000
+MAX_PIXELS = 89_478_485
 DECODERS = ("auto", "dali-gpu", "dali-cpu", "pil", "none")
 ON_ERROR = ("fail", "skip")
 
@@ -49,6 +52,8 @@ class DecodeOptions:
     # Antialiased resizing, as torchvision and PIL do, costs ~3-5% of CPU decoding throughput
     # (benchmarks/loader.py); switching it off trades aliasing in strong downscales for speed.
     antialias: bool = True
+    # an image whose header says more pixels than this is a bad sample, refused before decoding
+    max_pixels: int = MAX_PIXELS
     # decoding threads (DALI) or processes (pil); 0: the Loader gives the node's cores over its ranks
     threads: int = 0
     # decode servers (``ddpipe serve``) to decode on, e.g. ("tcp://cpu-node-1:5555",): batches are
@@ -61,6 +66,8 @@ class DecodeOptions:
         if isinstance(self.service, str) or not all(isinstance(s, str) for s in self.service):
             raise OptionError(f"service must be a list of addresses such as 'tcp://host:5555', not {self.service!r}")
         object.__setattr__(self, "service", tuple(self.service))  # a list given is kept as a tuple
+        if self.max_pixels < 1:
+            raise OptionError(f"max_pixels must be positive, not {self.max_pixels}")
         if self.service_timeout <= 0:
             raise OptionError(f"service_timeout must be positive, not {self.service_timeout}")
         if self.service and self.decoder == "dali-gpu":
@@ -79,13 +86,31 @@ class DecodeOptions:
         return max(1, self.threads)
 
 
-def decode_check(data: bytes, draft: bool = False) -> None:
-    """Decode an image whole with PIL; raise ``OSError``/``ValueError`` if it is corrupt or truncated.
-    ``draft``: a JPEG at 1/8 scale (libjpeg's scaled IDCT), which still reads every byte of its
-    entropy-coded data, so a file cut short is caught as surely, at ~0.7 of the cost."""
+def check_pixels(width: int, height: int, max_pixels: int = MAX_PIXELS) -> None:
+    """ValueError for an image whose header says more than ``max_pixels`` pixels."""
+    if width * height > max_pixels:
+        raise ValueError(f"{width} x {height} pixels, over the limit of {max_pixels:,} (DecodeOptions.max_pixels): "
+                         "refused before decoding")
+
+
+def open_image(data: bytes) -> Any:
+    """``PIL.Image.open`` of ``data``, with PIL's decompression-bomb error as a ValueError."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as img:
+    try:
+        return Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:
+        raise ValueError(str(e)) from None
+
+
+def decode_check(data: bytes, draft: bool = False, max_pixels: int = MAX_PIXELS) -> None:
+    """Decode an image whole with PIL; raise ``OSError``/``ValueError`` if it is corrupt or truncated,
+    or over ``max_pixels`` (from its header, before decoding). ``draft``: a JPEG at 1/8 scale
+    (libjpeg's scaled IDCT), which still reads every byte of its entropy-coded data, so a file cut
+    short is caught as surely, at ~0.7 of the cost."""
+    with open_image(data) as img:
+        width, height = img.size
+        check_pixels(width, height, max_pixels)
         if draft and img.format == "JPEG":
             img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
         img.load()

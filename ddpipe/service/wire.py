@@ -30,7 +30,7 @@ from ..decode.spec import DecodeOptions
 WIRE_VERSION = 1
 # the transform's fields that decide a decoded batch's pixels: the rest (device, threads, service) are local
 TRANSFORM_FIELDS = ("train", "size", "resize_shorter", "scale", "ratio", "flip", "mean", "std", "dtype",
-                    "channels_last", "antialias")
+                    "channels_last", "antialias", "max_pixels")
 SERVED_DECODERS = ("dali-cpu", "pil")
 MAX_HEADER_BYTES = 16 << 20  # a header with indices, keys and labels of a very large batch fits
 
