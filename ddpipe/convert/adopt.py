@@ -51,7 +51,14 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
     labels: list[bytes] = []
     for tar in tars:
         groups = scan_tar_members(tar)
-        atomic_write_bytes(index_path(tar), format_dali_index(groups).encode())
+        try:
+            index = format_dali_index(groups).encode()
+        except UnicodeEncodeError as e:  # tarfile keeps undecodable bytes as surrogates
+            line = e.object[e.object.rfind("\n", 0, e.start) + 1:].split("\n", 1)[0]
+            name = line.rsplit(" ", 1)[-1].encode("utf-8", "surrogateescape")
+            raise DdpipeError(f"member {name!r}: its name is not UTF-8; rename it, or repack the tar",
+                              path=tar) from None
+        atomic_write_bytes(index_path(tar), index)
         fields.update(ext for group in groups for ext, *_ in group)
         shard_labels: list[bytes] = []
         if any(ext == "cls" for group in groups for ext, *_ in group):

@@ -68,7 +68,11 @@ def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[
     from ..formats.foreign_hdf5 import image_kind
 
     images, labels, attrs = [], [], []
-    with h5py.File(path, "r") as f:
+    try:
+        opened = h5py.File(path, "r")
+    except OSError as e:  # h5py's errors name no file
+        raise DdpipeError(f"not a readable HDF5 file: {str(e).split('(')[-1].rstrip(')')}", path=path) from None
+    with opened as f:
         found: list[tuple[str, Any]] = []
         f.visititems(lambda name, obj: found.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
         for name, ds in found:
@@ -162,12 +166,15 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
 
     classes = _given_or_recorded(classes, data, out)
     mdb = data / "data.mdb"
-    env = lmdb.open(str(mdb), subdir=False, readonly=True, lock=False)
     try:
-        with env.begin() as txn:
-            first = next(((bytes(k), bytes(v)) for k, v in txn.cursor() if not META_KEY.match(k)), None)
-    finally:
-        env.close()
+        env = lmdb.open(str(mdb), subdir=False, readonly=True, lock=False)
+        try:
+            with env.begin() as txn:
+                first = next(((bytes(k), bytes(v)) for k, v in txn.cursor() if not META_KEY.match(k)), None)
+        finally:
+            env.close()
+    except lmdb.Error as e:
+        raise DdpipeError(f"not a readable LMDB environment: {str(e).split(': ')[-1]}", path=mdb) from None
     if first is None:
         raise DdpipeError("the LMDB environment holds no records", path=mdb)
     kind = values or guess_kind(first[1])

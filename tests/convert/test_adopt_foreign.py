@@ -256,3 +256,26 @@ def test_plain_pickles_of_every_protocol_still_read() -> None:
     for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
         for record in ((b"\xff\xd8\xffimg", 3), [b"\xff\xd8\xffimg", 3], {"image": b"\xff\xd8\xffimg", "label": 3}):
             assert read_value("pickle", pickle.dumps(record, protocol=protocol)) == (b"\xff\xd8\xffimg", 3)
+
+
+def test_indexing_files_that_are_not_what_they_say_is_one_line(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    for name, folder in (("data.mdb", "mdb"), ("x.h5", "h5")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_bytes(os.urandom(100_000))
+    (tmp_path / "tar").mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8",
+                      errors="surrogateescape") as t:
+        info = tarfile.TarInfo(b"\xff\xfe.jpg".decode("utf-8", "surrogateescape"))
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"abc"))
+    (tmp_path / "tar" / "a.tar").write_bytes(buf.getvalue())
+    for folder, says in (("mdb", "not a readable LMDB environment"), ("h5", "not a readable HDF5 file"),
+                         ("tar", "its name is not UTF-8")):
+        proc = run_cli("index", tmp_path / folder)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1 and says in lines[0], proc.stderr
+        assert not (tmp_path / folder / "index.json").exists()
