@@ -60,3 +60,24 @@ def test_values_an_option_cannot_take_are_one_clear_error(data: Path, bad: dict[
 def test_unknown_keywords_are_refused(data: Path) -> None:
     with pytest.raises(TypeError, match="num_workers"):
         ddpipe.Loader(data, 4, num_workers=2)  # type: ignore[call-arg]
+
+
+def test_convert_and_stage_options_refuse_what_they_cannot_take() -> None:
+    from ddpipe import ConvertOptions, OptionError
+
+    for bad in ({"format": "zip"}, {"on_error": "ignore"}, {"samples_per_shard": 0}, {"shard_bytes": -5},
+                {"workers": 0}, {"shard_bytes": 100, "samples_per_shard": 10}):
+        with pytest.raises(OptionError):
+            ConvertOptions(**bad)  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="capacity must be a positive number of bytes, not -1"):
+        StageOptions(Path("x"), capacity=-1)
+
+
+def test_a_staging_capacity_below_the_largest_shard_is_refused(tmp_path: Path) -> None:
+    from ddpipe import OptionError
+
+    from .helpers import make_dataset
+
+    root = make_dataset(tmp_path / "wds", "wds", [10, 30], payload=1000)
+    with pytest.raises(OptionError, match=r"less than the largest shard \(shard-000001\.tar"):
+        ddpipe.Loader(root, 4, decode="none", stage_dir=tmp_path / "stage", stage_capacity=2000)

@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from ..checksum import file_checksum
 from ..comm import Comm, init_comm
-from ..errors import ConversionConflictError, DdpipeError, SourceError
-from ..formats import get_format
+from ..errors import ConversionConflictError, DdpipeError, OptionError, SourceError
+from ..formats import FORMAT_NAMES, get_format
 from ..formats.atomic import atomic_write_bytes
 from ..manifest import (
     MANIFEST_NAME,
@@ -64,6 +64,20 @@ class ConvertOptions:
     allow_empty: bool = False  # a conversion that skipped every input writes an empty dataset, not an error
     val_labels: str | None = None  # ImageNet's validation ground truth, for its flat directory (imagenet.py)
     synsets: str | None = None  # the synset list that maps the devkit's class ids
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMAT_NAMES:
+            raise OptionError(f"format must be one of {', '.join(FORMAT_NAMES)}, not {self.format!r}")
+        if self.on_error not in ("fail", "skip"):
+            raise OptionError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
+        for name in ("shard_bytes", "samples_per_shard"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise OptionError(f"{name} must be at least 1, not {value}")
+        if self.shard_bytes is not None and self.samples_per_shard is not None:
+            raise OptionError("give shard_bytes or samples_per_shard, not both")
+        if self.workers < 1:
+            raise OptionError(f"workers must be at least 1, not {self.workers}")
 
     def layout_args(self) -> dict[str, object]:
         """The options that decide the output bytes (and so the resume fingerprint)."""

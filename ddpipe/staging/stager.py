@@ -28,7 +28,7 @@ import xxhash
 
 from ..comm import Comm
 from ..dataset import Dataset
-from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError
+from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
 from ..formats.atomic import atomic_write_bytes, discard
 from ..throttle import SourceLimits
 from .copy import is_staged, remove_staged, verified_copy, write_stamp
@@ -43,6 +43,12 @@ class StageOptions:
     wait_timeout: float = 600.0  # how long a reader waits for one shard's copy
     peers: bool = True  # fetch a shard another node holds from that node rather than the source
 
+    def __post_init__(self) -> None:
+        if self.capacity is not None and self.capacity < 1:
+            raise OptionError(f"capacity must be a positive number of bytes, not {self.capacity}")
+        if self.wait_timeout <= 0:
+            raise OptionError(f"wait_timeout must be positive, not {self.wait_timeout}")
+
 
 def dataset_stage_dir(root: Path, dataset: Dataset) -> Path:
     """Where a dataset's copies live under a stage directory: named by its shard checksums, so two
@@ -56,6 +62,12 @@ class NodeStager:
         self.dataset = dataset
         self.options = options
         self.comm = comm
+        largest = max(dataset.manifest.shards, key=lambda s: s.bytes, default=None)
+        if options.capacity is not None and largest is not None and largest.bytes > options.capacity:
+            error = OptionError(f"a staging capacity of {options.capacity:,} bytes is less than the largest shard "
+                                f"({largest.file}, {largest.bytes:,} bytes): a shard is staged whole")
+            error.job_wide = True  # every rank checks the same manifest and options
+            raise error
         self.dir = dataset_stage_dir(Path(options.stage_dir), dataset)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.is_leader = comm.world.local_rank == 0
