@@ -68,7 +68,7 @@ def test_convert_and_stage_options_refuse_what_they_cannot_take() -> None:
     for bad in ({"format": "zip"}, {"on_error": "ignore"}, {"samples_per_shard": 0}, {"shard_bytes": -5},
                 {"workers": 0}, {"shard_bytes": 100, "samples_per_shard": 10}):
         with pytest.raises(OptionError):
-            ConvertOptions(**bad)  # type: ignore[arg-type]
+            ConvertOptions(**bad)
     with pytest.raises(OptionError, match="capacity must be a positive number of bytes, not -1"):
         StageOptions(Path("x"), capacity=-1)
 
