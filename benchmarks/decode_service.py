@@ -116,43 +116,23 @@ def trainer(dataset: Path, out: Path, batch_size: int, step_time: float, repeats
                                "local_batches": stats.local_batches if stats else None}))
 
 
-def raw_decode(dataset: Path, out: Path, batch_size: int, repeats: int) -> None:
-    """The same decoder on the same batches, in this process: the core's decode limit."""
+def decode_rate(dataset: Path, out: Path, batch_size: int, repeats: int, service: tuple[str, ...]) -> None:
+    """The epoch's batches decoded from memory as fast as they go: in this process (the core's
+    decode limit), or through the servers of ``service``."""
     import torch
 
     from ddpipe.decode.output import make_decoder
 
     torch.set_num_threads(1)
     batches = encoded_batches(dataset, batch_size)
-    decoder = make_decoder("dali-cpu", decode_options(), batch_size, torch.device("cpu"))
+    decoder = make_decoder("dali-cpu", decode_options(service), batch_size, torch.device("cpu"))
     n = sum(len(b.indices) for b in batches)
     rates = []
     for r in range(repeats + 1):
         t0 = time.perf_counter()
         for _ in decoder.decode(iter(batches), 0, r, _never):
             pass
-        if r:  # the first builds the pipeline
-            rates.append(n / (time.perf_counter() - t0))
-    decoder.close()
-    out.write_text(json.dumps({"images_per_s": median(rates)}))
-
-
-def feed(dataset: Path, out: Path, batch_size: int, repeats: int, endpoint: str) -> None:
-    """The same batches through a server, as fast as it decodes them."""
-    import torch
-
-    from ddpipe.decode.output import make_decoder
-
-    torch.set_num_threads(1)
-    batches = encoded_batches(dataset, batch_size)
-    decoder = make_decoder("dali-cpu", decode_options((endpoint,)), batch_size, torch.device("cpu"))
-    n = sum(len(b.indices) for b in batches)
-    rates = []
-    for r in range(repeats + 1):
-        t0 = time.perf_counter()
-        for _ in decoder.decode(iter(batches), 0, r, _never):
-            pass
-        if r:
+        if r:  # the first builds the pipeline (here or on the server)
             rates.append(n / (time.perf_counter() - t0))
     decoder.close()
     out.write_text(json.dumps({"images_per_s": median(rates)}))
@@ -291,7 +271,8 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     me, b, r = Path(__file__), str(args.batch_size), str(args.repeats)
 
-    raw = run_json(pinned(1, me, "--role", "raw", "--args", dataset, scratch / "raw.json", b, r), scratch / "raw.json")
+    raw = run_json(pinned(1, me, "--role", "decode", "--args", dataset, scratch / "raw.json", b, r),
+                   scratch / "raw.json")
     step = args.step_time or args.batch_size / raw["images_per_s"]
     local = run_json(pinned(0, me, "--role", "trainer", "--args", dataset, scratch / "local.json", b, str(step), r, ""),
                      scratch / "local.json")
@@ -299,7 +280,7 @@ def main() -> None:
     try:
         served = run_json(pinned(0, me, "--role", "trainer", "--args", dataset, scratch / "served.json", b, str(step),
                                  r, endpoint), scratch / "served.json")
-        fed = run_json(pinned(0, me, "--role", "feed", "--args", dataset, scratch / "feed.json", b, r, endpoint),
+        fed = run_json(pinned(0, me, "--role", "decode", "--args", dataset, scratch / "feed.json", b, r, endpoint),
                        scratch / "feed.json")
     finally:
         stop(server)
@@ -353,10 +334,8 @@ def role_main(args: argparse.Namespace) -> None:
     a = args.args
     if args.role == "trainer":
         trainer(Path(a[0]), Path(a[1]), int(a[2]), float(a[3]), int(a[4]), tuple(x for x in a[5:] if x))
-    elif args.role == "raw":
-        raw_decode(Path(a[0]), Path(a[1]), int(a[2]), int(a[3]))
-    elif args.role == "feed":
-        feed(Path(a[0]), Path(a[1]), int(a[2]), int(a[3]), a[4])
+    elif args.role == "decode":
+        decode_rate(Path(a[0]), Path(a[1]), int(a[2]), int(a[3]), tuple(x for x in a[4:] if x))
     elif args.role == "echo-server":
         echo_server(a[0], int(a[1]))
     elif args.role == "echo-client":
