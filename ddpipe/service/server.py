@@ -169,8 +169,7 @@ class DecodeServer:
         except wire.WireError as e:
             with self._lock:
                 self.counters.refused += 1
-            self._listener.send(peer, wire.refusal(f"refused: {e}") if request_id is None
-                                else wire.error_message(request_id, f"refused: {e}"))
+            self._listener.send(peer, wire.error_message(request_id, f"refused: {e}"))
             return
         try:
             self._work.put_nowait((peer, request))

@@ -168,9 +168,3 @@ def busy_message(request_id: int) -> list[Any]:
 
 def error_message(request_id: int | None, text: str) -> list[Any]:
     return [pack({"type": "error", "id": request_id, "error": text})]
-
-
-def refusal(text: str) -> list[Any]:
-    """An error for a peer whose messages this side cannot read (another version, or garbage): the
-    header holds no version check of its own, so that any ddpipe can read why it was refused."""
-    return [msgpack.packb({"wire": WIRE_VERSION, "ddpipe": __version__, "type": "error", "id": None, "error": text})]
