@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..checksum import file_checksum
 from ..comm import Comm, init_comm
+from ..decode.spec import ON_ERROR
 from ..errors import ConversionConflictError, DdpipeError, OptionError, SourceError
 from ..formats import FORMAT_NAMES, get_format
 from ..formats.atomic import atomic_write_bytes
@@ -68,8 +69,8 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         if self.format not in FORMAT_NAMES:
             raise OptionError(f"format must be one of {', '.join(FORMAT_NAMES)}, not {self.format!r}")
-        if self.on_error not in ("fail", "skip"):
-            raise OptionError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
+        if self.on_error not in ON_ERROR:
+            raise OptionError(f"on_error must be one of {', '.join(ON_ERROR)}, not {self.on_error!r}")
         for name in ("shard_bytes", "samples_per_shard"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -15,7 +15,7 @@ from pathlib import Path
 from PIL import UnidentifiedImageError
 
 from ..dataset import Dataset, open_dataset
-from ..decode.spec import check_pixels, decode_check, open_image
+from ..decode.spec import PixelLimitError, check_pixels, decode_check, open_image
 from ..errors import DdpipeError, SourceError
 from ..formats import ShardReader
 from ..manifest import MANIFEST_NAME, SkippedItem
@@ -177,11 +177,9 @@ class ItemLoader:
                 kind = img.format or ""
                 width, height = img.size
                 check_pixels(width, height)
-        except ValueError as e:
-            if "pixels" not in str(e):
-                raise SourceError("not an image: no image format recognises it", path=item.path) from None
+        except PixelLimitError as e:
             raise SourceError(f"does not decode: {e}", path=item.path) from None
-        except (UnidentifiedImageError, OSError):
+        except (UnidentifiedImageError, OSError, ValueError):
             # PIL's message names the in-memory buffer by its address: the manifest records this text,
             # and two identical runs must write identical manifests
             raise SourceError("not an image: no image format recognises it", path=item.path) from None

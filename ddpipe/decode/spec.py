@@ -86,21 +86,25 @@ class DecodeOptions:
         return max(1, self.threads)
 
 
+class PixelLimitError(ValueError):
+    """An image whose header says more pixels than the limit: refused before it is decoded."""
+
+
 def check_pixels(width: int, height: int, max_pixels: int = MAX_PIXELS) -> None:
-    """ValueError for an image whose header says more than ``max_pixels`` pixels."""
+    """PixelLimitError for an image whose header says more than ``max_pixels`` pixels."""
     if width * height > max_pixels:
-        raise ValueError(f"{width} x {height} pixels, over the limit of {max_pixels:,} (DecodeOptions.max_pixels): "
-                         "refused before decoding")
+        raise PixelLimitError(f"{width} x {height} pixels, over the limit of {max_pixels:,} "
+                              "(DecodeOptions.max_pixels): refused before decoding")
 
 
 def open_image(data: bytes) -> Any:
-    """``PIL.Image.open`` of ``data``, with PIL's decompression-bomb error as a ValueError."""
+    """``PIL.Image.open`` of ``data``, with PIL's decompression-bomb error as a PixelLimitError."""
     from PIL import Image
 
     try:
         return Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
-        raise ValueError(str(e)) from None
+        raise PixelLimitError(str(e)) from None
 
 
 def decode_check(data: bytes, draft: bool = False, max_pixels: int = MAX_PIXELS) -> None:

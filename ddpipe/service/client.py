@@ -203,8 +203,7 @@ class _Run:
                                           batch.indices, [str(s.get("__key__")) for s in batch.samples],
                                           batch.labels, batch.datas)
             if not self.links.send(server.link, message):  # no connection: it went
-                self._lost(server)
-                server.state = "down"
+                self._lost(server, "down")
                 continue
             self.pending.popleft()
             server.inflight.add(request_id)
@@ -233,14 +232,17 @@ class _Run:
             if not probe:
                 server.state, server.last_heard = "greeting", server.hello_at
 
-    def _lost(self, server: _Server) -> None:
-        """The server's batches go back to the front of the queue, in stream order."""
+    def _lost(self, server: _Server, state: str) -> None:
+        """The server is ``state`` (silent: frozen; down: disconnected); its batches go back to the
+        queue, in stream order."""
         if server.state == "live":
             self.d.stats.servers_lost += 1
-        server.state = "silent" if server.state in ("live", "greeting") else server.state
-        back = [self.sent.pop(i) for i in sorted(server.inflight) if i in self.sent]
+        server.state = state
+        self._requeue([self.sent.pop(i) for i in sorted(server.inflight) if i in self.sent])
         server.inflight.clear()
         server.capped = None
+
+    def _requeue(self, back: list[_Sent]) -> None:
         self.pending.extend((s.seq, s.batch) for s in back)
         self.pending = deque(sorted(self.pending, key=lambda p: p[0]))
 
@@ -250,8 +252,7 @@ class _Run:
             if kind == "connected":
                 self._greet(server)
             elif kind == "disconnected":
-                self._lost(server)
-                server.state = "down"
+                self._lost(server, "down")
             elif frames is not None:
                 self._message(server, frames)
 
@@ -275,8 +276,7 @@ class _Run:
         server.inflight.discard(request_id)
         if kind == "busy":
             server.capped = max(1, len(server.inflight))
-            self.pending.appendleft((sent.seq, sent.batch))
-            self.pending = deque(sorted(self.pending, key=lambda p: p[0]))
+            self._requeue([sent])
             return
         server.capped = None
         try:
@@ -299,10 +299,9 @@ class _Run:
                 server.state = "silent"
             elif server.state == "live" and server.inflight:
                 if quiet > self.d.timeout:
-                    self._lost(server)
+                    self._lost(server, "silent")
                 elif quiet > self.d.timeout / 3 and now - server.hello_at > self.d.timeout / 3:
-                    self.links.send(server.link, wire.hello_message())  # are you there?
-                    server.hello_at = now
+                    self._greet(server, probe=True)  # are you there?
             elif server.state == "silent" and now - server.hello_at > self.d.timeout:
                 self._greet(server, probe=True)  # frozen, or answering again: used once it answers
 

@@ -17,7 +17,7 @@ import contextlib
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import OptionError
@@ -140,7 +140,6 @@ class Link:
     endpoint: str
     socket: Any
     monitor: Any
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # what Links.wait reports of a link: a message's frames, or that it (re)connected or disconnected
