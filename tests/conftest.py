@@ -59,17 +59,37 @@ def run_cli(*args: str | os.PathLike[str], check: bool = False, timeout: float =
     return proc
 
 
-def mpiexec(n: int, *args: str | os.PathLike[str], timeout: float = 180,
-            nodes: int | None = None) -> subprocess.CompletedProcess[str]:
+SSH_NS = REPO / "tests" / "hosts" / "ssh-ns"
+
+
+def mpiexec(n: int, *args: str | os.PathLike[str], timeout: float = 180, nodes: int | None = None,
+            hosts: int | None = None) -> subprocess.CompletedProcess[str]:
     """Launch ``n`` real MPI ranks of ``python ARGS`` with the mpich wheel's mpiexec. ``nodes``: split
-    them into that many nodes, as MPI itself sees nodes (MPICH's cliques: rank r is on node r % nodes)."""
+    them into that many nodes, as MPI itself sees nodes (MPICH's cliques: rank r is on node r % nodes).
+    ``hosts``: run them on that many real hosts instead, ``n / hosts`` each in rank order (hydra's ssh
+    launcher through ``tests/hosts/ssh-ns``: hosts mnode1... with their own host name and /dev/shm,
+    talking over TCP)."""
+    return launch(mpiexec_command(n, *args, hosts=hosts), timeout, mpiexec_env(nodes))
+
+
+def mpiexec_command(n: int, *args: str | os.PathLike[str], hosts: int | None = None) -> list[str]:
     exe = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
     if exe is None:
         raise AssertionError("mpiexec not found: install ddpipe[mpi] (make test does)")
+    where: list[str] = []
+    if hosts is not None:
+        if os.geteuid() != 0:
+            pytest.fail("multi-host tests need root: tests/hosts/ssh-ns makes each host with unshare")
+        where = ["-launcher", "ssh", "-launcher-exec", str(SSH_NS),
+                 "-hosts", ",".join(f"127.0.0.{k + 2}" for k in range(hosts)), "-ppn", str(-(-n // hosts))]
+    return [exe, *where, "-n", str(n), sys.executable, *map(str, args)]
+
+
+def mpiexec_env(nodes: int | None = None) -> dict[str, str]:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     if nodes is not None:
         env["MPIR_CVAR_NUM_CLIQUES"] = str(nodes)
-    return launch([exe, "-n", str(n), sys.executable, *map(str, args)], timeout, env)
+    return env
 
 
 def torchrun(n: int, *args: str | os.PathLike[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:

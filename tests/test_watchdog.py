@@ -12,8 +12,8 @@ def recording_watchdog(timeout: float) -> tuple[Watchdog, list[str], threading.E
     fired: list[str] = []
     reported = threading.Event()
 
-    def on_timeout(what: str) -> None:
-        fired.append(what)
+    def on_timeout(reason: str) -> None:
+        fired.append(reason.split(" did not complete")[0])
         reported.set()
 
     return Watchdog(timeout, on_timeout), fired, reported
@@ -40,3 +40,22 @@ def test_a_call_that_ends_in_time_is_not_reported_later() -> None:
     with dog.watch("round 3"):
         assert reported.wait(30)
     assert fired == ["round 3"]
+
+
+def test_a_silent_peer_is_reported_only_while_a_call_waits() -> None:
+    """Silence is a reason to stop waiting, not to end a rank that waits for nothing (its previous
+    rank may simply have finished): reported while armed, with what waited, long before the deadline."""
+    silence: list[str] = []
+    reasons: list[str] = []
+    reported = threading.Event()
+
+    def on_timeout(reason: str) -> None:
+        reasons.append(reason)
+        reported.set()
+
+    dog = Watchdog(3600, on_timeout, lambda: silence[0] if silence else None)
+    silence.append("host mnode2 (ranks 2, 3), which has shown no sign of life for 30 s")
+    assert not reported.wait(2.5), reasons  # silent, but nothing waits (the watchdog checks every second)
+    with dog.watch("exchange round 4"):
+        assert reported.wait(30)
+    assert reasons == ["exchange round 4 waits on host mnode2 (ranks 2, 3), which has shown no sign of life for 30 s"]

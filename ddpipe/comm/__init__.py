@@ -10,26 +10,32 @@ comes from its rendezvous and ddpipe's collectives go through a gloo group of it
 from __future__ import annotations
 
 from .base import DEFAULT_TIMEOUT, Comm, GradientChannel, Watchdog, end_job_on_uncaught
+from .heartbeat import DEFAULT_SILENCE
 from .world import World, available_cores, launched_by_mpi, launched_by_torchrun
 
 
-def init_comm(timeout: float = DEFAULT_TIMEOUT, tune_allocator: bool = True, abort_on_error: bool = True) -> Comm:
+def init_comm(timeout: float = DEFAULT_TIMEOUT, tune_allocator: bool = True, abort_on_error: bool = True,
+              silence: float = DEFAULT_SILENCE) -> Comm:
     """The job's communicator: MPI under mpiexec/srun, torch.distributed under torchrun, else a world
-    of one. This is a data-loading process's set-up, with two settings of the whole process unless
-    told not to: it tunes glibc's allocator for the churn of ~100 KB samples
+    of one. ``timeout``: how long a collective may wait for the others at most; ``silence``: under
+    MPI, how long a rank waiting on others lets a peer go without a heartbeat before it ends the job
+    naming the peer's host (:mod:`ddpipe.comm.heartbeat`).
+
+    This is a data-loading process's set-up, with two settings of the whole process unless told not
+    to: it tunes glibc's allocator for the churn of ~100 KB samples
     (:func:`ddpipe.memory.keep_freed_memory`), and in a job of several ranks an uncaught exception on
     any rank ends every rank at once (:func:`ddpipe.comm.base.end_job_on_uncaught`)."""
     if tune_allocator:
         from ..memory import keep_freed_memory
 
         keep_freed_memory()
-    comm = _job_comm(timeout)
+    comm = _job_comm(timeout, silence)
     if abort_on_error and comm.world.size > 1:
         end_job_on_uncaught(comm)
     return comm
 
 
-def _job_comm(timeout: float) -> Comm:
+def _job_comm(timeout: float, silence: float) -> Comm:
     if launched_by_mpi():
         try:
             from .mpi import world_comm
@@ -37,7 +43,7 @@ def _job_comm(timeout: float) -> Comm:
             from ..errors import DdpipeError
 
             raise DdpipeError("launched under MPI but mpi4py is missing: pip install 'ddpipe[mpi]'") from e
-        return world_comm(timeout)
+        return world_comm(timeout, silence)
     if launched_by_torchrun():
         from .torch_dist import TorchComm
 
@@ -45,5 +51,5 @@ def _job_comm(timeout: float) -> Comm:
     return Comm(World(cores=available_cores()), timeout)
 
 
-__all__ = ["DEFAULT_TIMEOUT", "Comm", "GradientChannel", "Watchdog", "World", "available_cores", "init_comm",
-           "launched_by_mpi", "launched_by_torchrun"]
+__all__ = ["DEFAULT_SILENCE", "DEFAULT_TIMEOUT", "Comm", "GradientChannel", "Watchdog", "World", "available_cores",
+           "init_comm", "launched_by_mpi", "launched_by_torchrun"]

@@ -223,17 +223,20 @@ def pack_parts(parts: Segment, into: np.ndarray) -> None:
 
 
 class Watchdog:
-    """Calls ``on_timeout(what)`` if a watched call outlives its deadline (give or take a tenth of
-    it, at most a second). One thread per communicator.
+    """Calls ``on_timeout(reason)`` if a watched call outlives its deadline, or if ``silent()`` names a
+    peer that has stopped showing signs of life (:mod:`ddpipe.comm.heartbeat`) while it waits (give
+    or take a tenth of the deadline, at most a second). One thread per communicator.
 
     The thread looks at the clock on its own, a few times per deadline, instead of being woken at
     every watched call: an exchange round arms it once, and a wake-up per round cost the round a
     context switch and a turn of the GIL for the watchdog's Python (with the header's two polls, an
     empty round took 170-250 us of processor time on 2 ranks here)."""
 
-    def __init__(self, timeout: float, on_timeout: Any) -> None:
+    def __init__(self, timeout: float, on_timeout: Callable[[str], Any],
+                 silent: Callable[[], str | None] | None = None) -> None:
         self.timeout = timeout
         self._on_timeout = on_timeout
+        self._silent = silent
         self._period = min(max(timeout / 10, 0.01), 1.0)
         self._armed: tuple[str, float] | None = None  # (what, deadline); replaced whole, never mutated
         threading.Thread(target=self._watch, daemon=True, name="ddpipe-watchdog").start()
@@ -242,9 +245,17 @@ class Watchdog:
         while True:
             time.sleep(self._period)
             armed = self._armed
-            if armed is not None and time.monotonic() > armed[1] and self._armed is armed:
+            if armed is None:
+                continue
+            what, deadline = armed
+            reason = None
+            if time.monotonic() > deadline:
+                reason = f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung"
+            elif self._silent is not None and (quiet := self._silent()) is not None:
+                reason = f"{what} waits on {quiet}"
+            if reason is not None and self._armed is armed:
                 self._armed = None
-                self._on_timeout(armed[0])
+                self._on_timeout(reason)
 
     def watch(self, what: str) -> _Watched:
         return _Watched(self, what)

@@ -4,7 +4,8 @@ Small collectives, where ranks wait for each other to arrive, are posted non-blo
 with short sleeps (a blocking MPI call spins, taking the core from the peer it waits for). Bulk
 transfers, which start once every rank has arrived, are blocking calls (MPI progresses a transfer
 only inside MPI calls, so sleeping between polls would stall it) under a watchdog thread. A rank
-that dies makes the launcher end the job; a rank that hangs makes the others abort it.
+that dies makes the launcher end the job; a rank that hangs makes the others abort it, after the
+timeout, or sooner, after ``silence`` seconds, if its host stops beating (:mod:`.heartbeat`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import socket
 import stat
 import sys
 import time
@@ -21,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .base import DEFAULT_TIMEOUT, Comm, Request, Segment, Watchdog, WhileWaiting, Written, pack_parts, segment_lengths
+from .heartbeat import DEFAULT_SILENCE, Heartbeats
 from .landing import LandingZone, zone_capacity
 from .mpi_peers import MPIPeerLink
 from .node_slots import NodeSlots, slot_capacity
@@ -39,7 +42,7 @@ class MPIComm(Comm):
     of ddpipe's own, so one watchdog deadline at a time suffices.
     """
 
-    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT, silence: float = DEFAULT_SILENCE) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -73,22 +76,28 @@ class MPIComm(Comm):
         self._largest_received = 0  # the largest segment a node peer has sent this rank
         self._room = 0  # bytes offered to each node peer
         self.landed_bytes = 0  # bytes received without a copy, through landing zones
-        self._dog = Watchdog(timeout, lambda what: self.abort(
-            f"{what} did not complete within {timeout:.0f} s: another rank died or hung; aborting the job"))
+        hosts = [str(h) for h in mpi_comm.allgather(socket.gethostname())]
+        self._heartbeats = Heartbeats(mpi_comm.Dup(), hosts, silence) if self.world.size > 1 else None
+        self._dog = Watchdog(timeout, lambda reason: self.abort(f"{reason}; aborting the job"), self._silent)
+
+    def _silent(self) -> str | None:
+        return None if self._heartbeats is None else self._heartbeats.silent()
 
     def abort(self, message: str) -> None:
         print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
-        _abort(self._comm, 1)
+        _abort(self._mpi.COMM_WORLD, 1)
 
     def node_ranks(self) -> list[int]:
         return list(self._node_ranks)
 
     def end_job(self, code: int) -> None:
         self._clean_up()
-        _abort(self._comm, code)  # the launcher ends every rank
+        _abort(self._mpi.COMM_WORLD, code)  # the launcher ends every rank
 
     def gradient_channel(self) -> MPIGradientChannel:
-        return MPIGradientChannel(self._comm.Dup(), self._mpi)
+        # a watchdog of its own: the loader's producer thread arms this communicator's at the same time
+        dog = Watchdog(self.timeout, lambda reason: self.abort(f"{reason}; aborting the job"), self._silent)
+        return MPIGradientChannel(self._comm.Dup(), self._mpi, dog)
 
     def peer_link(self) -> MPIPeerLink:
         if self._peer_link is None:
@@ -104,6 +113,8 @@ class MPIComm(Comm):
             if time.monotonic() > deadline:
                 self.abort(f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung; "
                            "aborting the job")
+            if (quiet := self._silent()) is not None:
+                self.abort(f"{what} waits on {quiet}; aborting the job")
             if while_waiting is not None:
                 if while_waiting():
                     continue
@@ -291,19 +302,31 @@ class MPIGradientChannel:
     """A communicator of its own for gradient averaging: the loader exchanges samples on another,
     in another thread, at the same time."""
 
-    def __init__(self, mpi_comm: Any, mpi: Any) -> None:
-        self._comm, self._mpi = mpi_comm, mpi
+    def __init__(self, mpi_comm: Any, mpi: Any, dog: Watchdog) -> None:
+        self._comm, self._mpi, self._dog = mpi_comm, mpi, dog
         self.size: int = mpi_comm.Get_size()
 
     def iallreduce_sum(self, buffer: np.ndarray) -> Request:
-        request: Request = self._comm.Iallreduce(self._mpi.IN_PLACE, buffer, op=self._mpi.SUM)
-        return request
+        return _Watched(self._comm.Iallreduce(self._mpi.IN_PLACE, buffer, op=self._mpi.SUM), self._dog,
+                        "gradient allreduce")
 
     def broadcast(self, buffer: np.ndarray) -> None:
-        self._comm.Bcast(buffer, root=0)
+        with self._dog.watch("broadcast"):
+            self._comm.Bcast(buffer, root=0)
 
     def free(self) -> None:
         self._comm.Free()
+
+
+class _Watched:
+    """A request whose wait is under a watchdog: a peer that hangs or goes silent ends the job."""
+
+    def __init__(self, request: Any, dog: Watchdog, what: str) -> None:
+        self._request, self._dog, self._what = request, dog, what
+
+    def Wait(self) -> Any:  # mpi4py's name
+        with self._dog.watch(self._what):
+            return self._request.Wait()
 
 
 def _room_for(largest: int) -> int:
@@ -312,12 +335,12 @@ def _room_for(largest: int) -> int:
     return max(-(-int(largest * 1.25) // _PAGE), 1) * _PAGE
 
 
-def world_comm(timeout: float) -> MPIComm:
+def world_comm(timeout: float, silence: float = DEFAULT_SILENCE) -> MPIComm:
     """A communicator of ddpipe's own over the whole MPI job."""
     from mpi4py import MPI
 
     # our own: the training script may run collectives on COMM_WORLD at the same time
-    return MPIComm(MPI.COMM_WORLD.Dup(), timeout)
+    return MPIComm(MPI.COMM_WORLD.Dup(), timeout, silence)
 
 
 def abort_mpi_job(code: int) -> None:
@@ -328,9 +351,13 @@ def abort_mpi_job(code: int) -> None:
 
 
 def _abort(comm: Any, code: int, drain_seconds: float = 2.0) -> None:
-    """MPI_Abort once the launcher has read what this rank wrote. Hydra's proxy may act on the abort
-    before it drains the rank's output pipes and then drop it, the error message included (1 run in
-    ~10 here); what it has read it forwards before the abort, on the same socket."""
+    """MPI_Abort once the launcher has read what this rank wrote. ``comm`` is COMM_WORLD: MPICH aborts
+    another communicator by messages to its ranks, which a frozen host never reads, and hydra then
+    waits for that host for ever; COMM_WORLD's abort goes to the launcher, which ends the job.
+
+    Hydra's proxy may act on the abort before it drains the rank's output pipes and then drop it, the
+    error message included (1 run in ~10 here); what it has read it forwards before the abort, on the
+    same socket."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

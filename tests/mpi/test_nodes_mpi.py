@@ -1,7 +1,9 @@
-"""Several nodes on one machine, as MPI itself sees them (MPICH's cliques split the ranks into nodes
-for MPI_COMM_TYPE_SHARED): one staged copy per node in each node's own directory, every sample once
-per epoch, equal batches, eviction per node, the exchange crossing nodes, and a mid-epoch state
-resumed on another node count."""
+"""Several nodes on one machine, twice over: as MPI itself sees them (MPICH's cliques split the ranks
+into nodes for MPI_COMM_TYPE_SHARED), and as real hosts (hydra's ssh launcher through
+tests/hosts/ssh-ns: each host its own host name and /dev/shm, ranks talking over TCP). One staged
+copy per node in each node's own directory, every sample once per epoch, equal batches, eviction per
+node, the exchange crossing nodes, a mid-epoch state resumed on another node count, and node leaders
+copying staged shards from each other."""
 
 from __future__ import annotations
 
@@ -21,15 +23,25 @@ SHARDS, PER_SHARD, PAYLOAD = 12, 10, 2600
 TOTAL = SHARDS * PER_SHARD
 
 
+@pytest.fixture(params=["cliques", "hosts"])
+def place(request: pytest.FixtureRequest) -> str:
+    """How the nodes are made: MPICH's cliques on one host, or real hosts (tests/hosts/ssh-ns)."""
+    return str(request.param)
+
+
+def on(place: str, nodes: int) -> dict[str, int]:
+    return {"nodes": nodes} if place == "cliques" else {"hosts": nodes}
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("nodes") / "wds", "wds", [PER_SHARD] * SHARDS, payload=PAYLOAD)
 
 
-def launch(data: Path, tmp: Path, nodes: int, phase: str, *extra: str) -> list[dict[str, Any]]:
+def launch(data: Path, tmp: Path, place: str, nodes: int, phase: str, *extra: str) -> list[dict[str, Any]]:
     out = tmp / f"{phase}-{nodes}.json"
     proc = mpiexec(2 * nodes, WORKER, data, tmp / "local" / "node{node}", out, phase, *extra, timeout=300,
-                   nodes=nodes)
+                   **on(place, nodes))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report: list[dict[str, Any]] = json.loads(out.read_text())
     return report
@@ -40,8 +52,9 @@ def flat(batches: list[list[str]]) -> list[str]:
 
 
 @pytest.mark.parametrize("nodes", [2, 3])
-def test_nodes_stage_one_copy_each_and_yield_every_sample_once(data: Path, tmp_path: Path, nodes: int) -> None:
-    report = launch(data, tmp_path, nodes, "run")
+def test_nodes_stage_one_copy_each_and_yield_every_sample_once(data: Path, tmp_path: Path, place: str,
+                                                               nodes: int) -> None:
+    report = launch(data, tmp_path, place, nodes, "run")
     by_node = collections.defaultdict(list)
     for r in report:
         by_node[r["node"]].append(r)
@@ -64,9 +77,9 @@ def test_nodes_stage_one_copy_each_and_yield_every_sample_once(data: Path, tmp_p
     assert all(r["cross_node_bytes"] > 0 for r in report)  # every rank sent samples to other nodes
 
 
-def test_capacity_evicts_on_each_node(data: Path, tmp_path: Path) -> None:
+def test_capacity_evicts_on_each_node(data: Path, tmp_path: Path, place: str) -> None:
     capacity = 3 * PER_SHARD * (PAYLOAD + 1024)  # three shards of the node's six
-    report = launch(data, tmp_path, 2, "run", str(capacity))
+    report = launch(data, tmp_path, place, 2, "run", str(capacity))
     leaders = [r for r in report if r["local_rank"] == 0]
     for r in leaders:
         assert r["evicted"] > 0 and r["copied"] > len(r["staged"])  # evicted shards staged again
@@ -76,9 +89,9 @@ def test_capacity_evicts_on_each_node(data: Path, tmp_path: Path) -> None:
         assert len(seen) == TOTAL
 
 
-def test_a_state_from_two_nodes_resumes_on_three(data: Path, tmp_path: Path) -> None:
-    first = launch(data, tmp_path, 2, "run")
-    second = launch(data, tmp_path, 3, "resume")
+def test_a_state_from_two_nodes_resumes_on_three(data: Path, tmp_path: Path, place: str) -> None:
+    first = launch(data, tmp_path, place, 2, "run")
+    second = launch(data, tmp_path, place, 3, "resume")
     assert len(second) == 6 and len({r["node"] for r in second}) == 3
     before = [k for r in first for k in flat(r["part"])]
     after = [k for r in second for k in flat(r["rest"])]
@@ -95,11 +108,11 @@ def test_a_state_from_two_nodes_resumes_on_three(data: Path, tmp_path: Path) -> 
             assert copy.read_bytes() == (data / copy.name).read_bytes()
 
 
-def test_a_peer_gives_its_copy_or_says_it_cannot(tmp_path: Path) -> None:
+def test_a_peer_gives_its_copy_or_says_it_cannot(tmp_path: Path, place: str) -> None:
     import os
 
     (tmp_path / "shard.bin").write_bytes(os.urandom(20 << 20))  # more than one chunk
-    proc = mpiexec(2, Path(__file__).with_name("peer_worker.py"), tmp_path, timeout=120, nodes=2)
+    proc = mpiexec(2, Path(__file__).with_name("peer_worker.py"), tmp_path, timeout=120, **on(place, 2))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # the right bytes; a refusal when it no longer has them; other bytes refused by checksum; a timeout
     said = [w for w in proc.stdout.split() if w in ("fetched", "refused", "checked", "abandoned", "gone")]
@@ -107,12 +120,12 @@ def test_a_peer_gives_its_copy_or_says_it_cannot(tmp_path: Path) -> None:
     assert "copying from the source instead" in proc.stderr
 
 
-def test_two_node_leaders_fetching_from_each_other_at_once_get_their_own_answers(tmp_path: Path) -> None:
+def test_two_node_leaders_fetching_from_each_other_at_once_get_their_own_answers(tmp_path: Path, place: str) -> None:
     import os
 
     for rank in (0, 1):  # sizes that differ between the ranks, one over a chunk: a mixed-up answer shows
         for k, size in enumerate((1000 + rank, (9 << 20) + 7 * rank, 3 + rank)):
             (tmp_path / f"r{rank}-{k}.bin").write_bytes(os.urandom(size))
-    proc = mpiexec(2, Path(__file__).with_name("peer_both_worker.py"), tmp_path, timeout=300, nodes=2)
+    proc = mpiexec(2, Path(__file__).with_name("peer_both_worker.py"), tmp_path, timeout=300, **on(place, 2))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0: 0 wrong" in proc.stdout and "rank 1: 0 wrong" in proc.stdout, proc.stdout + proc.stderr

@@ -1,9 +1,12 @@
 #!/bin/bash
-# A one-node Slurm cluster on this machine, for the tests in tests/slurm: Debian's slurm-wlm and munge,
-# started as root, with state, spool and logs under one directory.
+# A two-node Slurm cluster on this machine, for the tests in tests/slurm: Debian's slurm-wlm and munge,
+# started as root, with state, spool and logs under one directory. The controller runs here; each node's
+# slurmd runs as host mnodeK at 127.0.0.(K+1), in a UTS and mount namespace of its own (its own host
+# name and /dev/shm, as tests/hosts/ssh-ns makes hosts for mpiexec), so that jobs span two real hosts
+# whose ranks talk over TCP. Every address is in 127.0.0.0/8.
 #
 #   tests/slurm/cluster.sh install        # apt-get the packages (once per machine)
-#   tests/slurm/cluster.sh start DIR      # write DIR/slurm.conf, start munged, slurmctld, slurmd
+#   tests/slurm/cluster.sh start DIR      # write DIR/slurm.conf, start munged, slurmctld, two slurmd
 #   tests/slurm/cluster.sh stop DIR       # stop them (by the PIDs they recorded)
 #
 # Clients need SLURM_CONF=DIR/slurm.conf. MpiDefault=pmi2 is what the mpich wheel speaks.
@@ -34,11 +37,12 @@ AuthType=auth/munge
 AuthInfo=socket=$dir/munge/munge.socket
 CredType=cred/munge
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
 SlurmctldLogFile=$dir/slurmctld.log
-SlurmdLogFile=$dir/slurmd.log
+SlurmdLogFile=$dir/slurmd-%n.log
+SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=pmi2
@@ -46,27 +50,34 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
-NodeName=$host CPUs=$(nproc) State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
+NodeName=mnode1 NodeAddr=127.0.0.2 Port=6818 CPUs=$(nproc) State=UNKNOWN
+NodeName=mnode2 NodeAddr=127.0.0.3 Port=6819 CPUs=$(nproc) State=UNKNOWN
+PartitionName=debug Nodes=mnode[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
+    mkdir -p "$dir/spool/mnode1" "$dir/spool/mnode2"
     munged --force --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
         --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed"
     slurmctld -f "$dir/slurm.conf"
-    slurmd -f "$dir/slurm.conf"
+    local node
+    for node in mnode1 mnode2; do  # slurmd forks into the background, inside the namespace it was started in
+        unshare --uts --mount --fork bash -c \
+            'hostname "$0" && mount -t tmpfs -o size=4g tmpfs /dev/shm && exec slurmd -N "$0" -f "$1"' \
+            "$node" "$dir/slurm.conf"
+    done
     export SLURM_CONF=$dir/slurm.conf
-    for _ in $(seq 100); do  # until the node reports in (a second or two)
-        if sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then
+    for _ in $(seq 150); do  # until both nodes report in (a few seconds)
+        if [ "$(sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)')" = 2 ]; then
             return
         fi
         sleep 0.2
     done
-    echo "the Slurm node did not come up; see $dir/slurmctld.log and $dir/slurmd.log" >&2
+    echo "the Slurm nodes did not come up; see $dir/slurmctld.log and $dir/slurmd-mnode*.log" >&2
     exit 1
 }
 
 stop() {
     local dir=$1 f
-    for f in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
+    for f in "$dir"/slurmd-*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
         if [ -f "$f" ]; then
             kill "$(cat "$f")" 2>/dev/null || true
         fi
