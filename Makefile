@@ -31,7 +31,7 @@ typecheck: $(STAMP)
 test: lint typecheck
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
 
-# Real Slurm on this machine: install slurm-wlm and munge (root, apt), start a one-node cluster under
+# Real Slurm on this machine: install slurm-wlm and munge (root, apt), start a two-node cluster under
 # $(SLURM_DIR), run tests/slurm (srun on ddpipe train and a user script, sbatch on the example), stop it.
 test-slurm: $(STAMP)
 	tests/slurm/cluster.sh install

@@ -5,7 +5,7 @@
 #
 # Every setting below is a variable with the cluster's value as its default, so the same script runs
 # elsewhere by overriding them (tests/slurm submits it on a one-node test cluster, CPUs only):
-#   sbatch --nodes=1 --ntasks=2 --cpus-per-task=1 --gpus-per-node=0 \
+#   sbatch --nodes=2 --ntasks=4 --cpus-per-task=1 --gpus-per-node=0 \
 #          --export=ALL,DATA=...,MODEL=smallcnn,EPOCHS=1,BATCH=8,TRAIN_FLAGS= examples/slurm_train.sh
 #SBATCH --job-name=ddpipe-resnet50
 #SBATCH --nodes=64

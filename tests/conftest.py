@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,20 @@ def run_cli(*args: str | os.PathLike[str], check: bool = False, timeout: float =
 
 
 SSH_NS = REPO / "tests" / "hosts" / "ssh-ns"
+HOST_NAMES = REPO / "tests" / "hosts" / "names.sh"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_names() -> Iterator[None]:
+    """mnode1-3 in /etc/hosts for the session, as a cluster's DNS would give the hosts that
+    ``mpiexec(hosts=)`` makes (as root; what was there already is left as it was)."""
+    added = False
+    if os.geteuid() == 0:
+        done = subprocess.run([str(HOST_NAMES), "add"], capture_output=True, text=True, check=False)
+        added = done.stdout.strip() == "added"
+    yield
+    if added:
+        subprocess.run([str(HOST_NAMES), "remove"], check=False)
 
 
 def mpiexec(n: int, *args: str | os.PathLike[str], timeout: float = 180, nodes: int | None = None,

@@ -111,3 +111,24 @@ def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path
         os.kill(pid, signal.SIGKILL)
     assert not left, output
     assert not _new_segments(before), output
+
+
+def test_a_pil_decoding_job_that_ends_on_a_damaged_shard_leaves_nothing_in_dev_shm(data: Path, tmp_path: Path) -> None:
+    """The rank that reads the damaged shard ends the job; the launcher kills the others outright, with
+    their decoder pools: none of them may leave a shared-memory batch (psm_) or a pool semaphore
+    (sem.mp-) behind."""
+    damaged = tmp_path / "wds"
+    shutil.copytree(data, damaged)
+    shard = sorted(damaged.glob("*.tar"))[1]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size, other bytes: the manifest's digest no longer matches
+    shard.write_bytes(bytes(raw))
+    before = _shm()
+    proc = mpiexec(2, "-m", "ddpipe", "train", damaged, "--model", "smallcnn", "--batch-size", "2", "--image-size",
+                   "32", "--decode", "pil", timeout=120)
+    assert proc.returncode != 0
+    assert shard.name in proc.stderr, proc.stderr
+    settle = time.monotonic() + 20  # the resource trackers of ranks killed outright go just after
+    while time.monotonic() < settle and _new_segments(before):
+        time.sleep(0.1)
+    assert not _new_segments(before), proc.stderr

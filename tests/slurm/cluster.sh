@@ -55,6 +55,7 @@ NodeName=mnode2 NodeAddr=127.0.0.3 Port=6819 CPUs=$(nproc) State=UNKNOWN
 PartitionName=debug Nodes=mnode[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
     mkdir -p "$dir/spool/mnode1" "$dir/spool/mnode2"
+    "$(dirname "$0")/../hosts/names.sh" add >/dev/null
     munged --force --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
         --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed"
     slurmctld -f "$dir/slurm.conf"
@@ -82,6 +83,7 @@ stop() {
             kill "$(cat "$f")" 2>/dev/null || true
         fi
     done
+    "$(dirname "$0")/../hosts/names.sh" remove
 }
 
 "$@"
