@@ -54,6 +54,7 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/allreduce.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/decode_service.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/soak.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/peer_staging_soak.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_accuracy.py --ranks 4
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_accuracy.py --ranks 8
 	$(PY) benchmarks/report.py

@@ -171,6 +171,8 @@ class Dataset:
                             on_corrupt(shard, error)
                             told = True
                         sample = self.placeholder(shard, position, error)
+                    else:
+                        sample = reader.parse(sample)  # checked first, then parsed
                     yield sample
                     position += 1
                 else:
@@ -317,6 +319,8 @@ class Dataset:
                         on_corrupt(shard, error)
                         told.add(shard)
                     sample = self.placeholder(shard, pos, error)
+                else:
+                    sample = reader.parse(sample)  # checked first, then parsed
                 yield sample
         finally:
             for reader in readers.values():

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_SILENCE = float(30)
+DEFAULT_SILENCE = float(20)
 _TAG = 7
 
 

@@ -199,10 +199,11 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
                                   "(lines of 'key label') or --label-regex with a group (?P<label>...)", path=mdb)
             layout["label_regex"] = guess
     labels, digests, seek_keys = [], [], []
+    layout["digests"] = "records"  # over each record as stored: a reader checks a record before parsing it
     with ForeignLMDBReader(mdb, {**layout, "source_dir": str(data)}) as reader:
-        for i, (raw, sample) in enumerate(reader.records()):  # every record read: a bad one is named now
-            labels.append(int(sample["cls"]))
-            digests.append(sample_digest(sample))
+        for i, (raw, record) in enumerate(reader.records()):  # every record read: a bad one is named now
+            digests.append(sample_digest(record))
+            labels.append(int(reader.parse(record)["cls"]))
             if i % seek_every == 0:
                 seek_keys.append(base64.b64encode(raw).decode("ascii"))
         count = len(reader)

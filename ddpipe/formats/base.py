@@ -43,6 +43,13 @@ class ShardReader(abc.ABC):
     def scan(self, start: int = 0) -> Iterator[Sample]:
         """Sequential scan from sample ``start`` to the end, in stored order."""
 
+    def parse(self, sample: Sample) -> Sample:
+        """A sample as :meth:`scan` and ``[]`` gave it, made whole. Readers whose records are checked
+        before they are parsed (a manifest's digests over the records as stored, so that nothing
+        runs on bytes that changed) give them unparsed and parse them here, once the check passed;
+        most readers' samples are whole already."""
+        return sample
+
     def scan_views(self, start: int = 0) -> Iterator[Sample]:
         """:meth:`scan`, where a format may give fields as views of the shard in memory instead of
         copies; a view keeps the shard mapped while it lives (:func:`ddpipe.sample.owned` copies

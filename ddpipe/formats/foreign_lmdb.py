@@ -24,6 +24,9 @@ from .base import AdoptedFormat, ShardReader
 from .lmdb import open_whole
 from .lmdb_values import META_KEY, RecordError, read_value
 
+# an unparsed record's fields (see ShardReader.parse): the key as stored and the value
+STORED_KEY, RECORD = "__lmdb_key__", "__record__"
+
 
 def read_labels_file(path: Path) -> dict[str, int]:
     """``key label`` lines (space, tab or comma separated) -> {key: label}."""
@@ -65,6 +68,9 @@ class ForeignLMDBReader(ShardReader):
         self._kind = str(layout.get("values", "image"))
         self._field = str(layout.get("field", "jpg"))
         self._n = int(layout.get("samples", -1))
+        # the manifest's digests are over each record as stored: scans give records unparsed, for the
+        # dataset to check before it parses them (a changed value is refused before it is read)
+        self._records_checked = layout.get("digests") == "records" and self._kind != "image"
         self._keys: list[bytes] | None = None  # built on first random access
         # where a scan may start: every seek_every-th sample's key (recorded by ddpipe index)
         self._seek_every = int(layout.get("seek_every", 0))
@@ -90,6 +96,16 @@ class ForeignLMDBReader(ShardReader):
                     yield bytes(key)
 
     def _sample(self, key: bytes, value: bytes) -> Sample:
+        if self._records_checked:
+            return {KEY: sanitize_key(key.decode("utf-8", errors="replace")), STORED_KEY: key, RECORD: value}
+        return self._parsed(key, value)
+
+    def parse(self, sample: Sample) -> Sample:
+        if RECORD not in sample:
+            return sample
+        return self._parsed(bytes(sample[STORED_KEY]), bytes(sample[RECORD]))
+
+    def _parsed(self, key: bytes, value: bytes) -> Sample:
         text = key.decode("utf-8", errors="replace")
         try:
             data, label = read_value(self._kind, value)

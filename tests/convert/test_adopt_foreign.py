@@ -9,11 +9,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
 from PIL import Image
 
 import ddpipe
+from ddpipe.sample import BAD
 
 from ..conftest import run_cli
 from . import foreign_data as fd
@@ -238,7 +240,8 @@ def test_a_pickle_changed_after_indexing_never_runs(tmp_path: Path) -> None:
     planted = pickle.dumps(_Planted(marker), protocol=4)
     assert data.count(old) == 1 and len(planted) < len(old)
     mdb.write_bytes(data.replace(old, planted + bytes(len(old) - len(planted))))
-    with pytest.raises(ddpipe.CorruptShardError, match=r"'3'.*names posix\.mkdir|'3'.*names os\.mkdir"):
+    # digest first: the record that changed is refused as stored, before anything unpickles it
+    with pytest.raises(ddpipe.DigestMismatchError, match=r"'3'.*digest differs"):
         list(ddpipe.open_dataset(root))
     loader = ddpipe.Loader(root, 5, decode="none", shuffle="none")
     with pytest.raises(ddpipe.CorruptShardError):
@@ -279,3 +282,32 @@ def test_indexing_files_that_are_not_what_they_say_is_one_line(tmp_path: Path) -
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 1 and len(lines) == 1 and says in lines[0], proc.stderr
         assert not (tmp_path / folder / "index.json").exists()
+
+
+def test_a_record_changed_after_indexing_is_refused_before_it_is_parsed(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record kind that needs parsing (msgpack here) is checked against its digest as stored:
+    a changed record never reaches the parser, under any reader path."""
+    from ddpipe.formats import lmdb_values
+
+    root = adopt("lmdb-msgpack", tmp_path)
+    mdb = root / "data.mdb"
+    data = mdb.read_bytes()
+    # a record stored once (LMDB's free pages may hold stale copies of others)
+    i, old = next((i, r) for i in range(25) if data.count(r := msgpack.packb({"image": fd.jpeg(i),
+                                                                             "label": i % fd.CLASSES})) == 1)
+    changed = msgpack.packb({"image": fd.jpeg(i)[:-9], "label": 0})  # another label, the file's size kept
+    mdb.write_bytes(data.replace(old, changed + bytes(len(old) - len(changed))))
+    parsed: list[bytes] = []
+    real = lmdb_values.read_value
+
+    def read_value(kind: str, value: bytes) -> tuple[bytes, int | None]:
+        parsed.append(value)
+        return real(kind, value)
+
+    monkeypatch.setattr("ddpipe.formats.foreign_lmdb.read_value", read_value)
+    with pytest.raises(ddpipe.DigestMismatchError, match="digest differs"):
+        list(ddpipe.open_dataset(root))
+    skipped = list(ddpipe.open_dataset(root).iter_shard(0, on_corrupt=lambda shard, error: None))
+    assert sum(BAD in s for s in skipped) == 1 and len(skipped) == 25
+    assert len(parsed) >= 24 and not any(v.startswith(changed) for v in parsed)  # the others parsed, that one never

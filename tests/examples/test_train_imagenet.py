@@ -75,3 +75,11 @@ def test_resume_mid_epoch_continues_as_if_never_stopped(data: Path, under_mpiexe
     # the rest of epoch 0 is re-planned (the same samples, not necessarily the same batches), so the
     # weights differ slightly from an uninterrupted run's, but training goes on from where it was
     assert losses(rest.stdout)[-3:] == pytest.approx(losses(under_mpiexec)[-3:], abs=0.02)
+
+
+def test_two_hosts_train_as_two_ranks_on_one(data: Path, under_mpiexec: str) -> None:
+    """One rank on each of two real hosts (tests/hosts/ssh-ns): DDP's rendezvous finds rank 0 by its
+    host name, gradients cross hosts over TCP, and the losses are those of the one-host job."""
+    proc = mpiexec(2, SCRIPT, data, "--val", data, *ARGS, timeout=300, hosts=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert losses(proc.stdout) == pytest.approx(losses(under_mpiexec), abs=1e-5)

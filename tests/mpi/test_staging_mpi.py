@@ -53,27 +53,28 @@ def test_ranks_of_one_node_with_different_staging_directories_are_refused(tmp_pa
     assert elapsed < 100  # refused at start, not after the 300 s collective timeout (it takes ~2 s)
 
 
-def test_ctrl_c_while_staging_from_a_slow_source_ends_at_once(tmp_path: Path) -> None:
-    import os
+@pytest.mark.parametrize("hosts", [None, 2])
+def test_ctrl_c_while_staging_from_a_slow_source_ends_at_once(tmp_path: Path, hosts: int | None) -> None:
+    """On one host, and on two real hosts (each node staging its own copy): the launcher's SIGINT ends
+    every rank now, not when the node's staging is done."""
     import signal
     import subprocess
-    import sys
     import time
 
-    from ..conftest import BIN
+    from ..conftest import mpiexec_command, mpiexec_env
     from ..helpers import alive, descendants
 
-    data = make_dataset(tmp_path / "wds", "wds", [50] * 8, payload=100_000)  # 40 MB at 2 MB/s: 20 s
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    launcher = subprocess.Popen([str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "ddpipe", "stage", str(data),
-                                 "--local-dir", str(tmp_path / "local"), "--source-throttle", "2MB/s", "--quiet"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    data = make_dataset(tmp_path / "wds", "wds", [50] * 8, payload=100_000)  # 40 MB at 200 KB/s: 200 s
+    command = mpiexec_command(2 * (hosts or 1), "-m", "ddpipe", "stage", data, "--local-dir",
+                              tmp_path / "local" / "node{node}", "--source-throttle", "200KB/s", "--quiet", hosts=hosts)
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=mpiexec_env())
     deadline = time.monotonic() + 60
     while not list((tmp_path / "local").rglob("*.tar*")) and time.monotonic() < deadline:
         time.sleep(0.1)  # until a copy is under way
     ranks = descendants(launcher.pid)
     launcher.send_signal(signal.SIGINT)
-    output, _ = launcher.communicate(timeout=60)
+    output, _ = launcher.communicate(timeout=60)  # a hang bound: the staging it interrupts would take 200 s
     assert launcher.returncode != 0 and "interrupted" in output, output
     settle = time.monotonic() + 20  # the launcher's proxies and the ranks go just after it returns
     while any(map(alive, ranks)) and time.monotonic() < settle:

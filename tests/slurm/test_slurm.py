@@ -18,6 +18,8 @@ import ddpipe
 
 from ..conftest import BIN, REPO, mpiexec
 from ..examples.test_train_imagenet import ARGS, SCRIPT, losses
+from ..helpers import make_dataset
+from ..mpi.freezing import WORKER, freeze_mnode2
 
 
 def _cluster_up() -> str | None:
@@ -94,3 +96,15 @@ def test_sbatch_the_example_job_script(data: Path, tmp_path: Path) -> None:
     assert "on 4 rank(s)" in output and "epoch 0:" in output
     assert (tmp_path / "ck.pt").exists()
     assert list((tmp_path / "local-0").rglob("*.tar")) and list((tmp_path / "local-1").rglob("*.tar"))
+
+
+def test_a_frozen_node_is_named_and_the_step_ends_within_a_minute(tmp_path: Path) -> None:
+    """mnode2's tasks and its slurmstepd stopped: a rank on mnode1 names the node after 20 s of
+    silence; srun then waits its KillWait (30 s) for the frozen node's tasks and gives up."""
+    data = make_dataset(tmp_path / "wds", "wds", [40] * 8, payload=2000)
+    command = ["srun", "-N", "2", "-n", "4", "--distribution=block", "--mpi=pmi2", sys.executable, str(WORKER),
+               str(data), "freeze"]
+    job = freeze_mnode2(command, ENV)
+    assert job.returncode != 0
+    assert "host mnode2 (ranks 2, 3)" in job.stderr and "no sign of life" in job.stderr, job.stderr
+    assert job.seconds < 60, f"the step ended {job.seconds:.0f} s after its node froze"
