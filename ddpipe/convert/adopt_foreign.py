@@ -60,6 +60,56 @@ def _given_or_recorded(classes: list[str] | None, data: Path, out: Path | None) 
     return classes if classes is not None else recorded
 
 
+def _keys(mdb: Path) -> list[str]:
+    """The environment's sample keys, as text (keys only: no value is read)."""
+    import lmdb
+
+    from ..formats.lmdb_values import META_KEY
+
+    with lmdb.open(str(mdb), subdir=False, readonly=True, lock=False) as env, env.begin() as txn:
+        return [bytes(k).decode("utf-8", errors="replace") for k in txn.cursor().iternext(keys=True, values=False)
+                if not META_KEY.match(k)]
+
+
+def _key_labels(pattern: str, keys: list[str], mdb: Path) -> set[str]:
+    """The distinct labels ``pattern``'s ``label`` group finds in ``keys``; every key must match."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as e:
+        raise DdpipeError(f"--label-regex {pattern!r} is not a regular expression: {e}", path=mdb) from None
+    if "label" not in compiled.groupindex:
+        raise DdpipeError(f"--label-regex {pattern!r} has no group (?P<label>...)", path=mdb)
+    found = set()
+    for key in keys:
+        m = compiled.search(key)
+        if m is None:
+            raise DdpipeError(f"the key {key!r} does not match the label pattern {pattern!r}", path=mdb)
+        found.add(m.group("label"))
+    return found
+
+
+def _guess_label_pattern(keys: list[str], mdb: Path) -> str:
+    """The one pattern of :data:`KEY_LABEL_PATTERNS` whose labels look like classes: every key matches
+    and there are at most half as many classes as samples (a number that differs from key to key is
+    an index, not a label). None plausible, or several, and the user is asked, shown what was seen."""
+    plausible, seen = [], []
+    for pattern in KEY_LABEL_PATTERNS:
+        try:
+            labels = _key_labels(pattern, keys, mdb)
+        except DdpipeError:
+            continue
+        seen.append(f"{pattern!r} gives {len(labels)} classes")
+        if len(labels) <= max(len(keys) // 2, 1):
+            plausible.append(pattern)
+    if len(plausible) == 1:
+        return plausible[0]
+    shown = ", ".join(repr(k) for k in keys[:3])
+    what = "; ".join(seen) if seen else "no number in them"
+    raise DdpipeError(f"the values hold no labels and the keys ({shown}, ... {len(keys)} in all) do not tell them "
+                      f"for sure ({what}): give --label-regex with a group (?P<label>...) or --labels-file "
+                      "(lines of 'key label')", path=mdb)
+
+
 def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[str, int]], list[tuple[str, int]]]:
     """What one HDF5 file holds that could be images (name, kind, rows), integer label datasets
     (name, rows) and integer array attributes (name, length)."""
@@ -164,7 +214,9 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
     from ..formats.foreign_lmdb import ForeignLMDBReader
     from ..formats.lmdb_values import META_KEY, guess_kind, read_value, sniff_image_field
 
-    classes = _given_or_recorded(classes, data, out)
+    # an explicit label source replaces what an earlier index recorded, class names included
+    explicit = label_regex is not None or labels_file is not None
+    classes = classes if explicit else _given_or_recorded(classes, data, out)
     mdb = data / "data.mdb"
     try:
         env = lmdb.open(str(mdb), subdir=False, readonly=True, lock=False)
@@ -189,15 +241,13 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
     if kind == "image" or label is None:
         if labels_file is not None:
             layout["labels_file"] = labels_file
-        elif label_regex is not None:
-            layout["label_regex"] = label_regex
         else:
-            key = first[0].decode("utf-8", errors="replace")
-            guess = next((p for p in KEY_LABEL_PATTERNS if re.search(p, key)), None)
-            if guess is None:
-                raise DdpipeError(f"the values hold no labels and the key {key!r} shows none: give --labels-file "
-                                  "(lines of 'key label') or --label-regex with a group (?P<label>...)", path=mdb)
-            layout["label_regex"] = guess
+            keys = _keys(mdb)
+            pattern = label_regex if label_regex is not None else _guess_label_pattern(keys, mdb)
+            names = _key_labels(pattern, keys, mdb)
+            if not all(n.isdigit() for n in names):  # class names in the keys: they become the classes
+                layout["label_names"] = classes = sorted(names)
+            layout["label_regex"] = pattern
     labels, digests, seek_keys = [], [], []
     layout["digests"] = "records"  # over each record as stored: a reader checks a record before parsing it
     with ForeignLMDBReader(mdb, {**layout, "source_dir": str(data)}) as reader:

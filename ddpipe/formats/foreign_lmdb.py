@@ -43,18 +43,28 @@ def read_labels_file(path: Path) -> dict[str, int]:
 
 
 class LabelSource:
-    """Where a plain image's label comes from: its key (a pattern) or a side file."""
+    """Where a plain image's label comes from: its key (a pattern) or a side file. A pattern's
+    ``label`` group is a class number, or a class name (``n01440764/...``) where the manifest's
+    layout lists the names (``label_names``, in class order)."""
 
     def __init__(self, layout: dict[str, Any], data_dir: Path) -> None:
         self.pattern = re.compile(layout["label_regex"]) if layout.get("label_regex") else None
         self.table = read_labels_file(data_dir / layout["labels_file"]) if layout.get("labels_file") else None
+        self.names = {str(name): i for i, name in enumerate(layout.get("label_names", ()))}
 
     def label(self, key: str) -> int | None:
         if self.pattern is not None:
             m = self.pattern.search(key)
             if m is None:
                 raise RecordError(f"the key does not match the label pattern {self.pattern.pattern!r}")
-            return int(m.group("label"))
+            text = m.group("label")
+            if self.names:
+                if text not in self.names:
+                    raise RecordError(f"the key's class {text!r} is not one the manifest lists")
+                return self.names[text]
+            if not text.isdigit():
+                raise RecordError(f"the key's label {text!r} is not a number")
+            return int(text)
         if self.table is not None:
             if key not in self.table:
                 raise RecordError("the key is not in the labels file")

@@ -311,3 +311,45 @@ def test_a_record_changed_after_indexing_is_refused_before_it_is_parsed(tmp_path
     skipped = list(ddpipe.open_dataset(root).iter_shard(0, on_corrupt=lambda shard, error: None))
     assert sum(BAD in s for s in skipped) == 1 and len(skipped) == 25
     assert len(parsed) >= 24 and not any(v.startswith(changed) for v in parsed)  # the others parsed, that one never
+
+
+def test_a_key_whose_first_number_is_an_index_gets_its_label_from_the_other(tmp_path: Path) -> None:
+    """Keys ``{index:08d}_{label}``: both guessed patterns match, and the index one would make a class
+    of every sample; the label one is taken."""
+    root = fd._lmdb(tmp_path / "lmdb", [(b"%08d_%d" % (i, i % fd.CLASSES), fd.jpeg(i)) for i in range(40)])
+    proc = run_cli("index", root)
+    assert proc.returncode == 0, proc.stderr
+    ds = ddpipe.open_dataset(root)
+    assert ds.manifest.classes == tuple(str(c) for c in range(fd.CLASSES))
+    assert [int(s["cls"]) for s in ds] == [i % fd.CLASSES for i in range(40)]
+
+
+def test_a_guess_that_makes_a_class_of_every_sample_stops_and_asks(tmp_path: Path) -> None:
+    root = fd._lmdb(tmp_path / "lmdb", [(b"img_%d" % i, fd.jpeg(i)) for i in range(30)])  # a number: an index
+    proc = run_cli("index", root)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "'img_0'" in proc.stderr and "30 classes" in proc.stderr and "--label-regex" in proc.stderr
+    assert not (root / "index.json").exists()
+
+
+def test_class_names_in_the_keys_become_the_classes(tmp_path: Path) -> None:
+    """ImageNet-style keys ``n01440764/...``: a --label-regex group that captures a class name."""
+    wnids = ["n01440764", "n01443537", "n01484850", "n01491361", "n01494475"]
+    root = fd._lmdb(tmp_path / "lmdb", [(f"{wnids[i % 5]}/{i:05d}.JPEG".encode(), fd.jpeg(i)) for i in range(25)])
+    proc = run_cli("index", root, "--label-regex", r"^(?P<label>n\d+)/")
+    assert proc.returncode == 0, proc.stderr
+    ds = ddpipe.open_dataset(root)
+    assert ds.manifest.classes == tuple(wnids)
+    for sample in ds:  # each sample's class is the one its key names (its colour is its class's)
+        assert wnids[int(sample["cls"])] == sample["__key__"][:9]
+
+
+def test_an_explicit_label_regex_replaces_the_class_names_an_earlier_index_recorded(tmp_path: Path) -> None:
+    root = fd._lmdb(tmp_path / "lmdb", [(b"%08d_%d" % (i, i % fd.CLASSES), fd.jpeg(i)) for i in range(40)])
+    first = run_cli("index", root, "--label-regex", r"^(?P<label>\d+)_")  # wrong: the index, 40 classes
+    assert first.returncode == 0, first.stderr
+    assert len(ddpipe.open_dataset(root).manifest.classes) == 40
+    again = run_cli("index", root, "--label-regex", r"_(?P<label>\d+)$")
+    assert again.returncode == 0, again.stderr
+    assert ddpipe.open_dataset(root).manifest.classes == tuple(str(c) for c in range(fd.CLASSES))
