@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import time
 import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
@@ -89,8 +91,11 @@ def _start_worker(names: list[str], size: int) -> None:
                                                buffer=block.buf))
 
 
-def _started() -> bool:
-    return True
+def _started(pause: float) -> int:
+    """Which worker this is; ``pause`` keeps one worker from taking every such task while another is
+    still starting."""
+    time.sleep(pause)
+    return os.getpid()
 
 
 def _one_thread() -> None:
@@ -142,15 +147,23 @@ class PilPool:
         return [SharedMemory(create=True, size=self._rows_bytes()) for _ in range(self.RING)]
 
     def _unname(self) -> None:
-        """Start every worker (each submit starts one while none is idle), wait until each has mapped
-        the ring, then remove the ring's names."""
-        for f in [self._pool.submit(_started) for _ in range(self.options.workers)]:
-            f.result()
+        """Start every worker (each submit starts one while none is idle), wait until each has run a
+        task (so it has opened the queues' semaphores and mapped the ring), then remove their names.
+        A worker still starting when a name went could not open it and the pool broke (one run in
+        a few in a fresh environment): the names stay unless every worker answered."""
+        self._named = False
+        seen: set[int] = set()
+        for attempt in range(50):
+            pause = 0.01 * min(attempt + 1, 10)
+            seen |= {f.result() for f in [self._pool.submit(_started, pause) for _ in range(self.options.workers)]}
+            if len(seen) >= self.options.workers:
+                break
+        else:
+            return  # left named: the resource tracker removes them when the pool ends
         for block in self._ring:
             with contextlib.suppress(FileNotFoundError):
                 block.unlink()
         _unname_semaphores(self._pool)
-        self._named = False
 
     def submit(self, datas: list[bytes], indices: list[int], seed: int,
                epoch: int) -> tuple[list[Future[list[np.ndarray | str | None]]], np.ndarray | None]:
