@@ -42,13 +42,15 @@ def main() -> int:
     print(f"   {total / 1e6:.1f} MB, {total / args.n / 1e3:.0f} KB per image, {time.perf_counter() - t0:.1f} s")
 
     rows = []
+    print(f"== 2. convert to each format ({', '.join(FORMAT_NAMES)}), then verify it: checksums, counts, "
+          "decode every image")
     for fmt in FORMAT_NAMES:
         dest = out / fmt
-        print(f"== 2. convert -> {fmt} ({dest})")
+        print(f"-- {fmt}: convert -> {dest}")
         t0 = time.perf_counter()
         m = convert(out / "raw", dest, ConvertOptions(format=fmt, shard_bytes=16_000_000, workers=args.workers))
         convert_s = time.perf_counter() - t0
-        print(f"== 3. verify {fmt}: checksums, counts, decode every image")
+        print(f"-- {fmt}: verify")
         report = verify_dataset(dest, decode=True)
         if not report.ok:
             for problem in report.problems:
@@ -60,18 +62,20 @@ def main() -> int:
     if launcher is None:
         print("mpiexec not found: pip install 'ddpipe[mpi]'")
         return 1
+    print("== 3. load each format: one epoch on 2 MPI ranks, partial shuffle (Q = 0.3), batches of 64")
     for fmt in FORMAT_NAMES:
-        print(f"== 4. load {fmt}: one epoch on 2 MPI ranks, partial shuffle (Q = 0.3), batches of 64")
+        print(f"-- {fmt}")
         proc = subprocess.run([launcher, "-n", "2", sys.executable, "-m", "ddpipe.demo", "--load-worker",
                                str(out / fmt)], timeout=600)
         if proc.returncode != 0:
             return proc.returncode
 
-    print("== 5. decode: one epoch of (images, labels) with decode='auto', random-resized crops to 224, batches of 64")
+    print("== 4. decode: one epoch of (images, labels) with decode='auto', random-resized crops to 224, batches of 64")
     decode_report = _decode_epoch(out / "wds")
 
+    print("== 5. train: smallcnn, 2 MPI ranks, staged shards, 2 epochs, with each way of averaging gradients")
     for path in ("mpi", "ddp"):
-        print(f"== 6. train: smallcnn, 2 MPI ranks, staged shards, {path} gradient averaging, 2 epochs")
+        print(f"-- --allreduce {path}")
         proc = subprocess.run([launcher, "-n", "2", sys.executable, "-m", "ddpipe", "train", str(out / "wds"),
                                "--model", "smallcnn", "--epochs", "2", "--batch-size", "32", "--image-size", "64",
                                "--allreduce", path, "--eval", str(out / "hdf5"), "--stage-dir", str(out / "stage")],
@@ -79,7 +83,7 @@ def main() -> int:
         if proc.returncode != 0:
             return proc.returncode
 
-    print("== 7. bench: each stage, the stall of a 50 ms step and its causes, against the peer pipelines, 2 MPI ranks")
+    print("== 6. bench: each stage, the stall of a 50 ms step and its causes, against the peer pipelines, 2 MPI ranks")
     proc = subprocess.run([launcher, "-n", "2", sys.executable, "-m", "ddpipe", "bench", str(out / "wds"),
                            "--image-size", "128", "--json", str(out / "bench.json"), "--plot", str(out / "bench.png"),
                            "--compare", "--compare-dir", str(out / "peers")], timeout=900)

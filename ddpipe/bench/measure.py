@@ -287,7 +287,13 @@ def _service_totals(ranks: list[dict[str, Any] | None], epochs: int) -> dict[str
 
 
 def _progress(phases: list[str], show: bool) -> Any:
+    """What the bench is doing: a bar at a terminal; elsewhere (under a launcher, whose output is a
+    pipe) a line as each phase starts, so that a long run is not silent until its report."""
+    import sys
+
     from tqdm import tqdm
+
+    terminal = sys.stderr.isatty()
 
     class Phases(tqdm):  # type: ignore[misc]
         """Names the phase under way."""
@@ -296,10 +302,15 @@ def _progress(phases: list[str], show: bool) -> Any:
             out: bool | None = super().update(n)
             if self.n < len(phases):
                 self.set_description(f"bench: {phases[int(self.n)]}")
+                if show and not terminal:
+                    print(f"bench: {phases[int(self.n)]} ({int(self.n) + 1}/{len(phases)})", file=sys.stderr,
+                          flush=True)
             return out
 
-    bar = Phases(total=len(phases), disable=not show, unit="phase", dynamic_ncols=True, leave=False)
+    bar = Phases(total=len(phases), disable=not (show and terminal), unit="phase", dynamic_ncols=True, leave=False)
     bar.set_description(f"bench: {phases[0]}")
+    if show and not terminal:
+        print(f"bench: {phases[0]} (1/{len(phases)})", file=sys.stderr, flush=True)
     return bar
 
 

@@ -60,10 +60,15 @@ def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> None:
     rates = [s.images_per_s for s in report.stages] + [c["images_per_s"] for c in report.compare]
     colors = ["#c44e52" if n == report.bottleneck else "#999999" if n.startswith("peer") else "#4c72b0" for n in names]
     left.barh(names, rates, color=colors)
+    left.invert_yaxis()  # the pipeline's stages in order from the top, the peers below them
     left.axvline(report.step_images_per_s, color="black", linestyle="--", label="the step consumes")
-    left.set_xlabel("images/s (whole job)")
+    # a log axis: the read stage runs orders of magnitude faster than decoding, and on a linear one the
+    # decoding stages and the peers were slivers beside it
+    left.set_xscale("log")
+    left.set_xlabel("images/s (whole job, log scale)")
     left.set_title(f"throughput by stage (bottleneck: {report.bottleneck})")
-    left.legend(loc="lower right")
+    # below the axes, where no bar can be under it (inside, it covered the read bar)
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     for r in report.per_rank:
         if r.get("stage") == "full" and r.get("waits"):
             waits = [1000 * w for w in r["waits"]]

@@ -198,7 +198,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            step_time=args.step_time, cold=args.cold,
                            stage_dir=args.stage_dir, source_limits=args.source_throttle, seed=args.seed,
                            epochs=args.epochs, model=args.model, compare=compare, compare_dir=args.compare_dir,
-                           progress=sys.stderr.isatty() and not args.no_progress)
+                           progress=not args.no_progress)
     report = run_bench(args.dataset, options, comm)
     if comm.world.rank == 0:
         print(format_report(report))

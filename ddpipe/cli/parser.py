@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", nargs="*", default=None, choices=list(PEERS), metavar="PEER",
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
     p.add_argument("--compare-dir", default=None, help="where the peers' inputs are written once (default: temp dir)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or phase lines")
     p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
     p.add_argument("--exchange-fraction", type=float, default=0.3)
     p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])

@@ -61,6 +61,10 @@ def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
                    "--compare-dir", tmp_path / "peers", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "bottleneck:" in proc.stdout and proc.stdout.count("stall") == 2  # the report, the projection's head
+    # under a launcher (no terminal) rank 0 says each phase as it starts, not only the report at the end
+    phases = [ln for ln in proc.stderr.splitlines() if ln.startswith("bench: ")]
+    assert phases[0].startswith("bench: ") and phases[0].endswith(f"(1/{len(phases)})"), proc.stderr
+    assert any("read+decode" in ln for ln in phases), phases
     projected = [ln.split() for ln in proc.stdout.splitlines() if ln.strip().startswith(("1 ", "8 "))]
     assert len(projected) == 10 and {row[2] for row in projected} == {"local", "partial", "global"}
     doc = json.loads(out.read_text())
