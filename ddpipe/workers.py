@@ -41,3 +41,50 @@ def stop_workers(pool: Any) -> None:
     for process in list(getattr(pool, "_processes", {}).values()):
         with contextlib.suppress(OSError, ValueError):
             process.terminate()
+
+
+# the guard's whole program: the paths it is given, one a line, removed once its input ends
+_GUARD = """
+import os, sys
+paths = [line.rstrip("\\n") for line in sys.stdin]
+for path in paths:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+"""
+
+
+class NameGuard:
+    """Removes named shared memory (files under /dev/shm) once this process is gone, however it goes.
+
+    multiprocessing's resource tracker would, but it runs in this process's group, and a launcher
+    ending a job (hydra after MPI_Abort) kills the group with SIGKILL, tracker included, leaving the
+    names behind. The guard is a small process in a session of its own that reads the paths it is
+    given until its input ends: when this process closes it (:meth:`close`) or dies, the guard
+    removes whichever of them are still there, and exits."""
+
+    def __init__(self) -> None:
+        import subprocess
+
+        self._guard: subprocess.Popen[str] | None = subprocess.Popen(
+            [sys.executable, "-c", _GUARD], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, text=True, start_new_session=True, close_fds=True)
+
+    def add(self, *paths: str) -> None:
+        guard = self._guard
+        if guard is not None and guard.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                guard.stdin.write("".join(f"{p}\n" for p in paths))
+                guard.stdin.flush()
+
+    def close(self) -> None:
+        """Have the guard remove what is left now, and end (again does nothing)."""
+        guard, self._guard = self._guard, None
+        if guard is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if guard.stdin is not None:
+                guard.stdin.close()
+        with contextlib.suppress(Exception):
+            guard.wait(timeout=10)

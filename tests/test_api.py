@@ -1,4 +1,5 @@
-"""The public API is what the README says it is, and the README's loading example runs."""
+"""The public API is what the README says it is, and the user guide's loading example and training
+script run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import ddpipe
 from .decode.test_decode import labelled_samples
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
 
 
 def section(title: str) -> str:
@@ -46,10 +48,10 @@ def test_importing_ddpipe_loads_no_torch() -> None:
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
-def test_the_readmes_loading_example_runs(tmp_path: Path) -> None:
+def test_the_guides_loading_example_runs(tmp_path: Path) -> None:
     data = tmp_path / "wds"
     ddpipe.write_dataset(data, iter(labelled_samples(24, np.random.default_rng(0))), samples_per_shard=8)
-    example = re.search(r"## Loading in a training job\n\n```python\n(.*?)```", README.read_text(), re.S)
+    example = re.search(r"## Loading in a training job\n\n```python\n(.*?)```", GUIDE.read_text(), re.S)
     assert example is not None
     code = (example.group(1).replace('"demo-data/wds"', repr(str(data)))
             .replace('"/local/ssd"', repr(str(tmp_path / "stage"))).replace("range(90)", "range(2)")
@@ -60,11 +62,11 @@ def test_the_readmes_loading_example_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_the_readmes_training_script_runs(tmp_path: Path) -> None:
+def test_the_guides_training_script_runs(tmp_path: Path) -> None:
     data = tmp_path / "train"
     ddpipe.write_dataset(data, iter(labelled_samples(24, np.random.default_rng(0))), samples_per_shard=8,
                          classes=[str(c) for c in range(6)])
-    script = re.search(r"## Your training script\n.*?```python\n(.*?)```", README.read_text(), re.S)
+    script = re.search(r"## Your training script\n.*?```python\n(.*?)```", GUIDE.read_text(), re.S)
     assert script is not None
     code = (script.group(1).replace('"data/train"', repr(str(data)))
             .replace('"/local/ssd"', repr(str(tmp_path / "s"))).replace('"resnet50"', '"smallcnn"')

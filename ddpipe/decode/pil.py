@@ -16,12 +16,13 @@ import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from multiprocessing.shared_memory import SharedMemory
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from ..memory import shared_memory_left
-from ..workers import die_with_parent
+from ..workers import NameGuard, die_with_parent
 from .augment import random_crops
 from .resample import resize_crop
 from .spec import DecodeOptions, check_pixels, open_image
@@ -117,24 +118,30 @@ class PilPool:
     images into a shared-memory batch (a ring of three) rather than pickling them back: the parent
     spent more time unpickling 150 KB images than the workers did decoding them.
 
-    The ring's names leave /dev/shm as soon as every worker has mapped it (the mappings live on), so
-    nothing is left there however the processes end: a rank killed outright by its launcher had left
-    its ring behind."""
+    The ring's and the pool's queues' names leave /dev/shm as soon as every worker has opened them
+    (the mappings live on), while the pool is made, so nothing is left there however the processes
+    end: a rank killed outright by its launcher had left them behind."""
 
     RING = 3  # two batches in flight, one being collected
 
     def __init__(self, options: DecodeOptions, batch_size: int) -> None:
         self.options = options
         self.batch_size = batch_size
+        # until the names are gone: a rank killed before then (its launcher ending the job) leaves none
+        self._guard = NameGuard()
         self._ring = self._make_ring()
+        self._guard.add(*(f"/dev/shm/{b.name.lstrip('/')}" for b in self._ring))
         self._blocks = list(self._ring)  # for the release below
         self._pool = ProcessPoolExecutor(options.workers, mp_context=get_context("spawn"), initializer=_start_worker,
                                          initargs=([b.name for b in self._ring], options.size))
+        self._guard.add(*(f"/dev/shm/sem.{name.lstrip('/')}" for name in _semaphore_names(self._pool)))
         self._turn = 0
-        self._named = bool(self._ring)
         # released when closed, collected, or at interpreter exit: a loader nobody closed left its
         # shared-memory batches in /dev/shm
-        self._release = weakref.finalize(self, _release, self._pool, self._blocks)
+        self._release = weakref.finalize(self, _release, self._pool, self._blocks, self._guard)
+        # now rather than at the first batch: a job that ended before its first batch (a damaged shard
+        # on another rank) had its ranks killed by the launcher with every name still in /dev/shm
+        self._unname()
 
     def _rows_bytes(self) -> int:
         return self.batch_size * self.options.size * self.options.size * 3
@@ -151,7 +158,6 @@ class PilPool:
         task (so it has opened the queues' semaphores and mapped the ring), then remove their names.
         A worker still starting when a name went could not open it and the pool broke (one run in
         a few in a fresh environment): the names stay unless every worker answered."""
-        self._named = False
         seen: set[int] = set()
         for attempt in range(50):
             pause = 0.01 * min(attempt + 1, 10)
@@ -164,13 +170,12 @@ class PilPool:
             with contextlib.suppress(FileNotFoundError):
                 block.unlink()
         _unname_semaphores(self._pool)
+        self._guard.close()  # nothing left for it
 
     def submit(self, datas: list[bytes], indices: list[int], seed: int,
                epoch: int) -> tuple[list[Future[list[np.ndarray | str | None]]], np.ndarray | None]:
         """The chunks' futures, and the rows (a view of shared memory) the images land in, if any;
         a chunk whose worker could not map the ring sends its images back instead."""
-        if self._named:
-            self._unname()
         block = None
         if self._ring:
             self._turn += 1
@@ -191,18 +196,30 @@ class PilPool:
         self._ring = []
 
 
+def _pool_semaphores(pool: ProcessPoolExecutor) -> list[Any]:
+    """The semaphores of the pool's call and result queues (the executor's private attributes: none
+    if they are not where Python 3.10-3.13 keep them)."""
+    from multiprocessing.synchronize import SemLock
+
+    locks = [getattr(queue, name, None) for queue in (getattr(pool, "_call_queue", None),
+                                                       getattr(pool, "_result_queue", None))
+             for name in ("_rlock", "_wlock", "_sem")]
+    return [lock for lock in locks if isinstance(lock, SemLock)]
+
+
+def _semaphore_names(pool: ProcessPoolExecutor) -> list[str]:
+    names = (getattr(getattr(lock, "_semlock", None), "name", None) for lock in _pool_semaphores(pool))
+    return [name for name in names if isinstance(name, str)]
+
+
 def _unname_semaphores(pool: ProcessPoolExecutor) -> None:
     """Remove the names of the pool's queue semaphores (in /dev/shm) now that every worker has opened
     them: they stay usable, and a pool killed outright leaves none behind. Done through the finalizer
     multiprocessing itself registers for each, so its resource tracker stays in step; the queues are
     the executor's private attributes, so anything unexpected is left as it is."""
     from multiprocessing import util
-    from multiprocessing.synchronize import SemLock
 
-    locks = [getattr(queue, name, None) for queue in (getattr(pool, "_call_queue", None),
-                                                       getattr(pool, "_result_queue", None))
-             for name in ("_rlock", "_wlock", "_sem")]
-    mine = {id(lock) for lock in locks if isinstance(lock, SemLock)}
+    mine = {id(lock) for lock in _pool_semaphores(pool)}
     registry = getattr(util, "_finalizer_registry", {})
     for finalizer in list(registry.values()):
         target = getattr(finalizer, "_weakref", None)
@@ -210,8 +227,9 @@ def _unname_semaphores(pool: ProcessPoolExecutor) -> None:
             finalizer()  # unlinks the name and tells the resource tracker
 
 
-def _release(pool: ProcessPoolExecutor, blocks: list[SharedMemory]) -> None:
+def _release(pool: ProcessPoolExecutor, blocks: list[SharedMemory], guard: NameGuard) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
+    guard.close()
     for block in blocks:
         with contextlib.suppress(BufferError):  # a view of it is still about: the mapping goes with it
             block.close()
