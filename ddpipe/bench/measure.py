@@ -298,13 +298,15 @@ def _progress(phases: list[str], show: bool) -> Any:
     class Phases(tqdm):  # type: ignore[misc]
         """Names the phase under way."""
 
+        done = 0  # phases done (a disabled bar counts nothing)
+
         def update(self, n: float | None = 1) -> bool | None:
             out: bool | None = super().update(n)
-            if self.n < len(phases):
-                self.set_description(f"bench: {phases[int(self.n)]}")
+            self.done += 1
+            if self.done < len(phases):
+                self.set_description(f"bench: {phases[self.done]}")
                 if show and not terminal:
-                    print(f"bench: {phases[int(self.n)]} ({int(self.n) + 1}/{len(phases)})", file=sys.stderr,
-                          flush=True)
+                    print(f"bench: {phases[self.done]} ({self.done + 1}/{len(phases)})", file=sys.stderr, flush=True)
             return out
 
     bar = Phases(total=len(phases), disable=not (show and terminal), unit="phase", dynamic_ncols=True, leave=False)
@@ -345,7 +347,6 @@ def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step: Any) -> fl
     plan = encoded.plan()
     batches = [(plan.batch(encoded.rank, b), batch) for b, batch in enumerate(encoded)]
     assert decoding.device is not None
-    decoder = make_decoder(decoding.decode, decoding.decode_options, decoding.options.batch_size, decoding.device)
 
     def skip(index: int, sample: Sample, reason: str) -> None:
         return None
@@ -356,6 +357,8 @@ def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step: Any) -> fl
 
     comm.barrier()
     t0 = time.perf_counter()
+    # the decoder's start-up (PIL's worker processes, DALI's pipeline) counted, as the full epoch counts it
+    decoder = make_decoder(decoding.decode, decoding.decode_options, decoding.options.batch_size, decoding.device)
     for batch in decoder.decode(stream(), 0, 0, skip):
         step(batch)
     seconds = max(comm.allgather(time.perf_counter() - t0))
