@@ -77,11 +77,24 @@ CONF
 }
 
 stop() {
-    local dir=$1 f
+    local dir=$1 f pid pids=()
     for f in "$dir"/slurmd-*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
-        if [ -f "$f" ]; then
-            kill "$(cat "$f")" 2>/dev/null || true
+        if [ -f "$f" ] && pid=$(cat "$f") && kill "$pid" 2>/dev/null; then
+            pids+=("$pid")
         fi
+    done
+    # until they are gone (a controller still shutting down holds its port, and a cluster started
+    # next would talk to it); then SIGKILL what is left
+    for _ in $(seq 50); do
+        local alive=0
+        for pid in "${pids[@]}"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        [ "$alive" = 0 ] && break
+        sleep 0.2
+    done
+    for pid in "${pids[@]}"; do
+        kill -9 "$pid" 2>/dev/null || true
     done
     "$(dirname "$0")/../hosts/names.sh" remove
 }
