@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from .measure import BenchReport
 
 
@@ -31,7 +33,8 @@ def format_report(report: BenchReport) -> str:
     full = [r for r in report.per_rank if r.get("stage") == "full"]
     for r in full:
         wait = 100 * r["wait"] / r["seconds"] if r["seconds"] else 0.0
-        lines.append(f"  rank {int(r['rank'])}: {int(r['steps'])} steps, {r['seconds']:.2f} s, data wait {wait:.0f}%")
+        lines.append(f"  rank {int(r['rank'])}: {int(r['steps'])} steps, {r['seconds']:.2f} s, data wait {wait:.0f}%"
+                     + latency(r.get("waits") or [], len(report.epochs)))
     if report.compare:
         ours = report.decode_images_per_s
         lines += ["", "compare: the same data, transform, batch and cores per rank (ddpipe = its read+decode stage)",
@@ -42,6 +45,21 @@ def format_report(report: BenchReport) -> str:
             ratio = f"{ours / rate:>13.2f}" if rate else f"{c.get('note', '-'):>13}"
             lines.append(f"  {c['pipeline']:<42}{rate:>10.0f}{ratio}")
     return "\n".join(lines)
+
+
+def latency(waits: list[float], epochs: int) -> str:
+    """What a rank's step felt: the wait for each epoch's first batch (the longest), and the waits
+    for the batches after it (median, 99th percentile, longest)."""
+    if not waits:
+        return ""
+    per_epoch = max(len(waits) // max(epochs, 1), 1)
+    first = max(waits[::per_epoch])
+    rest = [w for i, w in enumerate(waits) if i % per_epoch]
+    text = f"; first batch {1000 * first:.1f} ms"
+    if rest:
+        p50, p99 = np.percentile(rest, [50, 99])
+        text += f", then waits p50 {1000 * p50:.1f} ms, p99 {1000 * p99:.1f} ms, max {1000 * max(rest):.1f} ms"
+    return text
 
 
 def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,8 @@ def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
                    "--compare-dir", tmp_path / "peers", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "bottleneck:" in proc.stdout and proc.stdout.count("stall") == 2  # the report, the projection's head
+    # what each rank's step felt: its first batch, then the median, 99th percentile and longest wait
+    assert len(re.findall(r"first batch [\d.]+ ms, then waits p50 [\d.]+ ms, p99 [\d.]+ ms, max", proc.stdout)) == 2
     # under a launcher (no terminal) rank 0 says each phase as it starts, not only the report at the end
     phases = [ln for ln in proc.stderr.splitlines() if ln.startswith("bench: ")]
     assert phases[0].startswith("bench: ") and phases[0].endswith(f"(1/{len(phases)})"), proc.stderr
@@ -98,3 +101,11 @@ def test_a_real_model_step_is_timed(data: Path) -> None:
 def test_bad_options_are_refused(data: Path) -> None:
     with pytest.raises(ddpipe.DdpipeError, match="unknown model"):
         run_bench(data, options(model="resnet9000"), Comm())
+
+
+def test_each_epochs_first_wait_is_told_apart_from_the_steady_ones() -> None:
+    from ddpipe.bench.report import latency
+
+    waits = [0.5, 0.01, 0.02, 0.03, 0.4, 0.01, 0.02, 0.03]  # two epochs of four steps
+    assert latency(waits, 2) == "; first batch 500.0 ms, then waits p50 20.0 ms, p99 30.0 ms, max 30.0 ms"
+    assert latency([0.25], 1) == "; first batch 250.0 ms" and latency([], 1) == ""
