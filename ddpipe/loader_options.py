@@ -88,6 +88,8 @@ def _map(batch_size: int | None, plan: PlanOptions | None, decode: DecodeOptions
                        buffer_size=k.get("buffer_size", plan.buffer_size),
                        round_size=k.get("round_size", plan.round_size))
 
+    if isinstance(decode, DecodeOptions) and "decode_options" in k:  # two objects for one stage: which?
+        raise ValueError("decode options given twice, as decode=DecodeOptions(...) and as decode_options=: give one")
     decoding = decode if isinstance(decode, DecodeOptions) else k.get("decode_options") or DecodeOptions()
     decoding = dataclasses.replace(decoding, decoder=decode if isinstance(decode, str) else decoding.decoder,
                                    device=k.get("device", decoding.device),
@@ -101,8 +103,11 @@ def _map(batch_size: int | None, plan: PlanOptions | None, decode: DecodeOptions
     stage_dir, capacity = k.get("stage_dir"), k.get("stage_capacity")
     if stage is None and stage_dir is not None:
         stage = StageOptions(Path(stage_dir), capacity)  # "auto" and {node} are resolved on each node
-    elif stage is not None and capacity is not None:
-        stage = dataclasses.replace(stage, capacity=capacity)
+    elif stage is not None:  # keywords win over the object's fields, as everywhere
+        if stage_dir is not None:
+            stage = dataclasses.replace(stage, stage_dir=Path(stage_dir))
+        if capacity is not None:
+            stage = dataclasses.replace(stage, capacity=capacity)
     if stage is not None and stage.limits is None:
         stage = dataclasses.replace(stage, limits=read.source_limits)
     return LoaderOptions(plan, read, decoding, stage)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -81,3 +83,54 @@ def test_a_staging_capacity_below_the_largest_shard_is_refused(tmp_path: Path) -
     root = make_dataset(tmp_path / "wds", "wds", [10, 30], payload=1000)
     with pytest.raises(OptionError, match=r"less than the largest shard \(shard-000001\.tar"):
         ddpipe.Loader(root, 4, decode="none", stage_dir=tmp_path / "stage", stage_capacity=2000)
+
+
+# every keyword of Loader(...): a value unlike the options object's, and where the mapped value lands.
+# A keyword added without an entry here fails the completeness check below.
+KEYWORD_CASES: dict[str, tuple[object, Callable[[Any], object]]] = {
+    "shuffle": ("local", lambda o: o.plan.shuffle),
+    "exchange_fraction": (0.7, lambda o: o.plan.exchange_fraction),
+    "shard_assignment": ("rotate", lambda o: o.plan.assignment),
+    "drop_last": (True, lambda o: o.plan.drop_last),
+    "buffer_size": (33, lambda o: o.plan.buffer_size),
+    "round_size": (17, lambda o: o.plan.round_size),
+    "device": ("cpu", lambda o: o.decode.device),
+    "on_error": ("skip", lambda o: o.decode.on_error),
+    "decode_options": (DecodeOptions(size=48, resize_shorter=56), lambda o: (o.decode.size, o.decode.resize_shorter)),
+    "prefetch": (5, lambda o: o.read.prefetch),
+    "verify": (False, lambda o: o.read.verify),
+    "source_limits": ("3MB/s", lambda o: o.read.source_limits.bandwidth),
+    "stage_dir": ("/scratch/node{node}", lambda o: o.stage.stage_dir),
+    "stage_capacity": (4096, lambda o: o.stage.capacity),
+}
+EXPECTED: dict[str, object] = {"decode_options": (48, 56), "source_limits": 3e6,
+                               "stage_dir": Path("/scratch/node{node}")}
+
+
+def test_every_keyword_is_covered() -> None:
+    from ddpipe.loader_options import LoaderKeywords
+
+    assert set(KEYWORD_CASES) == set(LoaderKeywords.__annotations__)
+
+
+@pytest.mark.parametrize("keyword", sorted(KEYWORD_CASES))
+def test_each_keyword_wins_over_its_options_objects_field(keyword: str, tmp_path: Path) -> None:
+    """Objects with every field at another value (or the defaults), the keyword given: the keyword's
+    value is the one the loader gets, whatever else is given with it."""
+    value, where = KEYWORD_CASES[keyword]
+    plan = ddpipe.PlanOptions(shuffle="partial", exchange_fraction=0.2, assignment="sticky", drop_last=False,
+                              buffer_size=9, round_size=11)
+    stage = StageOptions(tmp_path / "elsewhere", capacity=10)
+    read = ReadOptions(prefetch=2, verify=True, source_limits=None)
+    # a decoder by name: decode_options then carries the transform
+    keywords: dict[str, Any] = {keyword: value}
+    o = loader_options(4, plan, "dali-cpu", stage, read, **keywords)
+    assert where(o) == EXPECTED.get(keyword, value)
+
+
+def test_decode_options_given_twice_is_refused_not_dropped() -> None:
+    from ddpipe.errors import OptionError
+
+    with pytest.raises(OptionError, match="decode options given twice"):
+        loader_options(4, None, DecodeOptions(dtype="uint8"), None, None, decode_options=DecodeOptions(size=32,
+                                                                                                    resize_shorter=40))
