@@ -75,3 +75,15 @@ def test_the_guides_training_script_runs(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "ckpt.pt").exists()
+
+
+def test_the_readme_is_a_front_door_not_a_notebook() -> None:
+    """Pitch, install, a short example, launchers, features, the headline ratios, links: under 300
+    lines, the long story in docs/ (and every figure generated: benchmarks/report.py --check)."""
+    text = README.read_text()
+    assert len(text.splitlines()) < 300
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    for wanted in ("Install", "Quick start", "Your training script, under any launcher", "Features", "At a glance"):
+        assert wanted in headings, headings
+    for page in ("docs/guide.md", "docs/architecture.md", "docs/benchmarks.md", "CONTRIBUTING.md"):
+        assert f"({page})" in text and (README.parent / page).exists(), page
