@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import webdataset as wds
-from _common import DATA, save, synth_images
+from _common import DATA, raw_read, save, synth_images
 
 import ddpipe
 
@@ -34,18 +34,6 @@ FORMATS = ["wds", "hdf5", "lmdb"]
 
 def shard_files(root: Path) -> list[Path]:
     return [root / s.file for s in ddpipe.load_manifest(root).shards]
-
-
-def raw_read(files: list[Path]) -> int:
-    """The reference: plain reads of the same files into one reused 8 MB buffer (no per-read allocation,
-    which would make the reference slower than the subject)."""
-    buf = bytearray(8 << 20)
-    n = 0
-    for p in files:
-        with open(p, "rb", buffering=0) as f:
-            while k := f.readinto(buf):
-                n += k
-    return n
 
 
 def ddpipe_read(root: Path, verify: bool = True) -> int:

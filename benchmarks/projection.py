@@ -28,11 +28,10 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from _common import DATA, mpiexec, save, synth_shards, timed_epoch
+from _common import DATA, mpiexec, raw_read, save, synth_shards, timed_epoch
 
 import ddpipe
 from ddpipe.bench.harness import drain, machine, median, table
@@ -51,11 +50,10 @@ CASES = ("fetch", "decode", "step", "exchange")
 def raw_read_rate(comm: Comm, files: list[Path]) -> float:
     """Bytes/s of the whole job reading its share of the files from the page cache, every rank at once."""
     mine = files[comm.world.rank :: comm.world.size]
-    for f in mine:  # warm
-        f.read_bytes()
+    raw_read(mine)  # warm
     comm.barrier()
     t0 = time.perf_counter()
-    nbytes = sum(len(f.read_bytes()) for f in mine)
+    nbytes = raw_read(mine)
     seconds = max(comm.allgather(time.perf_counter() - t0))
     return float(sum(comm.allgather(nbytes)) / seconds)
 
@@ -80,30 +78,15 @@ def memory_decode_rate(comm: Comm, root: Path) -> float:
     """Images/s one rank decodes, fed its encoded batches from memory, every rank at once."""
     import torch
 
-    from ddpipe.decode.batches import EncodedBatch
+    from ddpipe.bench.measure import decode_held, held_batches
     from ddpipe.decode.output import make_decoder
 
     options = DecodeOptions(decoder="dali-cpu", device="cpu", size=SIZE, resize_shorter=SIZE, dtype="uint8")
-    encoded = ddpipe.Loader(root, BATCH, decode="none", shuffle="none", comm=comm)
-    plan = encoded.plan()
-    batches = [(plan.batch(encoded.rank, b), batch) for b, batch in enumerate(encoded)]
-
-    def skip(index: int, sample: object, reason: str) -> None:
-        return None
-
-    def stream() -> Iterator[EncodedBatch]:
-        for indices, batch in batches:
-            yield EncodedBatch.of(np.asarray(indices), batch, skip)
-
+    batches = held_batches(ddpipe.Loader(root, BATCH, decode="none", shuffle="none", comm=comm))
+    images = sum(len(batch) for _, batch in batches)
     decoder = make_decoder("dali-cpu", options, BATCH, torch.device("cpu"))
-    images = 0
     for _ in range(2):  # the first pass warms DALI's pipeline and the heap
-        images = 0
-        comm.barrier()
-        t0 = time.perf_counter()
-        for _, labels in decoder.decode(stream(), 0, 0, skip):
-            images += len(labels)
-        seconds = max(comm.allgather(time.perf_counter() - t0))
+        seconds, _ = decode_held(comm, batches, lambda batch: None, lambda: decoder)
     decoder.close()
     return images / seconds
 

@@ -22,6 +22,7 @@ default, a test's size) go in inline code or are written without those units.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -40,7 +41,9 @@ STATED = re.compile(r"(?<![\w.\-/])(\d+(?:[.,]\d+)*(?:\s?-\s?\d+(?:[.,]\d+)*)?\s
                     r"|\b[01]\.\d{2}\b)")
 
 
+@functools.cache
 def results(name: str) -> dict[str, Any]:
+    """results/NAME.json, read once however many figures quote it."""
     doc: dict[str, Any] = json.loads((RESULTS / f"{name}.json").read_text())
     return doc
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from ..errors import DdpipeError
 from ..pipeline import Loader
 from ..sample import KEY, Sample
 from .harness import drain, evict_page_cache
+
+if TYPE_CHECKING:
+    from ..decode.output import Decoder
 
 
 @dataclass(frozen=True)
@@ -340,13 +343,30 @@ def _make_step(o: BenchOptions, device: Any, num_classes: int) -> Any:
 
 
 def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step: Any) -> float:
-    """The full epoch again, fed from memory: its encoded batches are read first, untimed."""
-    from ..decode.batches import EncodedBatch
+    """The full epoch again, fed from memory: its encoded batches are read first, untimed; the
+    decoder's start-up (PIL's worker processes, DALI's pipeline) counted, as the full epoch counts it."""
     from ..decode.output import make_decoder
 
-    plan = encoded.plan()
-    batches = [(plan.batch(encoded.rank, b), batch) for b, batch in enumerate(encoded)]
+    batches = held_batches(encoded)
     assert decoding.device is not None
+    device = decoding.device
+    seconds, decoder = decode_held(comm, batches, step, lambda: make_decoder(
+        decoding.decode, decoding.decode_options, decoding.options.batch_size, device))
+    decoder.close()
+    return seconds
+
+
+def held_batches(encoded: Loader) -> list[tuple[np.ndarray, list[Sample]]]:
+    """A ``decode="none"`` loader's epoch on this rank, held in memory with each batch's sample indices."""
+    plan = encoded.plan()
+    return [(plan.batch(encoded.rank, b), batch) for b, batch in enumerate(encoded)]
+
+
+def decode_held(comm: Comm, batches: list[tuple[np.ndarray, list[Sample]]], step: Any,
+                decoder_of: Callable[[], Decoder]) -> tuple[float, Decoder]:
+    """Decoding ``batches`` (:func:`held_batches`) on every rank at once, each decoded batch passed to
+    ``step``: the slowest rank's seconds, ``decoder_of()`` (the decoder to use) called inside them."""
+    from ..decode.batches import EncodedBatch
 
     def skip(index: int, sample: Sample, reason: str) -> None:
         return None
@@ -357,13 +377,10 @@ def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step: Any) -> fl
 
     comm.barrier()
     t0 = time.perf_counter()
-    # the decoder's start-up (PIL's worker processes, DALI's pipeline) counted, as the full epoch counts it
-    decoder = make_decoder(decoding.decode, decoding.decode_options, decoding.options.batch_size, decoding.device)
+    decoder = decoder_of()
     for batch in decoder.decode(stream(), 0, 0, skip):
         step(batch)
-    seconds = max(comm.allgather(time.perf_counter() - t0))
-    decoder.close()
-    return seconds
+    return max(comm.allgather(time.perf_counter() - t0)), decoder
 
 
 def _run_peers(ld: Loader, o: BenchOptions, comm: Comm, bar: Any) -> list[dict[str, Any]]:

@@ -247,15 +247,19 @@ class Watchdog:
             armed = self._armed
             if armed is None:
                 continue
-            what, deadline = armed
-            reason = None
-            if time.monotonic() > deadline:
-                reason = f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung"
-            elif self._silent is not None and (quiet := self._silent()) is not None:
-                reason = f"{what} waits on {quiet}"
+            reason = self.overdue(*armed)
             if reason is not None and self._armed is armed:
                 self._armed = None
                 self._on_timeout(reason)
+
+    def overdue(self, what: str, deadline: float) -> str | None:
+        """Why a wait for ``what`` must end now (its deadline passed, or a peer fell silent), or None.
+        Also for waits that poll on their own thread rather than arm the watchdog."""
+        if time.monotonic() > deadline:
+            return f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung"
+        if self._silent is not None and (quiet := self._silent()) is not None:
+            return f"{what} waits on {quiet}"
+        return None
 
     def watch(self, what: str) -> _Watched:
         return _Watched(self, what)

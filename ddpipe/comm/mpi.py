@@ -110,11 +110,8 @@ class MPIComm(Comm):
         deadline = time.monotonic() + self.timeout
         delay = 2e-5
         while not request.Test():
-            if time.monotonic() > deadline:
-                self.abort(f"{what} did not complete within {self.timeout:.0f} s: another rank died or hung; "
-                           "aborting the job")
-            if (quiet := self._silent()) is not None:
-                self.abort(f"{what} waits on {quiet}; aborting the job")
+            if (reason := self._dog.overdue(what, deadline)) is not None:
+                self.abort(f"{reason}; aborting the job")
             if while_waiting is not None:
                 if while_waiting():
                     continue

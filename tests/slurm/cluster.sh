@@ -50,6 +50,9 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
+# a step whose node froze is given up after 5 s rather than the default 30: the frozen-node test's
+# bound (a minute) then stays far from its normal time
+KillWait=5
 NodeName=mnode1 NodeAddr=127.0.0.2 Port=6818 CPUs=$(nproc) State=UNKNOWN
 NodeName=mnode2 NodeAddr=127.0.0.3 Port=6819 CPUs=$(nproc) State=UNKNOWN
 PartitionName=debug Nodes=mnode[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE

@@ -100,7 +100,8 @@ def test_sbatch_the_example_job_script(data: Path, tmp_path: Path) -> None:
 
 def test_a_frozen_node_is_named_and_the_step_ends_within_a_minute(tmp_path: Path) -> None:
     """mnode2's tasks and its slurmstepd stopped: a rank on mnode1 names the node after 20 s of
-    silence; srun then waits its KillWait (30 s) for the frozen node's tasks and gives up."""
+    silence; srun then waits its KillWait (5 s on this cluster, 30 s by default) for the frozen
+    node's tasks and gives up."""
     data = make_dataset(tmp_path / "wds", "wds", [40] * 8, payload=2000)
     command = ["srun", "-N", "2", "-n", "4", "--distribution=block", "--mpi=pmi2", sys.executable, str(WORKER),
                str(data), "freeze"]
