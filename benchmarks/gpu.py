@@ -197,8 +197,13 @@ def probe(images: Path, root: Path, epochs: int) -> None:
         return fn.decoders.image_slice(enc, device="mixed", output_type=types.RGB, start=st, shape=sh,
                                        axis_names="WH", **kw)
 
+    # one graph at a time: the rates of two runs of this probe differed by up to a fifth, and four of these
+    # graphs run in turn in one process (image_slice, image_random_crop, full decode) gave the same rates
+    # within that, whichever ran first: the order of the lines here is not a ranking
     rate("image_slice (ddpipe's graph)", lambda e, s, h: sliced(e, s, h, adjust_orientation=False))
     rate("image_slice, static executor", lambda e, s, h: sliced(e, s, h, adjust_orientation=False), dynamic=False)
+    # every image to the hardware decoder: no faster beyond that noise, and a corrupt image then came out
+    # as pixels instead of an error (tests/decode's bad-image test on the GPU): not ddpipe's setting
     rate("image_slice, hw_decoder_load=1", lambda e, s, h: sliced(e, s, h, hw_decoder_load=1.0))
     # the hardware decoder kept out: where ddpipe's graph runs at this rate, it is not getting it
     rate("image_slice, hw_decoder_load=0", lambda e, s, h: sliced(e, s, h, hw_decoder_load=0.0))
@@ -213,6 +218,14 @@ def probe(images: Path, root: Path, epochs: int) -> None:
         t0 = time.perf_counter()
         k = sum(len(b) for b in encoded)
     print(f"Loader, encoded samples only (local): {k / (time.perf_counter() - t0):.0f} samples/s", flush=True)
+    # the reading alone, with each sample copied out of its shard (what decode="none" gives) and as
+    # views of the shard (what DALI's decoders get)
+    everything = np.arange(len(encoded.dataset))
+    for views in (False, True):
+        t0 = time.perf_counter()
+        k = sum(1 for _ in encoded.dataset.read(everything, views=views))
+        print(f"Dataset.read, {'views' if views else 'copies'}: {k / (time.perf_counter() - t0):.0f} samples/s",
+              flush=True)
     # ddpipe's own decoder (its feed, crop windows, graph and hand-over to torch) without the Loader's
     # threads: between the graph alone, above, and the Loader, below
     in_memory = [(np.arange(b * BATCH, (b + 1) * BATCH), samples[b * BATCH : (b + 1) * BATCH]) for b in range(n)]

@@ -286,6 +286,16 @@ class Loader:
             stop.set()  # the producer notices within one queue timeout, even when the queue is full
             producer.join()
 
+    @property
+    def _decoder_reads_in_place(self) -> bool:
+        """The decoder reads each sample's bytes where they lie and keeps its batch until it is done
+        with it (DALI, no_copy): samples read without an exchange reach it as views of their shard, not
+        copies. On an H100 machine's 16 cores, reading with views ran at 34,200 samples/s against 20,400
+        copying each ~130 KB JPEG out (the interpreter held for each copy, beside DALI's own feeding),
+        and the dali-gpu loader went from 7,700 to 11,000 images/s (gpu.py --probe). A view keeps its
+        shard mapped while the shuffle buffer and DALI's queue hold it."""
+        return self.decode in ("dali-gpu", "dali-cpu") and not self.decode_options.service
+
     def _produce(self, plan: EpochPlan, out: queue.Queue[Any], stop: threading.Event) -> None:
         rank_plan = plan.ranks[self.rank]
 
@@ -298,7 +308,7 @@ class Loader:
             samples = self.dataset.read(rank_plan.reads, random_access=plan.random_access, store=self.stager,
                                         limits=self._source_limits, verify=self.read_options.verify,
                                         on_corrupt=self._on_corrupt if self.on_error == "skip" else None,
-                                        views=bool(rank_plan.rounds))
+                                        views=bool(rank_plan.rounds) or self._decoder_reads_in_place)
             if rank_plan.rounds:
                 # the exchange reads on this thread: a reading thread of its own, ahead of it, cost more
                 # in handing samples over and taking turns with it than it gained by reading during the

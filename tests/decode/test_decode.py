@@ -360,7 +360,10 @@ def test_gpu_decoding_channels_last_and_bad_images(tmp_path: Path) -> None:
     assert images.is_contiguous(memory_format=torch.channels_last) and images.device.type == "cuda"
     ld = gpu_loader(corrupt_dataset(tmp_path / "bad"), on_error="skip", shuffle="none")
     batches = list(ld)
-    assert sum(len(y) for _, y in batches) == 18 and ld.stats["skipped"] == 2
+    # refilled as on the CPU: 18 decodable samples, 2 repeated to keep every batch whole
+    assert [len(y) for _, y in batches] == [len(ld.plan().batch(0, b)) for b in range(len(ld))]
+    assert ld.stats["skipped"] == 2 and sorted(k for k, _, _ in ld.skipped) == ["img/0005", "img/0013"]
+    assert ld.stats["repeated"] == 2
     with pytest.raises(SampleError, match=r"img/0005|img/0013"):
         list(gpu_loader(corrupt_dataset(tmp_path / "fail"), shuffle="none"))
 
