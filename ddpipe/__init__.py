@@ -35,6 +35,7 @@ from .pipeline import Loader
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .quality import ExchangeAdvice, advise_exchange
 from .staging import StageOptions
+from .storage import StorageError, StorageOptions
 from .verify import verify_dataset
 
 __version__ = "0.1.0"
@@ -71,6 +72,8 @@ __all__ = [
     "ShardInfo",
     "SourceError",
     "StageOptions",
+    "StorageError",
+    "StorageOptions",
     "World",
     "advise_exchange",
     "convert",

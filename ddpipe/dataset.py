@@ -1,7 +1,8 @@
-"""A dataset on disk: a directory of shards described by ``index.json``."""
+"""A dataset: a directory, a bucket prefix or an HTTP(S) prefix of shards described by ``index.json``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections import OrderedDict
@@ -12,10 +13,11 @@ from typing import Protocol
 import numpy as np
 
 from .checksum import sample_digest, unpack_digests
-from .errors import CorruptShardError, DigestMismatchError, MissingShardError
+from .errors import CorruptShardError, DigestMismatchError, ManifestError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
-from .manifest import Manifest, ShardInfo, load_manifest
+from .manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_from_text
 from .sample import BAD, KEY, Sample, owned
+from .storage import ObjectCache, ObjectStorage, StorageOptions, is_remote, open_storage, parse_location
 from .throttle import SourceLimits
 
 # on_corrupt(shard, error): under on_error="skip", hears of a shard whose content is not the manifest's
@@ -59,11 +61,26 @@ class Dataset:
     differs is an error naming the shard and the sample, a staged copy's makes the rest of the shard
     come from the source, and under ``on_corrupt`` only that sample becomes a placeholder."""
 
-    def __init__(self, root: str | os.PathLike[str], manifest: Manifest) -> None:
-        self.root = Path(root)
+    def __init__(self, root: str | os.PathLike[str], manifest: Manifest, storage: ObjectStorage | None = None) -> None:
         self.manifest = manifest
-        # the shard files: beside index.json, or where an adopted dataset's manifest says
-        self.data_root = self.root / manifest.data_dir if manifest.data_dir is not None else self.root
+        #: the shards' objects, for a dataset in a bucket or behind an HTTP server (else None): each
+        #: shard is fetched into ``data_root``, a scratch directory of this process, as it is read
+        self.storage: ObjectStorage | None = None
+        self._objects: ObjectCache | None = None
+        if storage is not None:
+            # the shard objects: beside index.json, or where an adopted dataset's manifest says
+            data = storage.location.child(manifest.data_dir) if manifest.data_dir else storage.location
+            if manifest.data_dir and is_remote(manifest.data_dir):  # a manifest kept apart from its objects
+                data = parse_location(manifest.data_dir)
+            self.storage = ObjectStorage(data, storage.options, storage.s3)
+            self._objects = ObjectCache(self.storage, keep=_OPEN_SHARDS + 2)
+            self.where = storage.url()
+            self.root = self.data_root = self._objects.dir
+        else:
+            self.root = Path(root)
+            self.where = str(self.root)
+            # the shard files: beside index.json, or where an adopted dataset's manifest says
+            self.data_root = self.root / manifest.data_dir if manifest.data_dir is not None else self.root
         self.format: ShardFormat = get_format(manifest.format).configured(manifest.layout, self.data_root)
         self._digests: dict[int, np.ndarray] = {}  # unpacked on first use
 
@@ -72,7 +89,7 @@ class Dataset:
 
     def __repr__(self) -> str:
         m = self.manifest
-        return f"Dataset({str(self.root)!r}, format={m.format!r}, shards={len(m.shards)}, samples={len(self)})"
+        return f"Dataset({self.where!r}, format={m.format!r}, shards={len(m.shards)}, samples={len(self)})"
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -82,9 +99,71 @@ class Dataset:
         return self.data_root / self.manifest.shards[shard].file
 
     def check_files(self) -> None:
-        """Cheap checks without reading data: every shard exists and has its recorded size."""
+        """Cheap checks without reading data: every shard exists and has its recorded size (for
+        objects, one listing of the prefix)."""
+        if self.storage is not None:
+            if self.storage.location.scheme != "s3":  # a plain HTTP server lists nothing: each shard's
+                return  # size is checked when it is fetched
+            sizes = self.storage.list()
+            for info in self.manifest.shards:
+                url = self.storage.url(info.file)
+                if info.file not in sizes:
+                    raise MissingShardError("object listed in index.json is missing", path=url)
+                if sizes[info.file] != info.bytes:
+                    raise CorruptShardError(f"index.json says {info.bytes} bytes, the object has {sizes[info.file]}: "
+                                            "changed since it was indexed", path=url)
+            return
         for info in self.manifest.shards:
             self.check_file(info)
+
+    def source_name(self, path: Path) -> str:
+        """What messages call a file of this dataset: for objects, their URL rather than the scratch
+        copy's path."""
+        if self.storage is not None and self._objects is not None:
+            try:
+                return self.storage.url(str(path.relative_to(self._objects.dir)))
+            except ValueError:
+                pass
+        return str(path)
+
+    def _object_names(self, info: ShardInfo) -> tuple[tuple[str, ...], tuple[int | None, ...]]:
+        """A shard's object and its sidecars' (a tar's index), relative to the data prefix, and
+        their sizes where known."""
+        local = self.data_root / info.file
+        sidecars = [str(p.relative_to(self.data_root)) for p in self.format.sidecar_files(local)]
+        return (info.file, *sidecars), (info.bytes, *[None] * len(sidecars))
+
+    def local_copy(self, shard: int) -> Path:
+        """A shard's file: its own, or for an object a copy fetched into ``data_root`` (with its
+        sidecars) that stays until a few more have been fetched."""
+        info = self.manifest.shards[shard]
+        if self._objects is not None:
+            self._objects.fetch(*self._object_names(info))
+        return self.data_root / info.file
+
+    def copy_sidecars(self, shard: int, dest_dir: Path) -> None:
+        """Copy a shard's sidecars (a tar's index) from its source into ``dest_dir``."""
+        from .formats.atomic import atomic_write_bytes
+
+        if self.storage is None:
+            for sidecar in self.format.sidecar_files(self.shard_path(shard)):
+                atomic_write_bytes(dest_dir / sidecar.name, sidecar.read_bytes())
+            return
+        names, _ = self._object_names(self.manifest.shards[shard])
+        for name in names[1:]:
+            with contextlib.suppress(MissingShardError):  # a tar without an index is scanned instead
+                atomic_write_bytes(dest_dir / Path(name).name, self.storage.get(name))
+
+    def copy_shard(self, shard: int, dest: Path, limits: SourceLimits | None = None) -> None:
+        """Copy a shard from its source to ``dest``, hashed on the way and renamed into place only if
+        it matches the manifest (see ``staging/copy.py``)."""
+        from .staging.copy import verified_copy, verified_stream
+
+        info = self.manifest.shards[shard]
+        if self.storage is None:
+            verified_copy(self.shard_path(shard), dest, info, limits)
+        else:
+            verified_stream(self.storage.chunks(info.file, info.bytes), dest, info, self.storage.url(info.file), limits)
 
     def check_files_of(self, shard: int) -> None:
         """:meth:`check_files` for one shard."""
@@ -120,6 +199,17 @@ class Dataset:
             return self._open(info, source, verify)
 
     def _open(self, info: ShardInfo, path: Path, verify: bool) -> ShardReader:
+        if self._objects is not None and path == self.data_root / info.file:
+            self._objects.fetch(*self._object_names(info))
+            try:
+                return self._open_file(info, path, verify)
+            except CorruptShardError as e:
+                if e.path is not None:
+                    e.path = self.source_name(Path(e.path))
+                raise
+        return self._open_file(info, path, verify)
+
+    def _open_file(self, info: ShardInfo, path: Path, verify: bool) -> ShardReader:
         self.check_file(info, path)
         reader = self.format.reader(path)
         try:
@@ -160,7 +250,7 @@ class Dataset:
         while True:
             with opened as reader:
                 for sample in self._scan(shard, reader, position, limits, views):
-                    error = _differs(digests, position, sample, reader.path)
+                    error = _differs(digests, position, sample, self.source_name(reader.path))
                     if error is not None:
                         if self._staged(shard, reader):
                             opened = self._from_source(shard, store, error)
@@ -248,6 +338,12 @@ class Dataset:
             wanted = positions[i:j].tolist()
             if j < n and shards[j] != shards[i] and int(shards[j]) not in corrupt:
                 self._prefetch(int(shards[j]), store, limits)
+                if self._objects is not None:
+                    # and the one after it: two transfers at once keep a link busy through each
+                    # one's request latency (benchmarks/object_store.py)
+                    after = _next_other(shards, j)
+                    if after is not None and after not in corrupt:
+                        self._prefetch(after, store, limits)
             k = 0
             if int(shards[i]) in corrupt:
                 error = corrupt[int(shards[i])]
@@ -276,6 +372,8 @@ class Dataset:
             staged = store.ready_path(shard)
             if staged is not None:
                 advise_willneed(staged)
+        elif self._objects is not None:
+            self._objects.prefetch(*self._object_names(self.manifest.shards[shard]))
         elif limits is None:
             advise_willneed(self.shard_path(shard))
 
@@ -303,12 +401,12 @@ class Dataset:
                     continue
                 verified.add(shard)
                 sample = reader[pos]
-                error = _differs(digests, pos, sample, reader.path)
+                error = _differs(digests, pos, sample, self.source_name(reader.path))
                 if error is not None and self._staged(shard, reader):
                     reader.close()
                     reader = self._from_source(shard, store, error)
                     sample = reader[pos]
-                    error = _differs(digests, pos, sample, reader.path)
+                    error = _differs(digests, pos, sample, self.source_name(reader.path))
                 readers[shard] = reader
                 if len(readers) > _OPEN_SHARDS:
                     readers.popitem(last=False)[1].close()
@@ -327,7 +425,13 @@ class Dataset:
                 reader.close()
 
 
-def _differs(digests: np.ndarray | None, position: int, sample: Sample, path: Path) -> CorruptShardError | None:
+def _next_other(shards: np.ndarray, j: int) -> int | None:
+    """The first shard after position ``j`` that differs from ``shards[j]``, or None."""
+    rest = np.flatnonzero(shards[j:] != shards[j])
+    return int(shards[j + rest[0]]) if len(rest) else None
+
+
+def _differs(digests: np.ndarray | None, position: int, sample: Sample, path: str) -> CorruptShardError | None:
     """The error for a sample that does not match its digest (none to match: no error), or None."""
     if digests is None or sample_digest(sample) == digests[position]:
         return None
@@ -350,8 +454,34 @@ def advise_willneed(path: Path) -> None:
         os.close(fd)
 
 
-def open_dataset(path: str | os.PathLike[str]) -> Dataset:
-    """Open the dataset in directory ``path``; check its manifest and that every shard is present."""
-    dataset = Dataset(path, load_manifest(path))
+def open_dataset(path: str | os.PathLike[str], storage: StorageOptions | None = None) -> Dataset:
+    """Open the dataset in directory ``path``, or at ``s3://bucket/prefix`` or ``http(s)://host/prefix``
+    (reached with ``storage``, else the AWS settings of the environment); check its manifest and that
+    every shard is present with its recorded size."""
+    dataset = dataset_at(path, storage)
     dataset.check_files()
     return dataset
+
+
+def dataset_at(path: str | os.PathLike[str], storage: StorageOptions | None = None) -> Dataset:
+    """:func:`open_dataset` without looking at the shards (``ddpipe verify`` reports on each)."""
+    if is_remote(path):
+        remote = open_storage(str(path), storage)
+        dataset = Dataset(str(path), load_manifest_from(remote), remote)
+    else:
+        manifest = load_manifest(path)
+        # adopted objects indexed into a local directory (ddpipe index URL --out DIR): read from there
+        objects = open_storage(manifest.data_dir, storage) if manifest.data_dir and is_remote(manifest.data_dir) \
+            else None
+        dataset = Dataset(path, manifest, objects)
+    return dataset
+
+
+def load_manifest_from(objects: ObjectStorage) -> Manifest:
+    """Read and validate the ``index.json`` object under a remote location."""
+    try:
+        text = objects.get(MANIFEST_NAME)
+    except MissingShardError:
+        raise ManifestError("no index.json: not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')",
+                            path=objects.url(MANIFEST_NAME)) from None
+    return manifest_from_text(text, objects.url(MANIFEST_NAME))

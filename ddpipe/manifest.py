@@ -204,15 +204,20 @@ def load_manifest(dataset: str | os.PathLike[str]) -> Manifest:
     if not Path(dataset).is_dir():
         raise ManifestError("not a directory: a dataset is a directory holding index.json", path=dataset)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes()
     except FileNotFoundError:
         raise ManifestError("no index.json: not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')",
                             path=path) from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise ManifestError(f"cannot read: {e}", path=path) from None
+    return manifest_from_text(text, path)
+
+
+def manifest_from_text(text: bytes, path: str | os.PathLike[str]) -> Manifest:
+    """A manifest from the bytes of an ``index.json`` read from ``path`` (a file or an object URL)."""
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
+        doc = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ManifestError(f"not valid JSON: {e}", path=path) from None
     return Manifest.from_dict(doc, path=path)
 

@@ -73,7 +73,7 @@ class Loader:
         options = loader_options(batch_size, plan, decode, stage, read, **keywords)
         self.dataset: Dataset = path if isinstance(path, Dataset) else open_dataset(path)
         if len(self.dataset) == 0:
-            raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.root)
+            raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.where)
         self.options, self.read_options = options.plan, options.read
         self.seed = seed
         self.comm = comm or init_comm()
@@ -238,7 +238,7 @@ class Loader:
 
     def _on_bad(self, index: int, sample: Sample, reason: str) -> None:
         shard, _ = self.dataset.locate(np.array([index]))
-        where = str(self.dataset.shard_path(int(shard[0])))
+        where = self.dataset.source_name(self.dataset.shard_path(int(shard[0])))
         if self.on_error == "fail":
             raise SampleError(reason, key=sample.get(KEY), path=where)
         self.stats["skipped"] += 1

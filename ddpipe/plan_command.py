@@ -11,15 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import DdpipeError
-from .manifest import Manifest, load_manifest
 from .plan import ASSIGNMENTS, PlanOptions
 from .quality import advise_exchange
 from .sample import label_of
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
 
 DEFAULT_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9)
 
@@ -40,23 +42,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
 
 
-def sample_labels(dataset: Path, manifest: Manifest) -> np.ndarray:
-    """Every sample's class: from ``manifest``'s label runs, else read from the shards."""
-    labels = manifest.sample_labels()
+def sample_labels(data: Dataset) -> np.ndarray:
+    """Every sample's class: from the manifest's label runs, else read from the shards."""
+    labels = data.manifest.sample_labels()
     if labels is not None:
         return labels
     from tqdm import tqdm
 
-    from .dataset import open_dataset
-
-    print(f"ddpipe: {dataset}/index.json records no labels (written by an older ddpipe, or adopted): "
+    print(f"ddpipe: {data.where}/index.json records no labels (written by an older ddpipe, or adopted): "
           "reading every sample's label from the shards", file=sys.stderr)
-    data = open_dataset(dataset)
     read = data.read(np.arange(len(data)))
     labels = np.fromiter((label_of(s) for s in tqdm(read, total=len(data), unit="sample", file=sys.stderr)),
                          dtype=np.int64, count=len(data))
     if (labels < 0).any():
-        raise DdpipeError("some samples have no 'cls' label: shuffles are scored by class", path=dataset)
+        raise DdpipeError("some samples have no 'cls' label: shuffles are scored by class", path=data.where)
     return labels
 
 
@@ -65,12 +64,11 @@ def main(args: argparse.Namespace) -> int:
         raise DdpipeError("--world-size and --batch-size must be at least 1")
     if any(not 0 < q <= 1 for q in args.exchange_fraction):
         raise DdpipeError("each --exchange-fraction must be in (0, 1]")
-    dataset = Path(args.dataset)
-    manifest = load_manifest(dataset)
-    from .dataset import Dataset
+    from .dataset import open_dataset
 
-    Dataset(dataset, manifest).check_files()  # sizes as recorded, so counts are bounded by the files
-    labels = sample_labels(dataset, manifest)
+    data = open_dataset(args.dataset)  # sizes as recorded, so counts are bounded by the files
+    dataset, manifest = data.where, data.manifest
+    labels = sample_labels(data)
     if len(labels) < args.world_size:
         raise DdpipeError(f"{len(labels)} samples cannot be shared by {args.world_size} ranks", path=dataset)
     if len(labels) // args.world_size < args.batch_size:

@@ -10,11 +10,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .checksum import file_checksum, sample_digest
-from .dataset import Dataset
+from .dataset import Dataset, dataset_at
 from .decode.spec import IMAGE_FIELDS, decode_check
 from .errors import DdpipeError
 from .formats.tar import check_dali_index
-from .manifest import load_manifest
 from .sample import KEY
 
 # format -> checks of the files kept beside each shard, which the manifest's checksum does not cover
@@ -42,10 +41,10 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
     with ``decode``, that every image field decodes. With ``stage_dir``, check instead the copies of
     this dataset staged there (those staged: a partial stage is not a problem). Problems are
     collected, not raised."""
-    dataset = Dataset(path, load_manifest(path))
+    dataset = dataset_at(path)
     report = VerifyReport()
     shards = list(enumerate(dataset.manifest.shards))
-    where = {i: dataset.data_root / info.file for i, info in shards}
+    where: dict[int, Path | None] = {i: None for i, _ in shards}  # the dataset's own: fetched as checked
     if stage_dir is not None:
         from .staging.stager import dataset_stage_dir
 
@@ -58,7 +57,7 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
         for i, shard_path in bar:
             report.shards += 1
             try:
-                _check_shard(dataset, i, shard_path, decode, report)
+                _check_shard(dataset, i, shard_path or dataset.local_copy(i), decode, report)
             except DdpipeError as e:
                 report.problems.append(str(e))
     return report
@@ -66,10 +65,11 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
 
 def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, report: VerifyReport) -> None:
     info = dataset.manifest.shards[i]
+    shown = dataset.source_name(shard_path)  # an object's URL rather than its fetched copy's path
     dataset.check_file(info, shard_path)
     actual = file_checksum(shard_path)
     if actual != info.checksum:
-        report.problems.append(f"{shard_path}: checksum mismatch: index.json says {info.checksum}, "
+        report.problems.append(f"{shown}: checksum mismatch: index.json says {info.checksum}, "
                                f"file hashes to {actual}")
         return
     for sidecar_check in _SIDECAR_CHECKS.get(dataset.manifest.format, ()):
@@ -79,7 +79,7 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
     with dataset.format.reader(shard_path) as reader:
         for sample in reader.scan():
             if digests is not None and count < len(digests) and sample_digest(sample) != digests[count]:
-                report.problems.append(f"{shard_path}: sample {count} ({sample[KEY]!r}) differs from its digest "
+                report.problems.append(f"{shown}: sample {count} ({sample[KEY]!r}) differs from its digest "
                                        "in index.json")
                 count += 1
                 continue  # never parsed: a record that changed is not read
@@ -92,8 +92,8 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
                     decode_check(sample[name])
                     report.decoded += 1
                 except (OSError, ValueError, SyntaxError) as e:
-                    report.problems.append(f"{shard_path}: sample {sample[KEY]!r} field {name!r} does not decode: {e}")
+                    report.problems.append(f"{shown}: sample {sample[KEY]!r} field {name!r} does not decode: {e}")
     if count != info.samples:
-        report.problems.append(f"{shard_path}: holds {count} samples, index.json says {info.samples}")
+        report.problems.append(f"{shown}: holds {count} samples, index.json says {info.samples}")
     report.samples += count
     report.bytes += info.bytes

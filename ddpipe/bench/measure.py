@@ -179,7 +179,7 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
                                    dtype="uint8", service=o.decode_service)
 
     def loader(shuffle: str, decode: str) -> Loader:
-        return Loader(Path(dataset), o.batch_size, shuffle=shuffle, exchange_fraction=o.exchange_fraction,
+        return Loader(dataset, o.batch_size, shuffle=shuffle, exchange_fraction=o.exchange_fraction,
                       decode=decode, decode_options=decode_options, seed=o.seed, stage_dir=o.stage_dir,
                       source_limits=o.source_limits, comm=comm)
 

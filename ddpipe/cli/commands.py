@@ -154,7 +154,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         share = len(loader.dataset) // job.size
         error = DdpipeError(f"--batch-size {args.batch_size} is more than a rank's share of the dataset ({share} of "
                             f"{len(loader.dataset)} samples on {job.size} rank(s)), so an epoch has no full batch: "
-                            f"use a smaller batch size or fewer ranks", path=loader.dataset.root)
+                            f"use a smaller batch size or fewer ranks", path=loader.dataset.where)
         error.job_wide = True
         raise error
     options = TrainOptions(epochs=args.epochs, allreduce=args.allreduce, lr=args.lr, warmup_epochs=args.warmup_epochs,

@@ -38,7 +38,9 @@ from ..manifest import (
     save_manifest,
 )
 from ..sample import label_of
+from ..storage import is_remote, open_storage
 from ..workers import die_with_parent, stop_workers
+from . import to_objects
 from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
 from .sources import ItemLoader, Source, SourceItem, open_source
@@ -236,8 +238,7 @@ def convert(
                                      None if options.synsets is None else Path(options.synsets))
     else:
         source = open_source(src)
-    out = Path(out)
-    state = out / STATE_DIR
+    objects = open_storage(str(out)) if is_remote(out) else None
 
     order = sample_order(len(source.items), options.seed)
     items = [source.items[i] for i in order]
@@ -249,8 +250,17 @@ def convert(
                              samples_per_shard=options.samples_per_shard)
     plan_fp = _plan_fingerprint(source, options, items, ranges)
     fingerprint = _hash(plan_fp, source.identity)  # the whole input: recorded in the manifest
-
-    finished: list[Manifest] = []
+    if objects is not None:  # written here, then uploaded (to_objects.py)
+        existing = to_objects.existing_manifest(objects)
+        if existing is not None:
+            if existing.origin.get("fingerprint") != fingerprint:
+                raise ConversionConflictError("already holds a dataset made from other input or arguments; "
+                                              "choose another output", path=objects.url())
+            return existing
+        out = to_objects.work_dir(objects)
+        out.mkdir(parents=True, exist_ok=True)  # on every node: each writes its ranks' shards
+    out = Path(out)
+    state = out / STATE_DIR
 
     def prepare() -> None:
         if world.rank != 0:
@@ -274,45 +284,54 @@ def convert(
         atomic_write_bytes(state / PLAN_FILE, json.dumps({"fingerprint": plan_fp}).encode())
 
     _all_ranks(comm, prepare)
-    if (out / MANIFEST_NAME).exists():  # converted before with the same arguments
+    if objects is None and (out / MANIFEST_NAME).exists():  # converted before with the same arguments
         return load_manifest(out)
 
-    jobs = [
-        ShardJob(source.kind, source.root, tuple(items[a:b]), str(out / f"{options.prefix}-{i:06d}{fmt.suffix}"),
-                 str(state / f"{options.prefix}-{i:06d}.json"), options.format, options.on_error,
-                 _shard_fingerprint(plan_fp, tuple(items[a:b])), options.decode_check)
-        for i, (a, b) in enumerate(ranges)
-    ]
-    mine = list(range(world.rank, len(jobs), world.size))
-    results: dict[int, ShardResult] = {}
-    _all_ranks(comm, lambda: results.update(_run_jobs(jobs, mine, options, world.rank == 0)))
+    # into a bucket: a conversion written here before, whose upload stopped, is only sent again
+    written = objects is not None and any(comm.allgather((out / MANIFEST_NAME).exists()))
+    finished: list[Manifest] = []
+    if not written:
+        jobs = [
+            ShardJob(source.kind, source.root, tuple(items[a:b]), str(out / f"{options.prefix}-{i:06d}{fmt.suffix}"),
+                     str(state / f"{options.prefix}-{i:06d}.json"), options.format, options.on_error,
+                     _shard_fingerprint(plan_fp, tuple(items[a:b])), options.decode_check)
+            for i, (a, b) in enumerate(ranges)
+        ]
+        mine = list(range(world.rank, len(jobs), world.size))
+        results: dict[int, ShardResult] = {}
+        _all_ranks(comm, lambda: results.update(_run_jobs(jobs, mine, options, world.rank == 0)))
 
-    gathered = comm.allgather(results)
+        gathered = comm.allgather(results)
 
-    def finish() -> None:
-        if world.rank != 0:
-            return
-        merged: dict[int, ShardResult] = {}
-        for part in gathered:
-            merged.update(part)
-        done = [merged[i] for i in range(len(jobs))]
-        if not any(r.shard is not None for r in done) and not options.allow_empty:
-            skipped = source.skipped + tuple(s for r in done for s in r.skipped)
-            example = f", e.g. {skipped[0].path}: {skipped[0].error}" if skipped else ""
-            raise SourceError(f"every input was skipped ({len(skipped)}): no dataset written{example}", path=out)
-        manifest = Manifest(
-            format=options.format,
-            fields=tuple(sorted({f for r in done for f in r.fields})),
-            classes=source.classes,
-            shards=tuple(r.shard for r in done if r.shard is not None),
-            skipped=source.skipped + tuple(s for r in done for s in r.skipped),
-            origin={"fingerprint": fingerprint},
-        )
-        save_manifest(out, manifest)
-        shutil.rmtree(state, ignore_errors=True)
-        finished.append(manifest)
+        def finish() -> None:
+            if world.rank != 0:
+                return
+            merged: dict[int, ShardResult] = {}
+            for part in gathered:
+                merged.update(part)
+            done = [merged[i] for i in range(len(jobs))]
+            if not any(r.shard is not None for r in done) and not options.allow_empty:
+                skipped = source.skipped + tuple(s for r in done for s in r.skipped)
+                example = f", e.g. {skipped[0].path}: {skipped[0].error}" if skipped else ""
+                raise SourceError(f"every input was skipped ({len(skipped)}): no dataset written{example}", path=out)
+            manifest = Manifest(
+                format=options.format,
+                fields=tuple(sorted({f for r in done for f in r.fields})),
+                classes=source.classes,
+                shards=tuple(r.shard for r in done if r.shard is not None),
+                skipped=source.skipped + tuple(s for r in done for s in r.skipped),
+                origin={"fingerprint": fingerprint},
+            )
+            save_manifest(out, manifest)
+            shutil.rmtree(state, ignore_errors=True)
+            finished.append(manifest)
 
-    _all_ranks(comm, finish)
+        _all_ranks(comm, finish)
+    if objects is not None:
+        uploaded: list[Manifest] = []
+        made = finished[0] if finished else load_manifest(out) if world.rank == 0 else None
+        _all_ranks(comm, lambda: uploaded.append(to_objects.upload(objects, out, made, comm)))
+        return uploaded[0]
     return finished[0] if finished else load_manifest(out)
 
 

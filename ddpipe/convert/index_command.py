@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import DdpipeError
 from ..manifest import Manifest
+from ..storage import is_remote
 from .adopt import index_tars
 from .adopt_foreign import HDF5_SUFFIXES, index_hdf5, index_lmdb
 
@@ -41,9 +42,10 @@ def hint(path: Path) -> str | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", help="a directory of tar shards, of HDF5 files, or an LMDB environment")
+    p.add_argument("dir", help="a directory (or s3:// or http(s):// prefix) of tar shards, of HDF5 files, or an "
+                               "LMDB environment")
     p.add_argument("--classes", help="file of class names, one per line, in label order")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", default=None,
                    help="write index.json here instead of beside the data (when the data is read-only)")
     g = p.add_argument_group("HDF5")
     g.add_argument("--images", help="the dataset of encoded images, one per row (asked for when several)")
@@ -59,6 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Manifest:
+    if is_remote(args.dir):
+        from .adopt_objects import index_objects
+
+        if args.out is not None and is_remote(str(args.out)):
+            raise DdpipeError("--out is a local directory; without it index.json goes beside the objects",
+                              path=args.out)
+        return index_objects(args, run)
     root = Path(args.dir)
     if not root.exists():
         raise DdpipeError("no such directory", path=root)
@@ -66,13 +75,14 @@ def run(args: argparse.Namespace) -> Manifest:
         raise DdpipeError("not a directory: give the directory that holds the shards", path=root)
     classes = Path(args.classes).read_text().split() if args.classes else None
     kind = what_is_in(root)
+    out = None if args.out is None else Path(args.out)
     if kind == "tar":
         return index_tars(root, classes=classes)
     if kind == "hdf5":
-        return index_hdf5(root, out=args.out, images=args.images, labels=args.labels, label_attr=args.label_attr,
+        return index_hdf5(root, out=out, images=args.images, labels=args.labels, label_attr=args.label_attr,
                           classes=classes)
     if kind == "lmdb":
-        return index_lmdb(root, out=args.out, values=args.values, label_regex=args.label_regex,
+        return index_lmdb(root, out=out, values=args.values, label_regex=args.label_regex,
                           labels_file=args.labels_file, allow_pickle=args.allow_pickle, classes=classes)
     found = sorted(p.name for p in root.iterdir())[:8]
     raise DdpipeError(f"nothing to adopt: no .tar shards, HDF5 files or LMDB data.mdb; found "

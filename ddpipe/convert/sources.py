@@ -20,6 +20,7 @@ from ..errors import DdpipeError, SourceError
 from ..formats import ShardReader
 from ..manifest import MANIFEST_NAME, SkippedItem
 from ..sample import KEY, Sample, sanitize_key
+from ..storage import is_remote
 
 # PIL's format name -> the WebDataset field an image is stored under
 _FIELD_OF_FORMAT = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp", "TIFF": "tiff"}
@@ -51,6 +52,8 @@ class Source:
 
 
 def open_source(src: str | os.PathLike[str]) -> Source:
+    if is_remote(src):  # only a ddpipe dataset is read from a bucket or a server
+        return _dataset_source(str(src))
     path = Path(src)
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         return _dataset_source(path)
@@ -141,14 +144,14 @@ def _list_source(list_file: Path) -> Source:
     return Source("list", str(list_file), tuple(items), tuple(classes), identity)
 
 
-def _dataset_source(root: Path) -> Source:
+def _dataset_source(root: str | Path) -> Source:
     ds = open_dataset(root)
     items: list[SourceItem] = []
     ranges: list[tuple[int, int]] = []
     for info in ds.manifest.shards:
         per_sample = info.bytes // max(info.samples, 1)
         start = len(items)
-        path = str(ds.data_root / info.file)
+        path = ds.source_name(ds.data_root / info.file)  # the same in every process, for objects too
         items.extend(SourceItem(path=path, size=per_sample, index=i) for i in range(info.samples))
         ranges.append((start, len(items)))
     identity = "\n".join(f"{s.file}\t{s.samples}\t{s.checksum}" for s in ds.manifest.shards)
@@ -193,10 +196,10 @@ class ItemLoader:
 
     def _load_from_dataset(self, item: SourceItem) -> Sample:
         assert self._dataset is not None and item.index is not None
-        if self._reader is None or str(self._reader.path) != item.path:
+        if self._reader is None or self._dataset.source_name(self._reader.path) != item.path:
             self.close()
             shard = next(i for i, s in enumerate(self._dataset.manifest.shards)
-                         if str(self._dataset.data_root / s.file) == item.path)
+                         if self._dataset.source_name(self._dataset.data_root / s.file) == item.path)
             self._reader = self._dataset.open_shard(shard)
         try:
             return self._reader[item.index]

@@ -3,7 +3,7 @@ manifest, then renamed into place, so a reader never sees a partial or corrupt c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import xxhash
@@ -21,7 +21,7 @@ _CHUNK = 8 << 20
 Write = Callable[[memoryview], None]
 
 
-def write_verified(dest: Path, info: ShardInfo, fill: Callable[[Write], bool], *, named: Path) -> bool:
+def write_verified(dest: Path, info: ShardInfo, fill: Callable[[Write], bool], *, named: str | Path) -> bool:
     """Write ``dest`` from the chunks ``fill`` hands its argument, under a hidden temporary name,
     hashed on the way, and rename it into place only if it matches ``info`` (checksum and size).
     False, leaving ``dest`` as it was, if ``fill`` had nothing to give; a mismatch raises
@@ -79,6 +79,22 @@ def verified_copy(source: Path, dest: Path, info: ShardInfo, limits: SourceLimit
         return True
 
     write_verified(dest, info, fill, named=source)
+    return info.bytes
+
+
+def verified_stream(chunks: Iterable[memoryview], dest: Path, info: ShardInfo, named: str,
+                    limits: SourceLimits | None = None) -> int:
+    """:func:`verified_copy` from a stream of chunks (an object read by ranged requests) named ``named``."""
+    def fill(write: Write) -> bool:
+        if limits:
+            limits.on_open()
+        for chunk in chunks:
+            if limits:
+                limits.on_read(len(chunk))
+            write(chunk)
+        return True
+
+    write_verified(dest, info, fill, named=named)
     return info.bytes
 
 

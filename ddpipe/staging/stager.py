@@ -31,7 +31,7 @@ from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
 from ..formats.atomic import atomic_write_bytes, discard
 from ..throttle import SourceLimits
-from .copy import is_staged, remove_staged, verified_copy, write_stamp
+from .copy import is_staged, remove_staged, write_stamp
 from .peers import fetch_from_peer, holders, inventory_bits
 
 
@@ -135,14 +135,13 @@ class NodeStager:
             discard(self._failed(dest))  # and a failure of an earlier run is tried again
             t0 = time.perf_counter()
             try:
-                for sidecar in self.dataset.format.sidecar_files(self.dataset.shard_path(shard)):
-                    atomic_write_bytes(self.dir / sidecar.name, sidecar.read_bytes())
+                self.dataset.copy_sidecars(shard, self.dir)
                 peer = self._holders.get(shard)
                 if peer is not None and self._link is not None and fetch_from_peer(self._link, peer, shard, dest, info):
                     self.stats["peer_copied"] += 1
                     self.stats["peer_bytes"] += info.bytes
                 else:
-                    verified_copy(self.dataset.shard_path(shard), dest, info, self.options.limits)
+                    self.dataset.copy_shard(shard, dest, self.options.limits)
             except DiskFullError as e:
                 print(f"ddpipe: warning: {e}; readers use the source for {info.file}", file=sys.stderr, flush=True)
                 atomic_write_bytes(self._failed(dest), str(e).encode())

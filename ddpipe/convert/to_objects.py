@@ -1,0 +1,63 @@
+"""``convert`` into a bucket: shards are written to a node-local work directory as for a local output,
+then uploaded, each as one object (a multipart upload is completed only once every part is in, so no
+half shard is ever visible under its name), and ``index.json`` last: a reader never finds a manifest
+whose shards are not all there.
+
+A conversion stopped part-way is resumed by the same command: the work directory (named after the
+output URL, in the temporary directory) keeps the shards written so far, and objects already in the
+bucket with their recorded size are not sent again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import xxhash
+
+from ..comm import Comm
+from ..dataset import load_manifest_from
+from ..errors import ManifestError
+from ..formats import get_format
+from ..manifest import MANIFEST_NAME, Manifest, manifest_from_text
+from ..storage import ObjectStorage
+
+
+def work_dir(objects: ObjectStorage) -> Path:
+    """Where this node writes the shards of a conversion into ``objects`` before uploading them."""
+    return Path(tempfile.gettempdir()) / f"ddpipe-convert-{xxhash.xxh3_64_hexdigest(objects.url().encode())}"
+
+
+def existing_manifest(objects: ObjectStorage) -> Manifest | None:
+    """The manifest already at the output, or None."""
+    try:
+        return load_manifest_from(objects)
+    except ManifestError as e:
+        if "no index.json" in e.message:
+            return None
+        raise
+
+
+def upload(objects: ObjectStorage, work: Path, manifest: Manifest | None, comm: Comm) -> Manifest:
+    """Send the shards this rank holds in ``work`` (and their sidecars), then, once every rank has,
+    rank 0 sends ``index.json``; every rank returns the manifest (rank 0's, which only it may hold)."""
+    text = comm.allgather(manifest.to_json() if manifest is not None and comm.world.rank == 0 else None)[0]
+    assert text is not None, "rank 0 finished the conversion"
+    manifest = manifest_from_text(text.encode(), objects.url(MANIFEST_NAME))
+    fmt = get_format(manifest.format)
+    present = objects.list()
+    for info in manifest.shards:
+        local = work / info.file
+        if not local.exists():  # another node's
+            continue
+        for path in (local, *[p for p in fmt.sidecar_files(local) if p.exists()]):
+            name = str(path.relative_to(work))
+            if present.get(name) != path.stat().st_size:
+                objects.put_file(name, path)
+    comm.barrier()
+    if comm.world.rank == 0:
+        objects.put_bytes(MANIFEST_NAME, manifest.to_json().encode())
+    comm.barrier()
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest

@@ -1,0 +1,127 @@
+"""Local copies of a remote dataset's objects while a process reads them.
+
+A shard is fetched whole (ranged requests, ``concurrency`` at once) into a scratch directory, and
+the format readers open it there as they would a file of a local dataset: every format, its index
+and its checks work unchanged. The dataset asks for the next two shards ahead (:meth:`ObjectCache.prefetch`),
+so that their transfers overlap the reading of the one before and each other's request latency
+(a rank's read-ahead: two shards), and at most ``keep`` copies stay: the
+oldest is unlinked (a reader that still has it open keeps its data until it closes it). Nodes that
+read a dataset every epoch stage it instead (``ddpipe.staging``), one verified copy per node.
+
+The scratch directory and the thread that fetches ahead belong to the process that made them: a
+forked child makes its own (obstore's clients must not cross a fork either).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from ..errors import MissingShardError
+from .objects import ObjectStorage
+
+
+class ObjectCache:
+    def __init__(self, storage: ObjectStorage, keep: int = 4) -> None:
+        self.storage = storage
+        self.keep = max(keep, 2)
+        self._pid = -1
+        self._dir: Path | None = None
+        self._lock = threading.Lock()
+        self._fetches: dict[str, Future[Path]] = {}
+        self._held: OrderedDict[str, None] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def dir(self) -> Path:
+        """This process's scratch directory (made on first use, removed when the cache goes)."""
+        if self._dir is None or self._pid != os.getpid():
+            self._dir = Path(tempfile.mkdtemp(prefix="ddpipe-objects-"))
+            weakref.finalize(self, shutil.rmtree, self._dir, True)
+            self._pid = os.getpid()
+            self._fetches, self._held, self._pool = {}, OrderedDict(), None
+        return self._dir
+
+    def path(self, name: str) -> Path:
+        return self.dir / name
+
+    def _fetch(self, names: tuple[str, ...], sizes: tuple[int | None, ...]) -> Path:
+        for i, (name, size) in enumerate(zip(names, sizes, strict=True)):
+            dest = self.path(name)
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    if size is None:  # a small sidecar: one request, not a size and then ranges
+                        from ..formats.atomic import atomic_write_bytes
+
+                        atomic_write_bytes(dest, self.storage.get(name))
+                    else:
+                        self.storage.download(name, dest, size)
+                except MissingShardError:
+                    if i == 0:
+                        raise  # a sidecar is optional: a tar without its index is scanned
+        return self.path(names[0])
+
+    def _submit(self, names: tuple[str, ...], sizes: tuple[int | None, ...], here: bool) -> Future[Path]:
+        """The fetch of ``names``: one already under way, else a new one, in the pool or (``here``)
+        run by the caller, so that the shard wanted now never waits behind the ones fetched ahead."""
+        root = self.dir  # made (or remade after a fork) before the pool
+        del root
+        run_here = False
+        with self._lock:
+            future = self._fetches.get(names[0])
+            if future is None:
+                if here:
+                    future, run_here = Future(), True
+                else:
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(2, thread_name_prefix="ddpipe-objects")
+                    future = self._pool.submit(self._fetch, names, sizes)
+                self._fetches[names[0]] = future
+            self._held[names[0]] = None
+            self._held.move_to_end(names[0])
+            while len(self._held) > self.keep:
+                old, _ = self._held.popitem(last=False)
+                stale = self._fetches.pop(old, None)
+                if stale is not None and stale.done() and stale.exception() is None:
+                    _unlink_tree(self.path(old))
+        if run_here:
+            try:
+                future.set_result(self._fetch(names, sizes))
+            except BaseException as e:
+                future.set_exception(e)
+        return future
+
+    def prefetch(self, names: tuple[str, ...], sizes: tuple[int | None, ...]) -> None:
+        """Start fetching ``names`` (a shard, then its sidecars) in the background."""
+        self._submit(names, sizes, here=False)
+
+    def fetch(self, names: tuple[str, ...], sizes: tuple[int | None, ...]) -> Path:
+        """``names`` here (fetched now, or waited for), the first one's local path. A failed fetch
+        raises here, and is tried afresh the next time."""
+        future = self._submit(names, sizes, here=True)
+        try:
+            return future.result()
+        except BaseException:
+            with self._lock:
+                if self._fetches.get(names[0]) is future:
+                    del self._fetches[names[0]]
+            raise
+
+    def close(self) -> None:
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def _unlink_tree(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

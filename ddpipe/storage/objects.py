@@ -1,0 +1,203 @@
+"""Objects in a bucket or behind an HTTP server, through obstore (Rust's ``object_store``).
+
+Why obstore: ranged reads issued concurrently from Rust without the interpreter lock, retries with
+backoff and jitter built in, S3, GCS, Azure and HTTP behind one API, no Python dependencies (LitData
+moved to it for the same reasons). Its clients are not fork-safe, so each process makes its own on
+first use (:meth:`ObjectStorage._client`), never before a fork.
+
+Every failure becomes one :class:`StorageError` line naming the object (or the bucket) and what went
+wrong; a missing object is a :class:`~ddpipe.errors.MissingShardError`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DdpipeError, MissingShardError
+from .location import Location
+from .settings import S3Settings, StorageOptions
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig, S3Config
+
+
+class StorageError(DdpipeError, OSError):
+    """An object store refused or failed a request (after its retries)."""
+
+
+def _first_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class ObjectStorage:
+    """The objects under ``location`` (``s3://`` or ``http(s)://``)."""
+
+    def __init__(self, location: Location, options: StorageOptions, s3: S3Settings | None) -> None:
+        if not location.remote:
+            raise ValueError(f"{location} is not an object store location")
+        if location.scheme == "s3" and s3 is None:
+            raise ValueError("an s3:// location needs S3Settings")
+        self.location = location
+        self.options = options
+        self.s3 = s3
+        self._store: Any = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:  # a client never crosses a process boundary
+        return {**self.__dict__, "_store": None, "_pid": -1}
+
+    @property
+    def where(self) -> str:
+        """The endpoint, for messages."""
+        if self.location.scheme == "s3":
+            assert self.s3 is not None
+            return self.s3.endpoint or f"AWS S3 ({self.s3.region})"
+        return f"{self.location.scheme}://{self.location.bucket}"
+
+    def _client(self) -> Any:
+        if self._store is None or self._pid != os.getpid():
+            from obstore.store import HTTPStore, S3Store
+
+            o = self.options
+            retry: RetryConfig = {"max_retries": o.max_retries, "retry_timeout": timedelta(seconds=o.retry_seconds),
+                     "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=10),
+                                 "base": 2}}
+            client: ClientConfig = {"timeout": timedelta(seconds=o.timeout_seconds),
+                                      "connect_timeout": timedelta(seconds=min(10.0, o.timeout_seconds)),
+                                      "pool_max_idle_per_host": str(max(o.concurrency, 4))}
+            if self.location.scheme == "s3":
+                s3 = self.s3
+                assert s3 is not None
+                config: S3Config = {"region": s3.region, "virtual_hosted_style_request": False}
+                if s3.endpoint:
+                    config["endpoint"] = s3.endpoint
+                if s3.access_key_id:
+                    config["access_key_id"] = s3.access_key_id
+                    config["secret_access_key"] = s3.secret_access_key or ""
+                    if s3.session_token:
+                        config["session_token"] = s3.session_token
+                elif s3.anonymous:
+                    config["skip_signature"] = True
+                client["allow_http"] = s3.allow_http
+                self._store = S3Store(self.location.bucket, config=config, client_options=client,
+                                      retry_config=retry)
+            else:
+                client["allow_http"] = self.location.scheme == "http"
+                self._store = HTTPStore.from_url(f"{self.location.scheme}://{self.location.bucket}",
+                                                 client_options=client, retry_config=retry)
+            self._pid = os.getpid()
+        return self._store
+
+    def url(self, name: str = "") -> str:
+        return self.location.url(name)
+
+    def _failed(self, error: BaseException, name: str) -> DdpipeError:
+        from obstore import exceptions as ox
+
+        url = self.url(name)
+        text = _first_line(error)
+        if isinstance(error, (ox.NotFoundError, FileNotFoundError)):
+            if "NoSuchBucket" in text:
+                return StorageError(f"bucket {self.location.bucket!r} does not exist at {self.where}")
+            return MissingShardError(f"no such object at {self.where}", path=url)
+        if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError)) \
+                or "AccessDenied" in text \
+                or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+            return StorageError(f"access refused by {self.where} (check the credentials): {text}", path=url)
+        return StorageError(f"request to {self.where} failed: {text}", path=url)
+
+    def _call(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from obstore import exceptions as ox
+
+        try:
+            return fn(self._client(), self.location.key(name), *args, **kwargs)
+        except (ox.BaseError, OSError, TimeoutError) as e:
+            if isinstance(e, DdpipeError):
+                raise
+            raise self._failed(e, name) from None
+
+    # ---- reading --------------------------------------------------------------------------------
+
+    def size(self, name: str) -> int:
+        import obstore
+
+        return int(self._call(name, obstore.head)["size"])
+
+    def get(self, name: str) -> bytes:
+        """A small object whole (a manifest, a tar's index)."""
+        import obstore
+
+        result = self._call(name, obstore.get)
+        try:
+            return bytes(result.bytes())
+        except Exception as e:  # the body failed after the headers came
+            raise self._failed(e, name) from None
+
+    def chunks(self, name: str, size: int | None = None) -> Iterator[memoryview]:
+        """The object's bytes in order, ``chunk_bytes`` at a time, as ranged requests ``concurrency``
+        at once: per-request latency is hidden behind the others, and at most ``chunk_bytes x
+        concurrency`` bytes are held ahead of the caller."""
+        import obstore
+
+        total = self.size(name) if size is None else size
+        step, wide = self.options.chunk_bytes, self.options.concurrency
+        starts = list(range(0, total, step))
+        for i in range(0, len(starts), wide):
+            window = starts[i : i + wide]
+            ends = [min(s + step, total) for s in window]
+            parts = self._call(name, obstore.get_ranges, starts=window, ends=ends, coalesce=0)
+            for part in parts:
+                yield memoryview(part)
+
+    def download(self, name: str, dest: Path, size: int | None = None) -> int:
+        """Write the object to ``dest`` (under a temporary name, renamed once whole); the bytes."""
+        from ..formats import atomic
+
+        tmp = atomic.partial_path(dest)
+        n = 0
+        try:
+            with open(tmp, "wb") as out:
+                for chunk in self.chunks(name, size):
+                    out.write(chunk)
+                    n += len(chunk)
+            atomic.commit(tmp, dest, durable=False)
+        except BaseException:
+            atomic.discard(tmp)
+            raise
+        return n
+
+    def list(self, name: str = "") -> dict[str, int]:
+        """Object name (relative to the location) -> size, for every object under ``name``."""
+        import obstore
+
+        prefix = self.location.key(name)
+        out: dict[str, int] = {}
+        try:
+            for page in obstore.list(self._client(), prefix + "/" if prefix else None, chunk_size=1000):
+                for meta in page:
+                    path = str(meta["path"])
+                    rel = path[len(self.location.prefix) :].lstrip("/") if self.location.prefix else path
+                    out[rel] = int(meta["size"])
+        except Exception as e:
+            raise self._failed(e, name) from None
+        return out
+
+    # ---- writing --------------------------------------------------------------------------------
+
+    def put_file(self, name: str, path: Path) -> None:
+        """Upload a file: one request, or a multipart upload completed only once every part is in, so
+        that no partial object is ever visible under ``name``."""
+        import obstore
+
+        self._call(name, obstore.put, path, chunk_size=max(self.options.chunk_bytes, 5 << 20),
+                   max_concurrency=self.options.concurrency)
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        import obstore
+
+        self._call(name, obstore.put, data)

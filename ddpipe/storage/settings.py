@@ -1,0 +1,101 @@
+"""How to reach an object store, resolved once at the edge from options, the environment and the AWS
+files, as the AWS SDKs resolve them: explicit options first, then ``AWS_*`` variables, then the
+profile's entries in ``~/.aws/credentials`` and ``~/.aws/config``. Pure: the environment and the home
+directory are passed in."""
+
+from __future__ import annotations
+
+import configparser
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import OptionError
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """``endpoint``: an S3-compatible store's URL (MinIO, Ceph RGW, ...); by default the AWS SDKs'
+    ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, else AWS itself. Plain ``http://`` only where the
+    endpoint says so. ``chunk_bytes`` and ``concurrency``: an object is read as ranged requests of
+    this size, this many at once (what a rank reads ahead is at most their product, beside the shard
+    it holds). Transient failures (5xx, 503 SlowDown, dropped connections, timeouts) are retried with
+    exponential backoff and jitter, up to ``max_retries`` times within ``retry_seconds``."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    chunk_bytes: int = 8 * MiB
+    concurrency: int = 8
+    max_retries: int = 6
+    retry_seconds: float = 120.0
+    timeout_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
+            raise OptionError(f"endpoint must be an http:// or https:// URL, not {self.endpoint!r}")
+        if self.chunk_bytes < 64 * 1024:
+            raise OptionError(f"chunk_bytes must be at least 64 KiB, not {self.chunk_bytes}")
+        if self.concurrency < 1:
+            raise OptionError(f"concurrency must be at least 1, not {self.concurrency}")
+        if self.max_retries < 0:
+            raise OptionError(f"max_retries must be 0 or more, not {self.max_retries}")
+        for name in ("retry_seconds", "timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise OptionError(f"{name} must be positive, not {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """What an S3 client is made with: no lookups left for it to do (so none reaches an address
+    other than ``endpoint``)."""
+
+    endpoint: str | None
+    region: str
+    access_key_id: str | None
+    secret_access_key: str | None
+    session_token: str | None
+    anonymous: bool  # no credentials found and the metadata service ruled out: unsigned requests
+
+    @property
+    def allow_http(self) -> bool:
+        return self.endpoint is not None and self.endpoint.startswith("http://")
+
+
+def _profile_section(parser: configparser.ConfigParser, profile: str, config_file: bool) -> Mapping[str, str]:
+    name = profile if not config_file or profile == "default" else f"profile {profile}"
+    return parser[name] if parser.has_section(name) else {}
+
+
+def _read_ini(path: Path) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(path, encoding="utf-8")
+    except configparser.Error as e:
+        raise OptionError(f"{path}: cannot be read as an AWS settings file: {str(e).splitlines()[0]}") from None
+    return parser
+
+
+def resolve_s3(options: StorageOptions, environ: Mapping[str, str], home: Path) -> S3Settings:
+    profile = options.profile or environ.get("AWS_PROFILE") or environ.get("AWS_DEFAULT_PROFILE") or "default"
+    aws = home / ".aws"
+    credentials = _profile_section(_read_ini(Path(environ.get("AWS_SHARED_CREDENTIALS_FILE", aws / "credentials"))),
+                                   profile, config_file=False)
+    config = _profile_section(_read_ini(Path(environ.get("AWS_CONFIG_FILE", aws / "config"))), profile,
+                              config_file=True)
+    key = environ.get("AWS_ACCESS_KEY_ID") or credentials.get("aws_access_key_id")
+    secret = environ.get("AWS_SECRET_ACCESS_KEY") or credentials.get("aws_secret_access_key")
+    token = environ.get("AWS_SESSION_TOKEN") or credentials.get("aws_session_token")
+    if bool(key) != bool(secret):
+        raise OptionError("AWS credentials need both an access key id and a secret access key; one is missing")
+    endpoint = (options.endpoint or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
+                or config.get("endpoint_url"))
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise OptionError(f"the S3 endpoint must be an http:// or https:// URL, not {endpoint!r}")
+    region = (options.region or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+              or config.get("region") or "us-east-1")
+    metadata_off = environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true"
+    return S3Settings(endpoint.rstrip("/") if endpoint else None, region, key, secret, token,
+                      anonymous=not key and metadata_off)

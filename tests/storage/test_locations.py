@@ -1,0 +1,68 @@
+"""Locations and S3 settings: pure parsing and resolution, no server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddpipe.errors import OptionError
+from ddpipe.storage import StorageOptions, parse_location
+from ddpipe.storage.settings import resolve_s3
+
+names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=3, max_size=20)
+
+
+@given(scheme=st.sampled_from(["s3", "http", "https"]), bucket=names, parts=st.lists(names, max_size=3),
+       name=names)
+def test_a_remote_location_names_its_objects_by_url(scheme: str, bucket: str, parts: list[str], name: str) -> None:
+    prefix = "/".join(parts)
+    url = f"{scheme}://{bucket}/{prefix}".rstrip("/")
+    location = parse_location(url)
+    assert location.remote and location.bucket == bucket and location.prefix == prefix
+    assert location.url() == (url if prefix else f"{scheme}://{bucket}/")
+    assert location.child(name).url() == location.url(name) == f"{scheme}://{bucket}/" + "/".join([*parts, name])
+    assert parse_location(location.url(name)) == location.child(name)
+
+
+def test_paths_stay_paths_and_other_urls_are_refused() -> None:
+    assert not parse_location("data/ds").remote and parse_location("file:///data/ds").path == Path("/data/ds")
+    assert parse_location(Path("data")).path == Path("data")
+    for bad, what in [("ftp://host/ds", "unsupported scheme"), ("s3:///ds", "no bucket"),
+                      ("file://elsewhere/ds", "file:///path"), ("https://host/ds?x=1", "no query")]:
+        with pytest.raises(OptionError, match=what):
+            parse_location(bad)
+
+
+def test_s3_settings_come_from_options_then_the_environment_then_the_profile_files(tmp_path: Path) -> None:
+    aws = tmp_path / ".aws"
+    aws.mkdir()
+    (aws / "credentials").write_text("[default]\naws_access_key_id = filekey\naws_secret_access_key = filesecret\n"
+                                     "[other]\naws_access_key_id = otherkey\naws_secret_access_key = othersecret\n")
+    (aws / "config").write_text("[default]\nregion = eu-west-3\n[profile other]\nregion = ap-south-1\n"
+                                "endpoint_url = https://store.example\n")
+    from_files = resolve_s3(StorageOptions(), {}, tmp_path)
+    assert (from_files.access_key_id, from_files.region, from_files.endpoint) == ("filekey", "eu-west-3", None)
+    profile = resolve_s3(StorageOptions(), {"AWS_PROFILE": "other"}, tmp_path)
+    assert (profile.access_key_id, profile.region, profile.endpoint) == ("otherkey", "ap-south-1",
+                                                                        "https://store.example")
+    assert not profile.allow_http
+    env = {"AWS_ACCESS_KEY_ID": "envkey", "AWS_SECRET_ACCESS_KEY": "envsecret", "AWS_REGION": "us-west-2",
+           "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}
+    from_env = resolve_s3(StorageOptions(), env, tmp_path)
+    assert (from_env.access_key_id, from_env.region, from_env.endpoint) == ("envkey", "us-west-2",
+                                                                           "http://127.0.0.1:9000")
+    assert from_env.allow_http  # plain HTTP only because the endpoint says http://
+    chosen = resolve_s3(StorageOptions(endpoint="https://minio.site", region="local"), env, tmp_path)
+    assert (chosen.endpoint, chosen.region, chosen.allow_http) == ("https://minio.site", "local", False)
+
+
+def test_without_credentials_requests_go_unsigned_only_where_the_metadata_service_is_ruled_out(tmp_path: Path) -> None:
+    assert resolve_s3(StorageOptions(), {"AWS_EC2_METADATA_DISABLED": "true"}, tmp_path).anonymous
+    assert not resolve_s3(StorageOptions(), {}, tmp_path).anonymous
+    with pytest.raises(OptionError, match="one is missing"):
+        resolve_s3(StorageOptions(), {"AWS_ACCESS_KEY_ID": "k"}, tmp_path)
+    with pytest.raises(OptionError, match="endpoint"):
+        StorageOptions(endpoint="minio:9000")

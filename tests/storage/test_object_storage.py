@@ -1,0 +1,251 @@
+"""Datasets in a bucket (moto's S3 server) and behind an HTTP server: the same samples as from local
+files, in every format, on several ranks, staged, resumed, and faults that lose nothing."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ddpipe
+from ddpipe.errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
+from ddpipe.storage import StorageError, StorageOptions, open_storage
+
+from ..conftest import mpiexec, run_cli
+from .servers import RangeServer
+
+WORKER = Path(__file__).with_name("bucket_worker.py")
+FAST_FAIL = StorageOptions(max_retries=1, retry_seconds=2, timeout_seconds=3)
+
+
+def samples(loader: Iterable[Any]) -> dict[str, tuple[bytes, bytes]]:
+    return {s["__key__"]: (bytes(s["jpg"]), bytes(s["cls"])) for batch in loader for s in batch}
+
+
+def upload_dir(local: Path, url: str) -> None:
+    objects = open_storage(url)
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        objects.put_file(str(path.relative_to(local)), path)
+
+
+@pytest.mark.parametrize("fmt", ["wds", "hdf5", "lmdb"])
+def test_a_dataset_converted_into_a_bucket_reads_as_the_local_one(raw_images: Path, local_sets: dict[str, Path],
+                                                                  bucket: str, fmt: str) -> None:
+    url = f"s3://{bucket}/sets/{fmt}"
+    manifest = ddpipe.convert(raw_images, url, ddpipe.ConvertOptions(format=fmt, samples_per_shard=5, progress=False))
+    assert manifest == ddpipe.open_dataset(local_sets[fmt]).manifest  # the same shards, byte for byte
+    remote = samples(ddpipe.Loader(url, 4, decode="none", shuffle="none"))
+    assert remote == samples(ddpipe.Loader(local_sets[fmt], 4, decode="none", shuffle="none"))
+    assert len(remote) == 24
+    verified = run_cli("verify", url)
+    assert verified.returncode == 0 and f"{url}: OK" in verified.stdout
+
+
+def test_a_dataset_behind_an_http_server_reads_as_the_local_one(local_sets: dict[str, Path],
+                                                                 http_root: RangeServer) -> None:
+    for fmt in ("wds", "hdf5"):
+        shutil.copytree(local_sets[fmt], http_root.root / fmt)
+        url = f"{http_root.url}/{fmt}"
+        assert samples(ddpipe.Loader(url, 4, decode="none", shuffle="local")) == \
+            samples(ddpipe.Loader(local_sets[fmt], 4, decode="none", shuffle="local"))
+
+
+def test_a_dataset_converted_from_a_bucket_into_a_bucket(local_sets: dict[str, Path], bucket: str) -> None:
+    upload_dir(local_sets["wds"], f"s3://{bucket}/wds")
+    done = run_cli("convert", f"s3://{bucket}/wds", f"s3://{bucket}/as-lmdb", "--format", "lmdb")
+    assert done.returncode == 0, done.stderr
+    assert samples(ddpipe.Loader(f"s3://{bucket}/as-lmdb", 4, decode="none", shuffle="none")) == \
+        samples(ddpipe.Loader(local_sets["wds"], 4, decode="none", shuffle="none"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_shuffling_partially_from_a_bucket_get_every_sample_once(raw_images: Path, bucket: str,
+                                                                       tmp_path: Path, ranks: int) -> None:
+    """The README's way: ddpipe convert into the bucket, then a script under mpiexec."""
+    url = f"s3://{bucket}/ds"
+    converted = run_cli("convert", raw_images, url, "--format", "wds", "--samples-per-shard", "5")
+    assert converted.returncode == 0, converted.stderr
+    proc = mpiexec(ranks, WORKER, url, tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    keys = [k for r in range(ranks) for k in (tmp_path / f"rank-{r}.txt").read_text().split()]
+    assert sorted(keys) == sorted(samples(ddpipe.Loader(url, 4, decode="none", shuffle="none")))
+    assert len(keys) == 24
+
+
+def test_staging_from_a_server_copies_each_shard_once_and_later_epochs_read_locally(
+        local_sets: dict[str, Path], http_root: RangeServer, tmp_path: Path) -> None:
+    shutil.copytree(local_sets["wds"], http_root.root / "wds")
+    loader = ddpipe.Loader(f"{http_root.url}/wds", 4, decode="none", shuffle="local", stage_dir=tmp_path / "stage")
+    first = samples(loader)
+    assert first == samples(ddpipe.Loader(local_sets["wds"], 4, decode="none", shuffle="local"))
+    assert loader.stager is not None and loader.stager.stats["copied"] == len(loader.dataset.manifest.shards)
+    requests = http_root.requests
+    loader.set_epoch(1)
+    assert samples(loader) == first
+    assert http_root.requests == requests  # the second epoch read the node's copies only
+
+
+def test_resuming_from_a_bucket_yields_exactly_the_rest(local_sets: dict[str, Path], bucket: str) -> None:
+    url = f"s3://{bucket}/wds"
+    upload_dir(local_sets["wds"], url)
+    loader = ddpipe.Loader(url, 4, decode="none", shuffle="local", seed=3)
+    it = iter(loader)
+    seen = [s["__key__"] for _ in range(2) for s in next(it)]
+    state = loader.state_dict()
+    resumed = ddpipe.Loader(url, 4, decode="none", shuffle="local")
+    resumed.load_state_dict(state)
+    rest = [s["__key__"] for batch in resumed for s in batch]
+    assert sorted(seen + rest) == sorted(samples(ddpipe.Loader(local_sets["wds"], 4, decode="none")))
+
+
+def _overwrite(url: str, name: str, change: Any) -> None:
+    objects = open_storage(url)
+    objects.put_bytes(name, change(objects.get(name)))
+
+
+def test_an_object_changed_after_indexing_is_named_or_skipped(local_sets: dict[str, Path], bucket: str) -> None:
+    url = f"s3://{bucket}/wds"
+    upload_dir(local_sets["wds"], url)
+    name = ddpipe.open_dataset(url).manifest.shards[1].file
+
+    def flip(data: bytes) -> bytes:  # same size, other bytes: only the checksum tells
+        middle = len(data) // 2
+        return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
+
+    _overwrite(url, name, flip)
+    with pytest.raises(ChecksumMismatchError, match=f"s3://{bucket}/wds/{name}"):
+        samples(ddpipe.Loader(url, 4, decode="none", shuffle="none"))
+    skipping = ddpipe.Loader(url, 4, decode="none", shuffle="none", on_error="skip")
+    kept = samples(skipping)
+    assert len(kept) == 24 - 5 and skipping.stats["skipped"] == 5 and skipping.stats["corrupt_shards"] == [name]
+    _overwrite(url, name, lambda data: data + b"\0" * 512)  # another size: found at open
+    with pytest.raises(CorruptShardError, match=f"s3://{bucket}/wds/{name}: index.json says"):
+        ddpipe.open_dataset(url)
+
+
+def test_transient_failures_are_retried(local_sets: dict[str, Path], http_root: RangeServer) -> None:
+    shutil.copytree(local_sets["hdf5"], http_root.root / "hdf5")
+    http_root.fail_next = 4  # 503 Slow Down, four times
+    got = samples(ddpipe.Loader(f"{http_root.url}/hdf5", 4, decode="none", shuffle="none"))
+    assert http_root.failed == 4
+    assert got == samples(ddpipe.Loader(local_sets["hdf5"], 4, decode="none", shuffle="none"))
+
+
+def test_a_server_that_stays_down_fails_naming_the_object(local_sets: dict[str, Path],
+                                                          http_root: RangeServer) -> None:
+    shutil.copytree(local_sets["wds"], http_root.root / "wds")
+    dataset = ddpipe.open_dataset(f"{http_root.url}/wds", FAST_FAIL)
+    http_root.fail_next = 10_000  # down for good (503 Slow Down to every retry)
+    with pytest.raises(StorageError, match=rf"{http_root.url}/wds/shard-000000\.(tar|idx): request to .*503"):
+        samples(ddpipe.Loader(dataset, 2, decode="none", shuffle="none"))
+    assert http_root.failed >= 2  # retried before giving up
+
+
+def test_a_server_stopped_mid_epoch_fails_naming_the_object(local_sets: dict[str, Path],
+                                                            http_root: RangeServer) -> None:
+    shutil.copytree(local_sets["wds"], http_root.root / "wds")
+    # reading at most a few samples (and the next shard) ahead of the batches: shards are left to fetch
+    loader = ddpipe.Loader(ddpipe.open_dataset(f"{http_root.url}/wds", FAST_FAIL), 2, decode="none", shuffle="none",
+                           prefetch=2)
+    it = iter(loader)
+    next(it)
+    http_root.stop()
+    with pytest.raises(StorageError, match=rf"{http_root.url}/wds/shard-"):
+        for _ in it:
+            pass
+
+
+def test_what_is_missing_is_one_line_naming_it(local_sets: dict[str, Path], bucket: str) -> None:
+    url = f"s3://{bucket}/wds"
+    nothing = run_cli("inspect", f"s3://no-such-bucket-{bucket}/wds")
+    assert nothing.returncode != 0 and "Traceback" not in nothing.stderr
+    assert nothing.stderr.strip().count("\n") == 0 and f"no-such-bucket-{bucket}" in nothing.stderr
+    no_manifest = run_cli("inspect", url)
+    assert no_manifest.returncode != 0 and f"{url}/index.json: no index.json" in no_manifest.stderr
+    upload_dir(local_sets["wds"], url)
+    name = ddpipe.open_dataset(url).manifest.shards[2].file
+    import boto3  # type: ignore[import-untyped]
+
+    boto3.client("s3").delete_object(Bucket=bucket, Key=f"wds/{name}")
+    with pytest.raises(MissingShardError, match=f"{url}/{name}: object listed in index.json is missing"):
+        ddpipe.open_dataset(url)
+    bench = run_cli("bench", url, "--epochs", "1", "--no-progress")
+    assert bench.returncode != 0 and "Traceback" not in bench.stderr and f"{url}/{name}" in bench.stderr
+
+
+def test_refused_credentials_are_one_line(http_root: RangeServer, tmp_path: Path) -> None:
+    http_root.refuse = True
+    refused = run_cli("inspect", f"{http_root.url}/wds")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "access refused" in refused.stderr and f"{http_root.url}/wds/index.json" in refused.stderr
+
+
+def test_a_stopped_upload_shows_no_dataset_and_resumes(raw_images: Path, bucket: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpipe.storage.objects import ObjectStorage
+
+    url = f"s3://{bucket}/ds"
+    sent: list[str] = []
+    real_put = ObjectStorage.put_file
+
+    def put_then_fail(self: ObjectStorage, name: str, path: Path) -> None:
+        if len(sent) == 3:
+            raise StorageError("connection lost", path=self.url(name))
+        real_put(self, name, path)
+        sent.append(name)
+
+    monkeypatch.setattr(ObjectStorage, "put_file", put_then_fail)
+    options = ddpipe.ConvertOptions(format="wds", samples_per_shard=5, progress=False)
+    with pytest.raises(StorageError, match="connection lost"):
+        ddpipe.convert(raw_images, url, options)
+    with pytest.raises(DdpipeError, match=r"no index\.json"):  # nothing half-made looks like a dataset
+        ddpipe.open_dataset(url)
+    first = list(sent)
+    resent: list[str] = []
+
+    def put(self: ObjectStorage, name: str, path: Path) -> None:
+        resent.append(name)
+        real_put(self, name, path)
+
+    monkeypatch.setattr(ObjectStorage, "put_file", put)
+    ddpipe.convert(raw_images, url, options)
+    assert not set(first) & set(resent)  # what was sent whole is not sent again
+    assert len(samples(ddpipe.Loader(url, 4, decode="none"))) == 24
+
+
+def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{bucket}/tars"
+    objects = open_storage(url)
+    for tar in sorted(local_sets["wds"].glob("*.tar")):
+        objects.put_file(tar.name, tar)
+    expected = samples(ddpipe.Loader(local_sets["wds"], 4, decode="none", shuffle="none"))
+    kept = run_cli("index", url, "--out", tmp_path / "manifest")
+    assert kept.returncode == 0, kept.stderr
+    assert samples(ddpipe.Loader(tmp_path / "manifest", 4, decode="none", shuffle="none")) == expected
+    beside = run_cli("index", url)
+    assert beside.returncode == 0, beside.stderr
+    assert samples(ddpipe.Loader(url, 4, decode="none", shuffle="none")) == expected
+
+
+@pytest.mark.parametrize("kind", ["hdf5", "lmdb"])
+def test_hdf5_files_and_lmdb_environments_in_a_bucket_are_adopted_in_place(kind: str, bucket: str,
+                                                                           tmp_path: Path) -> None:
+    from ..convert.foreign_data import h5_vlen, lmdb_msgpack
+
+    local = h5_vlen(tmp_path / "h5") if kind == "hdf5" else lmdb_msgpack(tmp_path / "env")
+    if kind == "lmdb":
+        (local / "lock.mdb").unlink(missing_ok=True)  # not data: a reader makes its own
+    adopted_here = run_cli("index", local, "--out", tmp_path / "here")
+    assert adopted_here.returncode == 0, adopted_here.stderr
+    url = f"s3://{bucket}/{kind}"
+    upload_dir(local, url)
+    adopted = run_cli("index", url)
+    assert adopted.returncode == 0, adopted.stderr
+    assert open_storage(url).list().keys() >= {"index.json"}
+    expected = samples(ddpipe.Loader(tmp_path / "here", 5, decode="none", shuffle="none"))
+    assert samples(ddpipe.Loader(url, 5, decode="none", shuffle="none")) == expected
+    assert len(expected) in (25, 30)
