@@ -75,14 +75,24 @@ class Dataset:
             self.storage = ObjectStorage(data, storage.options, storage.s3)
             self._objects = ObjectCache(self.storage, keep=_OPEN_SHARDS + 2)
             self.where = storage.url()
-            self.root = self.data_root = self._objects.dir
+            self._root = self._data_root = Path()  # the cache's directory, this process's own
         else:
-            self.root = Path(root)
-            self.where = str(self.root)
+            self._root = Path(root)
+            self.where = str(self._root)
             # the shard files: beside index.json, or where an adopted dataset's manifest says
-            self.data_root = self.root / manifest.data_dir if manifest.data_dir is not None else self.root
+            self._data_root = self._root / manifest.data_dir if manifest.data_dir is not None else self._root
         self.format: ShardFormat = get_format(manifest.format).configured(manifest.layout, self.data_root)
         self._digests: dict[int, np.ndarray] = {}  # unpacked on first use
+
+    @property
+    def root(self) -> Path:
+        """The dataset's directory (for objects, this process's scratch directory of fetched shards)."""
+        return self._objects.dir if self._objects is not None else self._root
+
+    @property
+    def data_root(self) -> Path:
+        """Where its shard files are (for objects, the same scratch directory)."""
+        return self._objects.dir if self._objects is not None else self._data_root
 
     def __len__(self) -> int:
         return self.manifest.num_samples

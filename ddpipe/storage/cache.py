@@ -22,6 +22,7 @@ import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from ..errors import MissingShardError
 from .objects import ObjectStorage
@@ -37,6 +38,13 @@ class ObjectCache:
         self._fetches: dict[str, Future[Path]] = {}
         self._held: OrderedDict[str, None] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        """A copy for another process (spawned workers): its own scratch, lock, pool and fetches."""
+        return {"storage": self.storage, "keep": self.keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["storage"], state["keep"])  # type: ignore[misc]
 
     @property
     def dir(self) -> Path:

@@ -60,7 +60,12 @@ class ObjectStorage:
         return f"{self.location.scheme}://{self.location.bucket}"
 
     def _client(self) -> Any:
-        if self._store is None or self._pid != os.getpid():
+        if self._store is not None and self._pid != os.getpid():
+            # the parent's runtime threads did not survive the fork: any request would hang
+            raise StorageError(f"this process was forked from one that had used {self.where}, and obstore's "
+                               "clients cannot cross a fork: open the dataset in this process (or start "
+                               "workers with the 'spawn' method)", path=self.url())
+        if self._store is None:
             from obstore.store import HTTPStore, S3Store
 
             o = self.options

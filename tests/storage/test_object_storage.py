@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import ddpipe
@@ -249,3 +250,34 @@ def test_hdf5_files_and_lmdb_environments_in_a_bucket_are_adopted_in_place(kind:
     expected = samples(ddpipe.Loader(tmp_path / "here", 5, decode="none", shuffle="none"))
     assert samples(ddpipe.Loader(url, 5, decode="none", shuffle="none")) == expected
     assert len(expected) in (25, 30)
+
+
+def _keys_in_child(dataset: ddpipe.Dataset, out: Any) -> None:
+    try:
+        out.put(sorted(s["__key__"] for s in dataset.read(np.arange(len(dataset)))))
+    except DdpipeError as e:
+        out.put(str(e))
+
+
+def test_a_dataset_used_before_a_fork_is_refused_in_the_child_and_one_spawned_reads(
+        local_sets: dict[str, Path], bucket: str) -> None:
+    """obstore's clients do not survive a fork (their runtime's threads stay in the parent): a child
+    forked after the dataset was used gets one line saying so rather than hang; a spawned one (the
+    dataset pickled without its client) reads everything."""
+    import multiprocessing
+
+    url = f"s3://{bucket}/wds"
+    upload_dir(local_sets["wds"], url)
+    dataset = ddpipe.open_dataset(url)  # the parent's client is made here (the listing)
+    parent = sorted(s["__key__"] for s in dataset.read(np.arange(len(dataset))))
+    for method in ("fork", "spawn"):
+        ctx: Any = multiprocessing.get_context(method)
+        out = ctx.Queue()
+        child = ctx.Process(target=_keys_in_child, args=(dataset, out))
+        child.start()
+        got = out.get(timeout=120)
+        child.join(timeout=60)
+        if method == "fork":
+            assert isinstance(got, str) and "forked from one that had used" in got and url in got
+        else:
+            assert got == parent and len(got) == 24
