@@ -12,12 +12,13 @@ The public API, in three groups (the README's "Public API" lists the same names)
 
 from typing import Any
 
-from .comm import World, init_comm
+from .comm import Comm, World, init_comm
 from .convert import ConvertOptions, convert, index_tars, write_dataset
 from .dataset import Dataset, open_dataset
 from .decode.spec import DecodeOptions
 from .errors import (
     ChecksumMismatchError,
+    ConversionConflictError,
     CorruptShardError,
     DdpipeError,
     DigestMismatchError,
@@ -26,6 +27,7 @@ from .errors import (
     MissingShardError,
     OptionError,
     SampleError,
+    ShardError,
     SourceError,
 )
 from .formats import FORMAT_NAMES, get_format
@@ -36,6 +38,7 @@ from .plan import EpochPlan, PlanOptions, plan_epoch
 from .quality import ExchangeAdvice, advise_exchange
 from .staging import StageOptions
 from .storage import StorageError, StorageOptions
+from .throttle import SourceLimits
 from .verify import verify_dataset
 
 __version__ = "0.1.0"
@@ -52,6 +55,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "FORMAT_NAMES",
     "ChecksumMismatchError",
+    "Comm",
+    "ConversionConflictError",
     "ConvertOptions",
     "CorruptShardError",
     "Dataset",
@@ -69,8 +74,10 @@ __all__ = [
     "PlanOptions",
     "ReadOptions",
     "SampleError",
+    "ShardError",
     "ShardInfo",
     "SourceError",
+    "SourceLimits",
     "StageOptions",
     "StorageError",
     "StorageOptions",

@@ -33,6 +33,10 @@ class ReadOptions:
     # second pass over bytes the read leaves in the page cache: see benchmarks/loader.py for its cost)
     verify: bool = True
 
+    def __post_init__(self) -> None:
+        if self.prefetch < 1:
+            raise OptionError(f"prefetch must be at least 1 sample, not {self.prefetch}")
+
 
 class LoaderKeywords(TypedDict, total=False):
     """The keyword conveniences of ``Loader(...)``, each a field of one options object."""

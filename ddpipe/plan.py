@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import OptionError
 from .manifest import Manifest
 from .seeding import DROP, derive_rng
-from .shufflers import SHUFFLE_MODES, ExchangeRound, get_shuffler
+from .shufflers import ExchangeRound, get_shuffler
 
 ASSIGNMENTS = ("sticky", "rotate")
 
@@ -52,14 +53,14 @@ class PlanOptions:
     round_size: int = 512
 
     def __post_init__(self) -> None:
-        if self.shuffle not in SHUFFLE_MODES:
-            raise ValueError(f"shuffle must be one of {', '.join(SHUFFLE_MODES)}, not {self.shuffle!r}")
+        get_shuffler(self.shuffle)  # an OptionError naming the modes registered
         if self.assignment not in ASSIGNMENTS:
-            raise ValueError(f"shard_assignment must be one of {', '.join(ASSIGNMENTS)}, not {self.assignment!r}")
+            raise OptionError(f"shard_assignment must be one of {', '.join(ASSIGNMENTS)}, not {self.assignment!r}")
         if not 0.0 <= self.exchange_fraction <= 1.0:
-            raise ValueError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction}")
+            raise OptionError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction}")
         if self.batch_size < 1 or self.round_size < 1 or self.buffer_size < 0:
-            raise ValueError("batch_size and round_size must be at least 1, buffer_size at least 0")
+            raise OptionError(f"batch_size and round_size must be at least 1, buffer_size at least 0, not "
+                              f"{self.batch_size}, {self.round_size} and {self.buffer_size}")
 
 
 @dataclass(frozen=True)

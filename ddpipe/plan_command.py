@@ -19,6 +19,7 @@ from .errors import DdpipeError
 from .plan import ASSIGNMENTS, PlanOptions
 from .quality import advise_exchange
 from .sample import label_of
+from .shufflers import get_shuffler
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -89,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     print("| shuffle | Q | batch skew | rank skew | step skew | order correlation | batch-skew gap closed |")
     print("|---|---|---|---|---|---|---|")
     for m in advice.scores:
-        q = f"{m.exchange_fraction:g}" if m.shuffle == "partial" else "-"
+        q = f"{m.exchange_fraction:g}" if get_shuffler(m.shuffle).exchanges else "-"
         print(f"| {m.shuffle} | {q} | {m.score.batch_skew:.3f} | {m.score.rank_skew:.3f} | {m.score.step_skew:.3f} | "
               f"{m.score.order_correlation:.3f} | {100 * m.gap_closed:.0f}% |")
     print(f"uniformly random batches (the floor): batch skew {advice.scores[0].score.random_skew:.3f}")

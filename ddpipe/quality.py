@@ -29,6 +29,7 @@ import numpy as np
 
 from .manifest import Manifest
 from .plan import PlanOptions, plan_epoch
+from .shufflers import compared_modes, get_shuffler
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,10 @@ def advise_exchange(manifest: Manifest, labels_of: np.ndarray, world_size: int, 
     base = options or PlanOptions()
     num_classes = int(labels_of.max()) + 1 if len(labels_of) else 1
     floor = random_skew(labels_of, num_classes, base.batch_size)
-    modes = [("local", 0.0), *(("partial", q) for q in sorted(fractions)), ("global", 0.0)]
+    modes = [*((m, 0.0) for m in compared_modes("start")),
+             *((m, q) for m in compared_modes("between")
+               for q in (sorted(fractions) if get_shuffler(m).exchanges else [0.0])),
+             *((m, 0.0) for m in compared_modes("end"))]
     raw = []
     for shuffle, q in modes:
         plan = plan_epoch(manifest, world_size, seed, epoch, replace(base, shuffle=shuffle, exchange_fraction=q))
@@ -162,6 +166,7 @@ def advise_exchange(manifest: Manifest, labels_of: np.ndarray, world_size: int, 
     gap = local - best
     scores = tuple(ModeScore(shuffle, q, score, (local - score.batch_skew) / gap if gap > 0 else 1.0)
                    for shuffle, q, score, _ in raw)
-    chosen = next((m.exchange_fraction for m in scores if m.shuffle == "partial" and m.gap_closed >= 1 - within),
+    chosen = next((m.exchange_fraction for m in scores
+                   if get_shuffler(m.shuffle).exchanges and m.gap_closed >= 1 - within),
                   None)
     return ExchangeAdvice(world_size, base.batch_size, raw[0][3], within, scores, chosen)

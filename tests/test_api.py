@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import ddpipe
 
@@ -36,7 +37,7 @@ def test_readme_lists_exactly_the_exported_names() -> None:
             assert name in ddpipe.distributed.__all__, name
         groups[group] = {n for n in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", text)
                          if hasattr(ddpipe, n) or n[0].isupper()}
-        groups[group] -= {"ValueError", "FileNotFoundError", "OSError"}  # built-ins named in passing
+        groups[group] -= {"ValueError", "FileNotFoundError", "FileExistsError", "OSError"}  # built-ins, in passing
     listed = set().union(*groups.values())
     assert listed == set(ddpipe.__all__), (listed ^ set(ddpipe.__all__))
     assert sum(len(g) for g in groups.values()) == len(listed)  # each name in one group
@@ -87,3 +88,26 @@ def test_the_readme_is_a_front_door_not_a_notebook() -> None:
         assert wanted in headings, headings
     for page in ("docs/guide.md", "docs/architecture.md", "docs/benchmarks.md", "CONTRIBUTING.md"):
         assert f"({page})" in text and (README.parent / page).exists(), page
+
+
+def test_every_options_object_refuses_a_bad_value_on_construction_naming_the_field(tmp_path: Path) -> None:
+    """One error type for every way of configuring: ``OptionError`` (a ``ValueError``), raised when
+    the options object is made, naming the field."""
+    bad: dict[type, list[tuple[dict[str, object], str]]] = {
+        ddpipe.PlanOptions: [({"shuffle": "zzz"}, "shuffle"), ({"exchange_fraction": 2.0}, "exchange_fraction"),
+                             ({"assignment": "x"}, "shard_assignment"), ({"batch_size": 0}, "batch_size")],
+        ddpipe.ReadOptions: [({"prefetch": 0}, "prefetch")],
+        ddpipe.DecodeOptions: [({"decoder": "x"}, "decode"), ({"size": 0}, "size"), ({"dtype": "int7"}, "dtype"),
+                               ({"on_error": "ignore"}, "on_error")],
+        ddpipe.StageOptions: [({"stage_dir": tmp_path, "capacity": -1}, "capacity"),
+                              ({"stage_dir": tmp_path, "wait_timeout": 0}, "wait_timeout")],
+        ddpipe.ConvertOptions: [({"format": "zip"}, "format"), ({"on_error": "maybe"}, "on_error")],
+        ddpipe.StorageOptions: [({"endpoint": "minio:9000"}, "endpoint"), ({"concurrency": 0}, "concurrency"),
+                                ({"chunk_bytes": 10}, "chunk_bytes"), ({"max_retries": -1}, "max_retries")],
+    }
+    options_types = {getattr(ddpipe, n) for n in ddpipe.__all__ if n.endswith("Options")}
+    assert options_types == set(bad)  # every exported options object is covered
+    for cls, cases in bad.items():
+        for kwargs, field in cases:
+            with pytest.raises(ddpipe.OptionError, match=field):
+                cls(**kwargs)

@@ -29,6 +29,7 @@ from ..decode.spec import DecodeOptions
 from ..errors import DdpipeError
 from ..pipeline import Loader
 from ..sample import KEY, Sample
+from ..shufflers import get_shuffler
 from .harness import drain, evict_page_cache
 
 if TYPE_CHECKING:
@@ -185,7 +186,8 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
 
     stages: list[StageFigures] = []
     per_rank: list[dict[str, Any]] = []
-    base = "local" if o.shuffle == "partial" else o.shuffle
+    mode = get_shuffler(o.shuffle)
+    base = mode.reads_as or o.shuffle  # the reading alone: the mode less its exchange
 
     def stage(name: str, ld: Loader, steady: bool) -> None:
         if not o.cold:  # warm: the page cache holds the dataset, as in every later epoch
@@ -218,13 +220,14 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
         stages.append(StageFigures(name, images, total_bytes, seconds, rate_images, rate_seconds))
         per_rank.append({"stage": name, **figures})
 
-    phases = ["read", *(["read+exchange"] if o.shuffle == "partial" and comm.world.size > 1 else []), "read+decode",
+    exchanging = mode.exchanges and comm.world.size > 1
+    phases = ["read", *(["read+exchange"] if exchanging else []), "read+decode",
               *(f"full, epoch {e}" for e in range(o.epochs)), "from memory", *(f"peer {p}" for p in o.compare)]
     bar = _progress(phases, o.progress and comm.world.rank == 0)
     stage("read", loader(base, "none"), steady=False)
     bar.update()
-    if o.shuffle == "partial" and comm.world.size > 1:
-        stage("read+exchange", loader("partial", "none"), steady=False)
+    if exchanging:
+        stage("read+exchange", loader(o.shuffle, "none"), steady=False)
         bar.update()
     stage("read+decode", loader(base, o.decode), steady=True)
     bar.update()

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..shufflers import compared_modes, get_shuffler
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -85,14 +87,15 @@ def project(cluster: Cluster, work: Workload, *, staging: bool, later_epoch: boo
     share_bytes = work.images * work.image_bytes / n
     compute = per_rank / work.batch_size * work.step_time
     prep = per_rank / work.decode_rate
-    if work.shuffle == "global":
+    mode = get_shuffler(work.shuffle)
+    if mode.random_access:
         fetch = work.images * work.image_bytes / cluster.fs_bandwidth + work.images * cluster.open_latency / r
     elif staging and later_epoch and share_bytes <= cluster.local_capacity:
         fetch = share_bytes / cluster.local_bandwidth
     else:
         fetch = work.images * work.image_bytes / cluster.fs_bandwidth
     exchange = 0.0
-    if work.shuffle == "partial" and r > 1 and work.exchange_fraction > 0:
+    if mode.exchanges and r > 1 and work.exchange_fraction > 0:
         rounds = max(1.0, per_rank / work.round_size)
         leaving = (r - g) / (r - 1)
         exchange = rounds * (r - 1) * cluster.link_latency + \
@@ -105,10 +108,10 @@ def projection_table(cluster: Cluster, work: Workload, nodes: list[int]) -> tupl
     rows: list[dict[str, Any]] = []
     for n in nodes:
         c = Cluster(**{**cluster.__dict__, "nodes": n})
-        for shuffle in ("local", "partial", "global"):
+        for shuffle in (m for role in ("start", "between", "end") for m in compared_modes(role)):
             w = Workload(**{**work.__dict__, "shuffle": shuffle})
             for staging in (False, True):
-                if shuffle == "global" and staging:
+                if get_shuffler(shuffle).random_access and staging:
                     continue  # random access reads the whole dataset: a node's share is not what it reads
                 p = project(c, w, staging=staging)
                 rows.append({"nodes": n, "gpus": p.ranks, "shuffle": shuffle, "staging": staging,

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..decode.spec import DECODERS, DTYPES, ON_ERROR
 from ..formats import FORMAT_NAMES
 from ..plan import ASSIGNMENTS
-from ..shufflers import SHUFFLE_MODES
+from ..shufflers import SHUFFLERS
 from ..throttle import ENV_VAR as THROTTLE_ENV
 from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_serve, cmd_stage, cmd_synth, cmd_train, cmd_verify
 
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "$VAR takes it from the node's environment")
     p.add_argument("--capacity", type=_size, default=None, help="bytes of local storage to use, e.g. 100GB")
     p.add_argument("--epochs", type=_positive, default=1, help="stage the shards of this many epochs")
-    p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial",
+    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial",
                    help="the training job's shuffle mode (decides which shards each node reads)")
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
     p.add_argument("--seed", type=int, default=0)
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     _decode_service_argument(p)
     p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
     p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
+    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial")
     p.add_argument("--exchange-fraction", type=float, default=0.3)
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
     p.add_argument("--stage-dir", default=None,
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
     p.add_argument("--compare-dir", default=None, help="where the peers' inputs are written once (default: temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or phase lines")
-    p.add_argument("--shuffle", choices=SHUFFLE_MODES, default="partial")
+    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial")
     p.add_argument("--exchange-fraction", type=float, default=0.3)
     p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])
     _decode_service_argument(p)

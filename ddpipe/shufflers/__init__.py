@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from ..errors import OptionError
 from .base import ShuffleMode
 from .full import GlobalShuffle
 from .local import LocalShuffle
@@ -24,8 +25,21 @@ def get_shuffler(name: str) -> ShuffleMode:
     try:
         return SHUFFLERS[name]
     except KeyError:
-        raise ValueError(f"shuffle must be one of {', '.join(SHUFFLE_MODES)}, not {name!r}") from None
+        raise OptionError(f"shuffle must be one of {', '.join(SHUFFLERS)}, not {name!r}") from None
 
 
-__all__ = ["SHUFFLERS", "SHUFFLE_MODES", "ExchangeRound", "ReceiptLifetimes", "ShuffleMode", "get_shuffler",
-           "receipt_lifetimes"]
+def compared_modes(role: str) -> list[str]:
+    """The modes with that place (``"start"``, ``"between"``, ``"end"``) when modes are compared."""
+    return [name for name, mode in SHUFFLERS.items() if mode.compared == role]
+
+
+__all__ = [
+    "SHUFFLERS",
+    "SHUFFLE_MODES",
+    "ExchangeRound",
+    "ReceiptLifetimes",
+    "ShuffleMode",
+    "compared_modes",
+    "get_shuffler",
+    "receipt_lifetimes",
+]

@@ -20,6 +20,15 @@ class ShuffleMode:
 
     name: ClassVar[str]
     random_access: ClassVar[bool] = False  # reads sample by sample rather than scanning shards
+    #: takes an exchange fraction Q: ``ddpipe plan`` scores it at each Q, ``ddpipe bench`` times its
+    #: reading with and without the exchange, the projection counts its traffic between nodes
+    exchanges: ClassVar[bool] = False
+    #: the mode whose reading this one's is, less the exchange (``ddpipe bench``'s read phase)
+    reads_as: ClassVar[str | None] = None
+    #: its place when modes are compared (``ddpipe plan``, the projection): ``"start"`` (no mixing
+    #: across ranks: where the gap to a global shuffle is measured from), ``"end"`` (a global
+    #: shuffle: the best order), ``"between"`` (closes part of the gap), or None (not compared)
+    compared: ClassVar[str | None] = None
 
     def sequence(self, counts: np.ndarray, starts: np.ndarray, keep: np.ndarray, seed: int, epoch: int,
                  assignment: str) -> np.ndarray:

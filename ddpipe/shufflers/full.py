@@ -16,6 +16,7 @@ def global_order(samples: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 class GlobalShuffle(ShuffleMode):
     name = "global"
     random_access = True
+    compared = "end"
 
     def sequence(self, counts: np.ndarray, starts: np.ndarray, keep: np.ndarray, seed: int, epoch: int,
                  assignment: str) -> np.ndarray:

@@ -49,6 +49,7 @@ def buffer_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.ndarr
 
 class LocalShuffle(ShuffleMode):
     name = "local"
+    compared = "start"
 
     def reads(self, share: np.ndarray, shard_of_sample: np.ndarray, seed: int, epoch: int, rank: int) -> np.ndarray:
         if not len(share):

@@ -108,6 +108,9 @@ class PartialShuffle(LocalShuffle):
     """``local``, after exchanging a fraction of each rank's reads with the other ranks."""
 
     name = "partial"
+    exchanges = True
+    reads_as = "local"
+    compared = "between"
 
     def exchange(self, reads: list[np.ndarray], per_rank: int, seed: int, epoch: int, fraction: float,
                  round_size: int) -> tuple[list[tuple[ExchangeRound, ...]], list[np.ndarray]]:
