@@ -64,6 +64,16 @@ class Loader:
     Call :meth:`set_epoch` before each epoch; :meth:`state_dict` mid-epoch and
     :meth:`load_state_dict` in a fresh loader (any world size) continue with exactly the samples
     not yet yielded.
+
+    ``path`` may be a directory, ``s3://bucket/prefix`` or ``http(s)://host/prefix`` (see
+    :func:`ddpipe.open_dataset`, which takes the store's options), or a :class:`Dataset`.
+
+    What constructing a loader asks of the other ranks, and why: without ``comm``, it calls
+    :func:`ddpipe.init_comm` (the job's world: MPI's own set-up, under MPI); with staging on more
+    than one rank, one ``allgather`` of each rank's staging directory (the ranks of a node must share
+    one, or they would wait on each other's copies: refused on every rank at once), and on several
+    nodes one communicator duplicated for the peers' copies. Nothing else: each epoch's collectives
+    happen while it is iterated.
     """
 
     def __init__(self, path: str | os.PathLike[str] | Dataset, batch_size: int | None = None, *,
