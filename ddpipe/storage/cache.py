@@ -14,6 +14,7 @@ forked child makes its own (obstore's clients must not cross a fork either).
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -52,6 +53,8 @@ class ObjectCache:
         if self._dir is None or self._pid != os.getpid():
             self._dir = Path(tempfile.mkdtemp(prefix="ddpipe-objects-"))
             weakref.finalize(self, shutil.rmtree, self._dir, True)
+            # and at the end of a multiprocessing child, which leaves by os._exit (no atexit hooks)
+            multiprocessing.util.Finalize(self, shutil.rmtree, args=(self._dir, True), exitpriority=0)
             self._pid = os.getpid()
             self._fetches, self._held, self._pool = {}, OrderedDict(), None
         return self._dir
