@@ -115,7 +115,7 @@ def epoch_ceiling(base: str, files: list[str]) -> int:
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(fetch, files))
-    return 0
+    return 0  # nothing read: the bytes went to /dev/null
 
 
 def epoch_ddpipe(url: str) -> int:
@@ -175,7 +175,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 got = ways[name]()
                 seconds[name].append(time.perf_counter() - t0)
-                print(f"  {name}: {seconds[name][-1]:.2f} s ({got / 1e6:.0f} MB of images)", file=sys.stderr)
+                print(f"  {name}: {seconds[name][-1]:.2f} s ({got / 1e6:.0f} MB of images read)", file=sys.stderr)
     finally:
         server.kill()
     ideal = total / rate

@@ -69,10 +69,11 @@ class Dataset:
         self._objects: ObjectCache | None = None
         if storage is not None:
             # the shard objects: beside index.json, or where an adopted dataset's manifest says
-            data = storage.location.child(manifest.data_dir) if manifest.data_dir else storage.location
-            if manifest.data_dir and is_remote(manifest.data_dir):  # a manifest kept apart from its objects
-                data = parse_location(manifest.data_dir)
-            self.storage = ObjectStorage(data, storage.options, storage.s3)
+            # (a URL: a manifest kept apart from its objects, by ddpipe index URL --out DIR)
+            data_dir = manifest.data_dir
+            data = storage.location if not data_dir else parse_location(data_dir) if is_remote(data_dir) else \
+                storage.location.child(data_dir)
+            self.storage = storage.at(data)
             self._objects = ObjectCache(self.storage, keep=_OPEN_SHARDS + 2)
             self.where = storage.url()
             self._root = self._data_root = Path()  # the cache's directory, this process's own
@@ -129,9 +130,9 @@ class Dataset:
     def source_name(self, path: Path) -> str:
         """What messages call a file of this dataset: for objects, their URL rather than the scratch
         copy's path."""
-        if self.storage is not None and self._objects is not None:
+        if self.storage is not None:
             try:
-                return self.storage.url(str(path.relative_to(self._objects.dir)))
+                return self.storage.url(str(path.relative_to(self.data_root)))
             except ValueError:
                 pass
         return str(path)
@@ -162,7 +163,7 @@ class Dataset:
         names, _ = self._object_names(self.manifest.shards[shard])
         for name in names[1:]:
             with contextlib.suppress(MissingShardError):  # a tar without an index is scanned instead
-                atomic_write_bytes(dest_dir / Path(name).name, self.storage.get(name))
+                self.storage.download(name, dest_dir / Path(name).name)
 
     def copy_shard(self, shard: int, dest: Path, limits: SourceLimits | None = None) -> None:
         """Copy a shard from its source to ``dest``, hashed on the way and renamed into place only if
@@ -346,14 +347,10 @@ class Dataset:
             while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
                 j += 1
             wanted = positions[i:j].tolist()
-            if j < n and shards[j] != shards[i] and int(shards[j]) not in corrupt:
-                self._prefetch(int(shards[j]), store, limits)
-                if self._objects is not None:
-                    # and the one after it: two transfers at once keep a link busy through each
-                    # one's request latency (benchmarks/object_store.py)
-                    after = _next_other(shards, j)
-                    if after is not None and after not in corrupt:
-                        self._prefetch(after, store, limits)
+            if j < n and shards[j] != shards[i]:
+                for ahead in self._shards_ahead(shards, j):
+                    if ahead not in corrupt:
+                        self._prefetch(ahead, store, limits)
             k = 0
             if int(shards[i]) in corrupt:
                 error = corrupt[int(shards[i])]
@@ -370,6 +367,17 @@ class Dataset:
             if store is not None and (j == n or shards[j] != shards[i]):
                 store.release(int(shards[i]))
             i = j
+
+    def _shards_ahead(self, shards: np.ndarray, j: int) -> list[int]:
+        """The shards to ask for while the one before position ``j`` is read: the next; for objects
+        the one after it too, two transfers at once keeping a link busy through each one's request
+        latency (benchmarks/object_store.py)."""
+        ahead = [int(shards[j])]
+        if self._objects is not None:
+            rest = np.flatnonzero(shards[j:] != shards[j])
+            if len(rest):
+                ahead.append(int(shards[j + rest[0]]))
+        return ahead
 
     def _prefetch(self, shard: int, store: ShardStore | None, limits: SourceLimits | None) -> None:
         """Ask the kernel to start reading ``shard`` into the page cache while the one before it is
@@ -435,12 +443,6 @@ class Dataset:
                 reader.close()
 
 
-def _next_other(shards: np.ndarray, j: int) -> int | None:
-    """The first shard after position ``j`` that differs from ``shards[j]``, or None."""
-    rest = np.flatnonzero(shards[j:] != shards[j])
-    return int(shards[j + rest[0]]) if len(rest) else None
-
-
 def _differs(digests: np.ndarray | None, position: int, sample: Sample, path: str) -> CorruptShardError | None:
     """The error for a sample that does not match its digest (none to match: no error), or None."""
     if digests is None or sample_digest(sample) == digests[position]:
@@ -489,9 +491,17 @@ def dataset_at(path: str | os.PathLike[str], storage: StorageOptions | None = No
 
 def load_manifest_from(objects: ObjectStorage) -> Manifest:
     """Read and validate the ``index.json`` object under a remote location."""
+    manifest = find_manifest(objects)
+    if manifest is None:
+        raise ManifestError("no index.json: not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')",
+                            path=objects.url(MANIFEST_NAME))
+    return manifest
+
+
+def find_manifest(objects: ObjectStorage) -> Manifest | None:
+    """The ``index.json`` object under a remote location, validated, or None if there is none."""
     try:
         text = objects.get(MANIFEST_NAME)
     except MissingShardError:
-        raise ManifestError("no index.json: not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')",
-                            path=objects.url(MANIFEST_NAME)) from None
+        return None
     return manifest_from_text(text, objects.url(MANIFEST_NAME))

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..checksum import file_checksum
 from ..comm import Comm, init_comm
+from ..dataset import find_manifest
 from ..decode.spec import ON_ERROR
 from ..errors import ConversionConflictError, DdpipeError, OptionError, SourceError
 from ..formats import FORMAT_NAMES, get_format
@@ -251,7 +252,7 @@ def convert(
     plan_fp = _plan_fingerprint(source, options, items, ranges)
     fingerprint = _hash(plan_fp, source.identity)  # the whole input: recorded in the manifest
     if objects is not None:  # written here, then uploaded (to_objects.py)
-        existing = to_objects.existing_manifest(objects)
+        existing = find_manifest(objects)
         if existing is not None:
             if existing.origin.get("fingerprint") != fingerprint:
                 raise ConversionConflictError("already holds a dataset made from other input or arguments; "

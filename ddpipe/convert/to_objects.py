@@ -17,8 +17,6 @@ from pathlib import Path
 import xxhash
 
 from ..comm import Comm
-from ..dataset import load_manifest_from
-from ..errors import ManifestError
 from ..formats import get_format
 from ..manifest import MANIFEST_NAME, Manifest, manifest_from_text
 from ..storage import ObjectStorage
@@ -27,16 +25,6 @@ from ..storage import ObjectStorage
 def work_dir(objects: ObjectStorage) -> Path:
     """Where this node writes the shards of a conversion into ``objects`` before uploading them."""
     return Path(tempfile.gettempdir()) / f"ddpipe-convert-{xxhash.xxh3_64_hexdigest(objects.url().encode())}"
-
-
-def existing_manifest(objects: ObjectStorage) -> Manifest | None:
-    """The manifest already at the output, or None."""
-    try:
-        return load_manifest_from(objects)
-    except ManifestError as e:
-        if "no index.json" in e.message:
-            return None
-        raise
 
 
 def upload(objects: ObjectStorage, work: Path, manifest: Manifest | None, comm: Comm) -> Manifest:

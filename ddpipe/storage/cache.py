@@ -49,7 +49,8 @@ class ObjectCache:
 
     @property
     def dir(self) -> Path:
-        """This process's scratch directory (made on first use, removed when the cache goes)."""
+        """This process's scratch directory (made on first use in each process, with fresh fetch
+        state, and removed when the cache goes)."""
         if self._dir is None or self._pid != os.getpid():
             self._dir = Path(tempfile.mkdtemp(prefix="ddpipe-objects-"))
             weakref.finalize(self, shutil.rmtree, self._dir, True)
@@ -68,12 +69,7 @@ class ObjectCache:
             if not dest.exists():
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 try:
-                    if size is None:  # a small sidecar: one request, not a size and then ranges
-                        from ..formats.atomic import atomic_write_bytes
-
-                        atomic_write_bytes(dest, self.storage.get(name))
-                    else:
-                        self.storage.download(name, dest, size)
+                    self.storage.download(name, dest, size)
                 except MissingShardError:
                     if i == 0:
                         raise  # a sidecar is optional: a tar without its index is scanned
@@ -82,8 +78,7 @@ class ObjectCache:
     def _submit(self, names: tuple[str, ...], sizes: tuple[int | None, ...], here: bool) -> Future[Path]:
         """The fetch of ``names``: one already under way, else a new one, in the pool or (``here``)
         run by the caller, so that the shard wanted now never waits behind the ones fetched ahead."""
-        root = self.dir  # made (or remade after a fork) before the pool
-        del root
+        self.path(names[0])  # this process's directory and fetch state, made (or remade after a fork) first
         run_here = False
         with self._lock:
             future = self._fetches.get(names[0])

@@ -48,6 +48,10 @@ class ObjectStorage:
         self._store: Any = None
         self._pid = -1
 
+    def at(self, location: Location) -> ObjectStorage:
+        """The same store's settings, aimed at another location (a dataset's data prefix)."""
+        return ObjectStorage(location, self.options, self.s3)
+
     def __getstate__(self) -> dict[str, Any]:  # a client never crosses a process boundary
         return {**self.__dict__, "_store": None, "_pid": -1}
 
@@ -160,9 +164,15 @@ class ObjectStorage:
                 yield memoryview(part)
 
     def download(self, name: str, dest: Path, size: int | None = None) -> int:
-        """Write the object to ``dest`` (under a temporary name, renamed once whole); the bytes."""
+        """Write the object to ``dest`` (under a temporary name, renamed once whole); the bytes. Of
+        ``size`` bytes: by ranged requests; size unknown (a small object: an index, a manifest): one
+        request for the whole, rather than one for its size and then ranges."""
         from ..formats import atomic
 
+        if size is None:
+            data = self.get(name)
+            atomic.atomic_write_bytes(dest, data)
+            return len(data)
         tmp = atomic.partial_path(dest)
         n = 0
         try:
