@@ -52,7 +52,7 @@ def encoded_batches(dataset: Path, batch_size: int) -> list[Any]:
     import ddpipe
     from ddpipe.decode.batches import EncodedBatch
 
-    ld = ddpipe.Loader(dataset, batch_size, decode="none", shuffle="local", seed=0)
+    ld = ddpipe.EncodedStream(dataset, batch_size, shuffle="local", seed=0)
     plan = ld.plan()
     out = []
     for b, samples in enumerate(ld):

@@ -35,6 +35,7 @@ import json
 import mmap
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,12 +45,14 @@ import ddpipe
 from ddpipe.bench.harness import evict_page_cache, machine, median, table
 from ddpipe.comm import Comm, init_comm
 from ddpipe.exchange import ExchangeShuffler
+from ddpipe.loader_stats import ExchangeStats
+from ddpipe.reading import read_samples
 
 BATCH = 64
 SLOW_REPEATS = 9  # slow-source epochs take ~0.6 s: fewer repeats than the others
 
 
-def raw_alltoallv(round_bytes_all: list[list[list[int]]], rank: int) -> float:
+def raw_alltoallv(round_bytes_all: Sequence[Sequence[Sequence[int]]], rank: int) -> float:
     """Seconds plain MPI needs to move the same byte matrix, round by round."""
     from mpi4py import MPI
 
@@ -83,13 +86,18 @@ def disk_limit(files: list[Path], comm: Comm) -> float:
     return float(max(comm.allgather(time.perf_counter() - t0)))
 
 
+def bytes_sent(stream: ddpipe.EncodedStream) -> int:
+    """What the stream's last epoch sent to other ranks (nothing without an exchange)."""
+    return stream.stats.exchange.bytes_sent if stream.stats.exchange is not None else 0
+
+
 def worker(root: Path, out: Path, repeats: int, round_size: int, slow_source: str) -> None:
     comm = init_comm()
     files = [root / s.file for s in ddpipe.load_manifest(root).shards]
-    loaders = {q: ddpipe.Loader(root, BATCH, decode="none", shuffle="partial", exchange_fraction=q,
+    loaders = {q: ddpipe.EncodedStream(root, BATCH, shuffle="partial", exchange_fraction=q,
                                   round_size=round_size, comm=comm)
                for q in (0.0, 0.3)}
-    slow = {q: ddpipe.Loader(root, BATCH, decode="none", shuffle="partial", exchange_fraction=q,
+    slow = {q: ddpipe.EncodedStream(root, BATCH, shuffle="partial", exchange_fraction=q,
                                round_size=round_size, comm=comm, source_limits=slow_source)
             for q in (0.0, 0.3)}
     times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm", "slow") for q in (0.0, 0.3)}
@@ -101,17 +109,17 @@ def worker(root: Path, out: Path, repeats: int, round_size: int, slow_source: st
         for q in (0.0, 0.3) if rep % 2 == 0 else (0.3, 0.0):
             before = getattr(comm, "landed_bytes", 0)
             times[f"cold-{q}"].append(timed_epoch(loaders[q], files))
-            sent += int(loaders[q].stats.get("bytes_sent", 0))
+            sent += bytes_sent(loaders[q])
             times[f"warm-{q}"].append(timed_epoch(loaders[q]))
-            sent += int(loaders[q].stats.get("bytes_sent", 0))
+            sent += bytes_sent(loaders[q])
             landed += getattr(comm, "landed_bytes", 0) - before
             if rep < SLOW_REPEATS:
                 times[f"slow-{q}"].append(timed_epoch(slow[q]))
-        stats = loaders[0.3].stats
-        everyone = comm.allgather(stats["round_bytes"])
-        exchange.append(max(comm.allgather(stats["exchange_seconds"])))
-        cpu.append(max(comm.allgather(stats["exchange_cpu_seconds"])))
-        waiting.append(max(comm.allgather(stats["exchange_wait_seconds"])))
+        stats = loaders[0.3].stats.exchange or ExchangeStats()
+        everyone = comm.allgather(stats.round_bytes)
+        exchange.append(max(comm.allgather(stats.seconds)))
+        cpu.append(max(comm.allgather(stats.cpu_seconds)))
+        waiting.append(max(comm.allgather(stats.wait_seconds)))
         raw.append(max(comm.allgather(raw_alltoallv(everyone, comm.world.rank))))
         moved.append(sum(sum(sum(r) for r in rank) for rank in everyone))
     alone, alone_raw = exchange_alone(loaders[0.3], repeats)
@@ -122,12 +130,12 @@ def worker(root: Path, out: Path, repeats: int, round_size: int, slow_source: st
                                    "landed_share": landed_share}))
 
 
-def exchange_alone(loader: ddpipe.Loader, repeats: int) -> tuple[list[float], list[float]]:
+def exchange_alone(loader: ddpipe.EncodedStream, repeats: int) -> tuple[list[float], list[float]]:
     """The exchange's own code (pack, transfer, unpack) over an epoch's samples already in memory, and
     raw Alltoallv of the same bytes, each alone in the process: the slowest rank's seconds, per repeat."""
     comm = loader.comm
     plan = loader.plan().ranks[comm.world.rank]
-    samples = list(loader.dataset.read(plan.reads))
+    samples = list(read_samples(loader.dataset, plan.reads))
     alone, raw = [], []
     for _ in range(repeats):
         shuffler = ExchangeShuffler(comm, plan)
@@ -154,7 +162,7 @@ def loopback_bytes() -> int | None:
 def torch_worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
     """Under torchrun: Q = 0.3 epochs through ddpipe's gloo group, with the loopback traffic they made."""
     comm = init_comm()
-    loader = ddpipe.Loader(root, BATCH, decode="none", shuffle="partial", exchange_fraction=0.3,
+    loader = ddpipe.EncodedStream(root, BATCH, shuffle="partial", exchange_fraction=0.3,
                            round_size=round_size, comm=comm)
     timed_epoch(loader)  # warm: shards in page cache, the group's connections made
     exchanged = 0
@@ -162,7 +170,7 @@ def torch_worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
     before = loopback_bytes()
     for _ in range(repeats):
         timed_epoch(loader)
-        exchanged += int(loader.stats["bytes_sent"])
+        exchanged += bytes_sent(loader)
     comm.barrier()
     after = loopback_bytes()
     totals = comm.allgather(exchanged)

@@ -36,6 +36,7 @@ from typing import Any
 from _common import DATA, save, synth_images, synth_shards
 
 from ddpipe.bench.harness import machine, median, table
+from ddpipe.reading import read_samples
 
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1
@@ -98,10 +99,8 @@ def run_peer(name: str, images: Path, shards: Path, epochs: int) -> list[float]:
 
 def run_ddpipe(root: Path, shuffle: str, dtype: str, epochs: int) -> list[float]:
     import ddpipe
-    from ddpipe.decode import DecodeOptions
 
-    loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle=shuffle,
-                           decode_options=DecodeOptions(dtype=dtype))
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle=shuffle, dtype=dtype)
     epoch = [0]
 
     def batches():  # type: ignore[no-untyped-def]
@@ -118,14 +117,13 @@ def run_train(root: Path, epochs: int, classes: int) -> dict[str, Any]:
 
     import ddpipe
     import ddpipe.distributed
-    from ddpipe.decode import DecodeOptions
     from ddpipe.train.loop import Trainer, TrainOptions
     from ddpipe.train.models import build_model
     from ddpipe.train.step import train_step
 
     torch.backends.cudnn.benchmark = True
-    loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle="local",
-                           decode_options=DecodeOptions(dtype="float16", channels_last=True))
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local", dtype="float16",
+                           channels_last=True)
     options = TrainOptions(epochs=epochs, amp=True, channels_last=True)
     job = ddpipe.distributed.init("cuda", comm=loader.comm)
     trainer = Trainer(build_model("resnet50", classes), loader, job, options, log=lambda line: None)
@@ -165,7 +163,7 @@ def probe(images: Path, root: Path, epochs: int) -> None:
     from ddpipe.decode import DecodeOptions
     from ddpipe.decode.augment import image_size, random_crops
 
-    samples = [s for b in ddpipe.Loader(root, BATCH, decode="none", shuffle="none") for s in b][: 16 * BATCH]
+    samples = [s for b in ddpipe.EncodedStream(root, BATCH, shuffle="none") for s in b][: 16 * BATCH]
     wh = np.array([image_size(s["jpg"]) for s in samples])
     crops = random_crops(0, 0, np.arange(len(samples)), wh[:, 0], wh[:, 1], DecodeOptions())
     start = np.stack([crops.left, crops.top], 1).astype(np.int32)
@@ -213,7 +211,7 @@ def probe(images: Path, root: Path, epochs: int) -> None:
         e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0]))
     rate("image_random_crop, hw_decoder_load=0", lambda e, s, h: fn.decoders.image_random_crop(
         e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0], hw_decoder_load=0.0))
-    encoded = ddpipe.Loader(root, BATCH, decode="none", shuffle="local")
+    encoded = ddpipe.EncodedStream(root, BATCH, shuffle="local")
     for _ in range(2):
         t0 = time.perf_counter()
         k = sum(len(b) for b in encoded)
@@ -223,7 +221,7 @@ def probe(images: Path, root: Path, epochs: int) -> None:
     everything = np.arange(len(encoded.dataset))
     for views in (False, True):
         t0 = time.perf_counter()
-        k = sum(1 for _ in encoded.dataset.read(everything, views=views))
+        k = sum(1 for _ in read_samples(encoded.dataset, everything, views=views))
         print(f"Dataset.read, {'views' if views else 'copies'}: {k / (time.perf_counter() - t0):.0f} samples/s",
               flush=True)
     # ddpipe's own decoder (its feed, crop windows, graph and hand-over to torch) without the Loader's
@@ -239,11 +237,11 @@ def probe(images: Path, root: Path, epochs: int) -> None:
     default_interval = sys.getswitchinterval()
     for interval in (default_interval, 1e-4):
         sys.setswitchinterval(interval)
-        loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle="local")
+        loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
         rates = epoch_rates(lambda ld=loader: (x for x, _ in ld), epochs)
         print(f"Loader, dali-gpu (local), switch interval {interval * 1e3:g} ms: {median(rates):.0f} img/s", flush=True)
     sys.setswitchinterval(default_interval)
-    loader = ddpipe.Loader(root, BATCH, decode="dali-gpu", device="cuda", shuffle="local")
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
     list(loader)
     profile = cProfile.Profile()
     t0 = time.perf_counter()

@@ -95,8 +95,8 @@ def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, warmup: int, a
     import ddpipe
     from ddpipe.decode import DecodeOptions
 
-    loader = ddpipe.Loader(root, BATCH, decode=decode, device="cpu", shuffle=shuffle, exchange_fraction=0.3,
-                           decode_options=DecodeOptions(dtype=dtype, antialias=antialias), verify=verify)
+    loader = ddpipe.Loader(root, BATCH, decoder=decode, device="cpu", shuffle=shuffle, exchange_fraction=0.3,
+                           decode=DecodeOptions(dtype=dtype, antialias=antialias), verify=verify)
     epoch = [0]
 
     def batches():  # type: ignore[no-untyped-def]

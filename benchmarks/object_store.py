@@ -11,7 +11,7 @@ would). moto's S3 server serves one request at a time (~40 ms each here), so it 
 speed figures; ddpipe speaks to this server through the same client (obstore) and code as to S3.
 
 Rows, each a cold epoch of every sample's bytes (no decoding):
-- ddpipe: ``Loader("http://.../ds", decode="none")``: shards fetched by ranged requests, 8 MB each,
+- ddpipe: ``EncodedStream("http://.../ds")``: shards fetched by ranged requests, 8 MB each,
   8 at once, the next shard ahead of the one being read;
 - whole-shard download, one shard at a time (MosaicML Streaming's way: each shard fetched whole,
   then read);
@@ -121,7 +121,7 @@ def epoch_ceiling(base: str, files: list[str]) -> int:
 def epoch_ddpipe(url: str) -> int:
     import ddpipe
 
-    loader = ddpipe.Loader(url, 64, decode="none", shuffle="none")  # a new loader: nothing fetched yet
+    loader = ddpipe.EncodedStream(url, 64, shuffle="none")  # a new loader: nothing fetched yet
     return sum(len(s["jpg"]) for batch in loader for s in batch)
 
 

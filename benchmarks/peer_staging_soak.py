@@ -36,7 +36,7 @@ def worker(root: Path, stage: str, out: Path) -> None:
     from ddpipe.comm import init_comm
 
     comm = init_comm()
-    loader = ddpipe.Loader(root, 8, decode="none", shuffle="partial", exchange_fraction=0.3, shard_assignment="rotate",
+    loader = ddpipe.EncodedStream(root, 8, shuffle="partial", exchange_fraction=0.3, shard_assignment="rotate",
                            stage_dir=stage, comm=comm)
     once, peer_copied = True, 0
     for epoch in range(EPOCHS):

@@ -82,7 +82,7 @@ def memory_decode_rate(comm: Comm, root: Path) -> float:
     from ddpipe.decode.output import make_decoder
 
     options = DecodeOptions(decoder="dali-cpu", device="cpu", size=SIZE, resize_shorter=SIZE, dtype="uint8")
-    batches = held_batches(ddpipe.Loader(root, BATCH, decode="none", shuffle="none", comm=comm))
+    batches = held_batches(ddpipe.EncodedStream(root, BATCH, shuffle="none", comm=comm))
     images = sum(len(batch) for _, batch in batches)
     decoder = make_decoder("dali-cpu", options, BATCH, torch.device("cpu"))
     for _ in range(2):  # the first pass warms DALI's pipeline and the heap

@@ -109,8 +109,8 @@ def real_worker(data: Path, out: Path) -> None:
     model = cp.make_model(problem.options.classes)
     wrapped = ddpipe.distributed.wrap(model, job, "ddp")
     optimizer = cp.make_optimizer(model)
-    loader = ddpipe.Loader(data, plan=plan_options(str(c["mode"]), float(c["q"])), decode="none",
-                           seed=int(c["seed"]), comm=job.comm)
+    loader = ddpipe.EncodedStream(data, plan=plan_options(str(c["mode"]), float(c["q"])), seed=int(c["seed"]),
+                                  comm=job.comm)
     schedule = cp.Schedule(job.size * BATCH, len(loader) * int(c["epochs"]), len(loader))
     step, state = 0, None
     for epoch in range(int(c["epochs"])):

@@ -43,7 +43,7 @@ def worker(root: Path, out: Path, per_class: int) -> None:
     comm = init_comm()
     results = []
     for mode, q in CONFIGS:
-        loader = ddpipe.Loader(root, BATCH, decode="none", shuffle=mode, exchange_fraction=q, seed=0, buffer_size=1024,
+        loader = ddpipe.EncodedStream(root, BATCH, shuffle=mode, exchange_fraction=q, seed=0, buffer_size=1024,
                                comm=comm)
         for epoch in (0, 1):
             loader.set_epoch(epoch)

@@ -45,8 +45,8 @@ def worker(root: Path, stage: Path, epochs: int, out: Path) -> None:
     from ddpipe.decode import DecodeOptions
 
     comm = init_comm()
-    loader = ddpipe.Loader(root, 64, shuffle="partial", exchange_fraction=0.3, decode="dali-cpu", device="cpu",
-                           decode_options=DecodeOptions(dtype="uint8"), stage_dir=stage, comm=comm)
+    loader = ddpipe.Loader(root, 64, shuffle="partial", exchange_fraction=0.3, decoder="dali-cpu", device="cpu",
+                           decode=DecodeOptions(dtype="uint8"), stage_dir=stage, comm=comm)
     rss = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)

@@ -42,8 +42,8 @@ def worker(root: Path, stage: Path, throttle: str, out: Path) -> None:
     source = [root / s.file for s in dataset.manifest.shards]
     staged = [dataset_stage_dir(stage, dataset) / s.file for s in dataset.manifest.shards]
 
-    def loader(**kw: object) -> ddpipe.Loader:
-        return ddpipe.Loader(root, 256, decode="none", shuffle="partial", comm=comm, **kw)  # type: ignore[arg-type]
+    def loader(**kw: object) -> ddpipe.EncodedStream:
+        return ddpipe.EncodedStream(root, 256, shuffle="partial", comm=comm, **kw)  # type: ignore[arg-type]
 
     result: dict[str, float] = {}
     result["direct"] = timed_epoch(loader(source_limits=throttle), source)
@@ -71,7 +71,7 @@ def reshard_worker(root: Path, template: str, throttle: str, out: Path, variant:
     staged = [dataset_stage_dir(stage_root, dataset) / s.file for s in dataset.manifest.shards]
     evict = [root / s.file for s in dataset.manifest.shards] + [p for p in staged if p.exists()]
     stage = None if variant == "direct" else StageOptions(Path(template), peers=variant == "peers")
-    loader = ddpipe.Loader(root, 256, decode="none", shuffle="partial", stage=stage, source_limits=throttle,
+    loader = ddpipe.EncodedStream(root, 256, shuffle="partial", stage=stage, source_limits=throttle,
                            comm=comm)
     result: dict[str, float] = {"epoch": timed_epoch(loader, evict)}
     if loader.stager is not None:
@@ -123,7 +123,7 @@ def reshard(root: Path, throttle: str, repeats: int) -> tuple[list[dict[str, obj
 
 def stage_only(root: Path, template: str) -> None:
     comm = init_comm()
-    for _ in ddpipe.Loader(root, 256, decode="none", shuffle="partial", stage_dir=template, comm=comm):
+    for _ in ddpipe.EncodedStream(root, 256, shuffle="partial", stage_dir=template, comm=comm):
         pass
 
 

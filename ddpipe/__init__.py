@@ -2,8 +2,10 @@
 
 The public API, in three groups (the README's "Public API" lists the same names):
 
-- runtime: what a training job uses: the ``Loader`` and the options it is built from, the job's
-  world, the dataset and its manifest, the pure epoch plan;
+- runtime: what a training job uses: the ``Loader``, which composes an ``EncodedStream`` (which
+  samples, in which order, on this rank) with a ``DecodeStage`` (which tensors), the options each
+  stage is built from and the figures each counts, the job's world, the dataset and its manifest,
+  the pure epoch plan;
 - tools: what makes and checks datasets: ``convert``, ``write_dataset``, ``index_tars``,
   ``verify_dataset``, and ``advise_exchange`` (``ddpipe plan``: which Q a dataset needs at a scale)
   (the test-data generator is ``ddpipe.synth``, outside the API);
@@ -16,6 +18,7 @@ from .comm import Comm, World, init_comm
 from .convert import ConvertOptions, convert, index_tars, write_dataset
 from .dataset import Dataset, open_dataset
 from .decode.spec import DecodeOptions
+from .decoding import DecodeStage
 from .errors import (
     ChecksumMismatchError,
     ConversionConflictError,
@@ -31,17 +34,18 @@ from .errors import (
     SourceError,
 )
 from .formats import FORMAT_NAMES, get_format
-from .loader_options import ReadOptions
+from .loader_stats import DecodeStats, ExchangeStats, LoaderStats, ReadStats, SkippedSample
 from .manifest import Manifest, ShardInfo, load_manifest
+from .options import ReadOptions
 from .pipeline import Loader
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .quality import ExchangeAdvice, advise_exchange
 from .staging import StageOptions
 from .storage import StorageError, StorageOptions
+from .stream import EncodedStream, SampleBatch
 from .throttle import SourceLimits
 from .verify import verify_dataset
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 
 def __getattr__(name: str) -> Any:
@@ -62,20 +66,28 @@ __all__ = [
     "Dataset",
     "DdpipeError",
     "DecodeOptions",
+    "DecodeStage",
+    "DecodeStats",
     "DigestMismatchError",
     "DiskFullError",
+    "EncodedStream",
     "EpochPlan",
     "ExchangeAdvice",
+    "ExchangeStats",
     "Loader",
+    "LoaderStats",
     "Manifest",
     "ManifestError",
     "MissingShardError",
     "OptionError",
     "PlanOptions",
     "ReadOptions",
+    "ReadStats",
+    "SampleBatch",
     "SampleError",
     "ShardError",
     "ShardInfo",
+    "SkippedSample",
     "SourceError",
     "SourceLimits",
     "StageOptions",

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from .errors import DigestMismatchError
+
 CHECKSUM_ALGORITHM = "xxh3_64"
 _CHUNK = 8 << 20
 
@@ -58,3 +60,11 @@ def unpack_digests(text: str, count: int) -> np.ndarray:
     if len(raw) != 8 * count:
         raise ValueError(f"{len(raw) // 8} sample digests for {count} samples")
     return np.frombuffer(raw, dtype="<u8")
+
+
+def digest_mismatch(digests: np.ndarray | None, position: int, sample: Mapping[str, Any],
+                    path: str) -> DigestMismatchError | None:
+    """The error for a sample that does not match its digest (none to match: no error), or None."""
+    if digests is None or sample_digest(sample) == digests[position]:
+        return None
+    return DigestMismatchError(path, position=position, key=str(sample.get("__key__")))

@@ -5,18 +5,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from .checksum import sample_digest, unpack_digests
-from .errors import CorruptShardError, DigestMismatchError, ManifestError, MissingShardError
+from .checksum import digest_mismatch, unpack_digests
+from .errors import CorruptShardError, ManifestError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_from_text
-from .sample import BAD, KEY, Sample, owned
+from .sample import BAD, KEY, Sample
 from .storage import ObjectCache, ObjectStorage, StorageOptions, is_remote, open_storage, parse_location
 from .throttle import SourceLimits
 
@@ -24,7 +23,7 @@ from .throttle import SourceLimits
 OnCorrupt = Callable[[int, CorruptShardError], None]
 
 # shards kept open by random access (global shuffling): enough to reuse, few enough for file limits
-_OPEN_SHARDS = 16
+OPEN_SHARDS = 16
 
 
 class ShardStore(Protocol):
@@ -74,7 +73,7 @@ class Dataset:
             data = storage.location if not data_dir else parse_location(data_dir) if is_remote(data_dir) else \
                 storage.location.child(data_dir)
             self.storage = storage.at(data)
-            self._objects = ObjectCache(self.storage, keep=_OPEN_SHARDS + 2)
+            self._objects = ObjectCache(self.storage, keep=OPEN_SHARDS + 2)
             self.where = storage.url()
             self._root = self._data_root = Path()  # the cache's directory, this process's own
         else:
@@ -89,6 +88,11 @@ class Dataset:
     def root(self) -> Path:
         """The dataset's directory (for objects, this process's scratch directory of fetched shards)."""
         return self._objects.dir if self._objects is not None else self._root
+
+    @property
+    def is_remote(self) -> bool:
+        """Its shards are objects in a store, fetched into a scratch directory as they are read."""
+        return self._objects is not None
 
     @property
     def data_root(self) -> Path:
@@ -167,8 +171,8 @@ class Dataset:
 
     def copy_shard(self, shard: int, dest: Path, limits: SourceLimits | None = None) -> None:
         """Copy a shard from its source to ``dest``, hashed on the way and renamed into place only if
-        it matches the manifest (see ``staging/copy.py``)."""
-        from .staging.copy import verified_copy, verified_stream
+        it matches the manifest (see ``shard_copy.py``)."""
+        from .shard_copy import verified_copy, verified_stream
 
         info = self.manifest.shards[shard]
         if self.storage is None:
@@ -261,10 +265,10 @@ class Dataset:
         while True:
             with opened as reader:
                 for sample in self._scan(shard, reader, position, limits, views):
-                    error = _differs(digests, position, sample, self.source_name(reader.path))
+                    error = digest_mismatch(digests, position, sample, self.source_name(reader.path))
                     if error is not None:
-                        if self._staged(shard, reader):
-                            opened = self._from_source(shard, store, error)
+                        if self.reads_staged_copy(shard, reader):
+                            opened = self.reopen_from_source(shard, store, error)
                             break
                         if on_corrupt is None:
                             raise error
@@ -279,11 +283,11 @@ class Dataset:
                 else:
                     return
 
-    def _staged(self, shard: int, reader: ShardReader) -> bool:
+    def reads_staged_copy(self, shard: int, reader: ShardReader) -> bool:
         """The reader reads a staged copy, not the shard's source file."""
         return reader.path != self.data_root / self.manifest.shards[shard].file
 
-    def _from_source(self, shard: int, store: ShardStore | None, error: CorruptShardError) -> ShardReader:
+    def reopen_from_source(self, shard: int, store: ShardStore | None, error: CorruptShardError) -> ShardReader:
         """A staged copy's sample differs: drop the copy and read the shard's source instead."""
         print(f"ddpipe: warning: staged copy {error}; reading the rest from the source", file=sys.stderr, flush=True)
         if store is not None:
@@ -294,7 +298,7 @@ class Dataset:
     def _scan(self, shard: int, reader: ShardReader, start: int, limits: SourceLimits | None,
               views: bool) -> Iterator[Sample]:
         """A sequential scan of an open shard, paying the slow-source model where it reads the source."""
-        slow = limits if limits is not None and not self._staged(shard, reader) else None
+        slow = limits if limits is not None and not self.reads_staged_copy(shard, reader) else None
         if slow is not None:
             slow.on_open()
         info = self.manifest.shards[shard]
@@ -318,68 +322,7 @@ class Dataset:
         shards = np.searchsorted(starts, indices, side="right") - 1
         return shards, indices - starts[shards]
 
-    def read(self, indices: np.ndarray, *, random_access: bool = False, store: ShardStore | None = None,
-             limits: SourceLimits | None = None, verify: bool = True,
-             on_corrupt: OnCorrupt | None = None, views: bool = False) -> Generator[Sample, None, None]:
-        """The samples at global ``indices``, in that order.
-
-        Sequential by default: each run of increasing positions within one shard is one scan of the
-        shard from the run's first position (samples in between are skipped); ``store`` hears when
-        the last run of a shard is done. ``random_access`` reads each sample on its own, keeping a
-        few shards open. ``on_corrupt``: see the class. ``views``: sequential reads may give fields
-        as views of the shard in memory (:meth:`ShardReader.scan_views`).
-        """
-        shards, positions = self.locate(np.asarray(indices, dtype=np.int64))
-        if random_access:
-            yield from self._read_random(shards.tolist(), positions.tolist(), store, verify, on_corrupt)
-            return
-        n = len(shards)
-        i = 0
-        corrupt: dict[int, CorruptShardError] = {}  # found once, told once, however many runs it has
-
-        def found_corrupt(shard: int, error: CorruptShardError) -> None:
-            corrupt[shard] = error
-            if on_corrupt is not None:
-                on_corrupt(shard, error)
-
-        while i < n:
-            j = i + 1
-            while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
-                j += 1
-            wanted = positions[i:j].tolist()
-            if j < n and shards[j] != shards[i]:
-                for ahead in self._shards_ahead(shards, j):
-                    if ahead not in corrupt:
-                        self._prefetch(ahead, store, limits)
-            k = 0
-            if int(shards[i]) in corrupt:
-                error = corrupt[int(shards[i])]
-                yield from (self.placeholder(int(shards[i]), p, error) for p in wanted)
-            else:
-                scan = self.iter_shard(int(shards[i]), wanted[0], store=store, limits=limits, verify=verify,
-                                       on_corrupt=found_corrupt if on_corrupt is not None else None, views=True)
-                for pos, sample in enumerate(scan, start=wanted[0]):
-                    if pos == wanted[k]:  # only a wanted sample is copied out of the shard
-                        yield sample if views else owned(sample)
-                        k += 1
-                        if k == len(wanted):
-                            break
-            if store is not None and (j == n or shards[j] != shards[i]):
-                store.release(int(shards[i]))
-            i = j
-
-    def _shards_ahead(self, shards: np.ndarray, j: int) -> list[int]:
-        """The shards to ask for while the one before position ``j`` is read: the next; for objects
-        the one after it too, two transfers at once keeping a link busy through each one's request
-        latency (benchmarks/object_store.py)."""
-        ahead = [int(shards[j])]
-        if self._objects is not None:
-            rest = np.flatnonzero(shards[j:] != shards[j])
-            if len(rest):
-                ahead.append(int(shards[j + rest[0]]))
-        return ahead
-
-    def _prefetch(self, shard: int, store: ShardStore | None, limits: SourceLimits | None) -> None:
+    def prefetch(self, shard: int, store: ShardStore | None, limits: SourceLimits | None) -> None:
         """Ask the kernel to start reading ``shard`` into the page cache while the one before it is
         read: a cold shard's I/O then overlaps the processing of the one before (probes, the epoch
         of benchmarks/exchange.py with cold shards on 2 and 4 ranks: 5-8% shorter). Advice only: a
@@ -394,61 +337,6 @@ class Dataset:
             self._objects.prefetch(*self._object_names(self.manifest.shards[shard]))
         elif limits is None:
             advise_willneed(self.shard_path(shard))
-
-    def _read_random(self, shards: list[int], positions: list[int], store: ShardStore | None,
-                     verify: bool, on_corrupt: OnCorrupt | None) -> Iterator[Sample]:
-        readers: OrderedDict[int, ShardReader] = OrderedDict()
-        verified: set[int] = set()  # each shard once, however often it is reopened
-        corrupt: dict[int, CorruptShardError] = {}
-        told: set[int] = set()  # shards with a sample that differs, reported once to on_corrupt
-        try:
-            for shard, pos in zip(shards, positions, strict=True):
-                if shard in corrupt:
-                    yield self.placeholder(shard, pos, corrupt[shard])
-                    continue
-                digests = self.sample_digests(shard) if verify else None
-                check = verify and digests is None and shard not in verified
-                try:
-                    reader = readers.pop(shard, None) or self.open_shard(shard, store, verify=check)
-                except CorruptShardError as e:
-                    if on_corrupt is None:
-                        raise
-                    on_corrupt(shard, e)
-                    corrupt[shard] = e
-                    yield self.placeholder(shard, pos, e)
-                    continue
-                verified.add(shard)
-                sample = reader[pos]
-                error = _differs(digests, pos, sample, self.source_name(reader.path))
-                if error is not None and self._staged(shard, reader):
-                    reader.close()
-                    reader = self._from_source(shard, store, error)
-                    sample = reader[pos]
-                    error = _differs(digests, pos, sample, self.source_name(reader.path))
-                readers[shard] = reader
-                if len(readers) > _OPEN_SHARDS:
-                    readers.popitem(last=False)[1].close()
-                if error is not None:
-                    if on_corrupt is None:
-                        raise error
-                    if shard not in told:
-                        on_corrupt(shard, error)
-                        told.add(shard)
-                    sample = self.placeholder(shard, pos, error)
-                else:
-                    sample = reader.parse(sample)  # checked first, then parsed
-                yield sample
-        finally:
-            for reader in readers.values():
-                reader.close()
-
-
-def _differs(digests: np.ndarray | None, position: int, sample: Sample, path: str) -> CorruptShardError | None:
-    """The error for a sample that does not match its digest (none to match: no error), or None."""
-    if digests is None or sample_digest(sample) == digests[position]:
-        return None
-    return DigestMismatchError(path, position=position, key=str(sample.get(KEY)))
-
 
 def advise_willneed(path: Path) -> None:
     """Start reading ``path`` into the page cache in the background (``POSIX_FADV_WILLNEED``)."""

@@ -106,28 +106,29 @@ def main() -> int:
 def _decode_epoch(dataset: Path) -> str:
     from .pipeline import Loader
 
-    loader = Loader(dataset, 64, shuffle="local", seed=0)  # decode="auto", device="auto"
+    loader = Loader(dataset, 64, shuffle="local", seed=0)  # decoder="auto", device="auto"
     first = next(iter(loader))  # builds and warms the decoder
     t0 = time.perf_counter()
     images = sum(len(labels) for _, labels in loader)
     seconds = time.perf_counter() - t0
     x, y = first
-    return (f"decoded: {images} images in {seconds:.1f} s, {images / seconds:.0f} images/s with {loader.decode} "
-            f"on {loader.device}; batches of {tuple(x.shape)} {x.dtype}, labels {y.dtype}")
+    return (f"decoded: {images} images in {seconds:.1f} s, {images / seconds:.0f} images/s with "
+            f"{loader.decoding.decoder} on {loader.device}; batches of {tuple(x.shape)} {x.dtype}, labels {y.dtype}")
 
 
 def _load_epoch(dataset: Path) -> int:
     from .comm import init_comm
-    from .pipeline import Loader
+    from .stream import EncodedStream
 
     comm = init_comm(timeout=120)
-    loader = Loader(dataset, 64, decode="none", shuffle="partial", exchange_fraction=0.3, seed=0, comm=comm)
+    loader = EncodedStream(dataset, 64, shuffle="partial", exchange_fraction=0.3, seed=0, comm=comm)
     comm.barrier()
     t0 = time.perf_counter()
     keys = [s["__key__"] for batch in loader for s in batch]
     seconds = max(comm.allgather(time.perf_counter() - t0))
     every = comm.allgather(keys)
-    sent = sum(comm.allgather(loader.stats.get("samples_sent", 0)))
+    exchange = loader.stats.exchange
+    sent = sum(comm.allgather(exchange.samples_sent if exchange is not None else 0))
     if comm.world.rank == 0:
         total = sum(len(k) for k in every)
         distinct = len({k for ks in every for k in ks})

@@ -46,7 +46,7 @@ ASSIGNMENTS = ("sticky", "rotate")
 class PlanOptions:
     shuffle: str = "partial"
     exchange_fraction: float = 0.3
-    assignment: str = "sticky"
+    shard_assignment: str = "sticky"
     drop_last: bool = False
     batch_size: int = 1
     buffer_size: int = 1024
@@ -54,8 +54,9 @@ class PlanOptions:
 
     def __post_init__(self) -> None:
         get_shuffler(self.shuffle)  # an OptionError naming the modes registered
-        if self.assignment not in ASSIGNMENTS:
-            raise OptionError(f"shard_assignment must be one of {', '.join(ASSIGNMENTS)}, not {self.assignment!r}")
+        if self.shard_assignment not in ASSIGNMENTS:
+            raise OptionError(f"shard_assignment must be one of {', '.join(ASSIGNMENTS)}, "
+                              f"not {self.shard_assignment!r}")
         if not 0.0 <= self.exchange_fraction <= 1.0:
             raise OptionError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction}")
         if self.batch_size < 1 or self.round_size < 1 or self.buffer_size < 0:
@@ -120,7 +121,7 @@ def plan_epoch(
         raise ValueError(f"pending has {keep.shape[0]} entries, the dataset {total} samples")
 
     mode = get_shuffler(opt.shuffle)
-    sequence = mode.sequence(counts, starts, keep, seed, epoch, opt.assignment)
+    sequence = mode.sequence(counts, starts, keep, seed, epoch, opt.shard_assignment)
     n = len(sequence)
     bounds = [r * n // world_size for r in range(world_size + 1)]
     if opt.drop_last:

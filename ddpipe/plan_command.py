@@ -18,6 +18,7 @@ import numpy as np
 from .errors import DdpipeError
 from .plan import ASSIGNMENTS, PlanOptions
 from .quality import advise_exchange
+from .reading import read_samples
 from .sample import label_of
 from .shufflers import get_shuffler
 
@@ -52,7 +53,7 @@ def sample_labels(data: Dataset) -> np.ndarray:
 
     print(f"ddpipe: {data.where}/index.json records no labels (written by an older ddpipe, or adopted): "
           "reading every sample's label from the shards", file=sys.stderr)
-    read = data.read(np.arange(len(data)))
+    read = read_samples(data, np.arange(len(data)))
     labels = np.fromiter((label_of(s) for s in tqdm(read, total=len(data), unit="sample", file=sys.stderr)),
                          dtype=np.int64, count=len(data))
     if (labels < 0).any():
@@ -76,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         raise DdpipeError(f"each of {args.world_size} ranks holds {len(labels) // args.world_size} samples, "
                           f"less than one batch of {args.batch_size}: batches are what is scored", path=dataset)
     try:
-        options = PlanOptions(batch_size=args.batch_size, assignment=args.shard_assignment,
+        options = PlanOptions(batch_size=args.batch_size, shard_assignment=args.shard_assignment,
                               buffer_size=args.buffer_size, round_size=args.round_size)
     except ValueError as e:
         raise DdpipeError(str(e)) from None

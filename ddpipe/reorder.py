@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DdpipeError
+from .loader_stats import ReadStats
 from .sample import Sample
 
 
@@ -37,10 +38,10 @@ def stream_positions(stream: np.ndarray, order: np.ndarray) -> np.ndarray:
 
 def batches_in_order(groups: Iterator[list[tuple[int, Sample]]], stream: np.ndarray, order: np.ndarray,
                      batch_size: int, num_batches: int,
-                     stats: dict[str, Any]) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
+                     stats: ReadStats) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
     """``num_batches`` batches of ``order``, ``batch_size`` at a time, with their global indices,
     taken from ``groups`` of (global index, sample) arriving in ``stream``'s order. Each sample is
-    let go once taken. ``stats["held_peak"]``: the most samples held for later batches so far."""
+    let go once taken. ``stats.held_peak``: the most samples held for later batches so far."""
     at = stream_positions(stream, order)
     starts = np.arange(0, len(order), batch_size)
     # the arrivals each batch needs, and the earliest arrival any batch from it on takes: everything
@@ -65,7 +66,7 @@ def batches_in_order(groups: Iterator[list[tuple[int, Sample]]], stream: np.ndar
             raise DdpipeError("samples arrived out of the plan's order: do all ranks run the same ddpipe "
                               "version, dataset and options?")
         peak = max(peak, base + len(arrived) - b * batch_size - len(indices))
-        stats["held_peak"] = peak
+        stats.held_peak = peak
         if b + 1 < len(keep_from):
             gone = min(int(keep_from[b + 1]) - base, len(arrived))
             del arrived[:gone]

@@ -49,6 +49,28 @@ def test_importing_ddpipe_loads_no_torch() -> None:
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
+def test_iterating_an_encoded_stream_loads_no_torch(tmp_path: Path) -> None:
+    """The seam: which bytes, in which order, needs nothing of decoding's."""
+    data = tmp_path / "wds"
+    ddpipe.write_dataset(data, iter(labelled_samples(12, np.random.default_rng(0))), samples_per_shard=4)
+    code = (f"import sys, ddpipe; n = sum(len(b) for b in ddpipe.EncodedStream({str(data)!r}, 4)); "
+            "print(n, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "12 False\n"
+
+
+def test_the_guides_stream_example_runs(tmp_path: Path) -> None:
+    data = tmp_path / "wds"
+    ddpipe.write_dataset(data, iter(labelled_samples(12, np.random.default_rng(0))), samples_per_shard=4)
+    example = re.search(r"For the bytes alone.*?```python\n(.*?)```", GUIDE.read_text(), re.S)
+    assert example is not None
+    code = example.group(1).replace('"demo-data/wds"', repr(str(data))).replace(", 256,", ", 4,")
+    code += "    seen.extend(s['__key__'] for s in batch.samples)\n"
+    scope: dict[str, object] = {"ddpipe": ddpipe}
+    exec("seen = []\n" + code, scope)
+    assert sorted(scope["seen"]) == sorted(f"img/{i:04d}" for i in range(12))  # type: ignore[call-overload]
+
+
 def test_the_guides_loading_example_runs(tmp_path: Path) -> None:
     data = tmp_path / "wds"
     ddpipe.write_dataset(data, iter(labelled_samples(24, np.random.default_rng(0))), samples_per_shard=8)
@@ -95,7 +117,7 @@ def test_every_options_object_refuses_a_bad_value_on_construction_naming_the_fie
     the options object is made, naming the field."""
     bad: dict[type, list[tuple[dict[str, object], str]]] = {
         ddpipe.PlanOptions: [({"shuffle": "zzz"}, "shuffle"), ({"exchange_fraction": 2.0}, "exchange_fraction"),
-                             ({"assignment": "x"}, "shard_assignment"), ({"batch_size": 0}, "batch_size")],
+                             ({"shard_assignment": "x"}, "shard_assignment"), ({"batch_size": 0}, "batch_size")],
         ddpipe.ReadOptions: [({"prefetch": 0}, "prefetch")],
         ddpipe.DecodeOptions: [({"decoder": "x"}, "decode"), ({"size": 0}, "size"), ({"dtype": "int7"}, "dtype"),
                                ({"on_error": "ignore"}, "on_error")],

@@ -45,7 +45,7 @@ def test_verify_checks_a_staging_directory(raw_images: Path, tmp_path: Path) -> 
     ds = tmp_path / "ds"
     ddpipe.convert(raw_images, ds, ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
     stage = tmp_path / "stage"
-    list(ddpipe.Loader(ds, 4, decode="none", stage_dir=stage))
+    list(ddpipe.EncodedStream(ds, 4, stage_dir=stage))
     assert run_cli("verify", ds, "--stage-dir", stage, "--quiet").returncode == 0
     copy = next(stage.rglob("shard-000001.tar"))
     data = bytearray(copy.read_bytes())
@@ -91,6 +91,6 @@ def test_help_shows_defaults_and_unknown_loader_keywords_list_the_known(tmp_path
     import pytest
 
     assert "(default: 0.05)" in run_cli("bench", "--help").stdout.replace("\n", " ")
-    with pytest.raises(TypeError, match=r"unexpected keyword arguments: size; it takes .*shuffle"):
-        ddpipe.Loader(tmp_path, 4, size=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments: sizes; its keywords are .*shuffle"):
+        ddpipe.Loader(tmp_path, 4, sizes=3)  # type: ignore[call-arg]
 

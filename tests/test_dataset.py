@@ -11,6 +11,7 @@ from PIL import Image
 import ddpipe
 from ddpipe.convert import ConvertOptions, convert
 from ddpipe.errors import CorruptShardError, ManifestError, MissingShardError
+from ddpipe.reading import read_samples
 from ddpipe.sample import owned
 from ddpipe.verify import verify_dataset
 
@@ -53,8 +54,8 @@ def test_reading_with_views_gives_the_same_samples_and_they_outlive_the_read(dat
 
     ds = ddpipe.open_dataset(dataset)
     indices = np.random.default_rng(0).permutation(len(ds))[: len(ds) - 3]
-    plain = list(ds.read(indices))
-    viewed = list(ds.read(indices, views=True))
+    plain = list(read_samples(ds, indices))
+    viewed = list(read_samples(ds, indices, views=True))
     assert [owned(s) for s in viewed] == plain
     assert all(isinstance(v, bytes) for s in plain for k, v in s.items() if k != "__key__")
 
@@ -83,13 +84,13 @@ def test_sequential_reads_advise_the_next_shard_while_reading_one(dataset: Path,
     files = [str(shard_file(dataset, k).resolve()) for k in range(4)]
     order = np.concatenate([np.arange(12, 18), np.arange(0, 6), np.arange(18, 24)])  # shards 2, 0, 3
     seen_at_first_sample = {}
-    for i, _ in enumerate(ds.read(order)):
+    for i, _ in enumerate(read_samples(ds, order)):
         if i % 6 == 0:
             seen_at_first_sample[i // 6] = list(advised)
     assert advised == [files[0], files[3]]
     assert seen_at_first_sample == {0: [files[0]], 1: [files[0], files[3]], 2: [files[0], files[3]]}
     advised.clear()
-    assert len(list(ds.read(order, limits=SourceLimits()))) == 18 and advised == []
+    assert len(list(read_samples(ds, order, limits=SourceLimits()))) == 18 and advised == []
 
 
 def test_missing_shard(dataset: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 import ddpipe
 from ddpipe.errors import ChecksumMismatchError, CorruptShardError, DigestMismatchError
 from ddpipe.formats import FORMAT_NAMES
+from ddpipe.reading import read_samples
 
 from .helpers import make_dataset, tiny_samples
 
@@ -24,7 +25,7 @@ def data(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 
 
 def epoch(root: Path, **kw: object) -> dict[str, bytes]:
-    loader = ddpipe.Loader(root, 4, decode="none", shuffle="local", **kw)  # type: ignore[arg-type]
+    loader = ddpipe.EncodedStream(root, 4, shuffle="local", **kw)  # type: ignore[arg-type]
     return {s["__key__"]: bytes(s["bin"]) for batch in loader for s in batch}
 
 
@@ -62,7 +63,7 @@ def test_every_shuffle_mode_checks(data: Path) -> None:
     flip_middle_keeping_time(shard_file(data, 3))
     for shuffle in ("none", "partial", "global"):
         with pytest.raises(ChecksumMismatchError):
-            list(ddpipe.Loader(data, 4, decode="none", shuffle=shuffle))
+            list(ddpipe.EncodedStream(data, 4, shuffle=shuffle))
 
 
 def test_a_damaged_staged_copy_is_dropped_and_the_source_read(data: Path, tmp_path: Path,
@@ -103,11 +104,11 @@ def test_under_skip_a_corrupt_shard_is_dropped_and_counted(data: Path, tmp_path:
                                                           capfd: pytest.CaptureFixture[str]) -> None:
     flip_middle_keeping_time(shard_file(data, 1))
     stage = {"stage_dir": tmp_path / "stage"} if shuffle != "global" else {}
-    loader = ddpipe.Loader(data, 4, decode="none", shuffle=shuffle, on_error="skip", **stage)  # type: ignore[arg-type]
+    loader = ddpipe.EncodedStream(data, 4, shuffle=shuffle, on_error="skip", **stage)  # type: ignore[arg-type]
     got = [s["__key__"] for batch in loader for s in batch]
     assert sorted(got) == sorted(k for k in EXPECTED if not 12 <= int(k[2:]) < 24)  # the rest, each once
-    assert loader.stats["corrupt_shards"] == [shard_file(data, 1).name]
-    assert loader.stats["skipped"] == 12
+    assert loader.stats.corrupt_shards == [shard_file(data, 1).name]
+    assert loader.stats.skipped == 12
     assert shard_file(data, 1).name in capfd.readouterr().err
 
 
@@ -153,13 +154,13 @@ def test_an_adopted_file_is_checked_by_what_each_rank_reads(name: str, tmp_path:
     flip_inside_sample(shard_file(root, 0), image)
     dataset = ddpipe.open_dataset(root)
     # a share that does not hold the changed sample reads (the whole file's checksum would refuse it)
-    assert len(list(dataset.read(np.arange(8, 14)))) == 6
+    assert len(list(read_samples(dataset, np.arange(8, 14)))) == 6
     with pytest.raises(DigestMismatchError, match=f"sample 7 \\({key!r}\\)") as info:
-        list(dataset.read(np.arange(0, 14)))
+        list(read_samples(dataset, np.arange(0, 14)))
     assert info.value.path == str(shard_file(root, 0))
     for shuffle in ("partial", "global"):
         with pytest.raises(DigestMismatchError, match="digest differs"):
-            list(ddpipe.Loader(root, 4, decode="none", shuffle=shuffle))
+            list(ddpipe.EncodedStream(root, 4, shuffle=shuffle))
 
 
 @pytest.mark.parametrize("name", ADOPTED)
@@ -169,10 +170,10 @@ def test_under_skip_only_the_changed_sample_of_an_adopted_file_is_dropped(name: 
     key, image = image_of(root, 7)
     flip_inside_sample(shard_file(root, 0), image)
     for shuffle in ("partial", "global"):
-        loader = ddpipe.Loader(root, 4, decode="none", shuffle=shuffle, on_error="skip")
+        loader = ddpipe.EncodedStream(root, 4, shuffle=shuffle, on_error="skip")
         got = [s["__key__"] for batch in loader for s in batch]
         assert sorted(got) == sorted(k for k in keys if k != key)
-        assert loader.stats["skipped"] == 1 and loader.stats["corrupt_shards"] == [shard_file(root, 0).name]
+        assert loader.stats.skipped == 1 and loader.stats.corrupt_shards == [shard_file(root, 0).name]
 
 
 @pytest.mark.parametrize("name", ADOPTED)
@@ -185,7 +186,7 @@ def test_a_changed_sample_in_a_staged_copy_of_an_adopted_file_is_read_from_the_s
         stage = tmp_path / f"stage-{shuffle}"
 
         def read() -> dict[str, bytes]:
-            loader = ddpipe.Loader(root, 4, decode="none", shuffle=shuffle, stage_dir=stage)  # noqa: B023
+            loader = ddpipe.EncodedStream(root, 4, shuffle=shuffle, stage_dir=stage)  # noqa: B023
             return {s["__key__"]: bytes(s["jpg"]) for batch in loader for s in batch}
 
         assert read() == want  # staged

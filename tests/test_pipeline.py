@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,13 +21,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("pipe") / "lmdb", "lmdb", [12, 30, 5, 17])
 
 
-def keys(batches: list[list[dict[str, Any]]]) -> list[str]:
+def keys(batches: list[ddpipe.SampleBatch]) -> list[str]:
     return [s["__key__"] for b in batches for s in b]
 
 
 @pytest.mark.parametrize("mode", ["none", "local", "partial", "global"])
 def test_batches_follow_the_plan(data: Path, mode: str) -> None:
-    loader = ddpipe.Loader(data, 8, decode="none", shuffle=mode, seed=4, buffer_size=10)
+    loader = ddpipe.EncodedStream(data, 8, shuffle=mode, seed=4, buffer_size=10)
     loader.set_epoch(2)
     got = list(loader)
     assert len(got) == len(loader) == 8 and all(len(b) == 8 for b in got[:-1]) and len(got[-1]) == 64 - 56
@@ -37,48 +36,23 @@ def test_batches_follow_the_plan(data: Path, mode: str) -> None:
     assert sorted(keys(got)) == [f"s/{i:06d}" for i in range(64)]
 
 
-def test_resume_after_break_and_after_a_full_epoch(data: Path) -> None:
-    loader = ddpipe.Loader(data, 5, decode="none", shuffle="local", seed=1)
-    loader.set_epoch(0)
-    first = []
-    for b, batch in enumerate(loader):
-        first.append(batch)
-        if b == 3:
-            break
-    state = loader.state_dict()
-    assert state["batches"] == 4 and state["epoch"] == 0
-    fresh = ddpipe.Loader(data, 5, decode="none", shuffle="local", seed=1)
-    fresh.load_state_dict(state)
-    rest = list(fresh)
-    assert len(fresh) == len(rest) == 9  # 44 samples left, in batches of 5
-    assert sorted(keys(first) + keys(rest)) == [f"s/{i:06d}" for i in range(64)]
-    done = fresh.state_dict()  # taken after the resumed epoch's last batch: nothing is left of it
-    after = ddpipe.Loader(data, 5, decode="none", shuffle="local", seed=1)
-    after.load_state_dict(done)
-    assert len(after) == 0 and list(after) == []
-    assert keys(list(fresh)) == keys(rest)  # iterating again repeats the same (resumed) epoch
-    fresh.set_epoch(1)  # the next epoch is whole again
-    assert len(list(fresh)) == 13
-    assert fresh.state_dict()["pending"] is None
-
-
 def test_state_of_another_dataset_is_refused(data: Path, tmp_path: Path) -> None:
     other = make_dataset(tmp_path / "o", "wds", [10])
-    state = ddpipe.Loader(other, 4, decode="none").state_dict()
+    state = ddpipe.EncodedStream(other, 4).state_dict()
     with pytest.raises(DdpipeError, match="dataset of 10 samples"):
-        ddpipe.Loader(data, 4, decode="none").load_state_dict(state)
+        ddpipe.EncodedStream(data, 4).load_state_dict(state)
 
 
 def test_breaking_early_stops_the_producer(data: Path) -> None:
-    loader = ddpipe.Loader(data, 2, decode="none", shuffle="partial", prefetch=2)
+    loader = ddpipe.EncodedStream(data, 2, shuffle="partial", prefetch=2)
     for _ in loader:
         break  # must not hang, and the loader stays usable
     assert len(keys(list(loader))) == 64
 
 
 def test_unknown_decoder_is_refused(data: Path) -> None:
-    with pytest.raises(DdpipeError, match="decode must be one of"):
-        ddpipe.Loader(data, 4, decode="opencv")
+    with pytest.raises(DdpipeError, match="decoder must be one of"):
+        ddpipe.Loader(data, 4, decoder="opencv")
 
 
 def test_a_corrupt_shard_reaches_the_consumer(tmp_path: Path) -> None:
@@ -88,13 +62,13 @@ def test_a_corrupt_shard_reaches_the_consumer(tmp_path: Path) -> None:
     data[3072:3584] = bytes(512)  # a member header zeroed in the middle: the same size, a shorter archive
     shard.write_bytes(bytes(data))
     (root / "shard-000001.idx").unlink()  # and the index must be rebuilt from the damaged headers
-    loader = ddpipe.Loader(root, 4, decode="none", shuffle="none")
+    loader = ddpipe.EncodedStream(root, 4, shuffle="none")
     with pytest.raises(CorruptShardError, match=r"shard-000001\.tar"):
         list(loader)
 
 
 def test_plan_is_cached_per_epoch(data: Path) -> None:
-    loader = ddpipe.Loader(data, 4, decode="none", seed=3)
+    loader = ddpipe.EncodedStream(data, 4, seed=3)
     a = loader.plan()
     assert loader.plan() is a
     loader.set_epoch(1)
@@ -111,13 +85,13 @@ def uneven(tmp_path_factory: pytest.TempPathFactory) -> Path:
        batch_size=st.integers(1, 20), seed=st.integers(0, 1000), epoch=st.integers(0, 3))
 def test_the_consumer_holds_at_most_one_shuffle_buffer(uneven: Path, shuffle: str, buffer_size: int, round_size: int,
                                                        batch_size: int, seed: int, epoch: int) -> None:
-    ld = ddpipe.Loader(uneven, batch_size, decode="none", shuffle=shuffle, buffer_size=buffer_size,
+    ld = ddpipe.EncodedStream(uneven, batch_size, shuffle=shuffle, buffer_size=buffer_size,
                        round_size=round_size, seed=seed, prefetch=4)
     ld.set_epoch(epoch)
     assert sum(len(b) for b in ld) == 194
     bound = buffer_size if shuffle in ("local", "partial") else 0  # none and global yield in read order
     group = 4  # samples handed over at a time: prefetch's
-    assert ld.stats["held_peak"] <= max(bound - 1, 0) + group - 1
+    assert ld.stats.held_peak <= max(bound - 1, 0) + group - 1
 
 
 def test_memory_grows_with_neither_the_epochs_nor_the_dataset(tmp_path: Path) -> None:
@@ -126,7 +100,7 @@ def test_memory_grows_with_neither_the_epochs_nor_the_dataset(tmp_path: Path) ->
 
     def peaks(n: int, epochs: int) -> list[int]:
         root = make_dataset(tmp_path / f"d{n}", "wds", [50] * (n // 50), payload=20_000)
-        ld = ddpipe.Loader(root, 10, decode="none", shuffle="local", buffer_size=64, prefetch=16)
+        ld = ddpipe.EncodedStream(root, 10, shuffle="local", buffer_size=64, prefetch=16)
         out = []
         for e in range(epochs):
             ld.set_epoch(e)

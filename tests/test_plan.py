@@ -23,7 +23,7 @@ options = st.builds(
     PlanOptions,
     shuffle=st.sampled_from(["none", "local", "partial", "global"]),
     exchange_fraction=st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]),
-    assignment=st.sampled_from(["sticky", "rotate"]),
+    shard_assignment=st.sampled_from(["sticky", "rotate"]),
     drop_last=st.booleans(),
     batch_size=st.integers(1, 7),
     buffer_size=st.sampled_from([0, 1, 5, 64]),
@@ -108,7 +108,7 @@ def test_sticky_reads_the_same_shards_every_epoch_rotate_does_not() -> None:
     for mode in ("local", "partial"):
         sticky = [shards_read(plan_epoch(m, 4, 3, e, PlanOptions(shuffle=mode)), 2, sizes) for e in range(4)]
         assert all(s == sticky[0] for s in sticky) and len(sticky[0]) == 4
-        rotate = [shards_read(plan_epoch(m, 4, 3, e, PlanOptions(shuffle=mode, assignment="rotate")), 2, sizes)
+        rotate = [shards_read(plan_epoch(m, 4, 3, e, PlanOptions(shuffle=mode, shard_assignment="rotate")), 2, sizes)
                   for e in range(4)]
         assert any(s != rotate[0] for s in rotate)
 

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddpipe.errors import DdpipeError
+from ddpipe.loader_stats import ReadStats
 from ddpipe.reorder import batches_in_order, stream_positions
 from ddpipe.sample import KEY, Sample
 
@@ -44,7 +45,7 @@ def test_batches_hold_the_plans_samples_in_its_order(case: tuple[np.ndarray, np.
                                                        group: int) -> None:
     stream, order = case
     num_batches = -(-len(order) // batch_size)
-    stats: dict[str, object] = {}
+    stats = ReadStats()
     batches = list(batches_in_order(arrivals(stream, group), stream, order, batch_size, num_batches, stats))
     assert [i for indices, _ in batches for i in indices.tolist()] == order.tolist()
     keys = [s[KEY] for _, batch in batches for s in batch]
@@ -58,10 +59,10 @@ def test_arrivals_out_of_the_plans_order_are_an_error() -> None:
     swapped = stream.copy()
     swapped[[2, 5]] = swapped[[5, 2]]
     with pytest.raises(DdpipeError, match="out of the plan's order"):
-        list(batches_in_order(arrivals(swapped, 3), stream, stream, 4, 2, {}))
+        list(batches_in_order(arrivals(swapped, 3), stream, stream, 4, 2, ReadStats()))
 
 
 def test_arrivals_that_end_early_are_an_error() -> None:
     stream = np.arange(8)
     with pytest.raises(DdpipeError, match="ended early"):
-        list(batches_in_order(arrivals(stream[:5], 3), stream, stream, 4, 2, {}))
+        list(batches_in_order(arrivals(stream[:5], 3), stream, stream, 4, 2, ReadStats()))

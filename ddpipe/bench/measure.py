@@ -15,6 +15,7 @@ pipeline could feed is the slowest of the data stages.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -22,14 +23,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..comm import Comm
 from ..decode.spec import DecodeOptions
 from ..errors import DdpipeError
+from ..options import ReadOptions
 from ..pipeline import Loader
+from ..plan import PlanOptions
 from ..sample import KEY, Sample
 from ..shufflers import get_shuffler
+from ..staging import StageOptions
+from ..stream import EncodedStream, SampleBatch
+from .figures import BenchReport, StageFigures
 from .harness import drain, evict_page_cache
 
 if TYPE_CHECKING:
@@ -38,126 +42,33 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BenchOptions:
-    batch_size: int = 64
-    shuffle: str = "partial"
-    exchange_fraction: float = 0.3
-    decode: str = "auto"
-    decode_service: tuple[str, ...] = ()  # decode servers (ddpipe serve) instead of this process
-    image_size: int = 224
-    step_time: float = 0.05  # seconds a simulated training step takes
-    cold: bool = False  # evict the dataset from the page cache before each epoch
-    stage_dir: str | None = None
-    source_limits: str | None = None  # a slow source, e.g. "100MB/s,5ms"
+    """What to measure: the loader's own options objects (each stage is measured with its shuffle
+    mode's reading alone, then with its exchange, then decoding), and the bench's own settings."""
+
+    plan: PlanOptions = field(default_factory=lambda: PlanOptions(batch_size=64))
+    read: ReadOptions = field(default_factory=ReadOptions)
+    decode: DecodeOptions = field(default_factory=lambda: DecodeOptions(dtype="uint8"))
+    stage: StageOptions | None = None
     seed: int = 0
-    epochs: int = 1  # epochs of the full pipeline feeding the step
+    step_time: float = 0.05  # seconds a simulated training step takes
     model: str | None = None  # a real model's training step (ddpipe.train.models) instead of a simulated one
+    epochs: int = 1  # epochs of the full pipeline feeding the step
+    cold: bool = False  # evict the dataset from the page cache before each epoch
     compare: tuple[str, ...] = ()  # peers to run on the same data (bench/peers.py)
     compare_dir: str | None = None  # where the peers' inputs are written once (default: the temp dir)
     progress: bool = False  # a progress bar on rank 0
 
 
-@dataclass
-class StageFigures:
-    """One stage's epoch, and the images and seconds its rate is taken over."""
-
-    name: str
-    images: int
-    bytes: int
-    seconds: float  # the slowest rank's epoch, start-up included
-    steady_images: int = 0
-    steady_seconds: float = 0.0
-
-    @property
-    def images_per_s(self) -> float:
-        return self.steady_images / self.steady_seconds if self.steady_seconds else 0.0
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.images_per_s * (self.bytes / self.images) / 1e6 if self.images else 0.0
-
-
-@dataclass
-class BenchReport:
-    world_size: int
-    stages: list[StageFigures]
-    epoch_seconds: float
-    compute_seconds: float
-    memory_seconds: float
-    images: int
-    per_rank: list[dict[str, Any]] = field(default_factory=list)
-    epochs: list[float] = field(default_factory=list)  # each epoch of the full pipeline, slowest rank
-    step: str = "simulated"  # or the model whose real step was timed
-    compare: list[dict[str, Any]] = field(default_factory=list)  # the peers: pipeline, images, seconds
-    service: dict[str, Any] = field(default_factory=dict)  # the decode service's totals, if one decoded
-
-    @property
-    def served_split(self) -> tuple[float, float]:
-        """With a decode service: the prep stall (waiting on decoding) split into the servers'
-        decoding and the rest of the round trips (transfer, queueing), in the round trips' proportion."""
-        trips = self.service.get("round_trip_seconds", 0.0)
-        if not trips:
-            return self.prep_stall, 0.0
-        decode = self.prep_stall * min(1.0, self.service["server_seconds"] / trips)
-        return decode, self.prep_stall - decode
-
-    @property
-    def decode_images_per_s(self) -> float:
-        return next((s.images_per_s for s in self.stages if s.name == "read+decode"), 0.0)
-
-    @property
-    def stall(self) -> float:
-        return max(0.0, self.epoch_seconds - self.compute_seconds) / self.epoch_seconds if self.epoch_seconds else 0.0
-
-    @property
-    def prep_stall(self) -> float:
-        """Waiting on decoding: the epoch fed from memory beyond pure compute (at most the whole stall)."""
-        if not self.epoch_seconds:
-            return 0.0
-        return min(self.stall, max(0.0, self.memory_seconds - self.compute_seconds) / self.epoch_seconds)
-
-    @property
-    def fetch_stall(self) -> float:
-        """Waiting on storage: the rest of the stall, so that fetch + prep = stall."""
-        return self.stall - self.prep_stall
-
-    @property
-    def step_images_per_s(self) -> float:
-        return self.images / self.compute_seconds if self.compute_seconds else float("inf")
-
-    @property
-    def max_feed_images_per_s(self) -> float:
-        data = [s.images_per_s for s in self.stages if s.name != "full"]
-        return min(data) if data else 0.0
-
-    @property
-    def bottleneck(self) -> str:
-        rates = {s.name: s.images_per_s for s in self.stages if s.name != "full"}
-        rates["step"] = self.step_images_per_s
-        return min(rates, key=lambda k: rates[k])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"world_size": self.world_size, "images": self.images, "epoch_seconds": self.epoch_seconds,
-                "compute_seconds": self.compute_seconds, "memory_seconds": self.memory_seconds,
-                "stall": self.stall, "fetch_stall": self.fetch_stall, "prep_stall": self.prep_stall,
-                "bottleneck": self.bottleneck, "max_feed_images_per_s": self.max_feed_images_per_s,
-                "step_images_per_s": self.step_images_per_s,
-                "stages": [{**asdict(s), "images_per_s": s.images_per_s, "mb_per_s": s.mb_per_s} for s in self.stages],
-                "epochs": self.epochs, "step": self.step, "service": self.service,
-                "compare": [{**c, "ddpipe_over_peer": self.decode_images_per_s / c["images_per_s"]
-                             if c["images_per_s"] else None} for c in self.compare],
-                "per_rank": self.per_rank}
-
-
-def _encoded_bytes(batch: list[Sample]) -> int:
+def _encoded_bytes(batch: SampleBatch) -> int:
     return sum(len(v) for s in batch for k, v in s.items() if k != KEY)
 
 
-def _evict(loader: Loader) -> None:
+def _evict(loader: Loader | EncodedStream) -> None:
     if loader.comm.world.local_rank == 0:  # once per node
         evict_page_cache(loader.dataset.data_root / info.file for info in loader.dataset.manifest.shards)
 
 
-def _timed(comm: Comm, loader: Loader, cold: bool, body: Any) -> tuple[float, dict[str, float]]:
+def _timed(comm: Comm, loader: Loader | EncodedStream, cold: bool, body: Any) -> tuple[float, dict[str, float]]:
     if cold:
         _evict(loader)
     comm.barrier()
@@ -176,31 +87,35 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
             raise DdpipeError(f"unknown model {o.model!r}; choose one of {', '.join(MODELS)}")
     if o.epochs < 1:
         raise DdpipeError("epochs must be at least 1")
-    decode_options = DecodeOptions(size=o.image_size, resize_shorter=max(o.image_size, round(o.image_size * 8 / 7)),
-                                   dtype="uint8", service=o.decode_service)
 
-    def loader(shuffle: str, decode: str) -> Loader:
-        return Loader(dataset, o.batch_size, shuffle=shuffle, exchange_fraction=o.exchange_fraction,
-                      decode=decode, decode_options=decode_options, seed=o.seed, stage_dir=o.stage_dir,
-                      source_limits=o.source_limits, comm=comm)
+    def stream(shuffle: str) -> EncodedStream:
+        return EncodedStream(dataset, plan=dataclasses.replace(o.plan, shuffle=shuffle), read=o.read, stage=o.stage,
+                             seed=o.seed, comm=comm)
+
+    def loader(shuffle: str) -> Loader:
+        return Loader(dataset, plan=dataclasses.replace(o.plan, shuffle=shuffle), read=o.read, stage=o.stage,
+                      decode=o.decode, seed=o.seed, comm=comm)
 
     stages: list[StageFigures] = []
     per_rank: list[dict[str, Any]] = []
-    mode = get_shuffler(o.shuffle)
-    base = mode.reads_as or o.shuffle  # the reading alone: the mode less its exchange
+    mode = get_shuffler(o.plan.shuffle)
+    base = mode.reads_as or o.plan.shuffle  # the reading alone: the mode less its exchange
 
-    def stage(name: str, ld: Loader, steady: bool) -> None:
+    def stage(name: str, ld: Loader | EncodedStream, steady: bool) -> None:
         if not o.cold:  # warm: the page cache holds the dataset, as in every later epoch
             drain(ld)
         mine = {"images": 0, "bytes": 0, "first": 0.0, "after_first": 0}
 
         def body() -> dict[str, float]:
             t0 = time.perf_counter()
-            for b, batch in enumerate(ld):
-                n = len(batch[1]) if isinstance(batch, tuple) else len(batch)
-                mine["images"] += n
-                if isinstance(batch, list):
+            batches: Iterator[SampleBatch | tuple[Any, Any]] = iter(ld)
+            for b, batch in enumerate(batches):
+                if isinstance(batch, SampleBatch):
+                    n = len(batch)
                     mine["bytes"] += _encoded_bytes(batch)
+                else:
+                    n = len(batch[1])
+                mine["images"] += n
                 if b == 0:
                     mine["first"] = time.perf_counter() - t0
                 else:
@@ -224,18 +139,17 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
     phases = ["read", *(["read+exchange"] if exchanging else []), "read+decode",
               *(f"full, epoch {e}" for e in range(o.epochs)), "from memory", *(f"peer {p}" for p in o.compare)]
     bar = _progress(phases, o.progress and comm.world.rank == 0)
-    stage("read", loader(base, "none"), steady=False)
+    stage("read", stream(base), steady=False)
     bar.update()
     if exchanging:
-        stage("read+exchange", loader(o.shuffle, "none"), steady=False)
+        stage("read+exchange", stream(o.plan.shuffle), steady=False)
         bar.update()
-    stage("read+decode", loader(base, o.decode), steady=True)
+    stage("read+decode", loader(base), steady=True)
     bar.update()
 
     # the full pipeline feeding the step (simulated, or a real model's), from storage; then the same
     # epoch fed from memory
-    full = loader(o.shuffle, o.decode)
-    assert full.device is not None
+    full = loader(o.plan.shuffle)
     step = _make_step(o, full.device, len(full.dataset.classes) or 1000)
     mine: dict[str, Any] = {"steps": 0, "wait": 0.0, "waits": [], "compute": 0.0, "seconds": 0.0}
 
@@ -267,7 +181,7 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
                                epoch_seconds))
     per_rank.append({"stage": "full", **mine})
 
-    memory_seconds = _from_memory(comm, loader(o.shuffle, "none"), full, step)
+    memory_seconds = _from_memory(comm, stream(o.plan.shuffle), full, step)
     bar.update()
     compute_seconds = max(comm.allgather(mine["compute"] / o.epochs))
     compare = _run_peers(full, o, comm, bar) if o.compare else []
@@ -345,27 +259,25 @@ def _make_step(o: BenchOptions, device: Any, num_classes: int) -> Any:
     return step
 
 
-def _from_memory(comm: Comm, encoded: Loader, decoding: Loader, step: Any) -> float:
+def _from_memory(comm: Comm, encoded: EncodedStream, decoding: Loader, step: Any) -> float:
     """The full epoch again, fed from memory: its encoded batches are read first, untimed; the
     decoder's start-up (PIL's worker processes, DALI's pipeline) counted, as the full epoch counts it."""
-    from ..decode.output import make_decoder
+    from ..decoding import make_decoder
 
     batches = held_batches(encoded)
-    assert decoding.device is not None
-    device = decoding.device
+    stage = decoding.decoding
     seconds, decoder = decode_held(comm, batches, step, lambda: make_decoder(
-        decoding.decode, decoding.decode_options, decoding.options.batch_size, device))
+        stage.decoder, stage.options, decoding.stream.options.batch_size, stage.device))
     decoder.close()
     return seconds
 
 
-def held_batches(encoded: Loader) -> list[tuple[np.ndarray, list[Sample]]]:
-    """A ``decode="none"`` loader's epoch on this rank, held in memory with each batch's sample indices."""
-    plan = encoded.plan()
-    return [(plan.batch(encoded.rank, b), batch) for b, batch in enumerate(encoded)]
+def held_batches(encoded: EncodedStream) -> list[SampleBatch]:
+    """An encoded stream's epoch on this rank, held in memory."""
+    return list(encoded)
 
 
-def decode_held(comm: Comm, batches: list[tuple[np.ndarray, list[Sample]]], step: Any,
+def decode_held(comm: Comm, batches: list[SampleBatch], step: Any,
                 decoder_of: Callable[[], Decoder]) -> tuple[float, Decoder]:
     """Decoding ``batches`` (:func:`held_batches`) on every rank at once, each decoded batch passed to
     ``step``: the slowest rank's seconds, ``decoder_of()`` (the decoder to use) called inside them."""
@@ -375,8 +287,8 @@ def decode_held(comm: Comm, batches: list[tuple[np.ndarray, list[Sample]]], step
         return None
 
     def stream() -> Iterator[EncodedBatch]:
-        for indices, batch in batches:
-            yield EncodedBatch.of(np.asarray(indices), batch, skip)
+        for batch in batches:
+            yield EncodedBatch.of(batch.indices, batch.samples, skip)
 
     comm.barrier()
     t0 = time.perf_counter()
@@ -401,8 +313,8 @@ def _run_peers(ld: Loader, o: BenchOptions, comm: Comm, bar: Any) -> list[dict[s
     comm.barrier()
     inputs = peers.peer_inputs(ld.dataset, scratch)
     files = peers.input_files(inputs) if o.cold and comm.world.local_rank == 0 else []  # what evicting drops
-    popts = peers.PeerOptions(batch_size=o.batch_size, size=o.image_size, dtype="uint8",
-                              workers=ld.decode_options.workers, rank=comm.world.rank, world=comm.world.size,
+    popts = peers.PeerOptions(batch_size=o.plan.batch_size, size=o.decode.size, dtype="uint8",
+                              workers=ld.decoding.options.workers, rank=comm.world.rank, world=comm.world.size,
                               cold=o.cold, seed=o.seed)
     have = peers.available_peers()
     rows = []

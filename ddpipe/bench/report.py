@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from .measure import BenchReport
+from .figures import BenchReport
 
 
 def format_report(report: BenchReport) -> str:

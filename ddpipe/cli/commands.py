@@ -96,21 +96,21 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..comm import init_comm
-    from ..pipeline import Loader
+    from ..stream import EncodedStream
 
     comm = init_comm()
-    loader = Loader(args.dataset, 1, decode="none", shuffle=args.shuffle, seed=args.seed,
-                    shard_assignment=args.shard_assignment, stage_dir=args.local_dir, stage_capacity=args.capacity,
-                    source_limits=args.source_throttle, comm=comm)
-    stager = loader.stager
+    stream = EncodedStream(args.dataset, 1, shuffle=args.shuffle, seed=args.seed,
+                           shard_assignment=args.shard_assignment, stage_dir=args.local_dir,
+                           stage_capacity=args.capacity, source_limits=args.source_throttle, comm=comm)
+    stager = stream.stager
     assert stager is not None
     show = stager.is_leader and not args.quiet
     t0 = time.perf_counter()
     for epoch in range(args.epochs):
-        loader.set_epoch(epoch)
+        stream.set_epoch(epoch)
         with tqdm(desc=f"stage epoch {epoch}", unit="shard", disable=not show, dynamic_ncols=True) as bar:
             stager.on_staged = lambda _: bar.update(1)
-            loader.start_staging(loader.plan())
+            stream.start_staging(stream.plan())
             stager.wait()
     seconds = time.perf_counter() - t0
     totals = comm.allgather(dict(stager.stats))
@@ -136,16 +136,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     _writable_later(args.checkpoint, "--checkpoint")
     job = distributed.init(args.device)
     torch.manual_seed(args.seed)
-    size = DecodeOptions(decoder=args.decode, device=str(job.device), on_error=args.on_error, size=args.image_size,
+    size = DecodeOptions(decoder=args.decode, device=str(job.device), size=args.image_size,
                          resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)), dtype=args.dtype,
                          service=tuple(args.decode_service))
     loader = Loader(args.dataset, args.batch_size, decode=size, shuffle=args.shuffle,
                     exchange_fraction=args.exchange_fraction, shard_assignment=args.shard_assignment, drop_last=True,
-                    stage_dir=args.stage_dir, stage_capacity=args.stage_capacity, seed=args.seed, comm=job.comm)
+                    stage_dir=args.stage_dir, stage_capacity=args.stage_capacity, on_error=args.on_error,
+                    seed=args.seed, comm=job.comm)
     evaluate = None
     if args.eval:
         evaluate = Loader(args.eval, args.batch_size, decode=dataclasses.replace(size, train=False), shuffle="none",
-                          seed=args.seed, comm=job.comm)
+                          on_error=args.on_error, seed=args.seed, comm=job.comm)
     classes = len(loader.dataset.classes) or args.num_classes
     model = build_model(args.model, classes)
     if loader.batches_per_epoch == 0:  # every rank plans alike: each says so and leaves
@@ -163,15 +164,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if job.is_main:
         served = f" (on decode servers {', '.join(args.decode_service)})" if args.decode_service else ""
         print(f"training {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters) on "
-              f"{job.size} rank(s), {loader.decode} decoding{served} on {loader.device}, global batch "
+              f"{job.size} rank(s), {loader.decoding.decoder} decoding{served} on {loader.device}, global batch "
               f"{args.batch_size * job.size}, allreduce {args.allreduce}", flush=True)
     try:
         Trainer(model, loader, job, options, evaluate).fit()
-        if loader.stats.get("skipped") and job.is_main:
-            corrupt = loader.stats.get("corrupt_shards") or []
+        stats = loader.stats
+        if stats.skipped and job.is_main:
+            corrupt = stats.read.corrupt_shards
             shards = f" (including every sample of corrupt shard(s) {', '.join(corrupt)})" if corrupt else ""
-            print(f"skipped {loader.stats['skipped']} images that do not decode in the last epoch{shards}, e.g. "
-                  f"{', '.join(k for k, _, _ in loader.skipped[:3])}", flush=True)
+            print(f"skipped {stats.skipped} images that do not decode in the last epoch{shards}, e.g. "
+                  f"{', '.join(s.key for s in stats.skipped_samples[:3])}", flush=True)
     finally:
         loader.close()
         if evaluate is not None:
@@ -184,6 +186,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench import BenchOptions, format_report, plot_report, run_bench
     from ..bench.harness import machine
     from ..comm import init_comm
+    from ..decode.spec import DecodeOptions
+    from ..options import ReadOptions
+    from ..plan import PlanOptions
+    from ..staging import StageOptions
+    from ..throttle import SourceLimits
 
     _writable_later(args.json, "--json")
     _writable_later(args.plot, "--plot")
@@ -193,12 +200,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     compare: tuple[str, ...] = ()
     if args.compare is not None:  # --compare alone: every peer installed here
         compare = tuple(args.compare) or tuple(p for p in PEERS if p in available_peers())
-    options = BenchOptions(batch_size=args.batch_size, shuffle=args.shuffle, exchange_fraction=args.exchange_fraction,
-                           decode=args.decode, decode_service=tuple(args.decode_service), image_size=args.image_size,
-                           step_time=args.step_time, cold=args.cold,
-                           stage_dir=args.stage_dir, source_limits=args.source_throttle, seed=args.seed,
-                           epochs=args.epochs, model=args.model, compare=compare, compare_dir=args.compare_dir,
-                           progress=not args.no_progress)
+    size = args.image_size
+    options = BenchOptions(plan=PlanOptions(batch_size=args.batch_size, shuffle=args.shuffle,
+                                            exchange_fraction=args.exchange_fraction),
+                           read=ReadOptions(source_limits=SourceLimits.parse(args.source_throttle)
+                                            if args.source_throttle else None),
+                           decode=DecodeOptions(decoder=args.decode, size=size, dtype="uint8",
+                                                resize_shorter=max(size, round(size * 8 / 7)),
+                                                service=tuple(args.decode_service)),
+                           stage=StageOptions(args.stage_dir) if args.stage_dir else None, seed=args.seed,
+                           step_time=args.step_time, model=args.model, epochs=args.epochs, cold=args.cold,
+                           compare=compare, compare_dir=args.compare_dir, progress=not args.no_progress)
     report = run_bench(args.dataset, options, comm)
     if comm.world.rank == 0:
         print(format_report(report))

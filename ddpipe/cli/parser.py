@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--dtype", choices=DTYPES, default="uint8",
                    help="loader output; uint8 is normalised on the training device")
-    p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])
+    p.add_argument("--decode", default="auto", choices=DECODERS)
     p.add_argument("--device", default="auto")
     _decode_service_argument(p)
     p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar or phase lines")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial")
     p.add_argument("--exchange-fraction", type=float, default=0.3)
-    p.add_argument("--decode", default="auto", choices=[d for d in DECODERS if d != "none"])
+    p.add_argument("--decode", default="auto", choices=DECODERS)
     _decode_service_argument(p)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -86,13 +86,16 @@ class Comm:
     def __init__(self, world: World | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.world = world or World()
         self.timeout = timeout
+        # what the edge (init_comm) read of the process, for the loaders given this communicator: the
+        # environment (staging directories' $VARS and "auto"), and when freed memory goes back to the
+        # OS after an epoch (None: never, the allocator was left as it was)
+        self.environ: Mapping[str, str] = {}
+        self.allocator: EpochMemory | None = None
         self._at_end: list[Callable[[], Any]] = []
         # seconds :meth:`alltoallv` spent packing and moving bytes (what the exchange costs, as against
         # waiting for slower ranks to arrive)
         self.transfer_seconds = 0.0
         self._send = np.empty(0, dtype=np.uint8)
-        # when the loaders on this communicator give freed memory back: the process's heap is one
-        self.freed_memory = EpochMemory()
 
     def at_end(self, cleanup: Callable[[], Any]) -> None:
         """Run ``cleanup`` before :meth:`end_job` ends the process (worker pools, shared memory)."""

@@ -35,7 +35,8 @@ def available_cores() -> int:
 class World:
     """Who this process is among the job's processes: a plain value that tests build directly.
 
-    ``cores``: the cores this process may use on its node, which the node's ranks share."""
+    ``cores``: the cores this process may use on its node, which the node's ranks share; ``host``:
+    the node's host name (:func:`ddpipe.init_comm` reads it; empty where nobody did)."""
 
     rank: int = 0
     size: int = 1
@@ -44,6 +45,7 @@ class World:
     node: int = 0
     num_nodes: int = 1
     cores: int = 1
+    host: str = ""
 
     @property
     def cores_per_rank(self) -> int:

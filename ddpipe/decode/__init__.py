@@ -5,7 +5,7 @@ process pool, where DALI cannot be installed), or ``"auto"``: the GPU where CUDA
 present, else DALI on the CPU, else PIL. Every path gives the same outputs: images NCHW (optionally
 channels-last in memory) as float32, float16 or uint8, and int64 labels.
 
-Torch loads only when something here decodes: a loader of encoded samples never imports it.
+Torch loads only when something here decodes: an EncodedStream never imports it.
 """
 
 from __future__ import annotations

@@ -126,10 +126,8 @@ class PilDecoder:
 
 
 def make_decoder(kind: str, options: DecodeOptions, batch_size: int, device: torch.device) -> Decoder:
-    if options.service:
-        from ..service.client import ServiceDecoder
-
-        return ServiceDecoder(options, batch_size, device, kind)
+    """A decoder of this process (``kind``: ``"pil"``, ``"dali-cpu"``, ``"dali-gpu"``), whatever
+    ``options.service`` says: the decode stage (:mod:`ddpipe.decoding`) chooses the service's client."""
     if kind == "pil":
         return PilDecoder(options, batch_size, device)
     from .dali import DaliDecoder

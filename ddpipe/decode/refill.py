@@ -5,28 +5,28 @@ shape (compiled models, CUDA graphs) breaks on it. Here each batch takes the nex
 rank's stream in place of the dropped ones, so every batch has the size the plan gives it and every
 rank yields the same number of batches. Pulled forward, the stream ends a few samples early: the
 last batches are completed with repeats of the epoch's last decoded samples, counted in
-``stats["repeated"]``, as the plan's own padding is. Every decodable sample is still yielded, once,
+``stats.repeated``, as the plan's own padding is. Every decodable sample is still yielded, once,
 before any repeat.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
 from ..errors import DdpipeError
+from ..loader_stats import DecodeStats
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def refilled(batches: Iterator[Batch], sizes: list[int], stats: dict[str, Any]) -> Iterator[Batch]:
+def refilled(batches: Iterator[Batch], sizes: list[int], stats: DecodeStats) -> Iterator[Batch]:
     """``batches`` regrouped into batches of exactly ``sizes`` (the plan's, in order)."""
     pending: list[Batch] = []
     have = 0
     last: Batch | None = None
-    stats["repeated"] = 0
+    stats.repeated = 0
     out = 0
     for images, labels in batches:
         if len(labels):
@@ -45,7 +45,7 @@ def refilled(batches: Iterator[Batch], sizes: list[int], stats: dict[str, Any]) 
             raise DdpipeError("every sample of this rank's epoch was skipped: nothing to fill its batches with")
         rows = torch.arange(need, device=source[1].device) % len(source[1])
         batch = (source[0][rows], source[1][rows])
-        stats["repeated"] += need - (have if pending else 0)
+        stats.repeated += need - (have if pending else 0)
         pending, have = [], 0
         last = batch
         out += 1

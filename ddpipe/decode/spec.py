@@ -17,7 +17,7 @@ IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "gif"
 DTYPES = ("float32", "float16", "uint8")
 # PIL's default limit (Image.MAX_IMAGE_PIXELS): a 631-byte JPEG may say it is 30,000 x 30,000
 MAX_PIXELS = 89_478_485
-DECODERS = ("auto", "dali-gpu", "dali-cpu", "pil", "none")
+DECODERS = ("auto", "dali-gpu", "dali-cpu", "pil")
 ON_ERROR = ("fail", "skip")
 
 
@@ -25,9 +25,10 @@ ON_ERROR = ("fail", "skip")
 class DecodeOptions:
     """How a loader turns encoded samples into batches.
 
-    ``decoder``: ``"dali-gpu"`` (DALI's ``mixed`` decoder), ``"dali-cpu"``, ``"pil"``, ``"none"``
-    (batches of encoded samples), or ``"auto"`` (the GPU where CUDA and DALI are present, else DALI
-    on the CPU, else PIL), onto ``device`` (``"auto"``: this rank's GPU, else the CPU).
+    ``decoder``: ``"dali-gpu"`` (DALI's ``mixed`` decoder), ``"dali-cpu"``, ``"pil"``, or ``"auto"``
+    (the GPU where CUDA and DALI are present, else DALI on the CPU, else PIL), onto ``device``
+    (``"auto"``: this rank's GPU, else the CPU). Batches of encoded samples, undecoded, are what
+    :class:`ddpipe.EncodedStream` yields.
     ``on_error``: ``"fail"`` stops at an image that does not decode, naming it; ``"skip"`` drops
     it, counts it, and refills its place in the batch.
 
@@ -72,8 +73,11 @@ class DecodeOptions:
             raise OptionError(f"service_timeout must be positive, not {self.service_timeout}")
         if self.service and self.decoder == "dali-gpu":
             raise OptionError("a decode service decodes on the CPU: decoder 'auto', 'dali-cpu' or 'pil' with service")
+        if self.decoder == "none":
+            raise OptionError("decoder must be one of " + ", ".join(DECODERS) + ", not 'none': for batches of "
+                              "encoded samples, undecoded, iterate a ddpipe.EncodedStream")
         if self.decoder not in DECODERS:
-            raise OptionError(f"decode must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
+            raise OptionError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
         if self.on_error not in ON_ERROR:
             raise OptionError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
         if self.dtype not in DTYPES:

@@ -24,8 +24,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from .. import __version__
 from ..decode.spec import DecodeOptions
+from ..version import __version__
 
 WIRE_VERSION = 1
 # the transform's fields that decide a decoded batch's pixels: the rest (device, threads, service) are local
@@ -70,7 +70,8 @@ def options_from(transform: object, threads: int) -> DecodeOptions:
         raise WireError(f"the transform must give exactly {', '.join(TRANSFORM_FIELDS)}")
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in transform.items()}
     try:
-        return DecodeOptions(decoder="none", device="cpu", threads=threads, **values)
+        # the decoder is the request's own (DecodeRequest.decoder): this object carries the transform
+        return DecodeOptions(decoder="auto", device="cpu", threads=threads, **values)
     except (TypeError, ValueError) as e:
         raise WireError(f"a transform DecodeOptions refuses: {e}") from None
 

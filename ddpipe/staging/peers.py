@@ -21,7 +21,7 @@ import numpy as np
 from ..comm.base import PeerLink
 from ..errors import ChecksumMismatchError
 from ..manifest import ShardInfo
-from .copy import write_verified
+from ..shard_copy import write_verified
 
 # how long a node waits for a peer to start answering before copying from the source instead
 PEER_TIMEOUT = 10.0

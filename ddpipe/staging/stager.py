@@ -30,13 +30,16 @@ from ..comm import Comm
 from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
 from ..formats.atomic import atomic_write_bytes, discard
+from ..shard_copy import is_staged, remove_staged, write_stamp
 from ..throttle import SourceLimits
-from .copy import is_staged, remove_staged, write_stamp
 from .peers import fetch_from_peer, holders, inventory_bits
 
 
 @dataclass(frozen=True)
 class StageOptions:
+    """Node-local staging. ``stage_dir``: one name for the whole job, which each node resolves to its
+    own directory (``"auto"``, ``{node}``, ``{host}``, ``$VAR``: :mod:`ddpipe.staging.local_dir`)."""
+
     stage_dir: Path
     capacity: int | None = None  # bytes on the node's local storage; None: the whole share
     limits: SourceLimits | None = None  # a slow source, for tests and benchmarks
@@ -44,10 +47,11 @@ class StageOptions:
     peers: bool = True  # fetch a shard another node holds from that node rather than the source
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "stage_dir", Path(self.stage_dir))  # a str given is kept as a Path
         if self.capacity is not None and self.capacity < 1:
-            raise OptionError(f"capacity must be a positive number of bytes, not {self.capacity}")
+            raise OptionError(f"stage_capacity must be a positive number of bytes, not {self.capacity}")
         if self.wait_timeout <= 0:
-            raise OptionError(f"wait_timeout must be positive, not {self.wait_timeout}")
+            raise OptionError(f"stage_wait_timeout must be positive, not {self.wait_timeout}")
 
 
 def dataset_stage_dir(root: Path, dataset: Dataset) -> Path:

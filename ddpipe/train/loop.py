@@ -83,7 +83,7 @@ class Trainer:
                  evaluate: Loader | None = None, log: Callable[[str], None] | None = None) -> None:
         self.opt = options
         self.loader, self.eval_loader, self.job, self.comm = loader, evaluate, job, job.comm
-        self.device = loader.device or job.device
+        self.device = loader.device
         self.model = model.to(self.device)
         if options.channels_last:
             # supported at run time; torch's stubs omit memory_format from Module.to
@@ -102,11 +102,11 @@ class Trainer:
 
     @property
     def global_batch(self) -> int:
-        return self.loader.options.batch_size * self.comm.world.size
+        return self.loader.stream.options.batch_size * self.comm.world.size
 
     def _images(self, images: torch.Tensor) -> torch.Tensor:
         if images.dtype == torch.uint8:  # uint8 batches are normalised here, on the device
-            images = normalize(images, self.loader.decode_options)
+            images = normalize(images, self.loader.decoding.options)
         if self.opt.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         return images

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ddpipe
+from ddpipe import DecodeOptions, PlanOptions, ReadOptions, SourceLimits
 from ddpipe.bench import BenchOptions, run_bench
 from ddpipe.comm import Comm
 
@@ -25,8 +26,11 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def options(**kw: object) -> BenchOptions:
-    return BenchOptions(batch_size=8, decode="dali-cpu", image_size=32, **kw)  # type: ignore[arg-type]
+def options(shuffle: str = "partial", source_limits: str | None = None, **kw: object) -> BenchOptions:
+    return BenchOptions(plan=PlanOptions(batch_size=8, shuffle=shuffle),
+                        read=ReadOptions(source_limits=SourceLimits.parse(source_limits) if source_limits else None),
+                        decode=DecodeOptions(decoder="dali-cpu", size=32, resize_shorter=37, dtype="uint8"),
+                        **kw)  # type: ignore[arg-type]
 
 
 def test_slow_reader_is_the_bottleneck_and_fetch_stall_dominates(data: Path) -> None:
@@ -43,8 +47,8 @@ def test_slow_decoding_is_the_bottleneck_and_prep_stall_dominates(tmp_path: Path
     root = tmp_path / "photos"  # photo-sized JPEGs: decoding each costs far more than reading it
     ddpipe.write_dataset(root, ({"__key__": f"p/{i}", "jpg": encode_jpeg(render_image(i, seed=1, long_side=500)),
                                  "cls": b"0"} for i in range(48)), samples_per_shard=16)
-    report = run_bench(root, BenchOptions(batch_size=8, decode="pil", image_size=224, step_time=0.001, shuffle="local"),
-                       Comm())
+    report = run_bench(root, BenchOptions(plan=PlanOptions(batch_size=8, shuffle="local"), step_time=0.001,
+                                          decode=DecodeOptions(decoder="pil", dtype="uint8")), Comm())
     assert report.bottleneck == "read+decode"
     assert report.prep_stall > report.fetch_stall and report.prep_stall > 0.5
 

@@ -139,12 +139,12 @@ def test_adopted_datasets_load_on_two_ranks_exactly_once(tmp_path: Path) -> None
         for root in sys.argv[2:]:
             for mode in ("none", "local", "partial", "global"):
                 stage = {} if mode == "global" else {"stage_dir": sys.argv[1] + "/stage"}
-                ld = ddpipe.Loader(root, 4, decode="none", shuffle=mode, exchange_fraction=0.5, round_size=4,
+                ld = ddpipe.EncodedStream(root, 4, shuffle=mode, exchange_fraction=0.5, round_size=4,
                                    comm=c, **stage)
                 keys = [s["__key__"] for b in ld for s in b]
                 report[root + " " + mode] = c.allgather(keys)
-            ld = ddpipe.Loader(root, 4, decode="dali-cpu", device="cpu", shuffle="partial", comm=c,
-                               decode_options=ddpipe.DecodeOptions(size=16, resize_shorter=16, threads=1))
+            ld = ddpipe.Loader(root, 4, decoder="dali-cpu", device="cpu", shuffle="partial", comm=c,
+                               decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, threads=1))
             report[root + " decoded"] = c.allgather(sum(len(y) for _, y in ld))
         if c.world.rank == 0:
             open(sys.argv[1] + "/report.json", "w").write(json.dumps(report))
@@ -243,7 +243,7 @@ def test_a_pickle_changed_after_indexing_never_runs(tmp_path: Path) -> None:
     # digest first: the record that changed is refused as stored, before anything unpickles it
     with pytest.raises(ddpipe.DigestMismatchError, match=r"'3'.*digest differs"):
         list(ddpipe.open_dataset(root))
-    loader = ddpipe.Loader(root, 5, decode="none", shuffle="none")
+    loader = ddpipe.EncodedStream(root, 5, shuffle="none")
     with pytest.raises(ddpipe.CorruptShardError):
         list(loader)
     proc = run_cli("verify", root)

@@ -62,7 +62,7 @@ def loader(root: Path, decode: str, **kw: object) -> ddpipe.Loader:
                          dtype=kw.pop("dtype", "uint8"), train=kw.pop("train", True),  # type: ignore[arg-type]
                          channels_last=kw.pop("channels_last", False), threads=2)  # type: ignore[arg-type]
     kw = {"device": "cpu", "shuffle": "local", "seed": 3, **kw}
-    return ddpipe.Loader(root, 8, decode=decode, decode_options=opts, **kw)  # type: ignore[arg-type]
+    return ddpipe.Loader(root, 8, decoder=decode, decode=opts, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("decode", DECODERS)
@@ -220,8 +220,8 @@ def test_grayscale_cmyk_png_decode_to_three_channels(tmp_path: Path, decode: str
                {"__key__": "c", "jpg": solid_jpeg((200, 30, 30), (50, 40), "CMYK"), "cls": b"1"},
                {"__key__": "p", "png": solid_jpeg((30, 200, 30), (50, 40), "RGBA", "PNG"), "cls": b"2"}]
     ddpipe.write_dataset(tmp_path / "d", iter(samples), samples_per_shard=3)
-    ld = ddpipe.Loader(tmp_path / "d", 3, decode=decode, device="cpu", shuffle="none",
-                       decode_options=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
+    ld = ddpipe.Loader(tmp_path / "d", 3, decoder=decode, device="cpu", shuffle="none",
+                       decode=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
     images, labels = next(iter(ld))
     assert images.shape == (3, 3, 16, 16) and labels.tolist() == [0, 1, 2]
     means = images.float().mean(dim=(2, 3))
@@ -241,21 +241,21 @@ def corrupt_dataset(root: Path) -> Path:
 def test_corrupt_image_fails_naming_key_and_shard(tmp_path: Path, decode: str) -> None:
     root = corrupt_dataset(tmp_path / "bad")
     with pytest.raises(SampleError, match=r"img/0005.*|img/0013.*") as info:
-        list(ddpipe.Loader(root, 4, decode=decode, device="cpu", shuffle="none",
-                           decode_options=DecodeOptions(size=16, resize_shorter=16, threads=1)))
+        list(ddpipe.Loader(root, 4, decoder=decode, device="cpu", shuffle="none",
+                           decode=DecodeOptions(size=16, resize_shorter=16, threads=1)))
     assert "shard-00000" in str(info.value) and info.value.key in ("img/0005", "img/0013")
 
 
 @pytest.mark.parametrize("decode", DECODERS)
 def test_corrupt_images_skipped_and_counted_batches_stay_equal(tmp_path: Path, decode: str) -> None:
     root = corrupt_dataset(tmp_path / "bad")
-    ld = ddpipe.Loader(root, 4, decode=decode, device="cpu", shuffle="none", on_error="skip",
-                       decode_options=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
+    ld = ddpipe.Loader(root, 4, decoder=decode, device="cpu", shuffle="none", on_error="skip",
+                       decode=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
     batches = list(ld)
     assert len(batches) == len(ld) == 5  # every rank still yields the same number of batches
     assert [len(labels) for _, labels in batches] == [4] * 5  # refilled: every batch keeps its size
-    assert ld.stats["skipped"] == 2 and sorted(k for k, _, _ in ld.skipped) == ["img/0005", "img/0013"]
-    assert ld.stats["repeated"] == 2  # the stream ran 2 short: the last batch repeats 2 of its samples
+    assert ld.stats.skipped == 2 and sorted(k for k, _, _ in ld.stats.skipped_samples) == ["img/0005", "img/0013"]
+    assert ld.stats.decode.repeated == 2  # the stream ran 2 short: the last batch repeats 2 of its samples
 
 
 def test_the_pipeline_rebuilt_after_a_bad_image_serves_the_next_epoch(tmp_path: Path) -> None:
@@ -270,8 +270,8 @@ def test_the_pipeline_rebuilt_after_a_bad_image_serves_the_next_epoch(tmp_path: 
     ddpipe.write_dataset(root, iter(samples), samples_per_shard=8)
 
     def skipping() -> ddpipe.Loader:
-        return ddpipe.Loader(root, 4, decode="dali-cpu", device="cpu", shuffle="local", on_error="skip", seed=1,
-                             decode_options=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
+        return ddpipe.Loader(root, 4, decoder="dali-cpu", device="cpu", shuffle="local", on_error="skip", seed=1,
+                             decode=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
 
     ld = skipping()
     list(ld)
@@ -280,8 +280,8 @@ def test_the_pipeline_rebuilt_after_a_bad_image_serves_the_next_epoch(tmp_path: 
     fresh = skipping()
     fresh.set_epoch(1)
     want = [(x.clone(), y.clone()) for x, y in fresh]
-    assert len(again) == len(want) == 5 and ld.stats["skipped"] == fresh.stats["skipped"] == 1
-    assert [k for k, _, _ in ld.skipped] == ["img/0006", "img/0006"]  # once an epoch
+    assert len(again) == len(want) == 5 and ld.stats.skipped == fresh.stats.skipped == 1
+    assert [k for k, _, _ in ld.stats.skipped_samples] == ["img/0006"]  # the last epoch's
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(again, want, strict=True))
     ld.close()
     fresh.close()
@@ -296,11 +296,10 @@ def dali_batches(root: Path, transform_in_dali: bool, **kw: object) -> list[torc
     def on_bad(index: int, sample: object, reason: str) -> None:
         raise AssertionError(reason)
 
-    ld = ddpipe.Loader(root, 8, decode="none", shuffle="local", seed=3)
-    plan = ld.plan()
+    ld = ddpipe.EncodedStream(root, 8, shuffle="local", seed=3)
     opts = DecodeOptions(size=48, resize_shorter=56, threads=2, **kw)  # type: ignore[arg-type]
     decoder = DaliDecoder(opts, 8, torch.device("cpu"), gpu_decode=False, transform_in_dali=transform_in_dali)
-    stream = (EncodedBatch.of(plan.batch(0, b), batch, on_bad) for b, batch in enumerate(ld))
+    stream = (EncodedBatch.of(batch.indices, batch.samples, on_bad) for batch in ld)
     out = [x.clone() for x, _ in decoder.decode(stream, 3, 0, on_bad)]
     decoder.close()
     return out
@@ -362,8 +361,8 @@ def test_gpu_decoding_channels_last_and_bad_images(tmp_path: Path) -> None:
     batches = list(ld)
     # refilled as on the CPU: 18 decodable samples, 2 repeated to keep every batch whole
     assert [len(y) for _, y in batches] == [len(ld.plan().batch(0, b)) for b in range(len(ld))]
-    assert ld.stats["skipped"] == 2 and sorted(k for k, _, _ in ld.skipped) == ["img/0005", "img/0013"]
-    assert ld.stats["repeated"] == 2
+    assert ld.stats.skipped == 2 and sorted(k for k, _, _ in ld.stats.skipped_samples) == ["img/0005", "img/0013"]
+    assert ld.stats.decode.repeated == 2
     with pytest.raises(SampleError, match=r"img/0005|img/0013"):
         list(gpu_loader(corrupt_dataset(tmp_path / "fail"), shuffle="none"))
 

@@ -53,15 +53,15 @@ def test_a_bomb_is_a_bad_sample_in_every_decoder(tmp_path: Path, decoder: str, t
     assert info.value.key == "img/0004"
     skipping = ddpipe.Loader(root, 4, decode=options(decoder, train=train), shuffle="none", on_error="skip")
     batches = list(skipping)
-    assert [len(y) for _, y in batches] == [4, 4, 4] and skipping.stats["skipped"] == 1
-    assert [k for k, _, _ in skipping.skipped] == ["img/0004"]
+    assert [len(y) for _, y in batches] == [4, 4, 4] and skipping.stats.skipped == 1
+    assert [k for k, _, _ in skipping.stats.skipped_samples] == ["img/0004"]
 
 
 def test_the_limit_is_an_option(tmp_path: Path) -> None:
     root = bombed_dataset(tmp_path / "ds")
     low = ddpipe.Loader(root, 4, decode=options("dali-cpu", max_pixels=10_000), shuffle="none", on_error="skip")
     assert [len(y) for _, y in low] == [4, 4, 4]
-    assert 1 < low.stats["skipped"] < 12  # images of 60-200 pixels a side: some over 10,000 pixels
+    assert 1 < low.stats.skipped < 12  # images of 60-200 pixels a side: some over 10,000 pixels
     with pytest.raises(ValueError, match="max_pixels"):
         DecodeOptions(max_pixels=0)
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpipe.decode.refill import refilled
+from ddpipe.loader_stats import DecodeStats
 
 
 @settings(max_examples=300, deadline=None)
@@ -22,14 +23,14 @@ def test_refilled_batches_have_the_plans_sizes_and_every_sample_once(sizes: list
         keep = torch.tensor(kept[at : at + n])
         batches.append((ids[at : at + n][keep].float().view(-1, 1, 1, 1), ids[at : at + n][keep]))
         at += n
-    stats: dict[str, int] = {}
+    stats = DecodeStats()
     out = list(refilled(iter(batches), sizes, stats))
     assert [len(y) for _, y in out] == sizes
     assert all(torch.equal(x.view(-1).long(), y) for x, y in out)  # images stay with their labels
     stream = torch.cat([y for _, y in out]).tolist()
     decodable = ids[torch.tensor(kept)].tolist()
     assert stream[: len(decodable)] == decodable  # every decodable sample, once, in stream order
-    assert stats["repeated"] == total - len(decodable) == len(stream) - len(decodable)
+    assert stats.repeated == total - len(decodable) == len(stream) - len(decodable)
     assert set(stream[len(decodable) :]) <= set(decodable)  # then only repeats
 
 
@@ -40,4 +41,4 @@ def test_nothing_decodable_is_an_error() -> None:
 
     empty = (torch.zeros(0, 1, 1, 1), torch.zeros(0, dtype=torch.int64))
     with pytest.raises(DdpipeError, match="every sample"):
-        list(refilled(iter([empty, empty]), [2, 2], {}))
+        list(refilled(iter([empty, empty]), [2, 2], DecodeStats()))

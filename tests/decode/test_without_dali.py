@@ -26,7 +26,7 @@ root = sys.argv[1]
 for _ in range(2):  # two loaders: one line
     loader = ddpipe.Loader(root, 4, decode=ddpipe.DecodeOptions(size=24, resize_shorter=28), shuffle="none")
     images, labels = next(iter(loader))
-    print("decoded", loader.decode, tuple(images.shape), flush=True)
+    print("decoded", loader.decoding.decoder, tuple(images.shape), flush=True)
     loader.close()
 code = main(["train", root, "--model", "smallcnn", "--batch-size", "4", "--image-size", "24", "--log-every", "0"])
 print("train exit", code, "dali imported:", "nvidia.dali" in sys.modules, flush=True)

@@ -17,7 +17,7 @@ from ddpipe.comm import init_comm
 def main() -> None:
     data, fault, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
     comm = init_comm(timeout=timeout)
-    loader = ddpipe.Loader(data, batch_size=4, decode="none", shuffle="partial", exchange_fraction=0.5, round_size=6,
+    loader = ddpipe.EncodedStream(data, batch_size=4, shuffle="partial", exchange_fraction=0.5, round_size=6,
                            buffer_size=4, prefetch=4, comm=comm)
     for b, _ in enumerate(loader):
         if comm.world.rank == 1 and b == 0:

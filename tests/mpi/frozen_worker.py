@@ -22,7 +22,7 @@ def main() -> None:
     comm = init_comm()  # the default timeout and silence: what a user gets
     host = socket.gethostname()
     slow = mode == "slow" and host == "mnode2"
-    loader = ddpipe.Loader(data, 4, decode="none", shuffle="partial", exchange_fraction=0.5, round_size=8, seed=1,
+    loader = ddpipe.EncodedStream(data, 4, shuffle="partial", exchange_fraction=0.5, round_size=8, seed=1,
                            comm=comm, source_limits="70s" if slow else None)
     if mode == "slow":
         seen = sum(len(batch) for batch in loader)

@@ -22,7 +22,7 @@ def main() -> None:
         print(f"untouched={sys.excepthook is sys.__excepthook__}", flush=True)
         return
     comm = ddpipe.init_comm(abort_on_error=False) if mode == "raise-unhooked" else None
-    loader = ddpipe.Loader(data, 2, decode="none", shuffle="partial", exchange_fraction=0.5, round_size=4,
+    loader = ddpipe.EncodedStream(data, 2, shuffle="partial", exchange_fraction=0.5, round_size=4,
                            comm=comm)
     for epoch in range(10_000):
         loader.set_epoch(epoch)

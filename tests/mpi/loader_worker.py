@@ -19,11 +19,11 @@ MODES = ["none", "local", "partial", "global"]
 FORMATS = ["wds", "hdf5", "lmdb"]
 
 
-def keys(batches: list[list[Sample]]) -> list[list[str]]:
+def keys(batches: list[ddpipe.SampleBatch]) -> list[list[str]]:
     return [[s["__key__"] for s in b] for b in batches]
 
 
-def wrong_bytes(loader: ddpipe.Loader, stored: dict[str, Sample]) -> list[str]:
+def wrong_bytes(loader: ddpipe.EncodedStream, stored: dict[str, Sample]) -> list[str]:
     """The keys of samples yielded with bytes other than their shard's, over two epochs, each batch
     dropped once checked (as training does: then received samples' memory is reused round after round)."""
     wrong = []
@@ -45,7 +45,7 @@ def main() -> None:
             for drop_last in (False, True):
                 name = f"{fmt}-{mode}-{int(drop_last)}"
 
-                loader = functools.partial(ddpipe.Loader, data / fmt, batch_size=5, decode="none", shuffle=mode,
+                loader = functools.partial(ddpipe.EncodedStream, data / fmt, batch_size=5, shuffle=mode,
                                            exchange_fraction=0.4, seed=11, drop_last=drop_last, buffer_size=16,
                                            round_size=9, comm=comm)
 

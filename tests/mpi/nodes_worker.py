@@ -14,10 +14,9 @@ from pathlib import Path
 
 import ddpipe
 from ddpipe.comm import init_comm
-from ddpipe.sample import Sample
 
 
-def keys(batches: list[list[Sample]]) -> list[list[str]]:
+def keys(batches: list[ddpipe.SampleBatch]) -> list[list[str]]:
     return [[s["__key__"] for s in b] for b in batches]
 
 
@@ -28,9 +27,9 @@ def main() -> None:
     w = comm.world
     state_file = out.with_name("state.pkl")
 
-    def loader() -> ddpipe.Loader:
-        return ddpipe.Loader(data, 4, decode="none", shuffle="partial", exchange_fraction=0.4, round_size=8,
-                             seed=5, stage_dir=template, stage_capacity=capacity, comm=comm)
+    def loader() -> ddpipe.EncodedStream:
+        return ddpipe.EncodedStream(data, 4, shuffle="partial", exchange_fraction=0.4, round_size=8,
+                                    seed=5, stage_dir=template, stage_capacity=capacity, comm=comm)
 
     mine: dict[str, object] = {"rank": w.rank, "node": w.node, "local_rank": w.local_rank,
                                "node_ranks": comm.node_ranks()}
@@ -41,7 +40,8 @@ def main() -> None:
         for epoch in range(2):
             ld.set_epoch(epoch)
             epochs.append(keys(list(ld)))
-            cross_node_bytes += sum(b for rnd in ld.stats["round_bytes"] for dest, b in enumerate(rnd)
+            assert ld.stats.exchange is not None
+            cross_node_bytes += sum(b for rnd in ld.stats.exchange.round_bytes for dest, b in enumerate(rnd)
                                     if node_of[dest] != w.node)
         assert ld.stager is not None
         ld.set_epoch(2)

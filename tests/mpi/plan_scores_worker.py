@@ -22,7 +22,7 @@ def main() -> None:
     for shuffle, q in [("local", 0.0), *(("partial", q) for q in fractions), ("global", 0.0)]:
         options = ddpipe.PlanOptions(shuffle=shuffle, exchange_fraction=q, batch_size=batch, buffer_size=16,
                                      round_size=24)
-        loader = ddpipe.Loader(data, plan=options, decode="none", seed=5, comm=comm)
+        loader = ddpipe.EncodedStream(data, plan=options, seed=5, comm=comm)
         stream = [int(s["__key__"].split("/")[1]) for b in loader for s in b]
         report[f"{shuffle} {q:g}"] = comm.allgather(stream)
     if comm.world.rank == 0:

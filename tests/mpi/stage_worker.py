@@ -13,7 +13,7 @@ def main() -> None:
     comm = init_comm(timeout=60)
     data, stage, out = sys.argv[1], sys.argv[2], sys.argv[3]
     capacity = int(sys.argv[4]) if len(sys.argv) > 4 else None
-    loader = ddpipe.Loader(data, 4, decode="none", shuffle="partial", exchange_fraction=0.3, round_size=8,
+    loader = ddpipe.EncodedStream(data, 4, shuffle="partial", exchange_fraction=0.3, round_size=8,
                            stage_dir=stage, stage_capacity=capacity, source_limits="50MB/s,2ms", comm=comm)
     epochs = []
     for epoch in range(2):

@@ -137,12 +137,12 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
         flip_middle_keeping_time(shard_file(data, 2))
     out = tmp_path / "out.json"
     code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
-            "ld = ddpipe.Loader(sys.argv[1], 3, decode='dali-cpu', device='cpu', shuffle='partial', "
+            "ld = ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='partial', "
             "exchange_fraction=0.5, round_size=4, on_error='skip', comm=c, "
-            "decode_options=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
+            "decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
             "b = [y.tolist() for _, y in ld]; p = ld.plan(); "
             "s = [len(p.batch(c.world.rank, i)) for i in range(p.num_batches)]; "
-            "r = c.allgather({'batches': b, 'sizes': s, 'repeated': ld.stats['repeated']}); "
+            "r = c.allgather({'batches': b, 'sizes': s, 'repeated': ld.stats.decode.repeated}); "
             "c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
     proc = mpiexec(ranks, "-c", code, data, out, timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -169,7 +169,7 @@ def test_a_corrupt_shard_met_while_reading_ahead_ends_the_job_naming_it(tmp_path
     flip_middle_keeping_time(bad)
     code = ("import sys, ddpipe, ddpipe.distributed; "
             "job = ddpipe.distributed.init('cpu', timeout=100, process_group=False); "
-            "ld = ddpipe.Loader(sys.argv[1], 2, decode='none', shuffle='partial', exchange_fraction=0.5, "
+            "ld = ddpipe.EncodedStream(sys.argv[1], 2, shuffle='partial', exchange_fraction=0.5, "
             "round_size=4, comm=job.comm); [None for _ in ld]")
     proc = mpiexec(ranks, "-c", code, data, timeout=90)
     output = proc.stdout + proc.stderr
@@ -194,16 +194,16 @@ def test_decoded_images_are_the_samples_exchanged_over_two_epochs(tmp_path: Path
                          classes=[str(c) for c in range(len(COLORS))])
     out = tmp_path / "out.json"
     code = ("import json, sys, torch, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
-            "ld = ddpipe.Loader(sys.argv[1], 8, decode='dali-cpu', device='cpu', shuffle='partial', "
+            "ld = ddpipe.Loader(sys.argv[1], 8, decoder='dali-cpu', device='cpu', shuffle='partial', "
             "exchange_fraction=0.5, round_size=8, comm=c, "
-            "decode_options=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
+            "decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
             "colours = torch.tensor(" + repr(COLORS) + ", dtype=torch.float32); seen = []\n"
             "for epoch in range(2):\n"
             "    ld.set_epoch(epoch)\n"
             "    for x, y in ld:\n"
             "        nearest = torch.cdist(x.float().mean(dim=(2, 3)), colours).argmin(dim=1)\n"
             "        seen.append([nearest.tolist(), y.tolist()])\n"
-            "r = c.allgather({'seen': seen, 'sent': ld.stats['samples_sent']})\n"
+            "r = c.allgather({'seen': seen, 'sent': ld.stats.read.exchange.samples_sent})\n"
             "c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
     proc = mpiexec(2, "-c", code, data, out, timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -43,7 +43,7 @@ def test_ranks_of_one_node_with_different_staging_directories_are_refused(tmp_pa
     data = make_dataset(tmp_path / "wds", "wds", [13] * 6, payload=2600)
     code = ("import sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=300); "
             f"d = sys.argv[2] + ('/b' if c.world.rank == {ranks - 1} else '/a'); "
-            f"list(ddpipe.Loader(sys.argv[1], 4, decode='none', shuffle='{shuffle}', stage_dir=d, comm=c))")
+            f"list(ddpipe.EncodedStream(sys.argv[1], 4, shuffle='{shuffle}', stage_dir=d, comm=c))")
     t0 = time.monotonic()
     proc = mpiexec(ranks, "-c", code, data, tmp_path / "stage", timeout=200)
     elapsed = time.monotonic() - t0

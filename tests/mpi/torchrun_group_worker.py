@@ -19,7 +19,7 @@ def main() -> None:
     if when == "before":
         dist.init_process_group("gloo")
     comm = init_comm(timeout=60)
-    loader = ddpipe.Loader(data, 4, decode="none", shuffle="partial", exchange_fraction=0.5, round_size=8, comm=comm)
+    loader = ddpipe.EncodedStream(data, 4, shuffle="partial", exchange_fraction=0.5, round_size=8, comm=comm)
     keys = [s["__key__"] for batch in loader for s in batch]
     untouched = not dist.is_initialized()  # an epoch with exchange, and still no default group
     if when == "after":

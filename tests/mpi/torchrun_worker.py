@@ -15,13 +15,14 @@ from ddpipe.comm import init_comm
 def main() -> None:
     loader_only = sys.argv[3:] == ["loader-only"]
     comm = None if loader_only else init_comm(timeout=60)
-    loader = ddpipe.Loader(sys.argv[1], batch_size=4, decode="none", shuffle="partial", exchange_fraction=0.5,
+    loader = ddpipe.EncodedStream(sys.argv[1], batch_size=4, shuffle="partial", exchange_fraction=0.5,
                            round_size=8, comm=comm)
     comm = loader.comm
     keys = [s["__key__"] for batch in loader for s in batch]
     out = Path(sys.argv[2]) / f"rank{comm.world.rank}.json"
+    exchange = loader.stats.exchange
     out.write_text(json.dumps({"world": [comm.world.rank, comm.world.size, comm.world.local_rank],
-                               "keys": keys, "sent": loader.stats.get("samples_sent", 0)}))
+                               "keys": keys, "sent": exchange.samples_sent if exchange is not None else 0}))
     if not loader_only:
         comm.close()
 

@@ -56,7 +56,7 @@ def same(a: Batches, b: Batches) -> bool:
 
 
 def stats(ld: ddpipe.Loader) -> ddpipe.service.client.ServiceStats:
-    decoder = ld._decoder
+    decoder = ld.decoding._decoder
     assert isinstance(decoder, ServiceDecoder)
     return decoder.stats
 
@@ -168,8 +168,8 @@ def test_bad_images_are_named_or_skipped_as_in_local_decoding(tmp_path: Path) ->
         local = ddpipe.Loader(root, 4, decode=options(), shuffle="none", on_error="skip")
         served = ddpipe.Loader(root, 4, decode=options([s.endpoint]), shuffle="none", on_error="skip")
         assert same(epoch(served), epoch(local))
-        assert served.stats["skipped"] == local.stats["skipped"] == 2
-        assert sorted(k for k, _, _ in served.skipped) == ["img/0005", "img/0013"]
+        assert served.stats.skipped == local.stats.skipped == 2
+        assert sorted(k for k, _, _ in served.stats.skipped_samples) == ["img/0005", "img/0013"]
 
 
 def dealer(endpoint: str) -> object:

@@ -11,6 +11,7 @@ import pytest
 
 import ddpipe
 from ddpipe.bench.projection import Cluster, Workload, projection_table
+from ddpipe.reading import read_samples
 from ddpipe.shufflers import SHUFFLERS
 from ddpipe.shufflers.base import ShuffleMode
 
@@ -38,10 +39,10 @@ def test_a_registered_mode_is_planned_and_loaded(backwards: str, tmp_path: Path)
     for r in plan.ranks:
         assert list(r.order) == list(r.reads[::-1])
     assert sorted(np.concatenate([r.order for r in plan.ranks]).tolist()) == list(range(16))
-    keys = [s["__key__"] for b in ddpipe.Loader(root, 4, decode="none", shuffle=backwards) for s in b]
+    keys = [s["__key__"] for b in ddpipe.EncodedStream(root, 4, shuffle=backwards) for s in b]
     one = ddpipe.plan_epoch(dataset.manifest, 1, 0, 0, ddpipe.PlanOptions(shuffle=backwards, batch_size=4))
-    assert keys == [s["__key__"] for s in dataset.read(one.ranks[0].order)]
-    assert keys == [s["__key__"] for s in dataset.read(one.ranks[0].reads)][::-1]
+    assert keys == [s["__key__"] for s in read_samples(dataset, one.ranks[0].order)]
+    assert keys == [s["__key__"] for s in read_samples(dataset, one.ranks[0].reads)][::-1]
 
 
 def test_a_registered_mode_is_scored_and_projected(backwards: str, tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ import pytest
 import ddpipe
 from ddpipe.errors import ChecksumMismatchError, MissingShardError
 from ddpipe.manifest import load_manifest
+from ddpipe.shard_copy import verified_copy
 from ddpipe.staging import SourceLimits
-from ddpipe.staging.copy import verified_copy
 from ddpipe.staging.stager import dataset_stage_dir
 
 from ..helpers import make_dataset
@@ -28,7 +28,7 @@ def data(tmp_path: Path) -> Path:
     return make_dataset(tmp_path / "src", "wds", [12] * 5, payload=2048)
 
 
-def keys(loader: ddpipe.Loader) -> list[str]:
+def keys(loader: ddpipe.EncodedStream) -> list[str]:
     return [s["__key__"] for batch in loader for s in batch]
 
 
@@ -37,23 +37,23 @@ def staged(root: Path, data: Path) -> Path:
 
 
 def test_staged_epoch_reads_local_copies_and_reuses_them(data: Path, tmp_path: Path) -> None:
-    plain = keys(ddpipe.Loader(data, 8, decode="none", shuffle="local", seed=2))
-    loader = ddpipe.Loader(data, 8, decode="none", shuffle="local", seed=2, stage_dir=tmp_path / "stage")
+    plain = keys(ddpipe.EncodedStream(data, 8, shuffle="local", seed=2))
+    loader = ddpipe.EncodedStream(data, 8, shuffle="local", seed=2, stage_dir=tmp_path / "stage")
     assert keys(loader) == plain
     assert loader.stager is not None and loader.stager.stats["copied"] == 5
     local = staged(tmp_path / "stage", data)
     for info in load_manifest(data).shards:
         assert (local / info.file).read_bytes() == (data / info.file).read_bytes()
-    again = ddpipe.Loader(data, 8, decode="none", shuffle="local", seed=2, stage_dir=tmp_path / "stage")
+    again = ddpipe.EncodedStream(data, 8, shuffle="local", seed=2, stage_dir=tmp_path / "stage")
     assert keys(again) == plain  # a second run reads the copies made by the first
     assert again.stager is not None and again.stager.stats == {**again.stager.stats, "copied": 0, "reused": 5}
 
 
 def test_damaged_copy_is_fetched_again(data: Path, tmp_path: Path) -> None:
-    list(ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage"))
+    list(ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage"))
     victim = staged(tmp_path / "stage", data) / "shard-000002.tar"
     victim.write_bytes(victim.read_bytes()[:5000])
-    loader = ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage")
+    loader = ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage")
     assert set(keys(loader)) == ALL
     assert loader.stager is not None and loader.stager.stats["copied"] == 1
     assert victim.read_bytes() == (data / "shard-000002.tar").read_bytes()
@@ -63,12 +63,12 @@ def test_leftover_partial_file_is_never_read(data: Path, tmp_path: Path) -> None
     local = staged(tmp_path / "stage", data)
     local.mkdir(parents=True)
     (local / ".shard-000001.tar.partial").write_bytes(b"half a copy from a killed stager")
-    assert set(keys(ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage"))) == ALL
+    assert set(keys(ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage"))) == ALL
     assert not (local / ".shard-000001.tar.partial").exists()
 
 
 def test_missing_source_shard_is_named(data: Path, tmp_path: Path) -> None:
-    loader = ddpipe.Loader(data, 8, decode="none", shuffle="none", stage_dir=tmp_path / "stage")
+    loader = ddpipe.EncodedStream(data, 8, shuffle="none", stage_dir=tmp_path / "stage")
     (data / "shard-000003.tar").unlink()
     with pytest.raises(MissingShardError, match=r"shard-000003\.tar"):
         list(loader)
@@ -87,7 +87,7 @@ def test_corrupt_source_is_a_checksum_error(data: Path, tmp_path: Path) -> None:
 
 def test_capacity_evicts_and_keeps_every_sample_once(data: Path, tmp_path: Path) -> None:
     one = load_manifest(data).shards[0].bytes
-    loader = ddpipe.Loader(data, 8, decode="none", shuffle="local", stage_dir=tmp_path / "stage",
+    loader = ddpipe.EncodedStream(data, 8, shuffle="local", stage_dir=tmp_path / "stage",
                            stage_capacity=2 * one + 100)
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -102,13 +102,13 @@ def test_throttled_source_is_slow(data: Path, tmp_path: Path) -> None:
     limits = SourceLimits.parse(f"{nbytes * 4}B/s,20ms")  # a quarter of a second, plus 5 x 20 ms of opens
     assert limits.bandwidth == nbytes * 4 and limits.latency == 0.02
     t0 = time.monotonic()
-    list(ddpipe.Loader(data, 8, decode="none", shuffle="none", source_limits=limits))
+    list(ddpipe.EncodedStream(data, 8, shuffle="none", source_limits=limits))
     # never faster than the modelled source, less the burst a link may deliver while its reader is busy
     assert time.monotonic() - t0 >= 0.25 - limits.burst + 5 * 0.02 - 0.02
 
 
 def test_two_jobs_share_a_stage_directory(data: Path, tmp_path: Path) -> None:
-    code = ("import sys, ddpipe; l = ddpipe.Loader(sys.argv[1], 8, decode='none', stage_dir=sys.argv[2], "
+    code = ("import sys, ddpipe; l = ddpipe.EncodedStream(sys.argv[1], 8, stage_dir=sys.argv[2], "
             "source_limits='20MB/s'); k = [s['__key__'] for b in l for s in b]; "
             "print(len(set(k)), l.stager.stats['copied'])")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(data), str(tmp_path / "stage")], stdout=subprocess.PIPE,
@@ -124,7 +124,7 @@ def test_full_local_disk_falls_back_to_the_source(data: Path, tmp_path: Path) ->
         pytest.fail("unshare (util-linux) is needed for the full-disk test")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    code = ("import sys, ddpipe; l = ddpipe.Loader(sys.argv[1], 8, decode='none', stage_dir=sys.argv[2]); "
+    code = ("import sys, ddpipe; l = ddpipe.EncodedStream(sys.argv[1], 8, stage_dir=sys.argv[2]); "
             "k = [s['__key__'] for b in l for s in b]; print('samples', len(k), len(set(k)), 'fallbacks', "
             "l.stager.stats['fallbacks'])")
     script = f"mount -t tmpfs -o size=40k tmpfs {mnt} || exit 99\n{sys.executable} -c \"{code}\" {data} {mnt}\n"
@@ -143,7 +143,7 @@ def test_stage_command(data: Path, tmp_path: Path) -> None:
     assert "staged 0 shards" in again.stdout and "5 already staged" in again.stdout
     proc = mpiexec(2, "-m", "ddpipe", "stage", data, "--local-dir", tmp_path / "stage2", "--quiet")
     assert proc.returncode == 0 and proc.stdout.count("staged 5 shards") == 1, proc.stdout + proc.stderr
-    loader = ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage2")
+    loader = ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage2")
     assert set(keys(loader)) == ALL and loader.stager is not None and loader.stager.stats["copied"] == 0
 
 
@@ -171,13 +171,29 @@ def test_killed_stager_resumes_with_the_rest(data: Path, tmp_path: Path) -> None
     rerun = run_cli("stage", data, "--local-dir", stage, "--quiet", check=True)
     assert f"staged {5 - done} shards" in rerun.stdout and f"{done} already staged" in rerun.stdout
     assert not list(local.glob(".*.partial"))
-    assert set(keys(ddpipe.Loader(data, 8, decode="none", stage_dir=stage))) == ALL
+    assert set(keys(ddpipe.EncodedStream(data, 8, stage_dir=stage))) == ALL
 
 
 def test_failure_of_an_earlier_run_is_tried_again(data: Path, tmp_path: Path) -> None:
     local = staged(tmp_path / "stage", data)
     local.mkdir(parents=True)
     (local / ".shard-000001.tar.failed").write_text("no space left (a full disk, last week)")
-    assert set(keys(ddpipe.Loader(data, 8, decode="none", stage_dir=tmp_path / "stage"))) == ALL
+    assert set(keys(ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage"))) == ALL
     assert not (local / ".shard-000001.tar.failed").exists()
     assert (local / "shard-000001.tar").read_bytes() == (data / "shard-000001.tar").read_bytes()
+
+
+def test_the_stage_directory_is_resolved_from_what_the_edge_read(data: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream reads neither the environment nor the host name: its communicator carries what
+    init_comm read of them, so a communicator built by hand decides alone."""
+    from ddpipe.comm import Comm, World
+
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "from-os-environ"))
+    comm = Comm(World(host="node-a"))
+    comm.environ = {"SCRATCH": str(tmp_path / "from-the-edge")}
+    stream = ddpipe.EncodedStream(data, 8, stage_dir="$SCRATCH/{host}", comm=comm)
+    assert stream.stager is not None and stream.stager.dir.parent == tmp_path / "from-the-edge" / "node-a"
+    assert set(keys(stream)) == ALL and not (tmp_path / "from-os-environ").exists()
+    edge = ddpipe.init_comm()  # the edge: this process's environment and host name
+    assert edge.environ["SCRATCH"] == str(tmp_path / "from-os-environ") and edge.world.host

@@ -13,7 +13,7 @@ import ddpipe
 
 def main() -> None:
     url, out = sys.argv[1], Path(sys.argv[2])
-    loader = ddpipe.Loader(url, 2, decode="none", shuffle="partial", exchange_fraction=0.5, round_size=4)
+    loader = ddpipe.EncodedStream(url, 2, shuffle="partial", exchange_fraction=0.5, round_size=4)
     keys = [s["__key__"] for batch in loader for s in batch]
     (out / f"rank-{loader.comm.world.rank}.txt").write_text("\n".join(keys) + "\n")
 

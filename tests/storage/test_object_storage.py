@@ -13,6 +13,7 @@ import pytest
 
 import ddpipe
 from ddpipe.errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
+from ddpipe.reading import read_samples
 from ddpipe.storage import StorageError, StorageOptions, open_storage
 
 from ..conftest import mpiexec, run_cli
@@ -38,8 +39,8 @@ def test_a_dataset_converted_into_a_bucket_reads_as_the_local_one(raw_images: Pa
     url = f"s3://{bucket}/sets/{fmt}"
     manifest = ddpipe.convert(raw_images, url, ddpipe.ConvertOptions(format=fmt, samples_per_shard=5, progress=False))
     assert manifest == ddpipe.open_dataset(local_sets[fmt]).manifest  # the same shards, byte for byte
-    remote = samples(ddpipe.Loader(url, 4, decode="none", shuffle="none"))
-    assert remote == samples(ddpipe.Loader(local_sets[fmt], 4, decode="none", shuffle="none"))
+    remote = samples(ddpipe.EncodedStream(url, 4, shuffle="none"))
+    assert remote == samples(ddpipe.EncodedStream(local_sets[fmt], 4, shuffle="none"))
     assert len(remote) == 24
     verified = run_cli("verify", url)
     assert verified.returncode == 0 and f"{url}: OK" in verified.stdout
@@ -50,16 +51,16 @@ def test_a_dataset_behind_an_http_server_reads_as_the_local_one(local_sets: dict
     for fmt in ("wds", "hdf5"):
         shutil.copytree(local_sets[fmt], http_root.root / fmt)
         url = f"{http_root.url}/{fmt}"
-        assert samples(ddpipe.Loader(url, 4, decode="none", shuffle="local")) == \
-            samples(ddpipe.Loader(local_sets[fmt], 4, decode="none", shuffle="local"))
+        assert samples(ddpipe.EncodedStream(url, 4, shuffle="local")) == \
+            samples(ddpipe.EncodedStream(local_sets[fmt], 4, shuffle="local"))
 
 
 def test_a_dataset_converted_from_a_bucket_into_a_bucket(local_sets: dict[str, Path], bucket: str) -> None:
     upload_dir(local_sets["wds"], f"s3://{bucket}/wds")
     done = run_cli("convert", f"s3://{bucket}/wds", f"s3://{bucket}/as-lmdb", "--format", "lmdb")
     assert done.returncode == 0, done.stderr
-    assert samples(ddpipe.Loader(f"s3://{bucket}/as-lmdb", 4, decode="none", shuffle="none")) == \
-        samples(ddpipe.Loader(local_sets["wds"], 4, decode="none", shuffle="none"))
+    assert samples(ddpipe.EncodedStream(f"s3://{bucket}/as-lmdb", 4, shuffle="none")) == \
+        samples(ddpipe.EncodedStream(local_sets["wds"], 4, shuffle="none"))
 
 
 @pytest.mark.mpi
@@ -73,16 +74,16 @@ def test_ranks_shuffling_partially_from_a_bucket_get_every_sample_once(raw_image
     proc = mpiexec(ranks, WORKER, url, tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr
     keys = [k for r in range(ranks) for k in (tmp_path / f"rank-{r}.txt").read_text().split()]
-    assert sorted(keys) == sorted(samples(ddpipe.Loader(url, 4, decode="none", shuffle="none")))
+    assert sorted(keys) == sorted(samples(ddpipe.EncodedStream(url, 4, shuffle="none")))
     assert len(keys) == 24
 
 
 def test_staging_from_a_server_copies_each_shard_once_and_later_epochs_read_locally(
         local_sets: dict[str, Path], http_root: RangeServer, tmp_path: Path) -> None:
     shutil.copytree(local_sets["wds"], http_root.root / "wds")
-    loader = ddpipe.Loader(f"{http_root.url}/wds", 4, decode="none", shuffle="local", stage_dir=tmp_path / "stage")
+    loader = ddpipe.EncodedStream(f"{http_root.url}/wds", 4, shuffle="local", stage_dir=tmp_path / "stage")
     first = samples(loader)
-    assert first == samples(ddpipe.Loader(local_sets["wds"], 4, decode="none", shuffle="local"))
+    assert first == samples(ddpipe.EncodedStream(local_sets["wds"], 4, shuffle="local"))
     assert loader.stager is not None and loader.stager.stats["copied"] == len(loader.dataset.manifest.shards)
     requests = http_root.requests
     loader.set_epoch(1)
@@ -93,14 +94,14 @@ def test_staging_from_a_server_copies_each_shard_once_and_later_epochs_read_loca
 def test_resuming_from_a_bucket_yields_exactly_the_rest(local_sets: dict[str, Path], bucket: str) -> None:
     url = f"s3://{bucket}/wds"
     upload_dir(local_sets["wds"], url)
-    loader = ddpipe.Loader(url, 4, decode="none", shuffle="local", seed=3)
+    loader = ddpipe.EncodedStream(url, 4, shuffle="local", seed=3)
     it = iter(loader)
     seen = [s["__key__"] for _ in range(2) for s in next(it)]
     state = loader.state_dict()
-    resumed = ddpipe.Loader(url, 4, decode="none", shuffle="local")
+    resumed = ddpipe.EncodedStream(url, 4, shuffle="local")
     resumed.load_state_dict(state)
     rest = [s["__key__"] for batch in resumed for s in batch]
-    assert sorted(seen + rest) == sorted(samples(ddpipe.Loader(local_sets["wds"], 4, decode="none")))
+    assert sorted(seen + rest) == sorted(samples(ddpipe.EncodedStream(local_sets["wds"], 4)))
 
 
 def _overwrite(url: str, name: str, change: Any) -> None:
@@ -119,10 +120,10 @@ def test_an_object_changed_after_indexing_is_named_or_skipped(local_sets: dict[s
 
     _overwrite(url, name, flip)
     with pytest.raises(ChecksumMismatchError, match=f"s3://{bucket}/wds/{name}"):
-        samples(ddpipe.Loader(url, 4, decode="none", shuffle="none"))
-    skipping = ddpipe.Loader(url, 4, decode="none", shuffle="none", on_error="skip")
+        samples(ddpipe.EncodedStream(url, 4, shuffle="none"))
+    skipping = ddpipe.EncodedStream(url, 4, shuffle="none", on_error="skip")
     kept = samples(skipping)
-    assert len(kept) == 24 - 5 and skipping.stats["skipped"] == 5 and skipping.stats["corrupt_shards"] == [name]
+    assert len(kept) == 24 - 5 and skipping.stats.skipped == 5 and skipping.stats.corrupt_shards == [name]
     _overwrite(url, name, lambda data: data + b"\0" * 512)  # another size: found at open
     with pytest.raises(CorruptShardError, match=f"s3://{bucket}/wds/{name}: index.json says"):
         ddpipe.open_dataset(url)
@@ -131,9 +132,9 @@ def test_an_object_changed_after_indexing_is_named_or_skipped(local_sets: dict[s
 def test_transient_failures_are_retried(local_sets: dict[str, Path], http_root: RangeServer) -> None:
     shutil.copytree(local_sets["hdf5"], http_root.root / "hdf5")
     http_root.fail_next = 4  # 503 Slow Down, four times
-    got = samples(ddpipe.Loader(f"{http_root.url}/hdf5", 4, decode="none", shuffle="none"))
+    got = samples(ddpipe.EncodedStream(f"{http_root.url}/hdf5", 4, shuffle="none"))
     assert http_root.failed == 4
-    assert got == samples(ddpipe.Loader(local_sets["hdf5"], 4, decode="none", shuffle="none"))
+    assert got == samples(ddpipe.EncodedStream(local_sets["hdf5"], 4, shuffle="none"))
 
 
 def test_a_server_that_stays_down_fails_naming_the_object(local_sets: dict[str, Path],
@@ -142,7 +143,7 @@ def test_a_server_that_stays_down_fails_naming_the_object(local_sets: dict[str, 
     dataset = ddpipe.open_dataset(f"{http_root.url}/wds", FAST_FAIL)
     http_root.fail_next = 10_000  # down for good (503 Slow Down to every retry)
     with pytest.raises(StorageError, match=rf"{http_root.url}/wds/shard-000000\.(tar|idx): request to .*503"):
-        samples(ddpipe.Loader(dataset, 2, decode="none", shuffle="none"))
+        samples(ddpipe.EncodedStream(dataset, 2, shuffle="none"))
     assert http_root.failed >= 2  # retried before giving up
 
 
@@ -150,7 +151,7 @@ def test_a_server_stopped_mid_epoch_fails_naming_the_object(local_sets: dict[str
                                                             http_root: RangeServer) -> None:
     shutil.copytree(local_sets["wds"], http_root.root / "wds")
     # reading at most a few samples (and the next shard) ahead of the batches: shards are left to fetch
-    loader = ddpipe.Loader(ddpipe.open_dataset(f"{http_root.url}/wds", FAST_FAIL), 2, decode="none", shuffle="none",
+    loader = ddpipe.EncodedStream(ddpipe.open_dataset(f"{http_root.url}/wds", FAST_FAIL), 2, shuffle="none",
                            prefetch=2)
     it = iter(loader)
     next(it)
@@ -215,7 +216,7 @@ def test_a_stopped_upload_shows_no_dataset_and_resumes(raw_images: Path, bucket:
     monkeypatch.setattr(ObjectStorage, "put_file", put)
     ddpipe.convert(raw_images, url, options)
     assert not set(first) & set(resent)  # what was sent whole is not sent again
-    assert len(samples(ddpipe.Loader(url, 4, decode="none"))) == 24
+    assert len(samples(ddpipe.EncodedStream(url, 4))) == 24
 
 
 def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], bucket: str, tmp_path: Path) -> None:
@@ -223,13 +224,13 @@ def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], buck
     objects = open_storage(url)
     for tar in sorted(local_sets["wds"].glob("*.tar")):
         objects.put_file(tar.name, tar)
-    expected = samples(ddpipe.Loader(local_sets["wds"], 4, decode="none", shuffle="none"))
+    expected = samples(ddpipe.EncodedStream(local_sets["wds"], 4, shuffle="none"))
     kept = run_cli("index", url, "--out", tmp_path / "manifest")
     assert kept.returncode == 0, kept.stderr
-    assert samples(ddpipe.Loader(tmp_path / "manifest", 4, decode="none", shuffle="none")) == expected
+    assert samples(ddpipe.EncodedStream(tmp_path / "manifest", 4, shuffle="none")) == expected
     beside = run_cli("index", url)
     assert beside.returncode == 0, beside.stderr
-    assert samples(ddpipe.Loader(url, 4, decode="none", shuffle="none")) == expected
+    assert samples(ddpipe.EncodedStream(url, 4, shuffle="none")) == expected
 
 
 @pytest.mark.parametrize("kind", ["hdf5", "lmdb"])
@@ -247,14 +248,14 @@ def test_hdf5_files_and_lmdb_environments_in_a_bucket_are_adopted_in_place(kind:
     adopted = run_cli("index", url)
     assert adopted.returncode == 0, adopted.stderr
     assert open_storage(url).list().keys() >= {"index.json"}
-    expected = samples(ddpipe.Loader(tmp_path / "here", 5, decode="none", shuffle="none"))
-    assert samples(ddpipe.Loader(url, 5, decode="none", shuffle="none")) == expected
+    expected = samples(ddpipe.EncodedStream(tmp_path / "here", 5, shuffle="none"))
+    assert samples(ddpipe.EncodedStream(url, 5, shuffle="none")) == expected
     assert len(expected) in (25, 30)
 
 
 def _keys_in_child(dataset: ddpipe.Dataset, out: Any) -> None:
     try:
-        out.put(sorted(s["__key__"] for s in dataset.read(np.arange(len(dataset)))))
+        out.put(sorted(s["__key__"] for s in read_samples(dataset, np.arange(len(dataset)))))
     except DdpipeError as e:
         out.put(str(e))
 
@@ -269,7 +270,7 @@ def test_a_dataset_used_before_a_fork_is_refused_in_the_child_and_one_spawned_re
     url = f"s3://{bucket}/wds"
     upload_dir(local_sets["wds"], url)
     dataset = ddpipe.open_dataset(url)  # the parent's client is made here (the listing)
-    parent = sorted(s["__key__"] for s in dataset.read(np.arange(len(dataset))))
+    parent = sorted(s["__key__"] for s in read_samples(dataset, np.arange(len(dataset))))
     for method in ("fork", "spawn"):
         ctx: Any = multiprocessing.get_context(method)
         out = ctx.Queue()

@@ -16,8 +16,8 @@ from ddpipe.train.models import SmallCNN
 
 def main() -> None:
     job = ddpipe.distributed.init("cuda", timeout=60)  # ddpipe's communicator first, then torch's group
-    loader = ddpipe.Loader(sys.argv[1], 16, decode="dali-gpu", device="cuda", shuffle="partial", drop_last=True,
-                           comm=job.comm, decode_options=DecodeOptions(size=32, resize_shorter=36, dtype="float16"))
+    loader = ddpipe.Loader(sys.argv[1], 16, decoder="dali-gpu", device="cuda", shuffle="partial", drop_last=True,
+                           comm=job.comm, decode=DecodeOptions(size=32, resize_shorter=36, dtype="float16"))
     trainer = Trainer(SmallCNN(6), loader, job, TrainOptions(epochs=1, amp=True), log=lambda line: None)
     if job.size == 1:  # DDP wraps only for several ranks; on one GPU make the group and wrap here to see its backend
         ddpipe.distributed.init_process_group(job)

@@ -36,8 +36,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("dtype", ["float16", "uint8"])
 def test_amp_channels_last_training_on_gpu_decoded_batches_learns(data: Path, dtype: str) -> None:
     torch.manual_seed(0)
-    loader = ddpipe.Loader(data, 16, decode="dali-gpu", device="cuda", shuffle="local", drop_last=True,
-                           decode_options=DecodeOptions(size=32, resize_shorter=36, dtype=dtype, channels_last=True))
+    loader = ddpipe.Loader(data, 16, decoder="dali-gpu", device="cuda", shuffle="local", drop_last=True,
+                           decode=DecodeOptions(size=32, resize_shorter=36, dtype=dtype, channels_last=True))
     job = ddpipe.distributed.init("cuda", comm=Comm())
     trainer = Trainer(SmallCNN(6), loader, job, TrainOptions(epochs=6, lr=0.05, amp=True, channels_last=True),
                       log=lambda line: None)

@@ -34,8 +34,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def loader(data: Path) -> ddpipe.Loader:
-    return ddpipe.Loader(data, 8, decode="dali-cpu", device="cpu", shuffle="local", drop_last=True,
-                         decode_options=DecodeOptions(size=32, resize_shorter=36, dtype="uint8", threads=1))
+    return ddpipe.Loader(data, 8, decoder="dali-cpu", device="cpu", shuffle="local", drop_last=True,
+                         decode=DecodeOptions(size=32, resize_shorter=36, dtype="uint8", threads=1))
 
 
 def trainer(data: Path, checkpoint: Path, **kw: object) -> Trainer:

@@ -23,7 +23,7 @@ def main(data: str, out: str) -> None:
     model = make_model()
     wrapped = ddpipe.distributed.wrap(model, job, "ddp")
     optimizer = make_optimizer(model)
-    loader = ddpipe.Loader(data, plan=PLAN, decode="none", seed=SEED, comm=job.comm)
+    loader = ddpipe.EncodedStream(data, plan=PLAN, seed=SEED, comm=job.comm)
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
         for batch in loader:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import xxhash
 
-from ..checksum import CHECKSUM_ALGORITHM
-from ..errors import ChecksumMismatchError, MissingShardError
-from ..formats import atomic
-from ..manifest import ShardInfo
-from ..throttle import SourceLimits
+from .checksum import CHECKSUM_ALGORITHM
+from .errors import ChecksumMismatchError, MissingShardError
+from .formats import atomic
+from .manifest import ShardInfo
+from .throttle import SourceLimits
 
 _CHUNK = 8 << 20
 

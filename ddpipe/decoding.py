@@ -1,0 +1,140 @@
+"""The decode stage: an encoded stream's batches turned into ``(images, labels)`` on the training
+device. Decoding is a pure function of each batch (its bytes, and the crops and flips that seed,
+epoch and sample index fix), so it may run in this process, on the GPU, or on decode servers
+(``DecodeOptions(service=...)``) with the same result; the decoders stay behind
+:func:`ddpipe.decode.output.make_decoder`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .decode.batches import EncodedBatch
+from .decode.spec import DecodeOptions
+from .loader_stats import DecodeStats, SkippedSample
+from .plan import EpochPlan
+from .sample import KEY, Sample
+from .stream import EncodedStream, unreadable
+
+if TYPE_CHECKING:  # torch loads only when something decodes
+    import torch
+
+    from .decode.output import Batch, Decoder
+    from .service.client import ServiceStats
+
+
+def make_decoder(kind: str, options: DecodeOptions, batch_size: int, device: torch.device) -> Decoder:
+    """The decoder ``options`` ask for: the decode service's client, or one of this process."""
+    if options.service:
+        from .service.client import ServiceDecoder
+
+        return ServiceDecoder(options, batch_size, device, kind)
+    from .decode.output import make_decoder as here
+
+    return here(kind, options, batch_size, device)
+
+
+class DecodeStage:
+    """Batches of ``(images, labels)`` from an :class:`~ddpipe.stream.EncodedStream`: images as a
+    torch tensor on ``options.device`` (NCHW; float32, float16 or uint8), labels as int64.
+
+    ``options.on_error="fail"`` stops at an image that does not decode, naming its key and shard;
+    ``"skip"`` drops it and counts it in ``stats`` (:class:`DecodeStats`). Where either stage skips,
+    each batch takes the next samples in place of those dropped, so batches keep the plan's sizes
+    and every rank yields the same number (:mod:`ddpipe.decode.refill`).
+
+    The state contract is the stream's, counting the batches that reached the caller rather than
+    those the decoder has taken ahead."""
+
+    def __init__(self, stream: EncodedStream, options: DecodeOptions | None = None) -> None:
+        from .decode.output import resolve
+
+        self.stream = stream
+        options = options or DecodeOptions()
+        if options.threads == 0:  # the node's cores, shared among the ranks on it
+            options = dataclasses.replace(options, threads=stream.comm.world.cores_per_rank)
+        self.options = options
+        self.decoder, self.device = resolve(options.decoder, options.device, stream.comm.world.local_rank,
+                                            served=bool(options.service))
+        # DALI reads each sample's bytes where they lie (no_copy) and keeps its batch until done with
+        # it: samples read without an exchange reach it as views of their shard, not copies. On an H100
+        # machine's 16 cores, reading with views ran at 34,200 samples/s against 20,400 copying each
+        # ~130 KB JPEG out, and the dali-gpu loader went from 7,700 to 11,000 images/s (gpu.py --probe)
+        stream.views = self.decoder in ("dali-gpu", "dali-cpu") and not options.service
+        self.stats = DecodeStats()
+        self._decoder: Decoder | None = None
+        self._delivered = 0
+        closing = weakref.WeakMethod(self.close)  # the job may end while this stage is alive
+        stream.comm.at_end(lambda: (close := closing()) is not None and close())
+
+    @property
+    def service_stats(self) -> ServiceStats | None:
+        """With ``DecodeOptions(service=...)``: what the decode servers and this process decoded, and
+        where the time went; ``None`` otherwise, or before the first batch."""
+        return getattr(self._decoder, "stats", None)
+
+    def close(self) -> None:
+        """Release the decoder (its DALI pipeline, threads or processes); iterating again makes a new one."""
+        if self._decoder is not None:
+            self._decoder.close()
+            self._decoder = None
+
+    def __enter__(self) -> DecodeStage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)
+        self._delivered = 0
+
+    def plan(self) -> EpochPlan:
+        return self.stream.plan()
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    @property
+    def skipping(self) -> bool:
+        """Whether a batch may lose samples on the way (either stage skips), to be refilled."""
+        return self.options.on_error == "skip" or self.stream.read_options.on_error == "skip"
+
+    def __iter__(self) -> Iterator[Batch]:
+        from .decode.refill import refilled
+
+        plan = self.stream.plan()
+        self._delivered = 0
+        self.stats = DecodeStats()
+        if self._decoder is None:  # one for every epoch: its pipeline, pools and buffers stay
+            self._decoder = make_decoder(self.decoder, self.options, plan.options.batch_size, self.device)
+        batches = iter(self.stream)
+        encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad) for b in batches)
+        decoded = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
+        if self.skipping:  # batches keep their size
+            rank = self.stream.rank
+            decoded = refilled(decoded, [len(plan.batch(rank, b)) for b in range(plan.num_batches)], self.stats)
+        try:
+            for batch in decoded:
+                self._delivered += 1  # what the caller has received, not what decoding took ahead
+                yield batch
+        finally:  # left early: the decoder lets go of its batches, the stream stops its producer now
+            close = getattr(decoded, "close", None)
+            if close is not None:
+                close()
+            batches.close()
+
+    def _on_bad(self, index: int, sample: Sample, reason: str) -> None:
+        if self.options.on_error == "fail":
+            raise unreadable(self.stream, index, sample, reason)
+        self.stats.skip(SkippedSample(str(sample.get(KEY)), self.stream.source_of(index), reason))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.stream.state_at(self._delivered)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stream.load_state_dict(state)
+        self._delivered = 0

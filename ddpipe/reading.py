@@ -1,0 +1,131 @@
+"""Reading a rank's samples from a dataset: sequential runs through each shard, or random access.
+
+Sequential reading scans each run of increasing positions within a shard once (samples in between
+are skipped) and asks for the next shard while one is read; random access (``global`` shuffling)
+keeps a few shards open. Either way every sample is checked against the manifest before it is
+used (invariant 7): a damaged one is an error naming it, or under ``on_corrupt`` a placeholder.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Generator, Iterator
+
+import numpy as np
+
+from .checksum import digest_mismatch
+from .dataset import OPEN_SHARDS, Dataset, OnCorrupt, ShardStore
+from .errors import CorruptShardError
+from .formats import ShardReader
+from .sample import Sample, owned
+from .throttle import SourceLimits
+
+
+def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool = False,
+                 store: ShardStore | None = None, limits: SourceLimits | None = None, verify: bool = True,
+                 on_corrupt: OnCorrupt | None = None, views: bool = False) -> Generator[Sample, None, None]:
+    """The samples of ``dataset`` at global ``indices``, in that order.
+
+    Sequential by default: each run of increasing positions within one shard is one scan of the
+    shard from the run's first position (samples in between are skipped); ``store`` hears when
+    the last run of a shard is done. ``random_access`` reads each sample on its own, keeping a
+    few shards open. ``on_corrupt``: see :class:`~ddpipe.dataset.Dataset`. ``views``: sequential reads may give fields
+    as views of the shard in memory (:meth:`ShardReader.scan_views`).
+    """
+    shards, positions = dataset.locate(np.asarray(indices, dtype=np.int64))
+    if random_access:
+        yield from _read_random(dataset, shards.tolist(), positions.tolist(), store, verify, on_corrupt)
+        return
+    n = len(shards)
+    i = 0
+    corrupt: dict[int, CorruptShardError] = {}  # found once, told once, however many runs it has
+
+    def found_corrupt(shard: int, error: CorruptShardError) -> None:
+        corrupt[shard] = error
+        if on_corrupt is not None:
+            on_corrupt(shard, error)
+
+    while i < n:
+        j = i + 1
+        while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
+            j += 1
+        wanted = positions[i:j].tolist()
+        if j < n and shards[j] != shards[i]:
+            for ahead in _shards_ahead(dataset, shards, j):
+                if ahead not in corrupt:
+                    dataset.prefetch(ahead, store, limits)
+        k = 0
+        if int(shards[i]) in corrupt:
+            error = corrupt[int(shards[i])]
+            yield from (dataset.placeholder(int(shards[i]), p, error) for p in wanted)
+        else:
+            scan = dataset.iter_shard(int(shards[i]), wanted[0], store=store, limits=limits, verify=verify,
+                                   on_corrupt=found_corrupt if on_corrupt is not None else None, views=True)
+            for pos, sample in enumerate(scan, start=wanted[0]):
+                if pos == wanted[k]:  # only a wanted sample is copied out of the shard
+                    yield sample if views else owned(sample)
+                    k += 1
+                    if k == len(wanted):
+                        break
+        if store is not None and (j == n or shards[j] != shards[i]):
+            store.release(int(shards[i]))
+        i = j
+
+def _shards_ahead(dataset: Dataset, shards: np.ndarray, j: int) -> list[int]:
+    """The shards to ask for while the one before position ``j`` is read: the next; for objects
+    the one after it too, two transfers at once keeping a link busy through each one's request
+    latency (benchmarks/object_store.py)."""
+    ahead = [int(shards[j])]
+    if dataset.is_remote:
+        rest = np.flatnonzero(shards[j:] != shards[j])
+        if len(rest):
+            ahead.append(int(shards[j + rest[0]]))
+    return ahead
+
+
+def _read_random(dataset: Dataset, shards: list[int], positions: list[int], store: ShardStore | None,
+                 verify: bool, on_corrupt: OnCorrupt | None) -> Iterator[Sample]:
+    readers: OrderedDict[int, ShardReader] = OrderedDict()
+    verified: set[int] = set()  # each shard once, however often it is reopened
+    corrupt: dict[int, CorruptShardError] = {}
+    told: set[int] = set()  # shards with a sample that differs, reported once to on_corrupt
+    try:
+        for shard, pos in zip(shards, positions, strict=True):
+            if shard in corrupt:
+                yield dataset.placeholder(shard, pos, corrupt[shard])
+                continue
+            digests = dataset.sample_digests(shard) if verify else None
+            check = verify and digests is None and shard not in verified
+            try:
+                reader = readers.pop(shard, None) or dataset.open_shard(shard, store, verify=check)
+            except CorruptShardError as e:
+                if on_corrupt is None:
+                    raise
+                on_corrupt(shard, e)
+                corrupt[shard] = e
+                yield dataset.placeholder(shard, pos, e)
+                continue
+            verified.add(shard)
+            sample = reader[pos]
+            error = digest_mismatch(digests, pos, sample, dataset.source_name(reader.path))
+            if error is not None and dataset.reads_staged_copy(shard, reader):
+                reader.close()
+                reader = dataset.reopen_from_source(shard, store, error)
+                sample = reader[pos]
+                error = digest_mismatch(digests, pos, sample, dataset.source_name(reader.path))
+            readers[shard] = reader
+            if len(readers) > OPEN_SHARDS:
+                readers.popitem(last=False)[1].close()
+            if error is not None:
+                if on_corrupt is None:
+                    raise error
+                if shard not in told:
+                    on_corrupt(shard, error)
+                    told.add(shard)
+                sample = dataset.placeholder(shard, pos, error)
+            else:
+                sample = reader.parse(sample)  # checked first, then parsed
+            yield sample
+    finally:
+        for reader in readers.values():
+            reader.close()

@@ -1,0 +1,290 @@
+"""The encoded stream: this rank's batches of encoded samples, in the plan's order, with the plan's
+decisions. Which bytes, in which order, on this rank; turning them into tensors is the decode
+stage's (:mod:`ddpipe.decoding`).
+
+Stages, each behind a bounded queue: a producer thread reads this rank's samples (sequential scans,
+or random access for ``global``) and, for ``partial``, exchanges a fraction of them with the other
+ranks round by round; the consumer (the caller's thread) puts them in the plan's yield order. The
+plan already fixes that order (the shuffle buffer is simulated on indices), so the consumer only
+holds samples that arrived before their turn: at most about one buffer plus one round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import queue
+import sys
+import threading
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .comm import Comm, init_comm
+from .dataset import Dataset, open_dataset
+from .errors import CorruptShardError, DdpipeError, DigestMismatchError, SampleError
+from .handoff import groups
+from .loader_stats import ReadStats, SkippedSample
+from .options import STREAM_STAGES, ReadOptions, apply_keywords
+from .plan import EpochPlan, PlanOptions, plan_epoch
+from .producer import Producer
+from .reading import read_samples
+from .reorder import batches_in_order
+from .resume import epoch_state, remaining
+from .sample import BAD, KEY, Sample
+from .shufflers import get_shuffler
+from .staging import NodeStager, StageOptions, default_stage_dir, node_local_dir
+from .staging.order import node_shard_order
+from .throttle import SourceLimits
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .options import StreamKeywords
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """One batch of the stream: its encoded samples and the plan's decisions about them. ``indices``:
+    each sample's global index, which with ``seed`` and ``epoch`` fixes its crop and flip
+    (:mod:`ddpipe.decode.augment`), so decoding is a pure function of the batch, here or elsewhere.
+    Iterates as its samples. Under ``on_error="skip"`` a batch may be short by the samples dropped."""
+
+    epoch: int
+    seed: int
+    number: int  # its place in the epoch (0, 1, ...); a resumed epoch counts afresh
+    indices: np.ndarray
+    samples: list[Sample]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.samples)
+
+
+class EncodedStream:
+    """Batches of this rank's encoded samples, the same number on every rank, as :class:`SampleBatch`.
+
+    ``path`` may be a directory, ``s3://bucket/prefix`` or ``http(s)://host/prefix`` (see
+    :func:`ddpipe.open_dataset`, which takes the store's options), or a :class:`Dataset`. Options:
+    ``plan`` (:class:`ddpipe.PlanOptions`), ``read`` (:class:`ReadOptions`), ``stage``
+    (:class:`ddpipe.StageOptions`: node-local staging), or their fields as keywords
+    (:mod:`ddpipe.options`), which win over the objects'.
+
+    Call :meth:`set_epoch` before each epoch; :meth:`state_dict` mid-epoch and
+    :meth:`load_state_dict` in a fresh stream (any world size) continue with exactly the samples not
+    yet yielded. ``stats`` (:class:`ReadStats`) is the epoch's.
+
+    What constructing one asks of the other ranks, and why: without ``comm``, it calls
+    :func:`ddpipe.init_comm` (the job's world: MPI's own set-up, under MPI); with staging on more
+    than one rank, one ``allgather`` of each rank's staging directory (the ranks of a node must share
+    one, or they would wait on each other's copies: refused on every rank at once), and on several
+    nodes one communicator duplicated for the peers' copies. Nothing else: each epoch's collectives
+    happen while it is iterated.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | Dataset, batch_size: int | None = None, *,
+                 plan: PlanOptions | None = None, read: ReadOptions | None = None, stage: StageOptions | None = None,
+                 seed: int = 0, comm: Comm | None = None, **keywords: Unpack[StreamKeywords]) -> None:
+        size: dict[str, Any] = {} if batch_size is None else {"batch_size": batch_size}
+        options = apply_keywords({PlanOptions: plan, ReadOptions: read, StageOptions: stage}, {**keywords, **size},
+                                 STREAM_STAGES, type(self).__name__)
+        self.dataset: Dataset = path if isinstance(path, Dataset) else open_dataset(path)
+        if len(self.dataset) == 0:
+            raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.where)
+        self.options: PlanOptions = options[PlanOptions] or PlanOptions()
+        self.read_options: ReadOptions = options[ReadOptions] or ReadOptions()
+        self.seed = seed
+        self.comm = comm or init_comm()
+        self.epoch = 0
+        self.stats = ReadStats()
+        #: samples may reach the consumer as views of their shard's mapping rather than copies: for a
+        #: consumer that keeps each batch until it is done with it (the decode stage sets it for DALI)
+        self.views = False
+        # the samples this epoch plans over: None for all, or what a resumed epoch had left; it changes
+        # only with set_epoch, so iterating again repeats the same stream and a state taken after the
+        # last batch resumes to nothing
+        self._pending: np.ndarray | None = None
+        self._batches_done = 0
+        self._plan: EpochPlan | None = None
+        self._finished_an_epoch = False
+        limits = self.read_options.source_limits
+        if limits is not None and limits.bandwidth and self.comm.world.local_size > 1:
+            # the modelled link is the node's: ranks reading the source directly share it
+            limits = SourceLimits(limits.bandwidth / self.comm.world.local_size, limits.latency)
+        self._source_limits = limits
+        self.stager = self._stager(options[StageOptions])
+
+    def _stager(self, stage: StageOptions | None) -> NodeStager | None:
+        if stage is not None:  # the job names one local directory; each node resolves it to its own
+            world, environ = self.comm.world, self.comm.environ
+            template = default_stage_dir(environ) if str(stage.stage_dir) == "auto" else stage.stage_dir
+            stage = dataclasses.replace(stage, stage_dir=node_local_dir(template, world.node, world.host, environ),
+                                        limits=stage.limits or self.read_options.source_limits)
+        self._check_one_stage_dir_per_node(stage)
+        if stage is None:
+            return None
+        if stage.capacity is not None and get_shuffler(self.options.shuffle).random_access:
+            raise DdpipeError("a staging capacity needs sequential reading: use shuffle='partial' or 'local' "
+                              "with stage_capacity, or stage the whole share (no capacity) for 'global'")
+        return NodeStager(self.dataset, stage, self.comm)
+
+    def _check_one_stage_dir_per_node(self, stage: StageOptions | None) -> None:
+        """The ranks of a node share one staged copy of each shard: refuse, on every rank at once, a job
+        whose ranks on one node name different staging directories (they would wait on each other)."""
+        if self.comm.world.size == 1:
+            return
+        mine = str(Path(stage.stage_dir).resolve()) if stage is not None else None
+        named = [d for n, d in self.comm.allgather((self.comm.world.node, mine)) if n == self.comm.world.node]
+        if len(set(named)) > 1:
+            a, b = sorted(set(named), key=str)[:2]
+            error = DdpipeError(f"ranks of node {self.comm.world.node} were given different staging directories: "
+                                f"{a or 'none'} and {b or 'none'}; give every rank of a node the same one")
+            error.job_wide = True  # every rank raises it: none need end the others
+            raise error
+
+    @property
+    def rank(self) -> int:
+        return self.comm.world.rank
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._pending = None
+        self.epoch = epoch
+        self._batches_done = 0
+        self._plan = None
+
+    def plan(self) -> EpochPlan:
+        """This epoch's plan (the same on every rank)."""
+        if self._plan is None:
+            self._plan = plan_epoch(self.dataset.manifest, self.comm.world.size, self.seed, self.epoch,
+                                    self.options, self._pending)
+        return self._plan
+
+    def __len__(self) -> int:
+        """Batches this epoch yields (what is left of it, after :meth:`load_state_dict`)."""
+        return self.plan().num_batches
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches a whole epoch yields on this many ranks, resumed or not: what learning-rate
+        schedules count in (``len()`` counts what is left of a resumed epoch)."""
+        if self._pending is None:
+            return len(self)
+        return plan_epoch(self.dataset.manifest, self.comm.world.size, self.seed, self.epoch, self.options).num_batches
+
+    def source_of(self, index: int) -> str:
+        """The shard (file or object) that sample ``index`` comes from, as messages name it."""
+        shard, _ = self.dataset.locate(np.array([index]))
+        return self.dataset.source_name(self.dataset.shard_path(int(shard[0])))
+
+    def __iter__(self) -> Generator[SampleBatch, None, None]:
+        plan = self.plan()
+        if self.stager is not None:
+            self.start_staging(plan)
+        self._batches_done = 0
+        self.stats = ReadStats()
+        batches = self._in_order(plan)
+        skipping = self.read_options.on_error == "skip"
+        try:
+            for number, (indices, samples) in enumerate(batches):
+                if skipping:  # placeholders come only from shards skipped as corrupt
+                    indices, samples = self._without_placeholders(indices, samples)
+                self._batches_done += 1
+                yield SampleBatch(self.epoch, self.seed, number, indices, samples)
+            if self.stager is not None:
+                # a whole epoch was read: its staging is done, bar the stager's own bookkeeping, which
+                # is waited for so that its figures (stats) are final when the epoch ends
+                self.stager.wait()
+            if self.comm.allocator is not None:  # the epochs' high-water mark is not the next one's floor
+                self.comm.allocator.epoch_done(loaders_first=not self._finished_an_epoch)
+            self._finished_an_epoch = True
+        finally:
+            batches.close()
+
+    def start_staging(self, plan: EpochPlan) -> None:
+        """Start copying this node's shards for ``plan`` (``stream.plan()``) to the stage directory;
+        iterating does this itself, ``ddpipe stage`` calls it ahead of a job."""
+        if self.stager is None:
+            raise DdpipeError("this stream has no stage_dir")
+        starts = self.dataset.manifest.shard_starts()
+        order, readers = node_shard_order(plan, self.comm.node_ranks(), starts)
+        shards, _ = self.dataset.locate(plan.ranks[self.rank].reads)
+        runs = np.concatenate([[True], np.diff(shards) != 0]) if len(shards) else np.zeros(0, dtype=bool)
+        my_runs: dict[int, int] = {}
+        for s in shards[runs].tolist():
+            my_runs[s] = my_runs.get(s, 0) + 1
+        self.stager.start(self.epoch, order, readers, my_runs)
+
+    def _without_placeholders(self, indices: np.ndarray, samples: list[Sample]) -> tuple[np.ndarray, list[Sample]]:
+        """A batch less the placeholders of a corrupt shard's samples, each counted and named."""
+        if not any(BAD in s for s in samples):
+            return indices, samples
+        keep = []
+        for i, (g, sample) in enumerate(zip(indices.tolist(), samples, strict=True)):
+            if BAD in sample:
+                self.stats.skip(SkippedSample(str(sample.get(KEY)), self.source_of(g),
+                                                     bytes(sample[BAD]).decode()))
+            else:
+                keep.append(i)
+        return indices[keep], [samples[i] for i in keep]
+
+    def _on_corrupt(self, shard: int, error: CorruptShardError) -> None:
+        """Under ``on_error="skip"``, on the producer's thread: a shard failed its checksum (its samples
+        come as placeholders), or a sample of an adopted file its digest (that sample does)."""
+        self.stats.corrupt_shards.append(self.dataset.manifest.shards[shard].file)
+        what = "a sample" if isinstance(error, DigestMismatchError) else "the samples of a shard"
+        print(f"ddpipe: warning: skipping {what} that index.json does not match: {error}", file=sys.stderr,
+              flush=True)
+
+    def _in_order(self, plan: EpochPlan) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
+        """This rank's batches of encoded samples, in the plan's order, with their global indices."""
+        rank_plan = plan.ranks[self.rank]
+        # the exchange copies each sample once: a kept one out of its shard, a sent one into its
+        # receiver's landing zone or a send slot (views until then)
+        samples = functools.partial(read_samples, self.dataset, rank_plan.reads, random_access=plan.random_access,
+                                    store=self.stager, limits=self._source_limits, verify=self.read_options.verify,
+                                    on_corrupt=self._on_corrupt if self.read_options.on_error == "skip" else None,
+                                    views=bool(rank_plan.rounds) or self.views)
+        waits = self.stager is not None and self.stager.options.capacity is not None
+        producer = Producer(plan, self.rank, self.comm, self.read_options, samples, reads_wait_on_peers=waits)
+        # the producer puts lists of (global index, sample), ``group`` long: ``prefetch`` samples queued
+        out: queue.Queue[Any] = queue.Queue(maxsize=max(1, self.read_options.prefetch // producer.group))
+        stop = threading.Event()
+        thread = threading.Thread(target=producer.run, args=(out, stop), daemon=True,
+                                  name=f"ddpipe-producer-{self.rank}")
+        thread.start()
+        arrivals = groups(out)
+        try:
+            yield from batches_in_order(arrivals, rank_plan.stream, rank_plan.order, plan.options.batch_size,
+                                        plan.num_batches, self.stats)
+        finally:
+            arrivals.close()
+            stop.set()  # the producer notices within one queue timeout, even when the queue is full
+            thread.join()
+        self.stats.exchange = producer.exchange  # the epoch was read whole: its figures are final
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch stands: enough to continue, on any number of ranks, with exactly the rest."""
+        return self.state_at(self._batches_done)
+
+    def state_at(self, batches: int) -> dict[str, Any]:
+        """The state after this epoch's first ``batches`` batches: for a consumer that runs ahead of its
+        caller (a decoder's queue), which says how many batches reached the caller."""
+        return epoch_state(epoch=self.epoch, seed=self.seed, batches=batches, world_size=self.comm.world.size,
+                           options=self.options, pending=self._pending, num_samples=len(self.dataset))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seed, self.epoch, self._pending = remaining(state, self.dataset.manifest)
+        self._batches_done = 0
+        self._plan = None
+
+
+def unreadable(stream: EncodedStream, index: int, sample: Sample, reason: str) -> SampleError:
+    """The error for sample ``index`` of ``stream`` that cannot be used, naming its key and shard."""
+    return SampleError(reason, key=sample.get(KEY), path=stream.source_of(index))

@@ -1,0 +1,198 @@
+"""Each stage has one options object; the flat keywords of EncodedStream and Loader are those objects'
+fields, generated from them, with one precedence rule: a keyword wins over an object's field."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ddpipe
+from ddpipe import DecodeOptions, OptionError, PlanOptions, ReadOptions, SourceLimits, StageOptions
+from ddpipe.options import LOADER_STAGES, STREAM_STAGES, LoaderKeywords, StreamKeywords, apply_keywords, keyword_fields
+
+from .decode.test_decode import labelled_samples
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("opts") / "wds"
+    ddpipe.write_dataset(root, iter(labelled_samples(30, np.random.default_rng(2))), samples_per_shard=8)
+    return root
+
+
+# Values each field may take, by field: a field added to an options object without an entry here fails
+# test_every_field_has_values, so the property test below covers every field there is.
+VALUES: dict[tuple[type, str], st.SearchStrategy[Any]] = {
+    (PlanOptions, "shuffle"): st.sampled_from(["none", "local", "partial", "global"]),
+    (PlanOptions, "exchange_fraction"): st.floats(0.0, 1.0),
+    (PlanOptions, "shard_assignment"): st.sampled_from(["sticky", "rotate"]),
+    (PlanOptions, "drop_last"): st.booleans(),
+    (PlanOptions, "batch_size"): st.integers(1, 4096),
+    (PlanOptions, "buffer_size"): st.integers(0, 100_000),
+    (PlanOptions, "round_size"): st.integers(1, 10_000),
+    (ReadOptions, "prefetch"): st.integers(1, 10_000),
+    (ReadOptions, "verify"): st.booleans(),
+    (ReadOptions, "on_error"): st.sampled_from(["fail", "skip"]),
+    (ReadOptions, "source_limits"): st.builds(SourceLimits, st.floats(1e3, 1e10), st.floats(0, 1)),
+    (StageOptions, "stage_dir"): st.sampled_from([Path("/scratch/node{node}"), Path("$TMPDIR/x"), Path("auto")]),
+    (StageOptions, "capacity"): st.one_of(st.none(), st.integers(1, 2**40)),
+    (StageOptions, "limits"): st.builds(SourceLimits, st.floats(1e3, 1e10), st.floats(0, 1)),
+    (StageOptions, "wait_timeout"): st.floats(0.1, 1e4),
+    (StageOptions, "peers"): st.booleans(),
+    (DecodeOptions, "decoder"): st.sampled_from(["auto", "dali-cpu", "pil"]),
+    (DecodeOptions, "device"): st.sampled_from(["auto", "cpu"]),
+    (DecodeOptions, "on_error"): st.sampled_from(["fail", "skip"]),
+    (DecodeOptions, "train"): st.booleans(),
+    (DecodeOptions, "size"): st.integers(1, 224),
+    (DecodeOptions, "resize_shorter"): st.integers(224, 512),
+    (DecodeOptions, "scale"): st.tuples(st.floats(0.01, 0.5), st.floats(0.5, 1.0)),
+    (DecodeOptions, "ratio"): st.tuples(st.floats(0.5, 1.0), st.floats(1.0, 2.0)),
+    (DecodeOptions, "flip"): st.floats(0.0, 1.0),
+    (DecodeOptions, "mean"): st.tuples(*[st.floats(0, 1)] * 3),
+    (DecodeOptions, "std"): st.tuples(*[st.floats(0.1, 1)] * 3),
+    (DecodeOptions, "dtype"): st.sampled_from(["float32", "float16", "uint8"]),
+    (DecodeOptions, "channels_last"): st.booleans(),
+    (DecodeOptions, "antialias"): st.booleans(),
+    (DecodeOptions, "max_pixels"): st.integers(1, 10**9),
+    (DecodeOptions, "threads"): st.integers(0, 64),
+    (DecodeOptions, "service"): st.sampled_from([(), ("tcp://a:1",), ("tcp://a:1", "tcp://b:2")]),
+    (DecodeOptions, "service_timeout"): st.floats(0.1, 100),
+}
+# objects given beside the keyword: each field at a value of its own (staging's directory included)
+GIVEN = {PlanOptions: PlanOptions(shuffle="local", exchange_fraction=0.2, buffer_size=9, round_size=11),
+         ReadOptions: ReadOptions(prefetch=2, verify=False),
+         StageOptions: StageOptions(Path("/elsewhere"), capacity=10**9),
+         DecodeOptions: DecodeOptions(decoder="pil", size=32, resize_shorter=40, dtype="uint8")}
+
+
+def test_every_field_has_values() -> None:
+    fields = {(cls, f.name) for cls in LOADER_STAGES for f in dataclasses.fields(cls)}
+    assert fields == set(VALUES)
+
+
+def test_the_typed_keywords_are_the_fields() -> None:
+    """The TypedDicts that type the keywords for users' checkers name exactly the generated keywords
+    (``batch_size`` is the positional parameter), and a shared name (``on_error``) is typed once."""
+    assert set(StreamKeywords.__annotations__) | {"batch_size"} == set(keyword_fields(STREAM_STAGES))
+    assert set(typing.get_type_hints(LoaderKeywords)) | {"batch_size"} == set(keyword_fields(LOADER_STAGES))
+    assert {kw for kw, targets in keyword_fields(LOADER_STAGES).items() if len(targets) > 1} == {"on_error"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), with_objects=st.booleans())
+def test_a_keyword_sets_its_field_and_wins_over_the_objects(data: st.DataObject, with_objects: bool) -> None:
+    table = keyword_fields(LOADER_STAGES)
+    chosen = data.draw(st.lists(st.sampled_from(sorted(table)), unique=True, max_size=6), label="keywords")
+    keywords: dict[str, Any] = {}
+    for kw in chosen:
+        cls, field = table[kw][0]
+        keywords[kw] = data.draw(VALUES[cls, field], label=kw)
+    if "resize_shorter" in keywords or "size" in keywords:  # the one constraint between two fields
+        keywords["resize_shorter"] = max(keywords.get("resize_shorter", 256), keywords.get("size", 224))
+    if keywords.get("service") and keywords.get("decoder") == "dali-gpu":
+        del keywords["service"]
+    given = GIVEN if with_objects else {}
+    if not with_objects and any(kw.startswith("stage_") for kw in keywords) and "stage_dir" not in keywords:
+        keywords["stage_dir"] = Path("/x")
+    out = apply_keywords(given, keywords, LOADER_STAGES, "Loader")
+    for kw, value in keywords.items():
+        for cls, field in table[kw]:
+            assert getattr(out[cls], field) == value, (kw, cls.__name__)
+    for cls in LOADER_STAGES:  # a field no keyword named keeps the object's value, or the default
+        base = given.get(cls)
+        named = {field for kw in keywords for c, field in table[kw] if c is cls}
+        for f in dataclasses.fields(cls):
+            if f.name in named or out[cls] is None:
+                continue
+            expected = getattr(base, f.name) if base is not None else f.default
+            assert getattr(out[cls], f.name) == expected, (cls.__name__, f.name)
+
+
+def test_objects_and_keywords_give_the_same_stream(data: Path) -> None:
+    by_objects = ddpipe.EncodedStream(data, plan=PlanOptions(shuffle="partial", exchange_fraction=0.5, batch_size=4,
+                                                             buffer_size=7, drop_last=True),
+                                      read=ReadOptions(prefetch=3), seed=5)
+    by_keywords = ddpipe.EncodedStream(data, 4, shuffle="partial", exchange_fraction=0.5, buffer_size=7,
+                                       drop_last=True, prefetch=3, seed=5)
+    assert by_objects.options == by_keywords.options and by_objects.read_options == by_keywords.read_options
+    keys = [[s["__key__"] for s in b] for b in by_objects]
+    assert keys == [[s["__key__"] for s in b] for b in by_keywords] and len(keys) == 7
+
+
+def test_on_error_as_a_keyword_is_reading_and_decoding(data: Path) -> None:
+    loader = ddpipe.Loader(data, 4, decoder="pil", on_error="skip", size=16, resize_shorter=20, threads=1)
+    assert loader.stream.read_options.on_error == loader.decoding.options.on_error == "skip"
+    apart = ddpipe.Loader(data, 4, read=ReadOptions(on_error="skip"), decode=DecodeOptions(decoder="pil"))
+    assert (apart.stream.read_options.on_error, apart.decoding.options.on_error) == ("skip", "fail")
+
+
+@pytest.mark.parametrize("bad", [{"shuffle": "random"}, {"exchange_fraction": 1.5}, {"on_error": "ignore"},
+                                 {"shard_assignment": "spread"}, {"prefetch": 0}, {"source_limits": "fast"},
+                                 {"stage_capacity": 5}, {"decoder": "opencv"}, {"decoder": "none"}])
+def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[str, object]) -> None:
+    name = next(iter(bad))
+    with pytest.raises(OptionError, match=name if name != "stage_capacity" else "needs stage_dir"):
+        ddpipe.Loader(data, 4, **bad)  # type: ignore[arg-type]
+
+
+def test_a_decoder_for_an_undecoded_stream_points_to_the_stream() -> None:
+    with pytest.raises(OptionError, match="EncodedStream"):
+        DecodeOptions(decoder="none")
+
+
+def test_decode_takes_an_options_object_not_a_name(data: Path) -> None:
+    with pytest.raises(OptionError, match="decoder='pil'"):
+        ddpipe.Loader(data, 4, decode="pil")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("caller", [ddpipe.EncodedStream, ddpipe.Loader])
+def test_unknown_keywords_are_refused_naming_the_accepted_ones(data: Path, caller: type) -> None:
+    with pytest.raises(TypeError, match=r"num_workers.*fields of its options objects: .*buffer_size"):
+        caller(data, 4, num_workers=2)
+
+
+def test_a_stream_takes_no_decoding_keyword(data: Path) -> None:
+    with pytest.raises(TypeError, match="EncodedStream\\(\\) got unexpected keyword arguments: size"):
+        ddpipe.EncodedStream(data, 4, size=32)  # type: ignore[call-arg]
+
+
+def test_convert_and_stage_options_refuse_what_they_cannot_take() -> None:
+    from ddpipe import ConvertOptions
+
+    for bad in ({"format": "zip"}, {"on_error": "ignore"}, {"samples_per_shard": 0}, {"shard_bytes": -5},
+                {"workers": 0}, {"shard_bytes": 100, "samples_per_shard": 10}):
+        with pytest.raises(OptionError):
+            ConvertOptions(**bad)
+    with pytest.raises(OptionError, match="stage_capacity must be a positive number of bytes, not -1"):
+        StageOptions(Path("x"), capacity=-1)
+
+
+def test_a_staging_capacity_below_the_largest_shard_is_refused(tmp_path: Path) -> None:
+    from .helpers import make_dataset
+
+    root = make_dataset(tmp_path / "wds", "wds", [10, 30], payload=1000)
+    with pytest.raises(OptionError, match=r"less than the largest shard \(shard-000001\.tar"):
+        ddpipe.EncodedStream(root, 4, stage_dir=tmp_path / "stage", stage_capacity=2000)
+
+
+def test_staging_reads_from_the_slow_source_the_reading_models(tmp_path: Path) -> None:
+    from .helpers import make_dataset
+
+    root = make_dataset(tmp_path / "wds", "wds", [10])
+    stream = ddpipe.EncodedStream(root, 4, stage_dir=tmp_path / "stage", source_limits="3MB/s")
+    assert stream.stager is not None and stream.stager.options.limits is stream.read_options.source_limits
+    assert stream.read_options.source_limits is not None and stream.read_options.source_limits.bandwidth == 3e6
+
+
+def test_no_stage_dir_is_no_staging(data: Path) -> None:
+    """A script's unset ``--stage-dir`` passed on as ``stage_dir=None``: nothing is staged."""
+    assert ddpipe.EncodedStream(data, 4, stage_dir=None, stage_capacity=None).stager is None
+    with pytest.raises(OptionError, match="stage_dir=None stages nothing"):
+        ddpipe.EncodedStream(data, 4, stage_dir=None, stage_capacity=10**9)
