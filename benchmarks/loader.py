@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _common import DATA, RESULTS, save, synth_images, synth_shards
 
-from ddpipe.bench.harness import drain, machine, median, table
+from ddpipe.bench.harness import drain, evict_page_cache, machine, median, table
 
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1
@@ -65,38 +66,60 @@ def threads_now(pid: int | str = "self") -> int:
     return total
 
 
-def timed_epochs(batches_of_epoch, warmup: int, start_together=lambda: None) -> tuple[int, float, int]:  # type: ignore[no-untyped-def]
-    """Run the warm-up epochs, then time one: (images, seconds, threads once its first batch is out,
-    every stage then running). Several ranks start the timed epoch together: without an allreduce per
-    step they drift apart, and a rank that finished its warm-up early would time the others' warm-up
-    as part of its epoch."""
-    for _ in range(warmup):
-        drain(batches_of_epoch())
+def timed_epochs(batches_of_epoch, warmup: int, start_together=lambda: None,  # type: ignore[no-untyped-def]
+                 started: float | None = None) -> dict[str, Any]:
+    """Run the warm-up epochs, then time one: images, seconds, threads once its first batch is out
+    (every stage then running), and the latency a training step feels: the wait for the first batch
+    cold (from ``started``, before the pipeline was made with its inputs out of the page cache, to
+    the first epoch's first batch), the wait for the timed epoch's first batch (warm), and the waits
+    for the batches after it (p50, p99, max). Several ranks start the timed epoch together: without
+    an allreduce per step they drift apart, and a rank that finished its warm-up early would time the
+    others' warm-up as part of its epoch."""
+    first_cold = None
+    for e in range(warmup):
+        batches = iter(batches_of_epoch())
+        if e == 0 and started is not None:
+            next(batches, None)
+            first_cold = time.perf_counter() - started
+        drain(batches)
     start_together()
-    t0, n, threads = time.perf_counter(), 0, 0
+    t0, n, threads, waits = time.perf_counter(), 0, 0, []
+    t = t0
     for b in batches_of_epoch():
+        waits.append(time.perf_counter() - t)
         n += len(b)
         threads = threads or threads_now()  # a few /proc reads, once
-    return n, time.perf_counter() - t0, threads
+        t = time.perf_counter()
+    seconds = time.perf_counter() - t0
+    steady = waits[1:] or [0.0]
+    return {"images": n, "seconds": seconds, "threads": threads, "first_cold_s": first_cold,
+            "first_warm_s": waits[0] if waits else None, "wait_p50_ms": 1e3 * float(np.percentile(steady, 50)),
+            "wait_p99_ms": 1e3 * float(np.percentile(steady, 99)), "wait_max_ms": 1e3 * max(steady)}
 
 
 # ---- the peers (ddpipe/bench/peers.py: the same ones ``ddpipe bench --compare`` runs) -------------
 
-def run_peer(name: str, images: Path, shards: Path, dtype: str, warmup: int) -> tuple[int, float, int]:
-    from ddpipe.bench.peers import PeerInputs, PeerOptions, make_peer
+def run_peer(name: str, images: Path, shards: Path, dtype: str, warmup: int) -> dict[str, Any]:
+    from ddpipe.bench.peers import PeerInputs, PeerOptions, input_files, make_peer
 
     inputs = PeerInputs(images, sorted(shards.glob("*.tar")))
-    return timed_epochs(make_peer(name, inputs, PeerOptions(batch_size=BATCH, size=SIZE, dtype=dtype, workers=CORES)),
-                        warmup)
+    evict_page_cache(input_files(inputs))  # its first batch cold
+    started = time.perf_counter()
+    epochs = make_peer(name, inputs, PeerOptions(batch_size=BATCH, size=SIZE, dtype=dtype, workers=CORES))
+    return timed_epochs(epochs, warmup, started=started)
 
 
 def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, warmup: int, antialias: bool = True,
-               verify: bool = True) -> tuple[int, float, int]:
+               verify: bool = True) -> dict[str, Any]:
     import ddpipe
-    from ddpipe.decode import DecodeOptions
 
+    comm = ddpipe.init_comm()
+    if comm.world.local_rank == 0:  # its first batch cold
+        evict_page_cache(root / s.file for s in ddpipe.load_manifest(root).shards)
+    comm.barrier()
+    started = time.perf_counter()
     loader = ddpipe.Loader(root, BATCH, decoder=decode, device="cpu", shuffle=shuffle, exchange_fraction=0.3,
-                           decode=DecodeOptions(dtype=dtype, antialias=antialias), verify=verify)
+                           dtype=dtype, antialias=antialias, verify=verify, comm=comm)
     epoch = [0]
 
     def batches():  # type: ignore[no-untyped-def]
@@ -104,10 +127,14 @@ def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, warmup: int, a
         epoch[0] += 1
         return (x for x, _ in loader)
 
-    n, seconds, threads = timed_epochs(batches, warmup, loader.comm.barrier)
-    seconds = max(loader.comm.allgather(seconds))
-    PEAKS.extend(loader.comm.allgather(peak_mb()))  # every rank's, for the largest per rank
-    return sum(loader.comm.allgather(n)), seconds, max(loader.comm.allgather(threads))
+    mine = timed_epochs(batches, warmup, comm.barrier, started=started)
+    ranks = comm.allgather(mine)
+    PEAKS.extend(comm.allgather(peak_mb()))  # every rank's, for the largest per rank
+    # the job's figures: every rank's images, and the slowest rank's time and waits (a data-parallel
+    # step waits for the slowest)
+    out: dict[str, Any] = {k: max((r[k] for r in ranks if r[k] is not None), default=None) for k in mine}
+    out["images"] = sum(r["images"] for r in ranks)
+    return out
 
 
 def _decode_all(paths: list[Path]) -> float:
@@ -163,20 +190,21 @@ def runs(images: Path, data: Path) -> dict[str, tuple[int, list[str]]]:
 
 def child(args: list[str], images: Path, data: Path, out: Path, warmup: int) -> None:
     kind = args[0]
-    threads = 0
+    figures: dict[str, Any]
     if kind == "raw":
         n, s = raw_decode(images)
+        figures = {"images": n, "seconds": s, "threads": 0}
     elif kind in ("torch", "webdataset", "dali-file", "dali-wds"):
-        n, s, threads = run_peer(kind, images, data / "wds", args[1] if len(args) > 1 else "float32", warmup)
+        figures = run_peer(kind, images, data / "wds", args[1] if len(args) > 1 else "float32", warmup)
     else:
-        n, s, threads = run_ddpipe(Path(args[1]), args[2], args[3], args[4], warmup,
-                                   antialias="noaa" not in args[5:], verify="nocheck" not in args[5:])
+        figures = run_ddpipe(Path(args[1]), args[2], args[3], args[4], warmup,
+                             antialias="noaa" not in args[5:], verify="nocheck" not in args[5:])
     if os.environ.get("PMI_RANK", "0") == "0":
-        out.write_text(json.dumps({"images": n, "seconds": s, "peak_mb": max(PEAKS, default=peak_mb()),
-                                   "threads": threads}))
+        out.write_text(json.dumps({**figures, "peak_mb": max(PEAKS, default=peak_mb())}))
 
 
 LIKE = {"float32": "DALI webdataset reader", "uint8": "DALI webdataset reader, uint8"}
+LATENCY = ("first_cold_s", "first_warm_s", "wait_p50_ms", "wait_p99_ms", "wait_max_ms")
 
 
 def tabulate(rows: list[dict[str, Any]]) -> str:
@@ -199,11 +227,24 @@ def tabulate(rows: list[dict[str, Any]]) -> str:
     return table(rows, cols)
 
 
+def latency_table(rows: list[dict[str, Any]]) -> str:
+    """The waits a training step feels, per pipeline: the slowest rank's (medians over repeats)."""
+    for r in rows:
+        p50, p99 = r.get("wait_p50_ms"), r.get("wait_p99_ms")
+        r["p99_over_p50"] = p99 / p50 if p50 and p99 is not None else None
+    cols = [("pipeline", "pipeline", "s"), ("first_cold_s", "first batch, cold s", ".2f"),
+            ("first_warm_s", "first batch, warm s", ".2f"), ("wait_p50_ms", "batch wait p50 ms", ".0f"),
+            ("wait_p99_ms", "p99 ms", ".0f"), ("wait_max_ms", "max ms", ".0f"), ("p99_over_p50", "p99 / p50", ".2f")]
+    return table([r for r in rows if not r["pipeline"].startswith("raw")], cols)
+
+
 def retable() -> None:
     """Rebuild results/loader.json's ratios and table from its measurements, measuring nothing."""
     path = RESULTS / "loader.json"
     doc = json.loads(path.read_text())
     doc["table"] = tabulate(doc["rows"])
+    if any(r.get("first_warm_s") is not None for r in doc["rows"]):
+        doc["latency_table"] = latency_table(doc["rows"])
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(doc["table"])
 
@@ -248,19 +289,25 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for name in names:
         rate = median([r["images"] / r["seconds"] for r in results[name]])
-        rows.append({"pipeline": name, "img_s": rate, "peak_mb": median([r["peak_mb"] for r in results[name]]),
-                     "threads": max(r["threads"] for r in results[name])})
+        row = {"pipeline": name, "img_s": rate, "peak_mb": median([r["peak_mb"] for r in results[name]]),
+               "threads": max(r["threads"] for r in results[name])}
+        for k in LATENCY:
+            measured = [r[k] for r in results[name] if r.get(k) is not None]
+            row[k] = median(measured) if measured else None
+        rows.append(row)
     for r in rows:
         if r["pipeline"].startswith("raw"):
             r["peak_mb"] = r["threads"] = None
     text = tabulate(rows)
+    latency = latency_table(rows)
     command = f"python benchmarks/loader.py --n {args.n} --repeats {args.repeats} --warmup {args.warmup}"
     # a partial run (--only) is a probe: it must not replace the full record the README's table shows
     doc = {"benchmark": "loader", "command": command, "machine": machine(), "batch": BATCH, "size": SIZE,
            "warmup_epochs": args.warmup,
-           "rows": rows, "runs": results, "table": text}
+           "rows": rows, "runs": results, "table": text, "latency_table": latency}
     path = save("loader" if args.only is None else "loader-only", doc)
     print(text)
+    print("\n" + latency)
     print(f"\nwrote {path}", file=sys.stderr)
 
 

@@ -53,7 +53,7 @@ def render(name: str) -> str:
     m = doc["machine"]
     gpu = m.get("gpu") or "no GPU"
     # a summary table, where a benchmark gives one, comes before the full table
-    tables = [t for t in (doc.get("summary_table"), doc["table"], doc.get("note")) if t]
+    tables = [t for t in (doc.get("summary_table"), doc["table"], doc.get("latency_table"), doc.get("note")) if t]
     return (f"`{doc['command']}` ({m['cores']} cores, {m.get('cpu', '')}, {m.get('memory_gib', '?')} GiB, {gpu})\n\n"
             + "\n\n".join(tables) + "\n")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -247,13 +247,16 @@ class Dataset:
         return self._digests[shard]
 
     def iter_shard(self, shard: int, start: int = 0, *, store: ShardStore | None = None,
-                   limits: SourceLimits | None = None, verify: bool = True,
-                   on_corrupt: OnCorrupt | None = None, views: bool = False) -> Iterator[Sample]:
+                   limits: SourceLimits | None = None, verify: bool = True, on_corrupt: OnCorrupt | None = None,
+                   views: bool = False,
+                   opener: Callable[[], ShardReader] | None = None) -> Generator[Sample, None, None]:
         """The samples of one shard from position ``start``, read sequentially. ``views``: fields
-        may be views of the shard in memory (:meth:`ShardReader.scan_views`)."""
+        may be views of the shard in memory (:meth:`ShardReader.scan_views`). ``opener``: what gives
+        the shard's reader, opened as :meth:`open_shard` opens it (by default, that)."""
         digests = self.sample_digests(shard) if verify else None
         try:
-            opened = self.open_shard(shard, store, verify=verify and digests is None)
+            opened = opener() if opener is not None else self.open_shard(shard, store,
+                                                                         verify=verify and digests is None)
         except CorruptShardError as e:
             if on_corrupt is None:
                 raise

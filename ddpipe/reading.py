@@ -4,12 +4,17 @@ Sequential reading scans each run of increasing positions within a shard once (s
 are skipped) and asks for the next shard while one is read; random access (``global`` shuffling)
 keeps a few shards open. Either way every sample is checked against the manifest before it is
 used (invariant 7): a damaged one is an error naming it, or under ``on_corrupt`` a placeholder.
+
+A shard checked whole against its checksum is opened and checked ahead (:class:`CheckedAhead`):
+the next shard's bytes are read and hashed on a thread of their own while this one's samples are
+parsed, so the check neither stalls reading nor comes after any of the shard's values are used.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -29,8 +34,8 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
     Sequential by default: each run of increasing positions within one shard is one scan of the
     shard from the run's first position (samples in between are skipped); ``store`` hears when
     the last run of a shard is done. ``random_access`` reads each sample on its own, keeping a
-    few shards open. ``on_corrupt``: see :class:`~ddpipe.dataset.Dataset`. ``views``: sequential reads may give fields
-    as views of the shard in memory (:meth:`ShardReader.scan_views`).
+    few shards open. ``on_corrupt``: see :class:`~ddpipe.dataset.Dataset`. ``views``: sequential
+    reads may give fields as views of the shard in memory (:meth:`ShardReader.scan_views`).
     """
     shards, positions = dataset.locate(np.asarray(indices, dtype=np.int64))
     if random_access:
@@ -45,31 +50,82 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
         if on_corrupt is not None:
             on_corrupt(shard, error)
 
-    while i < n:
-        j = i + 1
-        while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
-            j += 1
-        wanted = positions[i:j].tolist()
-        if j < n and shards[j] != shards[i]:
-            for ahead in _shards_ahead(dataset, shards, j):
-                if ahead not in corrupt:
-                    dataset.prefetch(ahead, store, limits)
-        k = 0
-        if int(shards[i]) in corrupt:
-            error = corrupt[int(shards[i])]
-            yield from (dataset.placeholder(int(shards[i]), p, error) for p in wanted)
-        else:
-            scan = dataset.iter_shard(int(shards[i]), wanted[0], store=store, limits=limits, verify=verify,
-                                   on_corrupt=found_corrupt if on_corrupt is not None else None, views=True)
-            for pos, sample in enumerate(scan, start=wanted[0]):
-                if pos == wanted[k]:  # only a wanted sample is copied out of the shard
-                    yield sample if views else owned(sample)
-                    k += 1
-                    if k == len(wanted):
-                        break
-        if store is not None and (j == n or shards[j] != shards[i]):
-            store.release(int(shards[i]))
-        i = j
+    ahead = CheckedAhead(dataset, store) if verify and limits is None and not dataset.is_remote else None
+    try:
+        while i < n:
+            j = i + 1
+            while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
+                j += 1
+            wanted = positions[i:j].tolist()
+            if j < n and shards[j] != shards[i]:
+                for later in _shards_ahead(dataset, shards, j):
+                    if later not in corrupt and (ahead is None or not ahead.start(later)):
+                        dataset.prefetch(later, store, limits)
+            k = 0
+            shard = int(shards[i])
+            if shard in corrupt:
+                yield from (dataset.placeholder(shard, p, corrupt[shard]) for p in wanted)
+            else:
+                scan = dataset.iter_shard(shard, wanted[0], store=store, limits=limits, verify=verify,
+                                          on_corrupt=found_corrupt if on_corrupt is not None else None, views=True,
+                                          opener=ahead.taker(shard) if ahead is not None else None)
+                for pos, sample in enumerate(scan, start=wanted[0]):
+                    if pos == wanted[k]:  # only a wanted sample is copied out of the shard
+                        yield sample if views else owned(sample)
+                        k += 1
+                        if k == len(wanted):
+                            break
+                # closed now, not when collected: the shard may come again later, opened ahead, and an
+                # LMDB environment may be open once per process
+                scan.close()
+            if store is not None and (j == n or shards[j] != shards[i]):
+                store.release(shard)
+            i = j
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+class CheckedAhead:
+    """Shards opened and checked whole against their checksums on a thread of their own, one ahead
+    of the reader: hashing (xxhash lets go of the interpreter for large buffers) and, cold, reading
+    the file in overlap with parsing the shard before. A shard is taken only once its check is
+    over, so no value of it is used before its bytes are known to be the manifest's; a check that
+    fails raises when that shard is taken, as opening it then would have. Not for a shard checked
+    sample by sample (adopted files), nor a staged copy not complete yet: opening one waits for the
+    node's stager, which may itself be waiting for this reader to let go of shards."""
+
+    def __init__(self, dataset: Dataset, store: ShardStore | None) -> None:
+        self.dataset, self.store = dataset, store
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-check-ahead")
+        self._opening: dict[int, Future[ShardReader]] = {}
+
+    def start(self, shard: int) -> bool:
+        """Open and check ``shard`` in the background; False where that is not for this shard."""
+        if shard in self._opening:
+            return True
+        if self.dataset.sample_digests(shard) is not None:
+            return False
+        if self.store is not None and self.store.ready_path(shard) is None:
+            return False
+        self._opening[shard] = self._pool.submit(self.dataset.open_shard, shard, self.store, verify=True)
+        return True
+
+    def taker(self, shard: int) -> Callable[[], ShardReader] | None:
+        """What opens ``shard`` checked: the background opening's result, if one was started."""
+        opening = self._opening.pop(shard, None)
+        return opening.result if opening is not None else None
+
+    def close(self) -> None:
+        """Stop: what is opening is waited for and closed, what has not started is dropped."""
+        for opening in self._opening.values():
+            opening.cancel()
+        self._pool.shutdown(wait=True)
+        for opening in self._opening.values():
+            if not opening.cancelled() and opening.exception() is None:
+                opening.result().close()
+        self._opening.clear()
+
 
 def _shards_ahead(dataset: Dataset, shards: np.ndarray, j: int) -> list[int]:
     """The shards to ask for while the one before position ``j`` is read: the next; for objects

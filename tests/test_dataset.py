@@ -62,9 +62,10 @@ def test_reading_with_views_gives_the_same_samples_and_they_outlive_the_read(dat
 
 def test_sequential_reads_advise_the_next_shard_while_reading_one(dataset: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """While one shard is read, the kernel is asked to start reading the next one (so that a cold
-    shard's I/O overlaps the work on the one before): each later shard is advised once, before
-    its first sample, and none while a slow-source model counts the reads."""
+    """While one shard is read unchecked, the kernel is asked to start reading the next one (so that
+    a cold shard's I/O overlaps the work on the one before): each later shard is advised once,
+    before its first sample, and none while a slow-source model counts the reads. (A checked read
+    reads the next shard itself, to check it: below.)"""
     import os
 
     import numpy as np
@@ -84,13 +85,68 @@ def test_sequential_reads_advise_the_next_shard_while_reading_one(dataset: Path,
     files = [str(shard_file(dataset, k).resolve()) for k in range(4)]
     order = np.concatenate([np.arange(12, 18), np.arange(0, 6), np.arange(18, 24)])  # shards 2, 0, 3
     seen_at_first_sample = {}
-    for i, _ in enumerate(read_samples(ds, order)):
+    for i, _ in enumerate(read_samples(ds, order, verify=False)):
         if i % 6 == 0:
             seen_at_first_sample[i // 6] = list(advised)
     assert advised == [files[0], files[3]]
     assert seen_at_first_sample == {0: [files[0]], 1: [files[0], files[3]], 2: [files[0], files[3]]}
     advised.clear()
-    assert len(list(read_samples(ds, order, limits=SourceLimits()))) == 18 and advised == []
+    assert len(list(read_samples(ds, order, verify=False, limits=SourceLimits()))) == 18 and advised == []
+
+
+def test_checked_reads_check_the_next_shard_while_reading_one(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checked read opens and checks each later shard on a thread of its own, asked for when the
+    shard before starts (when it runs is the scheduler's), and over before any of its own samples
+    is handed out."""
+    import threading
+
+    import numpy as np
+
+    ds = ddpipe.open_dataset(dataset)
+    events: list[tuple[str, int, str]] = []
+    opened = ds.open_shard
+
+    def recording_open(shard: int, store: object = None, *, verify: bool = False) -> object:
+        events.append(("open", shard, threading.current_thread().name))
+        reader = opened(shard, store, verify=verify)  # type: ignore[arg-type]
+        events.append(("checked", shard, threading.current_thread().name))
+        return reader
+
+    monkeypatch.setattr(ds, "open_shard", recording_open)
+    order = np.concatenate([np.arange(12, 18), np.arange(0, 6), np.arange(18, 24)])  # shards 2, 0, 3
+    for i, _ in enumerate(read_samples(ds, order)):
+        events.append(("sample", i // 6, ""))
+    opens = {s: name for kind, s, name in events if kind == "open"}
+    assert len(opens) == 3 and opens[2] == "MainThread"
+    assert opens[0].startswith("ddpipe-check-ahead") and opens[3].startswith("ddpipe-check-ahead")
+    for run, shard in ((1, 0), (2, 3)):
+        assert events.index(("checked", shard, opens[shard])) < events.index(("sample", run, ""))
+
+
+def test_a_checked_read_stops_at_a_damaged_shard_and_leaves_none_open(dataset: Path) -> None:
+    """The shard checked ahead is damaged: the samples before it come, then an error naming it and
+    none of its samples; a read left early, with a shard opening ahead, leaves no file open."""
+    import os
+
+    import numpy as np
+
+    from ddpipe.errors import ChecksumMismatchError
+
+    fds = len(os.listdir("/proc/self/fd"))
+    ds = ddpipe.open_dataset(dataset)
+    reading = read_samples(ds, np.arange(len(ds)))
+    next(reading)
+    reading.close()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    victim = shard_file(dataset, 2)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    got = []
+    with pytest.raises(ChecksumMismatchError, match=victim.name):
+        for sample in read_samples(ds, np.arange(len(ds))):
+            got.append(sample["__key__"])
+    assert len(got) == 12
 
 
 def test_missing_shard(dataset: Path) -> None:
