@@ -198,14 +198,16 @@ class Dataset:
                                     f"{self.format.name} can hold (at least {self.format.min_sample_bytes} bytes "
                                     "each)", path=path)
 
-    def open_shard(self, shard: int, store: ShardStore | None = None, *, verify: bool = False) -> ShardReader:
+    def open_shard(self, shard: int, store: ShardStore | None = None, *, verify: bool = False,
+                   hashed: tuple[Path, str] | None = None) -> ShardReader:
         """A reader over one shard (its copy in ``store``, if given), checked against its manifest
-        entry: size and sample count, and with ``verify`` its content."""
+        entry: size and sample count, and with ``verify`` its content (``hashed``: a file's path and
+        checksum, taken already, used if that file is the one opened)."""
         info = self.manifest.shards[shard]
         source = self.data_root / info.file
         path = store.path(shard) if store is not None else source
         try:
-            return self._open(info, path, verify)
+            return self._open(info, path, verify, hashed)
         except CorruptShardError as e:
             if store is None or path == source:
                 raise
@@ -213,23 +215,25 @@ class Dataset:
             store.invalidate(shard)
             return self._open(info, source, verify)
 
-    def _open(self, info: ShardInfo, path: Path, verify: bool) -> ShardReader:
+    def _open(self, info: ShardInfo, path: Path, verify: bool,
+              hashed: tuple[Path, str] | None = None) -> ShardReader:
         if self._objects is not None and path == self.data_root / info.file:
             self._objects.fetch(*self._object_names(info))
             try:
-                return self._open_file(info, path, verify)
+                return self._open_file(info, path, verify, hashed)
             except CorruptShardError as e:
                 if e.path is not None:
                     e.path = self.source_name(Path(e.path))
                 raise
-        return self._open_file(info, path, verify)
+        return self._open_file(info, path, verify, hashed)
 
-    def _open_file(self, info: ShardInfo, path: Path, verify: bool) -> ShardReader:
+    def _open_file(self, info: ShardInfo, path: Path, verify: bool,
+                   hashed: tuple[Path, str] | None = None) -> ShardReader:
         self.check_file(info, path)
         reader = self.format.reader(path)
         try:
             if verify:  # first: the check pages the file in whole, and the count may read scattered pages
-                self.format.verify(reader, info.checksum)
+                self.format.verify(reader, info.checksum, hashed[1] if hashed and hashed[0] == path else None)
             if len(reader) != info.samples:
                 raise CorruptShardError(f"holds {len(reader)} samples, index.json says {info.samples}", path=path)
         except BaseException:

@@ -5,9 +5,9 @@ are skipped) and asks for the next shard while one is read; random access (``glo
 keeps a few shards open. Either way every sample is checked against the manifest before it is
 used (invariant 7): a damaged one is an error naming it, or under ``on_corrupt`` a placeholder.
 
-A shard checked whole against its checksum is opened and checked ahead (:class:`CheckedAhead`):
-the next shard's bytes are read and hashed on a thread of their own while this one's samples are
-parsed, so the check neither stalls reading nor comes after any of the shard's values are used.
+A shard checked whole against its checksum is hashed ahead (:class:`CheckedAhead`): the next
+shard's bytes are read and hashed on a thread of their own while this one's samples are parsed, so
+the check neither stalls reading nor comes after any of the shard's values are used.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
-from .checksum import digest_mismatch
+from .checksum import digest_mismatch, mapped_checksum
 from .dataset import OPEN_SHARDS, Dataset, OnCorrupt, ShardStore
 from .errors import CorruptShardError
 from .formats import ShardReader
@@ -87,44 +88,52 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
 
 
 class CheckedAhead:
-    """Shards opened and checked whole against their checksums on a thread of their own, one ahead
-    of the reader: hashing (xxhash lets go of the interpreter for large buffers) and, cold, reading
-    the file in overlap with parsing the shard before. A shard is taken only once its check is
-    over, so no value of it is used before its bytes are known to be the manifest's; a check that
-    fails raises when that shard is taken, as opening it then would have. Not for a shard checked
-    sample by sample (adopted files), nor a staged copy not complete yet: opening one waits for the
-    node's stager, which may itself be waiting for this reader to let go of shards."""
+    """Shards hashed on a thread of their own, one ahead of the reader: the file is read (cold) and
+    hashed in one call into xxhash, which lets go of the interpreter for it, while the shard before
+    is parsed. The shard is opened, and its checksum compared, when its turn comes, on the reader's
+    thread, so no value of it is used before its bytes are known to be the manifest's and a
+    mismatch is the same error, raised at the same point, as without the look ahead. Not for a
+    shard checked sample by sample (adopted files), nor a staged copy not complete yet (waiting
+    for it would wait on the node's stager, which may itself wait for this reader)."""
 
     def __init__(self, dataset: Dataset, store: ShardStore | None) -> None:
         self.dataset, self.store = dataset, store
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-check-ahead")
-        self._opening: dict[int, Future[ShardReader]] = {}
+        self._hashing: dict[int, Future[tuple[Path, str] | None]] = {}
 
     def start(self, shard: int) -> bool:
-        """Open and check ``shard`` in the background; False where that is not for this shard."""
-        if shard in self._opening:
+        """Hash ``shard`` in the background; False where that is not for this shard."""
+        if shard in self._hashing:
             return True
         if self.dataset.sample_digests(shard) is not None:
             return False
-        if self.store is not None and self.store.ready_path(shard) is None:
+        path = self.store.ready_path(shard) if self.store is not None else self.dataset.shard_path(shard)
+        if path is None:
             return False
-        self._opening[shard] = self._pool.submit(self.dataset.open_shard, shard, self.store, verify=True)
+        self._hashing[shard] = self._pool.submit(_hashed, path)
         return True
 
     def taker(self, shard: int) -> Callable[[], ShardReader] | None:
-        """What opens ``shard`` checked: the background opening's result, if one was started."""
-        opening = self._opening.pop(shard, None)
-        return opening.result if opening is not None else None
+        """What opens ``shard`` checked with the hash taken ahead, if one was started."""
+        hashing = self._hashing.pop(shard, None)
+        if hashing is None:
+            return None
+        return lambda: self.dataset.open_shard(shard, self.store, verify=True, hashed=hashing.result())
 
     def close(self) -> None:
-        """Stop: what is opening is waited for and closed, what has not started is dropped."""
-        for opening in self._opening.values():
-            opening.cancel()
+        """Stop: a hash under way is waited for (it is one call), one not started is dropped."""
+        for hashing in self._hashing.values():
+            hashing.cancel()
         self._pool.shutdown(wait=True)
-        for opening in self._opening.values():
-            if not opening.cancelled() and opening.exception() is None:
-                opening.result().close()
-        self._opening.clear()
+        self._hashing.clear()
+
+
+def _hashed(path: Path) -> tuple[Path, str] | None:
+    """``path`` and its checksum, or None where it cannot be read (opening it then says why)."""
+    try:
+        return path, mapped_checksum(path)
+    except (OSError, ValueError):
+        return None
 
 
 def _shards_ahead(dataset: Dataset, shards: np.ndarray, j: int) -> list[int]:

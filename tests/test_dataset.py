@@ -95,32 +95,42 @@ def test_sequential_reads_advise_the_next_shard_while_reading_one(dataset: Path,
 
 
 def test_checked_reads_check_the_next_shard_while_reading_one(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checked read opens and checks each later shard on a thread of its own, asked for when the
-    shard before starts (when it runs is the scheduler's), and over before any of its own samples
-    is handed out."""
+    """A checked read hashes each later shard on a thread of its own, asked for when the shard
+    before starts (when it runs is the scheduler's), and opens the shard with that hash, checked,
+    before any of its own samples is handed out."""
     import threading
 
     import numpy as np
 
+    from ddpipe import reading
+    from ddpipe.checksum import mapped_checksum as hash_file
+
     ds = ddpipe.open_dataset(dataset)
-    events: list[tuple[str, int, str]] = []
+    events: list[tuple[str, str, str]] = []
     opened = ds.open_shard
 
-    def recording_open(shard: int, store: object = None, *, verify: bool = False) -> object:
-        events.append(("open", shard, threading.current_thread().name))
-        reader = opened(shard, store, verify=verify)  # type: ignore[arg-type]
-        events.append(("checked", shard, threading.current_thread().name))
-        return reader
+    def recording_hash(path: Path) -> str:
+        events.append(("hashed", Path(path).name, threading.current_thread().name))
+        return hash_file(path)
 
+    def recording_open(shard: int, store: object = None, *, verify: bool = False,
+                       hashed: tuple[Path, str] | None = None) -> object:
+        name = ds.manifest.shards[shard].file
+        events.append(("opened", name, "ahead" if hashed is not None else "here"))
+        return opened(shard, store, verify=verify, hashed=hashed)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reading, "mapped_checksum", recording_hash)
     monkeypatch.setattr(ds, "open_shard", recording_open)
     order = np.concatenate([np.arange(12, 18), np.arange(0, 6), np.arange(18, 24)])  # shards 2, 0, 3
     for i, _ in enumerate(read_samples(ds, order)):
-        events.append(("sample", i // 6, ""))
-    opens = {s: name for kind, s, name in events if kind == "open"}
-    assert len(opens) == 3 and opens[2] == "MainThread"
-    assert opens[0].startswith("ddpipe-check-ahead") and opens[3].startswith("ddpipe-check-ahead")
-    for run, shard in ((1, 0), (2, 3)):
-        assert events.index(("checked", shard, opens[shard])) < events.index(("sample", run, ""))
+        events.append(("sample", str(i // 6), ""))
+    names = [ds.manifest.shards[k].file for k in (2, 0, 3)]
+    assert [e[1:] for e in events if e[0] == "opened"] == [(names[0], "here"), (names[1], "ahead"),
+                                                           (names[2], "ahead")]
+    hashed = {name: thread for kind, name, thread in events if kind == "hashed"}
+    assert set(hashed) == set(names[1:]) and all(t.startswith("ddpipe-check-ahead") for t in hashed.values())
+    for run in (1, 2):
+        assert events.index(("opened", names[run], "ahead")) < events.index(("sample", str(run), ""))
 
 
 def test_a_checked_read_stops_at_a_damaged_shard_and_leaves_none_open(dataset: Path) -> None:

@@ -189,11 +189,12 @@ class ShardFormat(abc.ABC):
         and return themselves."""
         return self
 
-    def verify(self, reader: ShardReader, checksum: str) -> None:
+    def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:
         """Raise :class:`ChecksumMismatchError` unless the shard's bytes hash to ``checksum`` (its
         manifest's), so that a replaced or damaged file is caught before any of its samples is used.
-        A format that reads through a sidecar index also checks the index against the shard."""
-        actual = self.checksum(reader)
+        ``actual``: the file's checksum, taken already (ahead, on another thread). A format that
+        reads through a sidecar index also checks the index against the shard."""
+        actual = actual if actual is not None else self.checksum(reader)
         if actual != checksum:
             raise ChecksumMismatchError(reader.path, expected=checksum, actual=actual)
 

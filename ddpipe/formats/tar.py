@@ -297,8 +297,8 @@ class TarFormat(ShardFormat):
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         return TarWriter(path)
 
-    def verify(self, reader: ShardReader, checksum: str) -> None:
-        super().verify(reader, checksum)
+    def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:
+        super().verify(reader, checksum, actual)
         if isinstance(reader, TarReader) and index_path(reader.path).is_file():
             with reader.content(whole=True) as content:  # mapped and paged in by the checksum
                 check_index_against_headers(reader.path, reader.groups, content)
