@@ -14,6 +14,7 @@ import numpy as np
 from .checksum import digest_mismatch, unpack_digests
 from .errors import CorruptShardError, ManifestError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
+from .formats.mapped import advise_willneed
 from .manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_from_text
 from .sample import BAD, KEY, Sample
 from .storage import ObjectCache, ObjectStorage, StorageOptions, is_remote, open_storage, parse_location
@@ -344,21 +345,6 @@ class Dataset:
             self._objects.prefetch(*self._object_names(self.manifest.shards[shard]))
         elif limits is None:
             advise_willneed(self.shard_path(shard))
-
-def advise_willneed(path: Path) -> None:
-    """Start reading ``path`` into the page cache in the background (``POSIX_FADV_WILLNEED``)."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def open_dataset(path: str | os.PathLike[str], storage: StorageOptions | None = None) -> Dataset:

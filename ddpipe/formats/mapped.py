@@ -90,3 +90,19 @@ class MappedFile:
         # dropped, not closed: a scan left suspended may still hold a view of it, and the mapping
         # goes when that view does
         self._mapping = None
+
+
+def advise_willneed(path: Path) -> None:
+    """Start reading ``path`` into the page cache in the background (``POSIX_FADV_WILLNEED``)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
