@@ -253,15 +253,13 @@ class Dataset:
 
     def iter_shard(self, shard: int, start: int = 0, *, store: ShardStore | None = None,
                    limits: SourceLimits | None = None, verify: bool = True, on_corrupt: OnCorrupt | None = None,
-                   views: bool = False,
-                   opener: Callable[[], ShardReader] | None = None) -> Generator[Sample, None, None]:
+                   views: bool = False, hashed: tuple[Path, str] | None = None) -> Generator[Sample, None, None]:
         """The samples of one shard from position ``start``, read sequentially. ``views``: fields
-        may be views of the shard in memory (:meth:`ShardReader.scan_views`). ``opener``: what gives
-        the shard's reader, opened as :meth:`open_shard` opens it (by default, that)."""
+        may be views of the shard in memory (:meth:`ShardReader.scan_views`). ``hashed``: see
+        :meth:`open_shard`."""
         digests = self.sample_digests(shard) if verify else None
         try:
-            opened = opener() if opener is not None else self.open_shard(shard, store,
-                                                                         verify=verify and digests is None)
+            opened = self.open_shard(shard, store, verify=verify and digests is None, hashed=hashed)
         except CorruptShardError as e:
             if on_corrupt is None:
                 raise

@@ -64,8 +64,7 @@ class Producer:
                                           ahead=ahead_of_consumer,
                                           copy_beyond=2 * options.buffer_size + options.round_size)
             shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes)
-            reads_wait_on_peers = self.reads_wait_on_peers
-            if reads_wait_on_peers:
+            if self.reads_wait_on_peers:
                 # where the node's stager may wait for its readers to make room (a capacity), reading has
                 # a thread of its own, ahead, so that a rank waiting for its round still moves past the
                 # shards it is done with: in step, the ranks' shards in use at a round's end could fill
@@ -75,7 +74,7 @@ class Producer:
             try:
                 # reading the next round while waiting for a round is for reads that never wait on the
                 # other ranks' progress (a stalled poll would stall the round for them too)
-                shuffler.run(samples, emit, self.group, read_while_waiting=not reads_wait_on_peers)
+                shuffler.run(samples, emit, self.group, read_while_waiting=not self.reads_wait_on_peers)
             finally:
                 samples.close()  # its shards' mappings and staged copies go now, not when collected
             self.exchange = ExchangeStats(shuffler.samples_sent, shuffler.bytes_sent, shuffler.exchange_seconds,

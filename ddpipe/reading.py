@@ -13,7 +13,7 @@ the check neither stalls reading nor comes after any of the shard's values are u
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,7 +69,7 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
             else:
                 scan = dataset.iter_shard(shard, wanted[0], store=store, limits=limits, verify=verify,
                                           on_corrupt=found_corrupt if on_corrupt is not None else None, views=True,
-                                          opener=ahead.taker(shard) if ahead is not None else None)
+                                          hashed=ahead.take(shard) if ahead is not None else None)
                 for pos, sample in enumerate(scan, start=wanted[0]):
                     if pos == wanted[k]:  # only a wanted sample is copied out of the shard
                         yield sample if views else owned(sample)
@@ -113,12 +113,11 @@ class CheckedAhead:
         self._hashing[shard] = self._pool.submit(_hashed, path)
         return True
 
-    def taker(self, shard: int) -> Callable[[], ShardReader] | None:
-        """What opens ``shard`` checked with the hash taken ahead, if one was started."""
+    def take(self, shard: int) -> tuple[Path, str] | None:
+        """The file and checksum of ``shard`` taken ahead (waiting for it), if a hash was started
+        and the file could be read; :meth:`Dataset.open_shard` compares it."""
         hashing = self._hashing.pop(shard, None)
-        if hashing is None:
-            return None
-        return lambda: self.dataset.open_shard(shard, self.store, verify=True, hashed=hashing.result())
+        return hashing.result() if hashing is not None else None
 
     def close(self) -> None:
         """Stop: a hash under way is waited for (it is one call), one not started is dropped."""

@@ -22,7 +22,8 @@ Sample = dict[str, Any]
 KEY = "__key__"
 
 #: Marks a placeholder for a sample that could not be read (its shard failed its checksum under
-#: ``on_error="skip"``); its value is the reason, as bytes. Decoders drop and count such samples.
+#: ``on_error="skip"``); its value is the reason, as bytes. The encoded stream drops and counts such
+#: samples, so they never reach a decoder.
 BAD = "__bad__"
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..sample import BAD, KEY, Sample, label_of
+from ..sample import KEY, Sample, label_of
 from .spec import image_field
 
 if TYPE_CHECKING:
@@ -35,9 +35,6 @@ class EncodedBatch:
     def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad) -> EncodedBatch:
         batch = cls([], [])
         for g, sample in zip(indices.tolist(), samples, strict=True):
-            if BAD in sample:  # a placeholder for a sample of a corrupt shard (dataset.py)
-                on_bad(g, sample, bytes(sample[BAD]).decode())
-                continue
             name = image_field(sample)
             if name is None:
                 on_bad(g, sample, f"no image field among {sorted(k for k in sample if k != KEY)}")
