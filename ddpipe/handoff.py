@@ -1,5 +1,6 @@
 """Handing items between the loader's threads: a put that a stopped pipeline never blocks in, items
-handed over in groups, and a reading thread of its own ahead of the exchange."""
+handed over in groups, and a thread of its own running an iterator ahead of its caller (reading
+ahead of the exchange, preparing batches ahead of the decoder)."""
 
 from __future__ import annotations
 
@@ -28,31 +29,47 @@ def put_unless_stopped(q: queue.Queue[Any], item: Any, stop: threading.Event) ->
     return False
 
 
+def ahead(items: Iterator[T], depth: int, name: str) -> Generator[T, None, None]:
+    """``items`` produced by a thread of its own (``name``), at most ``depth`` ahead of the caller,
+    until the caller closes this generator; an exception ``items`` raise reaches the caller after
+    the items before it. Closing waits for the item being produced, then leaves ``items`` to the
+    caller (to close, now that no thread runs it)."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+
+    def fill() -> None:
+        try:
+            for item in items:
+                if not put_unless_stopped(q, item, stop):
+                    return
+            put_unless_stopped(q, END, stop)
+        except BaseException as e:  # reaches the consumer intact
+            put_unless_stopped(q, e, stop)
+
+    thread = threading.Thread(target=fill, daemon=True, name=name)
+    thread.start()
+    try:
+        while (item := q.get()) is not END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 def read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Generator[Sample, None, None]:
     """``samples`` produced by a thread of its own, at most about ``depth`` ahead of the caller,
     until the caller closes this generator: reading that goes on while the caller waits (for an
     exchange round). Not stopped by the loader's stop: a rank that stops iterating still completes
     the exchange round in progress, which the other ranks are waiting in. Samples cross between the
     threads ``group`` at a time: a queue's put and get cost more than reading a small sample does."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth // group))
-    stop = threading.Event()
-
-    def fill() -> None:
-        try:
-            for chunk in in_groups(samples, group):
-                if not put_unless_stopped(q, chunk, stop):
-                    return
-            put_unless_stopped(q, END, stop)
-        except BaseException as e:  # reaches the consumer intact
-            put_unless_stopped(q, e, stop)
-
-    reader = threading.Thread(target=fill, daemon=True, name="ddpipe-reader")
-    reader.start()
+    chunks = ahead(in_groups(samples, group), max(1, depth // group), "ddpipe-reader")
     try:
-        yield from ungrouped(q)
+        for chunk in chunks:
+            yield from chunk
     finally:
-        stop.set()
-        reader.join()
+        chunks.close()
 
 
 def groups(q: queue.Queue[Any]) -> Generator[list[Any], None, None]:

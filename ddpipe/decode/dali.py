@@ -15,9 +15,8 @@ the rest of that batch, then the batches that were in flight, then the stream.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,8 @@ import torch
 import torch.utils.dlpack
 
 from ..errors import DdpipeError
+from ..handoff import ahead
+from ..optional import installed
 from .augment import image_size, random_crops
 from .batches import EncodedBatch, OnBad
 from .resample import TORCH_DTYPES, Resampler
@@ -42,28 +43,70 @@ def _import_dali() -> Any:
 class _Feed:
     """The external source: encoded batches in, each remembered until its output comes back.
 
+    DALI calls a source on the thread that runs the pipeline: the training loop's, between two
+    steps. So the work on each batch (reading its headers, choosing its crops, the columns DALI
+    reads) is done ahead, on a thread of its own (``ddpipe-feed``), and the call only takes a
+    prepared batch; it also starts the epoch's reading while the pipeline is being built. (DALI's
+    own ``parallel=True`` sources run per-sample callbacks in worker processes: the samples here
+    are views of this process's shard mappings and exchange buffers, which they cannot see.)
+
     A batch's samples whose header cannot be read are reported through ``on_bad`` first. An error
     on the way in (``on_error="fail"``, a damaged shard) ends the feed: the batches before it come
     out, then the decoder raises it as it was, not wrapped in DALI's own."""
+
+    AHEAD = 2  # batches prepared ahead of DALI's prefetch queue: enough to hide one slow batch
 
     def __init__(self, options: DecodeOptions, gpu: bool) -> None:
         self.options = options
         self.gpu = gpu
         self.inflight: deque[EncodedBatch] = deque()
         self.error: BaseException | None = None
-        self._batches: Iterator[EncodedBatch] = iter(())
+        self._ahead: Generator[EncodedBatch, None, None] | None = None
+        self._front: deque[EncodedBatch] = deque()  # fed again before the rest, after a failed pipeline
         self._seed = self._epoch = 0
         self._on_bad: OnBad | None = None
 
     def attach(self, batches: Iterator[EncodedBatch], seed: int, epoch: int, on_bad: OnBad) -> None:
-        self._batches, self._seed, self._epoch, self._on_bad = batches, seed, epoch, on_bad
+        """Feed ``batches`` from now on (preparing them starts now)."""
+        self.detach()
+        self._seed, self._epoch, self._on_bad = seed, epoch, on_bad
         self.inflight.clear()
+        self._front.clear()
         self.error = None
+        self._ahead = ahead((self._prepared(b) for b in batches), self.AHEAD, "ddpipe-feed")
+
+    def detach(self) -> None:
+        """Stop preparing (after the batch being prepared): the batches are the caller's again."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
 
     def requeue(self, batches: list[EncodedBatch]) -> None:
         """Feed ``batches`` again before the rest (to a new pipeline, after a failed one)."""
-        self._batches = itertools.chain(batches, self._batches)
+        self._front = deque(self._prepared(b) for b in batches)
         self.inflight.clear()
+
+    def _prepared(self, batch: EncodedBatch) -> EncodedBatch:
+        """``batch`` less its unreadable samples, with its crops, and the arrays DALI reads."""
+        if not batch.datas:
+            return batch
+        if self.options.train:
+            batch = with_crops(batch, self._seed, self._epoch, self.options, self._on_bad)
+        else:
+            batch = checked_headers(batch, self.options, self._on_bad)[0]
+        if not batch.datas:
+            return batch
+        # one array of each sample's numbers (label, then its crop window and flip): DALI gives each
+        # external source output a worker thread of its own, idle between batches
+        columns = [np.asarray(batch.labels, dtype=np.int64)]
+        if self.options.train:
+            c = batch.crops
+            assert c is not None
+            columns += [c.left, c.top, c.width, c.height] + ([c.flip] if self.gpu else [])
+        numbers = np.stack([np.asarray(col, dtype=np.int64) for col in columns], axis=1)
+        # DALI reads these in place (no_copy): they stay with the batch, in flight until its output is out
+        batch.fed = [np.frombuffer(d, dtype=np.uint8) for d in batch.datas], numbers
+        return batch
 
     def __iter__(self) -> _Feed:
         return self
@@ -71,13 +114,11 @@ class _Feed:
     def _next_batch(self) -> EncodedBatch:
         if self.error is not None:
             raise StopIteration
+        if self._front:
+            return self._front.popleft()
         try:
-            batch = next(self._batches)
-            if not batch.datas:
-                return batch
-            if not self.options.train:
-                return checked_headers(batch, self.options, self._on_bad)[0]
-            return with_crops(batch, self._seed, self._epoch, self.options, self._on_bad)
+            assert self._ahead is not None, "attach() first"
+            return next(self._ahead)
         except StopIteration:
             raise
         except Exception as e:  # a bad sample or shard: raised by the decoder after the batches before it
@@ -90,16 +131,7 @@ class _Feed:
             self.inflight.append(batch)
             batch = self._next_batch()
         self.inflight.append(batch)
-        # one array of each sample's numbers (label, then its crop window and flip): DALI gives each
-        # external source output a worker thread of its own, idle between batches
-        columns = [np.asarray(batch.labels, dtype=np.int64)]
-        if self.options.train:
-            c = batch.crops
-            assert c is not None
-            columns += [c.left, c.top, c.width, c.height] + ([c.flip] if self.gpu else [])
-        numbers = np.stack([np.asarray(col, dtype=np.int64) for col in columns], axis=1)
-        # DALI reads these in place (no_copy): they stay with the batch, in flight until its output is out
-        batch.fed = [np.frombuffer(d, dtype=np.uint8) for d in batch.datas], numbers
+        assert isinstance(batch.fed, tuple)
         return batch.fed
 
 
@@ -142,7 +174,8 @@ class DaliDecoder:
 
     def __init__(self, options: DecodeOptions, batch_size: int, device: torch.device, gpu_decode: bool,
                  transform_in_dali: bool | None = None) -> None:
-        self.dali = _import_dali()
+        if not installed("nvidia.dali"):  # imported with the first pipeline, while the feed starts reading
+            _import_dali()
         self.options = options
         self.batch_size = batch_size
         self.device = device
@@ -156,12 +189,13 @@ class DaliDecoder:
         self._reusable = False  # the last epoch ran to its end: its pipeline can serve the next
 
     def close(self) -> None:
+        self._feed.detach()
         self._pipe = None
         if self._resampler is not None:
             self._resampler.close()
 
     def _pipeline(self) -> Any:
-        dali, o, feed = self.dali, self.options, self._feed
+        dali, o, feed = _import_dali(), self.options, self._feed
         fn, types = dali.fn, dali.types
         out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[o.dtype]
         device_id = (self.device.index or 0) if self.gpu_decode else None
@@ -236,21 +270,23 @@ class DaliDecoder:
     def decode(self, batches: Iterator[EncodedBatch], seed: int, epoch: int,
                on_bad: OnBad) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This epoch's batches, decoded. Crops and flips follow (seed, epoch, sample)."""
+        reuse, self._reusable = self._pipe is not None and self._reusable, False
+        # the feed starts preparing the epoch's first batches (and its reading) while the pipeline is made
         self._feed.attach(batches, seed, epoch, on_bad)
-        # one pipeline for every epoch that ends: on an H100, while each epoch built its own (its decoders,
-        # the hardware decoder, buffers grown over its first batches), an 8,000-image epoch took ~2.5 s
-        # more than its decoding at DALI's own rate (gpu.py --probe times a first epoch against later
-        # ones); on the CPU a reset one now keeps no more memory than a new one (benchmarks/soak.py)
-        if self._pipe is not None and self._reusable:
-            self._pipe.reset()  # the source is iterated afresh: this epoch's batches
-        else:
-            self._pipe = None
-            self._pipe = self._pipeline()
-        self._reusable = False
         try:
+            # one pipeline for every epoch that ends: on an H100, while each epoch built its own (its decoders,
+            # the hardware decoder, buffers grown over its first batches), an 8,000-image epoch took ~2.5 s
+            # more than its decoding at DALI's own rate (gpu.py --probe times a first epoch against later
+            # ones); on the CPU a reset one now keeps no more memory than a new one (benchmarks/soak.py)
+            if reuse:
+                self._pipe.reset()  # the source is iterated afresh: this epoch's batches
+            else:
+                self._pipe = None
+                self._pipe = self._pipeline()
             yield from self._run(on_bad)
             self._reusable = True
         finally:
+            self._feed.detach()  # before the caller closes the batches the feed's thread was reading
             if not self._reusable:  # left mid-epoch or failed: what DALI prefetched belongs to no later epoch
                 self._pipe = None
 

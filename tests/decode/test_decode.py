@@ -287,6 +287,41 @@ def test_the_pipeline_rebuilt_after_a_bad_image_serves_the_next_epoch(tmp_path: 
     fresh.close()
 
 
+def test_the_dali_feed_prepares_batches_off_the_calling_thread_and_ends_with_the_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DALI calls its source on the training loop's thread: a batch's headers are read and its crops
+    chosen on the feed's own thread instead (a header that does not read is reported from there),
+    and an epoch left early, or ended, leaves none of its threads behind."""
+    import threading
+
+    from ddpipe.loader_stats import DecodeStats, SkippedSample
+
+    reported_on: dict[str, str] = {}
+    skip = DecodeStats.skip
+
+    def noting(self: DecodeStats, sample: SkippedSample) -> None:
+        reported_on[sample.key] = threading.current_thread().name
+        skip(self, sample)
+
+    monkeypatch.setattr(DecodeStats, "skip", noting)
+
+    def ours() -> list[str]:  # an epoch's threads (the decoder's resampling pool lasts until close)
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith(("ddpipe-feed", "ddpipe-producer")))
+
+    before = ours()
+    ld = ddpipe.Loader(corrupt_dataset(tmp_path / "bad"), 4, decoder="dali-cpu", device="cpu", shuffle="none",
+                       on_error="skip", decode=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
+    batches = iter(ld)
+    next(batches)
+    assert "ddpipe-feed" in ours()
+    assert len(list(batches)) == 4 and ours() == before
+    # neither header reads (img/0013 is no JPEG, img/0005 stops in its header)
+    assert reported_on == {"img/0013": "ddpipe-feed", "img/0005": "ddpipe-feed"}
+    next(iter(ld))  # left after one batch: the feed's thread and the producer's go with the epoch
+    assert ours() == before
+    ld.close()
+
+
 def dali_batches(root: Path, transform_in_dali: bool, **kw: object) -> list[torch.Tensor]:
     """Every batch of an epoch through a DALI CPU decoder whose resize, flip and normalisation are
     the Resampler's (the CPU path) or DALI's own (the graph the GPU path runs after ``mixed``)."""
