@@ -28,7 +28,8 @@ from ..handoff import ahead
 from ..optional import installed
 from .augment import image_size, random_crops
 from .batches import EncodedBatch, OnBad
-from .resample import TORCH_DTYPES, Resampler
+from .resample import Resampler
+from .ring import TORCH_DTYPES
 from .spec import DecodeOptions, check_pixels, decode_check
 
 
@@ -183,7 +184,7 @@ class DaliDecoder:
         self.transform_in_dali = gpu_decode if transform_in_dali is None else transform_in_dali
         if gpu_decode and device.type != "cuda":
             raise DdpipeError("decode='dali-gpu' needs a CUDA device")
-        self._resampler: Resampler | None = None if self.transform_in_dali else Resampler(options, options.workers)
+        self._resampler = None if self.transform_in_dali else Resampler(options, options.workers, device)
         self._feed = _Feed(options, self.transform_in_dali)
         self._pipe: Any = None  # the epoch's pipeline
         self._reusable = False  # the last epoch ran to its end: its pipeline can serve the next

@@ -70,12 +70,12 @@ class PilDecoder:
 
     def __init__(self, options: DecodeOptions, batch_size: int, device: torch.device) -> None:
         from .pil import PilPool
-        from .resample import BatchRing
+        from .ring import BatchRing
 
         self.options = options
         self.device = device
         self._pool = PilPool(options, batch_size)
-        self._ring = BatchRing(options)
+        self._ring = BatchRing(options, device)
 
     def close(self) -> None:
         self._pool.close()
@@ -121,7 +121,7 @@ class PilDecoder:
             hwc = torch.from_numpy(np.stack(images)) if images else torch.empty((0, s, s, 3), dtype=torch.uint8)
         out = self._ring.take(len(keep))
         self._ring.fill(out, hwc.permute(0, 3, 1, 2))
-        nchw = out.detach().to(self.device, non_blocking=True)  # detach: the ring sees when the caller lets go
+        nchw = self._ring.handed_out(out)
         return nchw, torch.tensor(labels, dtype=torch.int64, device=self.device)
 
 

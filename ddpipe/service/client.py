@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..decode.ring import BatchRing
 from ..errors import DdpipeError
 from . import wire
 from .transport import Link, Links
@@ -91,6 +92,8 @@ class ServiceDecoder:
             raise DdpipeError(f"a decode service decodes with {' or '.join(wire.SERVED_DECODERS)}, not {kind}")
         self.options, self.batch_size, self.device, self.kind = options, batch_size, device, kind
         self.stats = ServiceStats()
+        # batches bound for a CUDA device land in pinned memory first, and go on without waiting
+        self.ring = BatchRing(options, device) if device.type == "cuda" else None
         self._links: Links | None = None  # made in the thread that decodes (ZeroMQ sockets stay in one)
         self._servers: list[_Server] = []
         self._local: Decoder | None = None
@@ -106,6 +109,8 @@ class ServiceDecoder:
         if self._local is not None:
             self._local.close()
             self._local = None
+        if self.ring is not None:
+            self.ring.clear()
 
     def _connect(self) -> None:
         if self._links is None:
@@ -320,5 +325,8 @@ class _Run:
             images = images.permute(0, 3, 1, 2)
         if len(labels) != images.shape[0]:
             raise DdpipeError(f"a decode server returned {images.shape[0]} images for {len(labels)} samples")
-        return (images.to(self.d.device, non_blocking=True),
-                torch.tensor(labels, dtype=torch.int64).to(self.d.device, non_blocking=True))
+        if self.d.ring is not None:
+            pinned = self.d.ring.take(len(labels))
+            pinned.copy_(images)
+            images = self.d.ring.handed_out(pinned)
+        return images, torch.tensor(labels, dtype=torch.int64).to(self.d.device, non_blocking=True)

@@ -404,7 +404,7 @@ def test_gpu_decoding_channels_last_and_bad_images(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_a_shorter_batch_is_written_into_a_released_full_ones_memory(channels_last: bool) -> None:
-    from ddpipe.decode.resample import BatchRing
+    from ddpipe.decode.ring import BatchRing
 
     ring = BatchRing(DecodeOptions(size=8, channels_last=channels_last))
     full = ring.take(16).detach()
@@ -416,3 +416,39 @@ def test_a_shorter_batch_is_written_into_a_released_full_ones_memory(channels_la
     assert last.data_ptr() == where and last.shape[0] == 5
     assert last.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     assert ring.take(16).data_ptr() not in (where, held.data_ptr())  # both still held: fresh memory
+
+
+@needs_cuda
+def test_a_pinned_batch_is_not_written_again_while_its_copy_to_the_device_may_read_it() -> None:
+    from ddpipe.decode.ring import BatchRing
+
+    ring = BatchRing(DecodeOptions(size=8, dtype="uint8"), torch.device("cuda"))
+    first = ring.take(16)
+    assert first.is_pinned()
+    first.fill_(7)
+    torch.cuda._sleep(1_000_000_000)  # the stream is busy for a while: the copy after it is pending
+    on_device = ring.handed_out(first)
+    assert ring.take(16).data_ptr() != first.data_ptr()  # its copy may still be reading it
+    torch.cuda.synchronize()
+    assert bool((on_device == 7).all())
+    assert ring.take(16).data_ptr() == first.data_ptr()  # copied: reused, no more pinned memory
+
+
+@needs_cuda
+@pytest.mark.parametrize("decode", DECODERS)
+def test_cpu_decoders_hand_a_cuda_device_the_batches_they_give_the_cpu(natural: Path, decode: str) -> None:
+    """Decoded on the CPU into pinned memory and copied to the device without waiting: every batch,
+    held by the caller over two epochs, is the CPU's bit for bit (a batch overwritten while its copy
+    was pending would differ)."""
+    for dtype in ("uint8", "float32"):
+        on_cpu, on_gpu = loader(natural, decode, dtype=dtype), loader(natural, decode, dtype=dtype, device="cuda")
+        for epoch in (0, 1):
+            on_cpu.set_epoch(epoch)
+            on_gpu.set_epoch(epoch)
+            want = [(x.clone(), y.clone()) for x, y in on_cpu]
+            got = list(on_gpu)  # all held: the ring cannot wait on the caller, only on the copies
+            assert all(x.device.type == "cuda" for x, _ in got)
+            for (xg, yg), (xc, yc) in zip(got, want, strict=True):
+                assert torch.equal(xg.cpu(), xc) and torch.equal(yg.cpu(), yc)
+        on_cpu.close()
+        on_gpu.close()
