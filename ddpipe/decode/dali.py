@@ -45,11 +45,14 @@ class _Feed:
     """The external source: encoded batches in, each remembered until its output comes back.
 
     DALI calls a source on the thread that runs the pipeline: the training loop's, between two
-    steps. So the work on each batch (reading its headers, choosing its crops, the columns DALI
-    reads) is done ahead, on a thread of its own (``ddpipe-feed``), and the call only takes a
-    prepared batch; it also starts the epoch's reading while the pipeline is being built. (DALI's
-    own ``parallel=True`` sources run per-sample callbacks in worker processes: the samples here
-    are views of this process's shard mappings and exchange buffers, which they cannot see.)
+    steps. On the GPU path (``on_thread``) the work on each batch (reading its headers, choosing its
+    crops, the columns DALI reads) is done ahead, on a thread of its own (``ddpipe-feed``), and the
+    call only takes a prepared batch; the thread also starts the epoch's reading while the pipeline
+    is being built. On the CPU path the cores decoding are the bottleneck: there the thread only
+    contended with them (2 ranks on 2 cores: 4% fewer images/s and a first batch 0.08 s later,
+    benchmarks/loader.py), so the call prepares its batch itself. (DALI's ``parallel=True`` sources
+    run per-sample callbacks in worker processes: the samples here are views of this process's
+    shard mappings and exchange buffers, which they cannot see.)
 
     A batch's samples whose header cannot be read are reported through ``on_bad`` first. An error
     on the way in (``on_error="fail"``, a damaged shard) ends the feed: the batches before it come
@@ -57,30 +60,32 @@ class _Feed:
 
     AHEAD = 2  # batches prepared ahead of DALI's prefetch queue: enough to hide one slow batch
 
-    def __init__(self, options: DecodeOptions, gpu: bool) -> None:
+    def __init__(self, options: DecodeOptions, gpu: bool, on_thread: bool) -> None:
         self.options = options
         self.gpu = gpu
+        self.on_thread = on_thread
         self.inflight: deque[EncodedBatch] = deque()
         self.error: BaseException | None = None
-        self._ahead: Generator[EncodedBatch, None, None] | None = None
+        self._batches: Generator[EncodedBatch, None, None] | None = None
         self._front: deque[EncodedBatch] = deque()  # fed again before the rest, after a failed pipeline
         self._seed = self._epoch = 0
         self._on_bad: OnBad | None = None
 
     def attach(self, batches: Iterator[EncodedBatch], seed: int, epoch: int, on_bad: OnBad) -> None:
-        """Feed ``batches`` from now on (preparing them starts now)."""
+        """Feed ``batches`` from now on (preparing them ahead starts now)."""
         self.detach()
         self._seed, self._epoch, self._on_bad = seed, epoch, on_bad
         self.inflight.clear()
         self._front.clear()
         self.error = None
-        self._ahead = ahead((self._prepared(b) for b in batches), self.AHEAD, "ddpipe-feed")
+        prepared = (self._prepared(b) for b in batches)
+        self._batches = ahead(prepared, self.AHEAD, "ddpipe-feed") if self.on_thread else prepared
 
     def detach(self) -> None:
-        """Stop preparing (after the batch being prepared): the batches are the caller's again."""
-        if self._ahead is not None:
-            self._ahead.close()
-            self._ahead = None
+        """Stop preparing (after the batch being prepared ahead): the batches are the caller's again."""
+        if self._batches is not None:
+            self._batches.close()
+            self._batches = None
 
     def requeue(self, batches: list[EncodedBatch]) -> None:
         """Feed ``batches`` again before the rest (to a new pipeline, after a failed one)."""
@@ -118,8 +123,8 @@ class _Feed:
         if self._front:
             return self._front.popleft()
         try:
-            assert self._ahead is not None, "attach() first"
-            return next(self._ahead)
+            assert self._batches is not None, "attach() first"
+            return next(self._batches)
         except StopIteration:
             raise
         except Exception as e:  # a bad sample or shard: raised by the decoder after the batches before it
@@ -170,8 +175,9 @@ def with_crops(batch: EncodedBatch, seed: int, epoch: int, options: DecodeOption
 
 class DaliDecoder:
     """``gpu_decode``: DALI's ``mixed`` decoder, and DALI's resize, flip and normalisation after it.
-    ``transform_in_dali`` (default: the same as ``gpu_decode``) runs that same transform graph on
-    DALI's CPU operators after a CPU decode, so that the GPU path's geometry is tested without a GPU."""
+    ``transform_in_dali`` (default: the same as ``gpu_decode``) runs that same transform graph, fed
+    the same way (batches prepared ahead, :class:`_Feed`), on DALI's CPU operators after a CPU
+    decode, so that the GPU path is tested without a GPU."""
 
     def __init__(self, options: DecodeOptions, batch_size: int, device: torch.device, gpu_decode: bool,
                  transform_in_dali: bool | None = None) -> None:
@@ -185,7 +191,7 @@ class DaliDecoder:
         if gpu_decode and device.type != "cuda":
             raise DdpipeError("decode='dali-gpu' needs a CUDA device")
         self._resampler = None if self.transform_in_dali else Resampler(options, options.workers, device)
-        self._feed = _Feed(options, self.transform_in_dali)
+        self._feed = _Feed(options, gpu=self.transform_in_dali, on_thread=self.transform_in_dali)
         self._pipe: Any = None  # the epoch's pipeline
         self._reusable = False  # the last epoch ran to its end: its pipeline can serve the next
 
@@ -246,19 +252,18 @@ class DaliDecoder:
         return p
 
     def _to_torch(self, images: Any, labels: Any, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._resampler is not None:
-            flips = batch.crops.flip if batch.crops is not None else np.zeros(len(images), dtype=bool)
-            out = self._resampler([np.asarray(images[i]) for i in range(len(images))], flips)
-        else:
-            with self.device:
-                out = torch.utils.dlpack.from_dlpack(images.as_tensor())
-            if self.options.channels_last:
-                out = out.permute(0, 3, 1, 2)  # NCHW shape with NHWC memory: torch's channels_last
         with self.device:
             target = torch.utils.dlpack.from_dlpack(labels.as_tensor()).reshape(-1)
-        if out.device != self.device:
-            out = out.to(self.device, non_blocking=True)
-        return out, target.to(self.device, non_blocking=True)
+        if self._resampler is not None:  # into pinned memory, bound for a CUDA device
+            flips = batch.crops.flip if batch.crops is not None else np.zeros(len(images), dtype=bool)
+            out = self._resampler([np.asarray(images[i]) for i in range(len(images))], flips)
+            return out, self._resampler.ring.labels_out(target)
+        with self.device:
+            out = torch.utils.dlpack.from_dlpack(images.as_tensor())
+        if self.options.channels_last:
+            out = out.permute(0, 3, 1, 2)  # NCHW shape with NHWC memory: torch's channels_last
+        # on the GPU, DALI's outputs are on the device already; only the tests' CPU transform moves
+        return out.to(self.device, non_blocking=True), target.to(self.device, non_blocking=True)
 
     def _empty(self) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.options.size

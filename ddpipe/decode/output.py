@@ -122,7 +122,7 @@ class PilDecoder:
         out = self._ring.take(len(keep))
         self._ring.fill(out, hwc.permute(0, 3, 1, 2))
         nchw = self._ring.handed_out(out)
-        return nchw, torch.tensor(labels, dtype=torch.int64, device=self.device)
+        return nchw, self._ring.labels_out(torch.tensor(labels, dtype=torch.int64))
 
 
 def make_decoder(kind: str, options: DecodeOptions, batch_size: int, device: torch.device) -> Decoder:

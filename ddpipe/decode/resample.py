@@ -43,20 +43,20 @@ class Resampler:
         self.options = options
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ddpipe-resample")
-        self._ring = BatchRing(options, device)
+        self.ring = BatchRing(options, device)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        self._ring.clear()
+        self.ring.clear()
 
     def __call__(self, crops: Sequence[np.ndarray], flips: np.ndarray) -> torch.Tensor:
-        out = self._ring.take(len(crops))
+        out = self.ring.take(len(crops))
         n = len(crops)
         step = -(-n // self.threads)
         chunks = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
         for f in [self._pool.submit(self._fill, crops, flips, out, lo, hi) for lo, hi in chunks]:
             f.result()
-        return self._ring.handed_out(out)
+        return self.ring.handed_out(out)
 
     def _fill(self, crops: Sequence[np.ndarray], flips: np.ndarray, out: torch.Tensor, lo: int, hi: int) -> None:
         o, s = self.options, self.options.size
@@ -69,4 +69,4 @@ class Resampler:
                 nh, nw = max(o.resize_shorter, round(h * scale)), max(o.resize_shorter, round(w * scale))
                 top, left = (nh - s) // 2, (nw - s) // 2
                 y = resized(crops[i], nh, nw, o.antialias)[:, top : top + s, left : left + s]
-            self._ring.fill(out[i], y)
+            self.ring.fill(out[i], y)

@@ -109,8 +109,6 @@ class ServiceDecoder:
         if self._local is not None:
             self._local.close()
             self._local = None
-        if self.ring is not None:
-            self.ring.clear()
 
     def _connect(self) -> None:
         if self._links is None:
@@ -325,8 +323,9 @@ class _Run:
             images = images.permute(0, 3, 1, 2)
         if len(labels) != images.shape[0]:
             raise DdpipeError(f"a decode server returned {images.shape[0]} images for {len(labels)} samples")
-        if self.d.ring is not None:
-            pinned = self.d.ring.take(len(labels))
-            pinned.copy_(images)
-            images = self.d.ring.handed_out(pinned)
-        return images, torch.tensor(labels, dtype=torch.int64).to(self.d.device, non_blocking=True)
+        targets = torch.tensor(labels, dtype=torch.int64)
+        if self.d.ring is None:
+            return images, targets
+        pinned = self.d.ring.take(len(labels))
+        pinned.copy_(images)
+        return self.d.ring.handed_out(pinned), self.d.ring.labels_out(targets)
