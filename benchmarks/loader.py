@@ -301,6 +301,8 @@ def main() -> None:
     text = tabulate(rows)
     latency = latency_table(rows)
     command = f"python benchmarks/loader.py --n {args.n} --repeats {args.repeats} --warmup {args.warmup}"
+    if args.only is not None:  # a probe says what it ran
+        command += " --only " + " ".join(f'"{o}"' for o in args.only)
     # a partial run (--only) is a probe: it must not replace the full record the README's table shows
     doc = {"benchmark": "loader", "command": command, "machine": machine(), "batch": BATCH, "size": SIZE,
            "warmup_epochs": args.warmup,

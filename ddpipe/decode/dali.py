@@ -49,8 +49,8 @@ class _Feed:
     crops, the columns DALI reads) is done ahead, on a thread of its own (``ddpipe-feed``), and the
     call only takes a prepared batch; the thread also starts the epoch's reading while the pipeline
     is being built. On the CPU path the cores decoding are the bottleneck: there the thread only
-    contended with them (2 ranks on 2 cores: 4% fewer images/s and a first batch 0.08 s later,
-    benchmarks/loader.py), so the call prepares its batch itself. (DALI's ``parallel=True`` sources
+    contended with them (slower with 2 ranks on 2 cores, in images/s and first batch:
+    docs/performance-notes.md), so the call prepares its batch itself. (DALI's ``parallel=True`` sources
     run per-sample callbacks in worker processes: the samples here are views of this process's
     shard mappings and exchange buffers, which they cannot see.)
 
