@@ -274,7 +274,7 @@ class DaliDecoder:
         return images, torch.empty(0, dtype=torch.int64, device=self.device)
 
     def decode(self, batches: Iterator[EncodedBatch], seed: int, epoch: int,
-               on_bad: OnBad) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+               on_bad: OnBad) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
         """This epoch's batches, decoded. Crops and flips follow (seed, epoch, sample)."""
         reuse, self._reusable = self._pipe is not None and self._reusable, False
         # the feed starts preparing the epoch's first batches (and its reading) while the pipeline is made

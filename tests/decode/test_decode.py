@@ -430,7 +430,7 @@ def test_a_pinned_batch_is_not_written_again_while_its_copy_to_the_device_may_re
     assert first.is_pinned()
     first.fill_(7)
     where = first.data_ptr()
-    torch.cuda._sleep(1_000_000_000)  # the stream is busy for a while: the copy after it is pending
+    torch.cuda._sleep(1_000_000_000)  # type: ignore[no-untyped-call]  # the stream is busy for a while: the copy after it is pending
     on_device = ring.handed_out(first)
     del first  # let go while its copy is pending
     pending = ring.take(16)
