@@ -36,7 +36,6 @@ from typing import Any
 from _common import DATA, save, synth_images, synth_shards
 
 from ddpipe.bench.harness import machine, median, table
-from ddpipe.reading import read_samples
 
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1
@@ -97,10 +96,11 @@ def run_peer(name: str, images: Path, shards: Path, epochs: int) -> list[float]:
     return epoch_rates(make_peer(name, inputs, options), epochs)
 
 
-def run_ddpipe(root: Path, shuffle: str, dtype: str, epochs: int) -> list[float]:
+def run_ddpipe(root: Path, shuffle: str, dtype: str, epochs: int, decoder: str = "dali-gpu",
+               device: str = "cuda") -> list[float]:
     import ddpipe
 
-    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle=shuffle, dtype=dtype)
+    loader = ddpipe.Loader(root, BATCH, decoder=decoder, device=device, shuffle=shuffle, dtype=dtype)
     epoch = [0]
 
     def batches():  # type: ignore[no-untyped-def]
@@ -146,142 +146,6 @@ def run_train(root: Path, epochs: int, classes: int) -> dict[str, Any]:
             "epochs": [{"images_per_s": log.images_per_s, "stall": log.stall} for log in logs]}
 
 
-# ---- the probe: each piece of ddpipe's GPU path alone ----------------------------------------------
-
-def probe(images: Path, root: Path, epochs: int) -> None:
-    """DALI graphs fed from memory as ddpipe feeds them (the crop windows, flips and labels as inputs),
-    with one thing changed each, against DALI's own random crop; then the Loader's encoded stream
-    alone, and a profile of the Loader's own epoch (what its calling thread spends time on)."""
-    import cProfile
-    import pstats
-
-    import numpy as np
-    import torch
-    from nvidia.dali import fn, pipeline_def, types
-
-    import ddpipe
-    from ddpipe.decode import DecodeOptions
-    from ddpipe.decode.augment import image_size, random_crops
-
-    samples = [s for b in ddpipe.EncodedStream(root, BATCH, shuffle="none") for s in b][: 16 * BATCH]
-    wh = np.array([image_size(s["jpg"]) for s in samples])
-    crops = random_crops(0, 0, np.arange(len(samples)), wh[:, 0], wh[:, 1], DecodeOptions())
-    start = np.stack([crops.left, crops.top], 1).astype(np.int32)
-    shape = np.stack([crops.width, crops.height], 1).astype(np.int32)
-    n = len(samples) // BATCH
-    feed = [([np.frombuffer(s["jpg"], np.uint8) for s in samples[b * BATCH : (b + 1) * BATCH]],
-             list(start[b * BATCH : (b + 1) * BATCH]), list(shape[b * BATCH : (b + 1) * BATCH])) for b in range(n)]
-
-    def rate(name: str, decode: Any, dynamic: bool = True) -> None:
-        @pipeline_def(batch_size=BATCH, num_threads=CORES, device_id=0, prefetch_queue_depth=2, exec_dynamic=dynamic)
-        def pipe():  # type: ignore[no-untyped-def]
-            enc, st, sh = fn.external_source(source=feed, num_outputs=3, cycle=True,
-                                              dtype=[types.UINT8, types.INT32, types.INT32])
-            img = fn.resize(decode(enc, st, sh), resize_x=SIZE, resize_y=SIZE, antialias=True)
-            return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="CHW")
-
-        p = pipe()
-        p.build()
-        rates = []
-        for _ in range(epochs):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                p.run()
-            torch.cuda.synchronize()
-            rates.append(n * BATCH / (time.perf_counter() - t0))
-        print(f"{name}: {median(rates[1:]):.0f} img/s", flush=True)
-
-    def sliced(enc: Any, st: Any, sh: Any, **kw: Any) -> Any:
-        return fn.decoders.image_slice(enc, device="mixed", output_type=types.RGB, start=st, shape=sh,
-                                       axis_names="WH", **kw)
-
-    # one graph at a time: the rates of two runs of this probe differed by up to a fifth, and four of these
-    # graphs run in turn in one process (image_slice, image_random_crop, full decode) gave the same rates
-    # within that, whichever ran first: the order of the lines here is not a ranking
-    rate("image_slice (ddpipe's graph)", lambda e, s, h: sliced(e, s, h, adjust_orientation=False))
-    rate("image_slice, static executor", lambda e, s, h: sliced(e, s, h, adjust_orientation=False), dynamic=False)
-    # every image to the hardware decoder: no faster beyond that noise, and a corrupt image then came out
-    # as pixels instead of an error (tests/decode's bad-image test on the GPU): not ddpipe's setting
-    rate("image_slice, hw_decoder_load=1", lambda e, s, h: sliced(e, s, h, hw_decoder_load=1.0))
-    # the hardware decoder kept out: where ddpipe's graph runs at this rate, it is not getting it
-    rate("image_slice, hw_decoder_load=0", lambda e, s, h: sliced(e, s, h, hw_decoder_load=0.0))
-    rate("full decode, then slice on the GPU", lambda e, s, h: fn.slice(
-        fn.decoders.image(e, device="mixed", output_type=types.RGB), s, h, axis_names="WH"))
-    rate("image_random_crop (DALI's own)", lambda e, s, h: fn.decoders.image_random_crop(
-        e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0]))
-    rate("image_random_crop, hw_decoder_load=0", lambda e, s, h: fn.decoders.image_random_crop(
-        e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0], hw_decoder_load=0.0))
-    encoded = ddpipe.EncodedStream(root, BATCH, shuffle="local")
-    for _ in range(2):
-        t0 = time.perf_counter()
-        k = sum(len(b) for b in encoded)
-    print(f"Loader, encoded samples only (local): {k / (time.perf_counter() - t0):.0f} samples/s", flush=True)
-    # the reading alone, with each sample copied out of its shard (what decode="none" gives) and as
-    # views of the shard (what DALI's decoders get)
-    everything = np.arange(len(encoded.dataset))
-    for views in (False, True):
-        t0 = time.perf_counter()
-        k = sum(1 for _ in read_samples(encoded.dataset, everything, views=views))
-        print(f"Dataset.read, {'views' if views else 'copies'}: {k / (time.perf_counter() - t0):.0f} samples/s",
-              flush=True)
-    # ddpipe's own decoder (its feed, crop windows, graph and hand-over to torch) without the Loader's
-    # threads: between the graph alone, above, and the Loader, below
-    in_memory = [(np.arange(b * BATCH, (b + 1) * BATCH), samples[b * BATCH : (b + 1) * BATCH]) for b in range(n)]
-    # its first epoch builds its pipeline (the nvImageCodec decoders, the hardware decoder, buffers grown
-    # over the first batches); later epochs reset it: a pipeline built each epoch cost that every epoch
-    first, *later = decoder_from_memory(in_memory, epochs)
-    print(f"DaliDecoder fed from memory: first epoch {first:.0f} img/s, later {median(later):.0f} img/s",
-          flush=True)
-    # the calling thread takes the interpreter lock back after each wait in DALI or CUDA; a thread that
-    # holds it (the Loader's reader) gives it up only every switch interval (5 ms by default)
-    default_interval = sys.getswitchinterval()
-    for interval in (default_interval, 1e-4):
-        sys.setswitchinterval(interval)
-        loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
-        rates = epoch_rates(lambda ld=loader: (x for x, _ in ld), epochs)
-        print(f"Loader, dali-gpu (local), switch interval {interval * 1e3:g} ms: {median(rates):.0f} img/s", flush=True)
-    sys.setswitchinterval(default_interval)
-    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
-    list(loader)
-    profile = cProfile.Profile()
-    t0 = time.perf_counter()
-    profile.enable()
-    k = sum(len(y) for _, y in loader)
-    profile.disable()
-    torch.cuda.synchronize()
-    print(f"Loader, dali-gpu (local), profiled: {k / (time.perf_counter() - t0):.0f} img/s", flush=True)
-    pstats.Stats(profile).sort_stats("tottime").print_stats(15)
-
-
-def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> list[float]:
-    """Images/s of ddpipe's DALI decoder alone (``mixed``, the training transform) over encoded
-    ``(indices, samples)`` batches held in memory, each epoch, the first (which builds its pipeline)
-    included."""
-    import torch
-
-    from ddpipe.decode import DecodeOptions
-    from ddpipe.decode.batches import EncodedBatch
-    from ddpipe.decode.dali import DaliDecoder
-
-    def on_bad(index: int, sample: Any, reason: str) -> None:
-        raise RuntimeError(f"sample {index}: {reason}")
-
-    decoder = DaliDecoder(DecodeOptions(threads=CORES), BATCH, torch.device("cuda"), gpu_decode=True)
-    epoch = [0]
-
-    def decoded():  # type: ignore[no-untyped-def]
-        encoded = (EncodedBatch.of(indices, samples, on_bad) for indices, samples in batches)
-        epoch[0] += 1
-        return (images for images, _ in decoder.decode(encoded, 0, epoch[0], on_bad))
-
-    try:
-        return epoch_rates(decoded, epochs, first=True)
-    finally:
-        decoder.close()
-
-
-# ---- the harness ------------------------------------------------------------------------------
-
 def runs(data: Path) -> dict[str, list[str]]:
     """name -> arguments of --run."""
     out = {
@@ -295,6 +159,10 @@ def runs(data: Path) -> dict[str, list[str]]:
     out["ddpipe wds, dali-gpu, none"] = ["ddpipe", str(data / "wds"), "none", "float32"]
     out["ddpipe wds, dali-gpu, local, float16"] = ["ddpipe", str(data / "wds"), "local", "float16"]
     out["ddpipe wds, dali-gpu, local, uint8"] = ["ddpipe", str(data / "wds"), "local", "uint8"]
+    # CPU decoding feeding the GPU (pinned memory, copies that do not wait) against feeding the CPU
+    for device in ("cpu", "cuda"):
+        out[f"ddpipe wds, dali-cpu, local, to {device}"] = ["ddpipe", str(data / "wds"), "local", "float32",
+                                                             "dali-cpu", device]
     return out
 
 
@@ -308,7 +176,7 @@ def child(args: list[str], images: Path, data: Path, epochs: int, out: Path) -> 
     elif kind == "train":
         result = run_train(Path(args[1]), epochs, int(args[2]))
     else:
-        result = {"rates": run_ddpipe(Path(args[1]), args[2], args[3], epochs)}
+        result = {"rates": run_ddpipe(Path(args[1]), args[2], args[3], epochs, *args[4:])}
     result["peak_mb"] = peak_mb()
     out.write_text(json.dumps(result))
 
@@ -350,7 +218,9 @@ def main() -> None:
     for fmt in ("wds", "hdf5", "lmdb"):
         synth_shards(args.n, "gpu", fmt, shard_bytes=64_000_000, seed=0)
     if args.probe:
-        probe(images, data / "wds", args.epochs)
+        from gpu_probe import probe
+
+        probe(data / "wds", args.epochs)
         return
     todo = runs(data)
     names = [n for n in todo if args.only is None or n.startswith("GPU JPEG") or any(o in n for o in args.only)]

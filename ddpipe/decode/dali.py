@@ -48,9 +48,9 @@ class _Feed:
     steps. On the GPU path (``on_thread``) the work on each batch (reading its headers, choosing its
     crops, the columns DALI reads) is done ahead, on a thread of its own (``ddpipe-feed``), and the
     call only takes a prepared batch; the thread also starts the epoch's reading while the pipeline
-    is being built. On the CPU path the cores decoding are the bottleneck: there the thread only
-    contended with them (slower with 2 ranks on 2 cores, in images/s and first batch:
-    docs/performance-notes.md), so the call prepares its batch itself. (DALI's ``parallel=True`` sources
+    is being built. On the CPU path the cores decoding are the bottleneck: there the thread
+    measured no faster (docs/performance-notes.md) and only contends with them, so the call
+    prepares its batch itself. (DALI's ``parallel=True`` sources
     run per-sample callbacks in worker processes: the samples here are views of this process's
     shard mappings and exchange buffers, which they cannot see.)
 

@@ -1,0 +1,154 @@
+"""Where ddpipe's dali-gpu path loses time, each piece alone: ``python benchmarks/gpu.py --probe``.
+
+DALI graphs fed from memory as ddpipe feeds them, one thing changed in each; the Loader's encoded
+stream and its reads alone; ddpipe's DALI decoder fed from memory, first epoch and later ones; the
+Loader under two interpreter switch intervals; and a profile of the Loader's calling thread.
+Prints; records nothing (the figures worth keeping go through benchmarks/gpu.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpu import BATCH, CORES, SIZE, epoch_rates
+
+from ddpipe.bench.harness import median
+from ddpipe.reading import read_samples
+
+
+def probe(root: Path, epochs: int) -> None:
+    """DALI graphs fed from memory as ddpipe feeds them (the crop windows, flips and labels as inputs),
+    with one thing changed each, against DALI's own random crop; then the Loader's encoded stream
+    alone, and a profile of the Loader's own epoch (what its calling thread spends time on)."""
+    import cProfile
+    import pstats
+
+    import numpy as np
+    import torch
+    from nvidia.dali import fn, pipeline_def, types
+
+    import ddpipe
+    from ddpipe.decode import DecodeOptions
+    from ddpipe.decode.augment import image_size, random_crops
+
+    samples = [s for b in ddpipe.EncodedStream(root, BATCH, shuffle="none") for s in b][: 16 * BATCH]
+    wh = np.array([image_size(s["jpg"]) for s in samples])
+    crops = random_crops(0, 0, np.arange(len(samples)), wh[:, 0], wh[:, 1], DecodeOptions())
+    start = np.stack([crops.left, crops.top], 1).astype(np.int32)
+    shape = np.stack([crops.width, crops.height], 1).astype(np.int32)
+    n = len(samples) // BATCH
+    feed = [([np.frombuffer(s["jpg"], np.uint8) for s in samples[b * BATCH : (b + 1) * BATCH]],
+             list(start[b * BATCH : (b + 1) * BATCH]), list(shape[b * BATCH : (b + 1) * BATCH])) for b in range(n)]
+
+    def rate(name: str, decode: Any, dynamic: bool = True) -> None:
+        @pipeline_def(batch_size=BATCH, num_threads=CORES, device_id=0, prefetch_queue_depth=2, exec_dynamic=dynamic)
+        def pipe():  # type: ignore[no-untyped-def]
+            enc, st, sh = fn.external_source(source=feed, num_outputs=3, cycle=True,
+                                              dtype=[types.UINT8, types.INT32, types.INT32])
+            img = fn.resize(decode(enc, st, sh), resize_x=SIZE, resize_y=SIZE, antialias=True)
+            return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="CHW")
+
+        p = pipe()
+        p.build()
+        rates = []
+        for _ in range(epochs):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                p.run()
+            torch.cuda.synchronize()
+            rates.append(n * BATCH / (time.perf_counter() - t0))
+        print(f"{name}: {median(rates[1:]):.0f} img/s", flush=True)
+
+    def sliced(enc: Any, st: Any, sh: Any, **kw: Any) -> Any:
+        return fn.decoders.image_slice(enc, device="mixed", output_type=types.RGB, start=st, shape=sh,
+                                       axis_names="WH", **kw)
+
+    # one graph at a time: the rates of two runs of this probe differed by up to a fifth, and four of these
+    # graphs run in turn in one process (image_slice, image_random_crop, full decode) gave the same rates
+    # within that, whichever ran first: the order of the lines here is not a ranking
+    rate("image_slice (ddpipe's graph)", lambda e, s, h: sliced(e, s, h, adjust_orientation=False))
+    rate("image_slice, static executor", lambda e, s, h: sliced(e, s, h, adjust_orientation=False), dynamic=False)
+    # every image to the hardware decoder: no faster beyond that noise, and a corrupt image then came out
+    # as pixels instead of an error (tests/decode's bad-image test on the GPU): not ddpipe's setting
+    rate("image_slice, hw_decoder_load=1", lambda e, s, h: sliced(e, s, h, hw_decoder_load=1.0))
+    # the hardware decoder kept out: where ddpipe's graph runs at this rate, it is not getting it
+    rate("image_slice, hw_decoder_load=0", lambda e, s, h: sliced(e, s, h, hw_decoder_load=0.0))
+    rate("full decode, then slice on the GPU", lambda e, s, h: fn.slice(
+        fn.decoders.image(e, device="mixed", output_type=types.RGB), s, h, axis_names="WH"))
+    rate("image_random_crop (DALI's own)", lambda e, s, h: fn.decoders.image_random_crop(
+        e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0]))
+    rate("image_random_crop, hw_decoder_load=0", lambda e, s, h: fn.decoders.image_random_crop(
+        e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0], hw_decoder_load=0.0))
+    encoded = ddpipe.EncodedStream(root, BATCH, shuffle="local")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        k = sum(len(b) for b in encoded)
+    print(f"Loader, encoded samples only (local): {k / (time.perf_counter() - t0):.0f} samples/s", flush=True)
+    # the reading alone, with each sample copied out of its shard (what decode="none" gives) and as
+    # views of the shard (what DALI's decoders get)
+    everything = np.arange(len(encoded.dataset))
+    for views in (False, True):
+        t0 = time.perf_counter()
+        k = sum(1 for _ in read_samples(encoded.dataset, everything, views=views))
+        print(f"Dataset.read, {'views' if views else 'copies'}: {k / (time.perf_counter() - t0):.0f} samples/s",
+              flush=True)
+    # ddpipe's own decoder (its feed, crop windows, graph and hand-over to torch) without the Loader's
+    # threads: between the graph alone, above, and the Loader, below
+    in_memory = [(np.arange(b * BATCH, (b + 1) * BATCH), samples[b * BATCH : (b + 1) * BATCH]) for b in range(n)]
+    # its first epoch builds its pipeline (the nvImageCodec decoders, the hardware decoder, buffers grown
+    # over the first batches); later epochs reset it: a pipeline built each epoch cost that every epoch
+    first, *later = decoder_from_memory(in_memory, epochs)
+    print(f"DaliDecoder fed from memory: first epoch {first:.0f} img/s, later {median(later):.0f} img/s",
+          flush=True)
+    # the calling thread takes the interpreter lock back after each wait in DALI or CUDA; a thread that
+    # holds it (the Loader's reader) gives it up only every switch interval (5 ms by default)
+    default_interval = sys.getswitchinterval()
+    for interval in (default_interval, 1e-4):
+        sys.setswitchinterval(interval)
+        loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
+        rates = epoch_rates(lambda ld=loader: (x for x, _ in ld), epochs)
+        print(f"Loader, dali-gpu (local), switch interval {interval * 1e3:g} ms: {median(rates):.0f} img/s", flush=True)
+    sys.setswitchinterval(default_interval)
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
+    list(loader)
+    profile = cProfile.Profile()
+    t0 = time.perf_counter()
+    profile.enable()
+    k = sum(len(y) for _, y in loader)
+    profile.disable()
+    torch.cuda.synchronize()
+    print(f"Loader, dali-gpu (local), profiled: {k / (time.perf_counter() - t0):.0f} img/s", flush=True)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+
+
+def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> list[float]:
+    """Images/s of ddpipe's DALI decoder alone (``mixed``, the training transform) over encoded
+    ``(indices, samples)`` batches held in memory, each epoch, the first (which builds its pipeline)
+    included."""
+    import torch
+
+    from ddpipe.decode import DecodeOptions
+    from ddpipe.decode.batches import EncodedBatch
+    from ddpipe.decode.dali import DaliDecoder
+
+    def on_bad(index: int, sample: Any, reason: str) -> None:
+        raise RuntimeError(f"sample {index}: {reason}")
+
+    decoder = DaliDecoder(DecodeOptions(threads=CORES), BATCH, torch.device("cuda"), gpu_decode=True)
+    epoch = [0]
+
+    def decoded():  # type: ignore[no-untyped-def]
+        encoded = (EncodedBatch.of(indices, samples, on_bad) for indices, samples in batches)
+        epoch[0] += 1
+        return (images for images, _ in decoder.decode(encoded, 0, epoch[0], on_bad))
+
+    try:
+        return epoch_rates(decoded, epochs, first=True)
+    finally:
+        decoder.close()
+
+
+# ---- the harness ------------------------------------------------------------------------------
