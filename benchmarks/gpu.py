@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -34,31 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from _common import DATA, save, synth_images, synth_shards
+from gpu_timing import BATCH, CORES, SIZE, epoch_rates
 
 from ddpipe.bench.harness import machine, median, table
-
-BATCH, SIZE = 256, 224
-CORES = os.cpu_count() or 1
 
 
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def epoch_rates(batches_of_epoch: Any, epochs: int, first: bool = False) -> list[float]:
-    """Images/s of each epoch after the first (with ``first``, of the first too), each ended when the
-    GPU is done with it."""
-    import torch
-
-    rates = []
-    for e in range(epochs):
-        t0, n = time.perf_counter(), 0
-        for b in batches_of_epoch():
-            n += len(b)
-        torch.cuda.synchronize()
-        if e or first:
-            rates.append(n / (time.perf_counter() - t0))
-    return rates
 
 
 # ---- the pipelines ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu import BATCH, CORES, SIZE, epoch_rates
+from gpu_timing import BATCH, CORES, SIZE, epoch_rates
 
 from ddpipe.bench.harness import median
 from ddpipe.reading import read_samples
