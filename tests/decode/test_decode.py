@@ -322,6 +322,18 @@ def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_wit
         assert ours() == before
     # neither header reads (img/0013 is no JPEG, img/0005 stops in its header)
     assert reported_on == {"img/0013": "ddpipe-feed", "img/0005": "ddpipe-feed"}
+
+    def failing(index: int, sample: Sample, reason: str) -> None:
+        raise SampleError(reason, key=str(sample["__key__"]))
+
+    batches = iter(stream)
+    decoded = decoder.decode((EncodedBatch.of(b.indices, b.samples, failing) for b in batches), 0, 0, failing)
+    got = []
+    with pytest.raises(SampleError) as info:  # raised on the feed's thread, reaching the caller as it was
+        got.extend(decoded)
+    assert info.value.key == "img/0005" and len(got) == 1  # after the batch before it (img/0000-0003)
+    batches.close()
+    assert ours() == before
     decoder.close()
 
 
