@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class StageFigures:
@@ -24,6 +26,20 @@ class StageFigures:
     @property
     def mb_per_s(self) -> float:
         return self.images_per_s * (self.bytes / self.images) / 1e6 if self.images else 0.0
+
+
+def rank_latency(waits: list[float], epochs: int) -> dict[str, float | None]:
+    """What one rank's training step felt over ``epochs`` epochs of ``waits`` (seconds, step by
+    step): the run's first batch (the loader new, its decoder built; its data cold with ``--cold``),
+    the slowest first batch of the epochs after it (the loader warm), and the waits for every other
+    batch (p50, p99, max). ``None`` where there is nothing to take it over."""
+    per_epoch = max(len(waits) // max(epochs, 1), 1)
+    firsts = waits[::per_epoch]
+    rest = [w for i, w in enumerate(waits) if i % per_epoch]
+    p50, p99 = (float(v) for v in np.percentile(rest, [50, 99])) if rest else (None, None)
+    return {"first_batch_s": firsts[0] if firsts else None,
+            "later_first_batch_s": max(firsts[1:]) if len(firsts) > 1 else None,
+            "wait_p50_s": p50, "wait_p99_s": p99, "wait_max_s": max(rest) if rest else None}
 
 
 @dataclass
@@ -80,6 +96,12 @@ class BenchReport:
         return min(data) if data else 0.0
 
     @property
+    def latency(self) -> list[dict[str, Any]]:
+        """Each rank's :func:`rank_latency` over the full pipeline's epochs."""
+        return [{"rank": r["rank"], **rank_latency(r.get("waits") or [], len(self.epochs))}
+                for r in self.per_rank if r.get("stage") == "full"]
+
+    @property
     def bottleneck(self) -> str:
         rates = {s.name: s.images_per_s for s in self.stages if s.name != "full"}
         rates["step"] = self.step_images_per_s
@@ -95,4 +117,4 @@ class BenchReport:
                 "epochs": self.epochs, "step": self.step, "service": self.service,
                 "compare": [{**c, "ddpipe_over_peer": self.decode_images_per_s / c["images_per_s"]
                              if c["images_per_s"] else None} for c in self.compare],
-                "per_rank": self.per_rank}
+                "latency": self.latency, "per_rank": self.per_rank}

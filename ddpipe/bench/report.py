@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-
-import numpy as np
+from typing import Any
 
 from .figures import BenchReport
 
@@ -31,10 +30,10 @@ def format_report(report: BenchReport) -> str:
     if len(report.epochs) > 1:
         lines.append("epochs (s): " + ", ".join(f"{e:.2f}" for e in report.epochs))
     full = [r for r in report.per_rank if r.get("stage") == "full"]
-    for r in full:
+    for r, felt in zip(full, report.latency, strict=True):
         wait = 100 * r["wait"] / r["seconds"] if r["seconds"] else 0.0
         lines.append(f"  rank {int(r['rank'])}: {int(r['steps'])} steps, {r['seconds']:.2f} s, data wait {wait:.0f}%"
-                     + latency(r.get("waits") or [], len(report.epochs)))
+                     + latency(felt))
     if report.compare:
         ours = report.decode_images_per_s
         lines += ["", "compare: the same data, transform, batch and cores per rank (ddpipe = its read+decode stage)",
@@ -47,18 +46,16 @@ def format_report(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def latency(waits: list[float], epochs: int) -> str:
-    """What a rank's step felt: the wait for each epoch's first batch (the longest), and the waits
-    for the batches after it (median, 99th percentile, longest)."""
-    if not waits:
+def latency(felt: dict[str, Any]) -> str:
+    """A rank's :func:`~ddpipe.bench.figures.rank_latency` in words."""
+    if felt["first_batch_s"] is None:
         return ""
-    per_epoch = max(len(waits) // max(epochs, 1), 1)
-    first = max(waits[::per_epoch])
-    rest = [w for i, w in enumerate(waits) if i % per_epoch]
-    text = f"; first batch {1000 * first:.1f} ms"
-    if rest:
-        p50, p99 = np.percentile(rest, [50, 99])
-        text += f", then waits p50 {1000 * p50:.1f} ms, p99 {1000 * p99:.1f} ms, max {1000 * max(rest):.1f} ms"
+    text = f"; first batch {1000 * felt['first_batch_s']:.1f} ms"
+    if felt["later_first_batch_s"] is not None:
+        text += f" (later epochs {1000 * felt['later_first_batch_s']:.1f} ms)"
+    if felt["wait_p50_s"] is not None:
+        text += (f", then waits p50 {1000 * felt['wait_p50_s']:.1f} ms, p99 {1000 * felt['wait_p99_s']:.1f} ms, "
+                 f"max {1000 * felt['wait_max_s']:.1f} ms")
     return text
 
 

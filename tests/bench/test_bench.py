@@ -67,7 +67,8 @@ def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "bottleneck:" in proc.stdout and proc.stdout.count("stall") == 2  # the report, the projection's head
     # what each rank's step felt: its first batch, then the median, 99th percentile and longest wait
-    assert len(re.findall(r"first batch [\d.]+ ms, then waits p50 [\d.]+ ms, p99 [\d.]+ ms, max", proc.stdout)) == 2
+    assert len(re.findall(r"first batch [\d.]+ ms \(later epochs [\d.]+ ms\), then waits p50 [\d.]+ ms, "
+                          r"p99 [\d.]+ ms, max", proc.stdout)) == 2
     # under a launcher (no terminal) rank 0 says each phase as it starts, not only the report at the end
     phases = [ln for ln in proc.stderr.splitlines() if ln.startswith("bench: ")]
     assert phases[0].startswith("bench: ") and phases[0].endswith(f"(1/{len(phases)})"), proc.stderr
@@ -84,6 +85,10 @@ def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
     assert doc["machine"]["cores"] and "torch" in doc["machine"]["versions"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert all(len(r["waits"]) == r["steps"] for r in full)  # the stall over the epoch, step by step
+    # each rank's first batch (the loader new), the later epoch's, and the waits after them
+    assert [felt["rank"] for felt in doc["latency"]] == [0, 1]
+    for felt, r in zip(doc["latency"], sorted(full, key=lambda r: r["rank"]), strict=True):
+        assert felt["first_batch_s"] == r["waits"][0] and felt["later_first_batch_s"] == r["waits"][r["steps"] // 2]
     assert len(doc["epochs"]) == 2 and doc["epoch_seconds"] == pytest.approx(sum(doc["epochs"]) / 2)
     assert sum(r["steps"] for r in full) * 8 == 2 * 64  # two epochs fed the step
     # the peers ran on the same 64 images, split over both ranks, and their ratios are printed
@@ -108,8 +113,13 @@ def test_bad_options_are_refused(data: Path) -> None:
 
 
 def test_each_epochs_first_wait_is_told_apart_from_the_steady_ones() -> None:
+    from ddpipe.bench.figures import rank_latency
     from ddpipe.bench.report import latency
 
-    waits = [0.5, 0.01, 0.02, 0.03, 0.4, 0.01, 0.02, 0.03]  # two epochs of four steps
-    assert latency(waits, 2) == "; first batch 500.0 ms, then waits p50 20.0 ms, p99 30.0 ms, max 30.0 ms"
-    assert latency([0.25], 1) == "; first batch 250.0 ms" and latency([], 1) == ""
+    waits = [0.5, 0.01, 0.02, 0.03, 0.4, 0.01, 0.02, 0.03, 0.3, 0.01, 0.02, 0.03]  # three epochs of four steps
+    felt = rank_latency(waits, 3)
+    assert felt["first_batch_s"] == 0.5 and felt["later_first_batch_s"] == 0.4  # the new loader's, then warm
+    assert felt["wait_max_s"] == 0.03
+    assert latency(felt) == ("; first batch 500.0 ms (later epochs 400.0 ms), then waits p50 20.0 ms, "
+                             "p99 30.0 ms, max 30.0 ms")
+    assert latency(rank_latency([0.25], 1)) == "; first batch 250.0 ms" and latency(rank_latency([], 1)) == ""
