@@ -258,16 +258,21 @@ def test_corrupt_images_skipped_and_counted_batches_stay_equal(tmp_path: Path, d
     assert ld.stats.decode.repeated == 2  # the stream ran 2 short: the last batch repeats 2 of its samples
 
 
-def test_the_pipeline_rebuilt_after_a_bad_image_serves_the_next_epoch(tmp_path: Path) -> None:
-    """An image whose header reads but whose data stops right after it passes the crop window's
-    check and stops DALI itself; the decoder finds it, rebuilds its pipeline mid-epoch, and the
-    rebuilt one, reset, gives the next epoch the batches a fresh loader gives it."""
+def stops_dali(root: Path) -> Path:
+    """20 images, of which img/0006's header reads but its data stops right after it."""
     samples = labelled_samples(20, np.random.default_rng(1))
     data = samples[6]["jpg"]
     scan = data.index(b"\xff\xda")
     samples[6]["jpg"] = data[: scan + 2 + int.from_bytes(data[scan + 2 : scan + 4], "big") + 16]
-    root = tmp_path / "bad"
     ddpipe.write_dataset(root, iter(samples), samples_per_shard=8)
+    return root
+
+
+def test_the_pipeline_rebuilt_after_a_bad_image_serves_the_next_epoch(tmp_path: Path) -> None:
+    """An image whose header reads but whose data stops right after it passes the crop window's
+    check and stops DALI itself; the decoder finds it, rebuilds its pipeline mid-epoch, and the
+    rebuilt one, reset, gives the next epoch the batches a fresh loader gives it."""
+    root = stops_dali(tmp_path / "bad")
 
     def skipping() -> ddpipe.Loader:
         return ddpipe.Loader(root, 4, decoder="dali-cpu", device="cpu", shuffle="local", on_error="skip", seed=1,
@@ -335,6 +340,31 @@ def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_wit
     batches.close()
     assert ours() == before
     decoder.close()
+
+
+def test_the_gpu_paths_feed_refeeds_a_rebuilt_pipeline_in_order(tmp_path: Path) -> None:
+    """On the GPU path (its graph on DALI's CPU operators, batches prepared on the feed's thread), a
+    batch that stops DALI is fed again less its bad image to a new pipeline, before the batches the
+    thread prepared after it: every other sample comes out once, in the stream's order."""
+    from ddpipe.decode.batches import EncodedBatch
+    from ddpipe.decode.dali import DaliDecoder
+
+    bad: list[str] = []
+
+    def on_bad(index: int, sample: Sample, reason: str) -> None:
+        bad.append(str(sample["__key__"]))
+
+    stream = ddpipe.EncodedStream(stops_dali(tmp_path / "bad"), 4, shuffle="none")
+    decoder = DaliDecoder(DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1), 4,
+                          torch.device("cpu"), gpu_decode=False, transform_in_dali=True)
+    batches = iter(stream)
+    labels = [y for _, y in decoder.decode((EncodedBatch.of(b.indices, b.samples, on_bad) for b in batches),
+                                           0, 0, on_bad)]
+    batches.close()
+    decoder.close()
+    want = [int(s["cls"]) for s in ddpipe.open_dataset(tmp_path / "bad") if s["__key__"] != "img/0006"]
+    assert bad == ["img/0006"] and [len(y) for y in labels] == [4, 3, 4, 4, 4]
+    assert torch.cat(labels).tolist() == want
 
 
 def dali_batches(root: Path, transform_in_dali: bool, **kw: object) -> list[torch.Tensor]:
