@@ -50,9 +50,9 @@ class _Feed:
     call only takes a prepared batch; the thread also starts the epoch's reading while the pipeline
     is being built. On the CPU path the cores decoding are the bottleneck: there the thread
     measured no faster (docs/performance-notes.md) and only contends with them, so the call
-    prepares its batch itself. (DALI's ``parallel=True`` sources
-    run per-sample callbacks in worker processes: the samples here are views of this process's
-    shard mappings and exchange buffers, which they cannot see.)
+    prepares its batch itself. (DALI's ``parallel=True`` sources run per-sample callbacks in
+    worker processes: the samples here are views of this process's shard mappings and exchange
+    buffers, which they cannot see.)
 
     A batch's samples whose header cannot be read are reported through ``on_bad`` first. An error
     on the way in (``on_error="fail"``, a damaged shard) ends the feed: the batches before it come
