@@ -9,7 +9,8 @@ batches of 256, on the same synth ImageNet-like JPEGs, on the same cores. Each r
 of its own (its peak resident memory and its threads once the timed epoch is under way, with its
 worker processes', are reported; for several ranks, the largest rank's) for five epochs: four warm
 up (--warmup), the last is timed. ddpipe's partial-shuffling rows run 1, 2, 4 and 8 ranks on the
-same cores, as a node runs one rank per GPU. References in the same run: the
+same cores, as a node runs one rank per GPU, and so does DALI's webdataset reader (each rank its
+1/world of the shards, the cores shared among the ranks alike). References in the same run: the
 raw decode limit (simplejpeg full decode of the images in memory, one process per core at once),
 the PyTorch DataLoader over the ImageFolder with PIL, the webdataset library's pipeline over the
 same tars, and DALI's own file and webdataset readers (ddpipe/bench/peers.py, as ``ddpipe bench
@@ -100,13 +101,20 @@ def timed_epochs(batches_of_epoch, warmup: int, start_together=lambda: None,  # 
 # ---- the peers (ddpipe/bench/peers.py: the same ones ``ddpipe bench --compare`` runs) -------------
 
 def run_peer(name: str, images: Path, shards: Path, dtype: str, warmup: int) -> dict[str, Any]:
+    """A peer on this rank's 1/world of the data, the node's cores shared among the ranks as ddpipe's are."""
+    import ddpipe
     from ddpipe.bench.peers import PeerInputs, PeerOptions, input_files, make_peer
 
+    comm = ddpipe.init_comm()  # the harness's: start together, gather the figures
+    world = comm.world
     inputs = PeerInputs(images, sorted(shards.glob("*.tar")))
-    evict_page_cache(input_files(inputs))  # its first batch cold
+    if world.local_rank == 0:  # its first batch cold
+        evict_page_cache(input_files(inputs))
+    comm.barrier()
     started = time.perf_counter()
-    epochs = make_peer(name, inputs, PeerOptions(batch_size=BATCH, size=SIZE, dtype=dtype, workers=CORES))
-    return timed_epochs(epochs, warmup, started=started)
+    options = PeerOptions(batch_size=BATCH, size=SIZE, dtype=dtype, workers=world.cores_per_rank, rank=world.rank,
+                          world=world.size)
+    return job_figures(comm, timed_epochs(make_peer(name, inputs, options), warmup, comm.barrier, started=started))
 
 
 def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, warmup: int, antialias: bool = True,
@@ -127,11 +135,14 @@ def run_ddpipe(root: Path, shuffle: str, decode: str, dtype: str, warmup: int, a
         epoch[0] += 1
         return (x for x, _ in loader)
 
-    mine = timed_epochs(batches, warmup, comm.barrier, started=started)
+    return job_figures(comm, timed_epochs(batches, warmup, comm.barrier, started=started))
+
+
+def job_figures(comm: Any, mine: dict[str, Any]) -> dict[str, Any]:
+    """The job's figures from each rank's: every rank's images, and the slowest rank's time and
+    waits (a data-parallel step waits for the slowest)."""
     ranks = comm.allgather(mine)
     PEAKS.extend(comm.allgather(peak_mb()))  # every rank's, for the largest per rank
-    # the job's figures: every rank's images, and the slowest rank's time and waits (a data-parallel
-    # step waits for the slowest)
     out: dict[str, Any] = {k: max((r[k] for r in ranks if r[k] is not None), default=None) for k in mine}
     out["images"] = sum(r["images"] for r in ranks)
     return out
@@ -183,6 +194,8 @@ def runs(images: Path, data: Path) -> dict[str, tuple[int, list[str]]]:
     for ranks in (1, 2, 4, 8):  # lean ranks: the node's same cores shared by more ranks (one per GPU)
         out[f"ddpipe wds, dali-cpu, partial, {ranks} rank{'s' if ranks > 1 else ''}"] = (
             ranks, ["ddpipe", str(data / "wds"), "partial", "dali-cpu", "float32"])
+        if ranks > 1:  # the best peer on as many ranks, for the latency of a job's first batch
+            out[f"DALI webdataset reader, {ranks} ranks"] = (ranks, ["dali-wds"])
     out["ddpipe wds, dali-cpu, partial, 2 ranks, uint8"] = (2, ["ddpipe", str(data / "wds"), "partial", "dali-cpu",
                                                                 "uint8"])
     return out
@@ -209,7 +222,8 @@ LATENCY = ("first_cold_s", "first_warm_s", "wait_p50_ms", "wait_p99_ms", "wait_m
 
 def tabulate(rows: list[dict[str, Any]]) -> str:
     """The ratios and the table. *Like for like*: a ddpipe row that shuffles against DALI's webdataset
-    reader (which shuffles) with the same output type; a row with ``none`` shuffling has no such peer."""
+    reader (which shuffles) with the same output type, on as many ranks where it ran on them; a row
+    with ``none`` shuffling has no such peer."""
     raw = next(r["img_s"] for r in rows if r["pipeline"].startswith("raw"))
     peers = {r["pipeline"]: r["img_s"] for r in rows if not r["pipeline"].startswith(("raw", "ddpipe"))}
     best = max(peers.values()) if peers else math.nan  # no peer measured (--only): ratios to it are NaN
@@ -217,7 +231,9 @@ def tabulate(rows: list[dict[str, Any]]) -> str:
         r["vs_best_peer"], r["vs_raw"] = r["img_s"] / best, r["img_s"] / raw
         name = r["pipeline"]
         parts = name.split(", ")
-        like = peers.get(LIKE["uint8" if "uint8" in parts else "float32"])
+        base = LIKE["uint8" if "uint8" in parts else "float32"]
+        ranks = next((p for p in parts if p.endswith("ranks")), None)
+        like = peers.get(f"{base}, {ranks}") or peers.get(base)
         shuffles = name.startswith("ddpipe") and "none" not in parts
         r["vs_like"] = r["img_s"] / like if shuffles and like else None
     cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"),
