@@ -43,8 +43,9 @@ def probe(root: Path, epochs: int) -> None:
     feed = [([np.frombuffer(s["jpg"], np.uint8) for s in samples[b * BATCH : (b + 1) * BATCH]],
              list(start[b * BATCH : (b + 1) * BATCH]), list(shape[b * BATCH : (b + 1) * BATCH])) for b in range(n)]
 
-    def rate(name: str, decode: Any, dynamic: bool = True) -> None:
-        @pipeline_def(batch_size=BATCH, num_threads=CORES, device_id=0, prefetch_queue_depth=2, exec_dynamic=dynamic)
+    def rate(name: str, decode: Any, dynamic: bool = True, depth: int = 2) -> None:
+        @pipeline_def(batch_size=BATCH, num_threads=CORES, device_id=0, prefetch_queue_depth=depth,
+                      exec_dynamic=dynamic)
         def pipe():  # type: ignore[no-untyped-def]
             enc, st, sh = fn.external_source(source=feed, num_outputs=3, cycle=True,
                                               dtype=[types.UINT8, types.INT32, types.INT32])
@@ -71,6 +72,11 @@ def probe(root: Path, epochs: int) -> None:
     # within that, whichever ran first: the order of the lines here is not a ranking
     rate("image_slice (ddpipe's graph)", lambda e, s, h: sliced(e, s, h, adjust_orientation=False))
     rate("image_slice, static executor", lambda e, s, h: sliced(e, s, h, adjust_orientation=False), dynamic=False)
+    # a deeper prefetch queue (ddpipe's is 2; NVIDIA names a queue of 1 among the causes of a slow
+    # external-source pipeline): whether one more batch in flight buys anything on this GPU
+    for depth in (1, 3):
+        rate(f"image_slice, prefetch queue {depth}", lambda e, s, h: sliced(e, s, h, adjust_orientation=False),
+             depth=depth)
     # every image to the hardware decoder: no faster beyond that noise, and a corrupt image then came out
     # as pixels instead of an error (tests/decode's bad-image test on the GPU): not ddpipe's setting
     rate("image_slice, hw_decoder_load=1", lambda e, s, h: sliced(e, s, h, hw_decoder_load=1.0))
