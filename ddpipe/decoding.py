@@ -113,21 +113,19 @@ class DecodeStage:
             self._decoder = make_decoder(self.decoder, self.options, plan.options.batch_size, self.device)
         batches = iter(self.stream)
         encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad) for b in batches)
-        decoding = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
-        decoded = decoding
+        decoded = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
         if self.skipping:  # batches keep their size
             rank = self.stream.rank
-            decoded = refilled(decoding, [len(plan.batch(rank, b)) for b in range(plan.num_batches)], self.stats)
+            decoded = refilled(decoded, [len(plan.batch(rank, b)) for b in range(plan.num_batches)], self.stats)
         try:
             for batch in decoded:
                 self._delivered += 1  # what the caller has received, not what decoding took ahead
                 yield batch
         finally:  # left early: the decoder lets go of its batches (and stops any thread reading them),
             # then the stream stops its producer, now rather than when collected
-            for generator in (decoded, decoding):
-                close = getattr(generator, "close", None)
-                if close is not None:
-                    close()
+            close = getattr(decoded, "close", None)
+            if close is not None:
+                close()
             batches.close()
 
     def _on_bad(self, index: int, sample: Sample, reason: str) -> None:

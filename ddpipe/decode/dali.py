@@ -25,7 +25,6 @@ import torch.utils.dlpack
 
 from ..errors import DdpipeError
 from ..handoff import ahead
-from ..optional import installed
 from .augment import image_size, random_crops
 from .batches import EncodedBatch, OnBad
 from .resample import Resampler
@@ -45,7 +44,7 @@ class _Feed:
     """The external source: encoded batches in, each remembered until its output comes back.
 
     DALI calls a source on the thread that runs the pipeline: the training loop's, between two
-    steps. On the GPU path (``on_thread``) the work on each batch (reading its headers, choosing its
+    steps. On the GPU path (``gpu``: DALI flips too) the work on each batch (reading its headers, choosing its
     crops, the columns DALI reads) is done ahead, on a thread of its own (``ddpipe-feed``), and the
     call only takes a prepared batch; the thread also starts the epoch's reading while the pipeline
     is being built. On the CPU path the cores decoding are the bottleneck: there the thread
@@ -60,10 +59,9 @@ class _Feed:
 
     AHEAD = 2  # batches prepared ahead of DALI's prefetch queue: enough to hide one slow batch
 
-    def __init__(self, options: DecodeOptions, gpu: bool, on_thread: bool) -> None:
+    def __init__(self, options: DecodeOptions, gpu: bool) -> None:
         self.options = options
         self.gpu = gpu
-        self.on_thread = on_thread
         self.inflight: deque[EncodedBatch] = deque()
         self.error: BaseException | None = None
         self._batches: Generator[EncodedBatch, None, None] | None = None
@@ -79,7 +77,7 @@ class _Feed:
         self._front.clear()
         self.error = None
         prepared = (self._prepared(b) for b in batches)
-        self._batches = ahead(prepared, self.AHEAD, "ddpipe-feed") if self.on_thread else prepared
+        self._batches = ahead(prepared, self.AHEAD, "ddpipe-feed") if self.gpu else prepared
 
     def detach(self) -> None:
         """Stop preparing (after the batch being prepared ahead): the batches are the caller's again."""
@@ -181,8 +179,7 @@ class DaliDecoder:
 
     def __init__(self, options: DecodeOptions, batch_size: int, device: torch.device, gpu_decode: bool,
                  transform_in_dali: bool | None = None) -> None:
-        if not installed("nvidia.dali"):  # imported with the first pipeline, while the feed starts reading
-            _import_dali()
+        self.dali = _import_dali()
         self.options = options
         self.batch_size = batch_size
         self.device = device
@@ -191,7 +188,7 @@ class DaliDecoder:
         if gpu_decode and device.type != "cuda":
             raise DdpipeError("decode='dali-gpu' needs a CUDA device")
         self._resampler = None if self.transform_in_dali else Resampler(options, options.workers, device)
-        self._feed = _Feed(options, gpu=self.transform_in_dali, on_thread=self.transform_in_dali)
+        self._feed = _Feed(options, gpu=self.transform_in_dali)
         self._pipe: Any = None  # the epoch's pipeline
         self._reusable = False  # the last epoch ran to its end: its pipeline can serve the next
 
@@ -202,7 +199,7 @@ class DaliDecoder:
             self._resampler.close()
 
     def _pipeline(self) -> Any:
-        dali, o, feed = _import_dali(), self.options, self._feed
+        dali, o, feed = self.dali, self.options, self._feed
         fn, types = dali.fn, dali.types
         out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[o.dtype]
         device_id = (self.device.index or 0) if self.gpu_decode else None

@@ -22,22 +22,28 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def refilled(batches: Iterator[Batch], sizes: list[int], stats: DecodeStats) -> Iterator[Batch]:
-    """``batches`` regrouped into batches of exactly ``sizes`` (the plan's, in order)."""
+    """``batches`` regrouped into batches of exactly ``sizes`` (the plan's, in order); closing this
+    closes ``batches``."""
     pending: list[Batch] = []
     have = 0
     last: Batch | None = None
     stats.repeated = 0
     out = 0
-    for images, labels in batches:
-        if len(labels):
-            pending.append((images, labels))
-            have += len(labels)
-        while out < len(sizes) and have >= sizes[out]:
-            batch, pending = _take(pending, sizes[out])
-            have -= sizes[out]
-            last = batch
-            out += 1
-            yield batch
+    try:
+        for images, labels in batches:
+            if len(labels):
+                pending.append((images, labels))
+                have += len(labels)
+            while out < len(sizes) and have >= sizes[out]:
+                batch, pending = _take(pending, sizes[out])
+                have -= sizes[out]
+                last = batch
+                out += 1
+                yield batch
+    finally:  # closed early: so is the decoding it takes from (its threads, its pipeline's batches)
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
     while out < len(sizes):  # the stream ended short by the samples it skipped
         need = sizes[out]
         source = _cat(pending) if pending else last
