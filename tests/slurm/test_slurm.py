@@ -108,4 +108,5 @@ def test_a_frozen_node_is_named_and_the_step_ends_within_a_minute(tmp_path: Path
     job = freeze_mnode2(command, ENV)
     assert job.returncode != 0
     assert "host mnode2 (ranks 2, 3)" in job.stderr and "no sign of life" in job.stderr, job.stderr
+    # a hang bound as much as the promise: without the naming the step would wait out the 300 s timeout
     assert job.seconds < 60, f"the step ended {job.seconds:.0f} s after its node froze"
