@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -225,8 +226,9 @@ def main() -> None:
     cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"), ("vs_best_peer", "/ best peer", ".2f"),
             ("vs_limit", "/ GPU decode alone", ".2f"), ("peak_mb", "host peak MB", ".0f")]
     text = table(rows, cols)
-    doc: dict[str, Any] = {"benchmark": "gpu", "command": f"python benchmarks/gpu.py --n {args.n} --epochs "
-                           f"{args.epochs} --repeats {args.repeats}", "machine": machine(), "batch": BATCH,
+    # the whole command line: a run of some pipelines (--only, --skip-train) must say so
+    command = shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]])
+    doc: dict[str, Any] = {"benchmark": "gpu", "command": command, "machine": machine(), "batch": BATCH,
                            "size": SIZE, "rows": rows, "runs": results, "table": text}
     print(text)
     if not args.skip_train:

@@ -25,7 +25,8 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     versions: dict[str, str] = {}
-    for name, module in (("numpy", "numpy"), ("torch", "torch"), ("dali", "nvidia.dali"), ("mpi4py", "mpi4py")):
+    for name, module in (("numpy", "numpy"), ("torch", "torch"), ("dali", "nvidia.dali"), ("mpi4py", "mpi4py"),
+                         ("simplejpeg", "simplejpeg")):
         try:
             versions[name] = __import__(module, fromlist=["__version__"]).__version__
         except ImportError:

@@ -15,6 +15,7 @@ import io
 from dataclasses import dataclass
 
 import numpy as np
+import simplejpeg
 
 from ..seeding import AUGMENT
 from .spec import DecodeOptions
@@ -84,12 +85,12 @@ def random_crops(seed: int, epoch: int, indices: np.ndarray, widths: np.ndarray,
 
 def image_size(data: bytes) -> tuple[int, int]:
     """(width, height) from the image's header; ValueError if it has none that can be read."""
+    # ~2 us, against PIL's ~75: at the GPU's 20,000 images/s, PIL alone would take 1.5 s of every
+    # second of the feed's one thread (measured on an H200: 0.25 of DALI's pipeline, against 0.66)
     try:
-        import simplejpeg
-
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data)  # ~2 us, against PIL's ~75
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
         return int(width), int(height)
-    except (ImportError, ValueError):
+    except ValueError:  # not a JPEG: PIL knows the other formats
         pass
     from PIL import Image, UnidentifiedImageError
 
