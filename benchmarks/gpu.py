@@ -176,6 +176,23 @@ def run_child(args: argparse.Namespace, run_args: list[str], epochs: int) -> dic
     return result
 
 
+def decoding_doc(names: list[str], results: dict[str, list[float]], peaks: dict[str, float],
+                 command: str) -> dict[str, Any]:
+    """The result file for the decoding runs so far: each pipeline's median, against the best peer
+    and the GPU's decode limit measured in the same run."""
+    rows: list[dict[str, Any]] = [{"pipeline": n, "img_s": median(results[n]), "peak_mb": peaks[n]}
+                                  for n in names if n in results]
+    limit = next((r["img_s"] for r in rows if r["pipeline"].startswith("GPU JPEG")), float("nan"))
+    peer_rates = [r["img_s"] for r in rows if not r["pipeline"].startswith(("GPU JPEG", "ddpipe"))]
+    best = max(peer_rates, default=float("nan"))
+    for r in rows:
+        r["vs_best_peer"], r["vs_limit"] = r["img_s"] / best, r["img_s"] / limit
+    cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"), ("vs_best_peer", "/ best peer", ".2f"),
+            ("vs_limit", "/ GPU decode alone", ".2f"), ("peak_mb", "host peak MB", ".0f")]
+    return {"benchmark": "gpu", "command": command, "machine": machine(), "batch": BATCH, "size": SIZE,
+            "rows": rows, "runs": results, "table": table(rows, cols)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=10000)
@@ -206,30 +223,27 @@ def main() -> None:
         return
     todo = runs(data)
     names = [n for n in todo if args.only is None or n.startswith("GPU JPEG") or any(o in n for o in args.only)]
+    # the whole command line: a run of some pipelines (--only, --skip-train) must say so
+    command = shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]])
     results: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
+    total = args.repeats * len(names) + (0 if args.skip_train else 1)
+    done = 0
     for rep in range(args.repeats):
         for name in names if rep % 2 == 0 else reversed(names):  # alternate the order: drift hits all alike
             r = run_child(args, todo[name], args.epochs)
+            done += 1
             if r is None:
                 continue
             results.setdefault(name, []).extend(r["rates"])
             peaks[name] = max(peaks.get(name, 0.0), r["peak_mb"])
             print(f"  {name}: {median(r['rates']):.0f} img/s", file=sys.stderr)
-    rows: list[dict[str, Any]] = [{"pipeline": n, "img_s": median(results[n]), "peak_mb": peaks[n]}
-                                  for n in names if n in results]
-    limit = next((r["img_s"] for r in rows if r["pipeline"].startswith("GPU JPEG")), float("nan"))
-    peer_rates = [r["img_s"] for r in rows if not r["pipeline"].startswith(("GPU JPEG", "ddpipe"))]
-    best = max(peer_rates, default=float("nan"))
-    for r in rows:
-        r["vs_best_peer"], r["vs_limit"] = r["img_s"] / best, r["img_s"] / limit
-    cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"), ("vs_best_peer", "/ best peer", ".2f"),
-            ("vs_limit", "/ GPU decode alone", ".2f"), ("peak_mb", "host peak MB", ".0f")]
-    text = table(rows, cols)
-    # the whole command line: a run of some pipelines (--only, --skip-train) must say so
-    command = shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]])
-    doc: dict[str, Any] = {"benchmark": "gpu", "command": command, "machine": machine(), "batch": BATCH,
-                           "size": SIZE, "rows": rows, "runs": results, "table": text}
+            # written after every run: a run cut short (a GPU lease's time limit) keeps what it measured
+            doc = decoding_doc(names, results, peaks, command)
+            doc["note"] = f"incomplete: cut short after {done} of {total} runs"
+            save("gpu", doc)
+    doc = decoding_doc(names, results, peaks, command)
+    text = doc["table"]
     print(text)
     if not args.skip_train:
         train = run_child(args, ["train", str(data / "wds"), str(args.classes)], max(args.epochs, 3))
