@@ -177,9 +177,9 @@ def run_child(args: argparse.Namespace, run_args: list[str], epochs: int) -> dic
 
 
 def decoding_doc(names: list[str], results: dict[str, list[float]], peaks: dict[str, float],
-                 command: str) -> dict[str, Any]:
-    """The result file for the decoding runs so far: each pipeline's median, against the best peer
-    and the GPU's decode limit measured in the same run."""
+                 header: dict[str, Any]) -> dict[str, Any]:
+    """The result file (``header``: its command and machine) for the decoding runs so far: each
+    pipeline's median, against the best peer and the GPU's decode limit measured in the same run."""
     rows: list[dict[str, Any]] = [{"pipeline": n, "img_s": median(results[n]), "peak_mb": peaks[n]}
                                   for n in names if n in results]
     limit = next((r["img_s"] for r in rows if r["pipeline"].startswith("GPU JPEG")), float("nan"))
@@ -189,8 +189,7 @@ def decoding_doc(names: list[str], results: dict[str, list[float]], peaks: dict[
         r["vs_best_peer"], r["vs_limit"] = r["img_s"] / best, r["img_s"] / limit
     cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"), ("vs_best_peer", "/ best peer", ".2f"),
             ("vs_limit", "/ GPU decode alone", ".2f"), ("peak_mb", "host peak MB", ".0f")]
-    return {"benchmark": "gpu", "command": command, "machine": machine(), "batch": BATCH, "size": SIZE,
-            "rows": rows, "runs": results, "table": table(rows, cols)}
+    return {**header, "rows": rows, "runs": results, "table": table(rows, cols)}
 
 
 def main() -> None:
@@ -224,7 +223,8 @@ def main() -> None:
     todo = runs(data)
     names = [n for n in todo if args.only is None or n.startswith("GPU JPEG") or any(o in n for o in args.only)]
     # the whole command line: a run of some pipelines (--only, --skip-train) must say so
-    command = shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]])
+    header = {"benchmark": "gpu", "command": shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
+              "machine": machine(), "batch": BATCH, "size": SIZE}
     results: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
     total = args.repeats * len(names) + (0 if args.skip_train else 1)
@@ -239,10 +239,10 @@ def main() -> None:
             peaks[name] = max(peaks.get(name, 0.0), r["peak_mb"])
             print(f"  {name}: {median(r['rates']):.0f} img/s", file=sys.stderr)
             # written after every run: a run cut short (a GPU lease's time limit) keeps what it measured
-            doc = decoding_doc(names, results, peaks, command)
+            doc = decoding_doc(names, results, peaks, header)
             doc["note"] = f"incomplete: cut short after {done} of {total} runs"
             save("gpu", doc)
-    doc = decoding_doc(names, results, peaks, command)
+    doc = decoding_doc(names, results, peaks, header)
     text = doc["table"]
     print(text)
     if not args.skip_train:
