@@ -60,6 +60,7 @@ class _Feed:
     AHEAD = 2  # batches prepared ahead of DALI's prefetch queue: enough to hide one slow batch
 
     def __init__(self, options: DecodeOptions, gpu: bool) -> None:
+        self.dali = _import_dali()
         self.options = options
         self.gpu = gpu
         self.inflight: deque[EncodedBatch] = deque()
@@ -109,7 +110,12 @@ class _Feed:
             columns += [c.left, c.top, c.width, c.height] + ([c.flip] if self.gpu else [])
         numbers = np.stack([np.asarray(col, dtype=np.int64) for col in columns], axis=1)
         # DALI reads these in place (no_copy): they stay with the batch, in flight until its output is out
-        batch.fed = [np.frombuffer(d, dtype=np.uint8) for d in batch.datas], numbers
+        arrays = [np.frombuffer(d, dtype=np.uint8) for d in batch.datas]
+        tensors = self.dali.tensors
+        # wrapped here, on the thread that prepares batches, not per sample by DALI's own Python on the
+        # thread that runs the pipeline (the training loop's): the wrapping is zero-copy either way
+        encoded = tensors.TensorListCPU([tensors.TensorCPU(a) for a in arrays], None, False)
+        batch.fed = (encoded, tensors.TensorListCPU(numbers)), arrays  # the arrays: what DALI reads, kept alive
         return batch
 
     def __iter__(self) -> _Feed:
@@ -136,7 +142,8 @@ class _Feed:
             batch = self._next_batch()
         self.inflight.append(batch)
         assert isinstance(batch.fed, tuple)
-        return batch.fed
+        inputs: tuple[Any, ...] = batch.fed[0]
+        return inputs
 
 
 def checked_headers(batch: EncodedBatch, options: DecodeOptions,

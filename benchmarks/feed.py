@@ -1,0 +1,147 @@
+"""The host side of the GPU path, measured without a GPU: how fast ddpipe can feed DALI when decoding
+costs nothing.
+
+    python benchmarks/feed.py [--n 3000] [--repeats 3] [--epochs 5]
+
+On an H200, DALI's own pipeline decoded 20,000 images/s and ddpipe's dali-gpu Loader delivered two
+thirds of that (gpu.json), while its encoded stream alone ran faster than DALI's pipeline. The
+rest of the time goes to the host: the threads that read samples, prepare each batch for DALI (its
+headers, crop windows, the arrays DALI reads in place) and run the pipeline share one interpreter
+lock. This benchmark replaces the decoding by a DALI graph that decodes nothing (it cuts each
+sample's first bytes), so that what is left is that host-side work, on the CPU of any machine:
+
+- **encoded stream alone**: the Loader's reading (local shuffle, every shard checked), nothing
+  decoded: the reference;
+- **ddpipe's DALI decoder fed from memory**: the same samples, already read, through ddpipe's
+  DALI decoder as the dali-gpu path runs it (its feed thread, crop windows, hand-over to torch);
+- **Loader**: both together, as the dali-gpu Loader runs them.
+
+Where the Loader runs at the stream's rate, the feed costs reading nothing; where it runs at the
+rate of the two costs added, the threads only take turns. Fresh processes, their order alternated,
+medians of ``--repeats``; each run's rate is the median of its epochs after the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import save, synth_shards
+
+from ddpipe.bench.harness import machine, median, table
+
+FORMATS = ("wds", "hdf5", "lmdb")
+KINDS = {"stream": "encoded stream alone", "memory": "ddpipe's DALI decoder fed from memory",
+         "loader": "Loader"}
+BATCH = 256
+
+
+def null_decoder() -> Any:
+    """ddpipe's DALI decoder, its feed as the dali-gpu path runs it, with a graph that decodes nothing."""
+    import torch
+
+    from ddpipe.decode.dali import DaliDecoder
+    from ddpipe.decode.spec import DecodeOptions
+
+    class DecodesNothing(DaliDecoder):
+        def _pipeline(self) -> Any:
+            dali, feed = self.dali, self._feed
+            fn, types = dali.fn, dali.types
+
+            @dali.pipeline_def(batch_size=self.batch_size, num_threads=2, device_id=None, seed=0,
+                               prefetch_queue_depth=2, exec_dynamic=True)
+            def pipe():  # type: ignore[no-untyped-def]
+                encoded, numbers = fn.external_source(source=feed, num_outputs=2, batch=True, cycle="raise",
+                                                      no_copy=True, dtype=[types.UINT8, types.INT64])
+                return fn.slice(encoded, 0, 16, axes=[0]), numbers[0:1]
+
+            p = pipe()
+            p.build()
+            return p
+
+    return DecodesNothing(DecodeOptions(), BATCH, torch.device("cpu"), gpu_decode=False, transform_in_dali=True)
+
+
+def child(kind: str, root: Path, epochs: int) -> float:
+    """Samples/s of ``kind`` on ``root``: the median of its epochs after the first."""
+    import ddpipe
+    from ddpipe.decode.batches import EncodedBatch
+
+    def on_bad(index: int, sample: Any, reason: str) -> None:
+        raise RuntimeError(f"sample {index}: {reason}")
+
+    if kind == "stream":
+        stream = ddpipe.EncodedStream(root, BATCH, shuffle="local")
+        stream.views = True  # as the DALI decoders read it
+
+        def epoch(e: int) -> int:
+            stream.set_epoch(e)
+            return sum(len(b.indices) for b in stream)
+    elif kind == "memory":
+        batches = [(b.indices, b.samples) for b in ddpipe.EncodedStream(root, BATCH, shuffle="local")]
+        decoder = null_decoder()
+
+        def epoch(e: int) -> int:
+            encoded = (EncodedBatch.of(i, s, on_bad) for i, s in batches)
+            return sum(len(labels) for _, labels in decoder.decode(encoded, 0, e, on_bad))
+    else:
+        loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle="local")
+        loader.decoding._decoder = null_decoder()  # the stage's decoder, made before its first epoch
+
+        def epoch(e: int) -> int:
+            loader.set_epoch(e)
+            return sum(len(labels) for _, labels in loader)
+
+    rates = []
+    for e in range(epochs):
+        t0 = time.perf_counter()
+        n = epoch(e)
+        rates.append(n / (time.perf_counter() - t0))
+    return median(rates[1:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--run", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.run:
+        print(json.dumps(child(args.run[0], Path(args.run[1]), args.epochs)))
+        return
+    roots = {fmt: synth_shards(args.n, "loader", fmt, shard_bytes=32_000_000, seed=0) for fmt in FORMATS}
+    todo = [(fmt, kind) for fmt in FORMATS for kind in KINDS]
+    results: dict[tuple[str, str], list[float]] = {}
+    for rep in range(args.repeats):
+        for fmt, kind in todo if rep % 2 == 0 else reversed(todo):  # alternated: drift hits all alike
+            out = subprocess.run([sys.executable, __file__, "--epochs", str(args.epochs), "--run", kind,
+                                  str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True)
+            results.setdefault((fmt, kind), []).append(json.loads(out.stdout.splitlines()[-1]))
+            print(f"  {fmt} {kind}: {results[fmt, kind][-1]:.0f} samples/s", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    for fmt in FORMATS:
+        rate = {kind: median(results[fmt, kind]) for kind in KINDS}
+        # the rate the stream and the decoder's feed would reach taking turns, each at its own rate alone
+        in_turns = 1 / (1 / rate["stream"] + 1 / rate["memory"])
+        for kind, name in KINDS.items():
+            rows.append({"format": fmt, "pipeline": name, "samples_s": rate[kind],
+                         "vs_stream": rate[kind] / rate["stream"],
+                         "vs_in_turns": rate[kind] / in_turns if kind == "loader" else None})
+    text = table(rows, [("format", "format", "s"), ("pipeline", "pipeline", "s"), ("samples_s", "samples/s", ".0f"),
+                        ("vs_stream", "/ stream alone", ".2f"), ("vs_in_turns", "/ the two in turns", ".2f")])
+    command = f"python benchmarks/feed.py --n {args.n} --repeats {args.repeats} --epochs {args.epochs}"
+    doc = {"benchmark": "feed", "command": command, "machine": machine(), "batch": BATCH, "rows": rows,
+           "runs": {f"{fmt} {kind}": r for (fmt, kind), r in results.items()}, "table": text}
+    path = save("feed", doc)
+    print(text)
+    print(f"\nwrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
