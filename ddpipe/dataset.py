@@ -14,7 +14,7 @@ import numpy as np
 from .checksum import digest_mismatch, unpack_digests
 from .errors import CorruptShardError, ManifestError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
-from .formats.mapped import advise_willneed
+from .formats.mapped import HashedFile, advise_willneed
 from .manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_from_text
 from .sample import BAD, KEY, Sample
 from .storage import ObjectCache, ObjectStorage, StorageOptions, is_remote, open_storage, parse_location
@@ -200,10 +200,10 @@ class Dataset:
                                     "each)", path=path)
 
     def open_shard(self, shard: int, store: ShardStore | None = None, *, verify: bool = False,
-                   hashed: tuple[Path, str] | None = None) -> ShardReader:
+                   hashed: HashedFile | None = None) -> ShardReader:
         """A reader over one shard (its copy in ``store``, if given), checked against its manifest
-        entry: size and sample count, and with ``verify`` its content (``hashed``: a file's path and
-        checksum, taken already, used if that file is the one opened)."""
+        entry: size and sample count, and with ``verify`` its content (``hashed``: a file hashed ahead,
+        used, checksum and mapping, if that file is the one opened)."""
         info = self.manifest.shards[shard]
         source = self.data_root / info.file
         path = store.path(shard) if store is not None else source
@@ -217,7 +217,7 @@ class Dataset:
             return self._open(info, source, verify)
 
     def _open(self, info: ShardInfo, path: Path, verify: bool,
-              hashed: tuple[Path, str] | None = None) -> ShardReader:
+              hashed: HashedFile | None = None) -> ShardReader:
         if self._objects is not None and path == self.data_root / info.file:
             self._objects.fetch(*self._object_names(info))
             try:
@@ -229,12 +229,15 @@ class Dataset:
         return self._open_file(info, path, verify, hashed)
 
     def _open_file(self, info: ShardInfo, path: Path, verify: bool,
-                   hashed: tuple[Path, str] | None = None) -> ShardReader:
+                   hashed: HashedFile | None = None) -> ShardReader:
         self.check_file(info, path)
         reader = self.format.reader(path)
         try:
+            ahead = hashed if hashed is not None and hashed.path == path else None
+            if ahead is not None:
+                reader.adopt_mapping(ahead.mapped)
             if verify:  # first: the check pages the file in whole, and the count may read scattered pages
-                self.format.verify(reader, info.checksum, hashed[1] if hashed and hashed[0] == path else None)
+                self.format.verify(reader, info.checksum, ahead.checksum if ahead is not None else None)
             if len(reader) != info.samples:
                 raise CorruptShardError(f"holds {len(reader)} samples, index.json says {info.samples}", path=path)
         except BaseException:
@@ -253,7 +256,7 @@ class Dataset:
 
     def iter_shard(self, shard: int, start: int = 0, *, store: ShardStore | None = None,
                    limits: SourceLimits | None = None, verify: bool = True, on_corrupt: OnCorrupt | None = None,
-                   views: bool = False, hashed: tuple[Path, str] | None = None) -> Generator[Sample, None, None]:
+                   views: bool = False, hashed: HashedFile | None = None) -> Generator[Sample, None, None]:
         """The samples of one shard from position ``start``, read sequentially. ``views``: fields
         may be views of the shard in memory (:meth:`ShardReader.scan_views`). ``hashed``: see
         :meth:`open_shard`."""

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .checksum import digest_mismatch, mapped_checksum
+from .checksum import digest_mismatch
 from .dataset import OPEN_SHARDS, Dataset, OnCorrupt, ShardStore
 from .errors import CorruptShardError
 from .formats import ShardReader
+from .formats.mapped import HashedFile, hash_mapped
 from .sample import Sample, owned
 from .throttle import SourceLimits
 
@@ -99,7 +100,7 @@ class CheckedAhead:
     def __init__(self, dataset: Dataset, store: ShardStore | None) -> None:
         self.dataset, self.store = dataset, store
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-check-ahead")
-        self._hashing: dict[int, Future[tuple[Path, str] | None]] = {}
+        self._hashing: dict[int, Future[HashedFile | None]] = {}
 
     def start(self, shard: int) -> bool:
         """Hash ``shard`` in the background; False where that is not for this shard."""
@@ -113,9 +114,9 @@ class CheckedAhead:
         self._hashing[shard] = self._pool.submit(_hashed, path)
         return True
 
-    def take(self, shard: int) -> tuple[Path, str] | None:
-        """The file and checksum of ``shard`` taken ahead (waiting for it), if a hash was started
-        and the file could be read; :meth:`Dataset.open_shard` compares it."""
+    def take(self, shard: int) -> HashedFile | None:
+        """``shard``'s file hashed ahead (waiting for it), if a hash was started and the file could
+        be read: :meth:`Dataset.open_shard` compares its checksum and reads through its mapping."""
         hashing = self._hashing.pop(shard, None)
         return hashing.result() if hashing is not None else None
 
@@ -127,11 +128,12 @@ class CheckedAhead:
         self._hashing.clear()
 
 
-def _hashed(path: Path) -> tuple[Path, str] | None:
-    """``path`` and its checksum, or None where it cannot be read (opening it then says why)."""
+def _hashed(path: Path) -> HashedFile | None:
+    """``path`` paged in and hashed, its mapping kept for the reader (which then pages in nothing on
+    the reading thread), or None where it cannot be read (opening it then says why)."""
     try:
-        return path, mapped_checksum(path)
-    except (OSError, ValueError):
+        return hash_mapped(path)
+    except (OSError, ValueError, CorruptShardError):
         return None
 
 

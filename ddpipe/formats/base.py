@@ -59,6 +59,11 @@ class ShardReader(abc.ABC):
     def __iter__(self) -> Iterator[Sample]:
         return self.scan()
 
+    def adopt_mapping(self, mapped: MappedFile) -> None:  # noqa: B027 - optional hook
+        """Read through ``mapped``, this reader's file mapped and paged in already (by the thread
+        that hashed it ahead), rather than map and page it in again. Readers without a mapping of
+        their own ignore it."""
+
     def mapped_file(self) -> MappedFile:
         """The shard's file mapped, for its checksum: a reader that reads from a mapping of its own
         returns that one, so that a check and the scan after it read the file from disk once. Others

@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 
 from ..errors import CorruptShardError
-from ..sample import KEY, Sample
+from ..sample import KEY, Sample, owned
 from .atomic import is_disk_full
 from .base import ShardFormat, ShardReader, ShardWriter
 from .mapped import MappedFile
@@ -84,18 +84,24 @@ class HDF5Reader(ShardReader):
         return self._n
 
     def _sample(self, content: memoryview, i: int) -> Sample:
+        """The ``i``-th sample, its fields views of ``content`` (its key a string)."""
         sample: Sample = {}
         for name, off in self._offsets.items():
             if self._present[name][i]:
                 base = self._base[name]
-                value = bytes(content[base + off[i] : base + off[i + 1]])
-                sample[name] = value.decode() if name == KEY else value
+                value = content[base + off[i] : base + off[i + 1]]
+                sample[name] = bytes(value).decode() if name == KEY else value
         return sample
 
     def __getitem__(self, index: int) -> Sample:
-        return self._sample(self._mapped.for_scan(from_start=False), self._check_index(index))
+        return owned(self._sample(self._mapped.for_scan(from_start=False), self._check_index(index)))
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
+        return map(owned, self.scan_views(start))
+
+    def scan_views(self, start: int = 0) -> Iterator[Sample]:
+        # views, as tar shards give them: DALI reads them in place, where a copy of each image cost the
+        # reading thread (and the interpreter lock) more than parsing the sample did
         content = self._mapped.for_scan(from_start=start == 0)
         ask_ahead = not self._mapped.paged_in
         images = max(self._offsets, key=lambda name: self._offsets[name][-1])  # the field that is most bytes
@@ -106,6 +112,9 @@ class HDF5Reader(ShardReader):
 
     def mapped_file(self) -> MappedFile:
         return self._mapped
+
+    def adopt_mapping(self, mapped: MappedFile) -> None:
+        self._mapped = mapped
 
     def close(self) -> None:
         self._mapped.close()

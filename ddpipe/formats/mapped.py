@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..checksum import buffer_checksum, mapped_checksum
 from ..errors import CorruptShardError
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: page the whole mapping in with one call
@@ -90,6 +92,26 @@ class MappedFile:
         # dropped, not closed: a scan left suspended may still hold a view of it, and the mapping
         # goes when that view does
         self._mapping = None
+
+
+@dataclass(frozen=True)
+class HashedFile:
+    """A file's checksum, taken through a mapping of it paged in whole, and that mapping: a reader
+    of the same file scans through it rather than page the file in again (on the reading thread)."""
+
+    path: Path
+    checksum: str
+    mapped: MappedFile
+
+
+def hash_mapped(path: Path) -> HashedFile:
+    """``path`` paged in whole and hashed (one call into xxhash, which lets go of the interpreter);
+    CorruptShardError for an empty file, OSError where it cannot be read."""
+    mapped = MappedFile(path)
+    if not mapped.fits_whole:  # hashed through a mapping of its own, which goes once taken
+        return HashedFile(path, mapped_checksum(path), mapped)
+    with mapped.content(whole=True) as content:
+        return HashedFile(path, buffer_checksum(content), mapped)
 
 
 def advise_willneed(path: Path) -> None:

@@ -224,6 +224,9 @@ class TarReader(ShardReader):
     def mapped_file(self) -> MappedFile:
         return self._file
 
+    def adopt_mapping(self, mapped: MappedFile) -> None:
+        self._file = mapped
+
     def _sample(self, content: memoryview, group: list[Member]) -> Sample:
         """The sample of ``group``, its fields views of ``content``."""
         sample: Sample = {KEY: split_member_name(group[0][3])[0]}
