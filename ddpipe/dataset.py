@@ -273,8 +273,9 @@ class Dataset:
         told = False  # on_corrupt hears of a shard once, however many of its samples differ
         while True:
             with opened as reader:
+                source = self.source_name(reader.path)  # once a shard, not once a sample
                 for sample in self._scan(shard, reader, position, limits, views):
-                    error = digest_mismatch(digests, position, sample, self.source_name(reader.path))
+                    error = digest_mismatch(digests, position, sample, source)
                     if error is not None:
                         if self.reads_staged_copy(shard, reader):
                             opened = self.reopen_from_source(shard, store, error)
