@@ -234,7 +234,7 @@ class Dataset:
         reader = self.format.reader(path)
         try:
             ahead = hashed if hashed is not None and hashed.path == path else None
-            if ahead is not None:
+            if ahead is not None and ahead.mapped is not None:
                 reader.adopt_mapping(ahead.mapped)
             if verify:  # first: the check pages the file in whole, and the count may read scattered pages
                 self.format.verify(reader, info.checksum, ahead.checksum if ahead is not None else None)

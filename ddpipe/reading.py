@@ -111,7 +111,7 @@ class CheckedAhead:
         path = self.store.ready_path(shard) if self.store is not None else self.dataset.shard_path(shard)
         if path is None:
             return False
-        self._hashing[shard] = self._pool.submit(_hashed, path)
+        self._hashing[shard] = self._pool.submit(_hashed, path, self.dataset.format.reads_mapped)
         return True
 
     def take(self, shard: int) -> HashedFile | None:
@@ -128,11 +128,12 @@ class CheckedAhead:
         self._hashing.clear()
 
 
-def _hashed(path: Path) -> HashedFile | None:
-    """``path`` paged in and hashed, its mapping kept for the reader (which then pages in nothing on
-    the reading thread), or None where it cannot be read (opening it then says why)."""
+def _hashed(path: Path, keep_mapping: bool) -> HashedFile | None:
+    """``path`` hashed, with ``keep_mapping`` paged in and its mapping kept for the reader (which then
+    pages in nothing on the reading thread), or None where it cannot be read (opening it then says
+    why)."""
     try:
-        return hash_mapped(path)
+        return hash_mapped(path, keep_mapping)
     except (OSError, ValueError, CorruptShardError):
         return None
 

@@ -115,9 +115,9 @@ def test_checked_reads_check_the_next_shard_while_reading_one(dataset: Path, mon
     events: list[tuple[str, str, str]] = []
     opened = ds.open_shard
 
-    def recording_hash(path: Path) -> HashedFile:
+    def recording_hash(path: Path, keep: bool) -> HashedFile:
         events.append(("hashed", Path(path).name, threading.current_thread().name))
-        return hash_file(path)
+        return hash_file(path, keep)
 
     def recording_open(shard: int, store: object = None, *, verify: bool = False,
                        hashed: HashedFile | None = None) -> object:

@@ -177,6 +177,10 @@ class ShardFormat(abc.ABC):
     # the fewest bytes a shard of this format spends on one sample: a manifest that claims more
     # samples than a shard's size allows is refused before anything is sized from its count
     min_sample_bytes: int = 8
+    # its readers read through a mapping of their own (:meth:`ShardReader.adopt_mapping`): a shard
+    # hashed ahead is paged in for them; others (LMDB maps its file itself) are hashed without
+    # paging in a mapping they would not use (with it, reading LMDB shards ran a fifth slower)
+    reads_mapped: bool = False
 
     @abc.abstractmethod
     def reader(self, path: str | os.PathLike[str]) -> ShardReader: ...

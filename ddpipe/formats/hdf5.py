@@ -167,6 +167,7 @@ class HDF5Writer(ShardWriter):
 
 
 class HDF5Format(ShardFormat):
+    reads_mapped = True
     name = "hdf5"
     suffix = ".h5"
 

@@ -96,20 +96,22 @@ class MappedFile:
 
 @dataclass(frozen=True)
 class HashedFile:
-    """A file's checksum, taken through a mapping of it paged in whole, and that mapping: a reader
-    of the same file scans through it rather than page the file in again (on the reading thread)."""
+    """A file's checksum and, where it was kept, the mapping it was taken through, paged in whole:
+    a reader of the same file scans through it rather than page the file in again (on the reading
+    thread)."""
 
     path: Path
     checksum: str
-    mapped: MappedFile
+    mapped: MappedFile | None
 
 
-def hash_mapped(path: Path) -> HashedFile:
-    """``path`` paged in whole and hashed (one call into xxhash, which lets go of the interpreter);
-    CorruptShardError for an empty file, OSError where it cannot be read."""
+def hash_mapped(path: Path, keep: bool) -> HashedFile:
+    """``path`` hashed (one call into xxhash, which lets go of the interpreter); ``keep``: through a
+    mapping paged in whole, kept for its reader. CorruptShardError for an empty file, OSError where
+    it cannot be read."""
     mapped = MappedFile(path)
-    if not mapped.fits_whole:  # hashed through a mapping of its own, which goes once taken
-        return HashedFile(path, mapped_checksum(path), mapped)
+    if not (keep and mapped.fits_whole):  # through a mapping of its own, which goes once taken
+        return HashedFile(path, mapped_checksum(path), None)
     with mapped.content(whole=True) as content:
         return HashedFile(path, buffer_checksum(content), mapped)
 
