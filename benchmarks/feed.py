@@ -136,7 +136,11 @@ def main() -> None:
     text = table(rows, [("format", "format", "s"), ("pipeline", "pipeline", "s"), ("samples_s", "samples/s", ".0f"),
                         ("vs_stream", "/ stream alone", ".2f"), ("vs_in_turns", "/ the two in turns", ".2f")])
     command = f"python benchmarks/feed.py --n {args.n} --repeats {args.repeats} --epochs {args.epochs}"
-    doc = {"benchmark": "feed", "command": command, "machine": machine(), "batch": BATCH, "rows": rows,
+    # the commit measured: this benchmark's figures are compared across commits (docs/performance-notes.md)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or None
+    doc = {"benchmark": "feed", "command": command, "commit": commit, "machine": machine(), "batch": BATCH,
+           "rows": rows,
            "runs": {f"{fmt} {kind}": r for (fmt, kind), r in results.items()}, "table": text}
     path = save("feed", doc)
     print(text)
