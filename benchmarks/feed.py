@@ -19,12 +19,15 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
 Where the Loader runs at the stream's rate, the feed costs reading nothing; where it runs at the
 rate of the two costs added, the threads only take turns. Fresh processes, their order alternated,
 medians of ``--repeats``; each run's rate is the median of its epochs after the first.
+``--reference`` measures an earlier commit's ddpipe beside this one's, run for run, so that a change
+is judged against its own before in the same run, not against a record made at another time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -105,43 +108,63 @@ def child(kind: str, root: Path, epochs: int) -> float:
     return median(rates[1:])
 
 
+def commit_of(tree: Path) -> str | None:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=tree).stdout.strip() or None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--reference", type=Path, default=None,
+                    help="a checkout of an earlier commit (git worktree add): its ddpipe measured too, each of "
+                         "its runs beside this tree's, and each figure of this tree's as a ratio to its")
     ap.add_argument("--run", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
         print(json.dumps(child(args.run[0], Path(args.run[1]), args.epochs)))
         return
     roots = {fmt: synth_shards(args.n, "loader", fmt, shard_bytes=32_000_000, seed=0) for fmt in FORMATS}
-    todo = [(fmt, kind) for fmt in FORMATS for kind in KINDS]
-    results: dict[tuple[str, str], list[float]] = {}
+    here = Path(__file__).resolve().parents[1]
+    trees = {"this": here} | ({"reference": args.reference.resolve()} if args.reference else {})
+    todo = [(tree, fmt, kind) for fmt in FORMATS for kind in KINDS for tree in trees]
+    results: dict[tuple[str, str, str], list[float]] = {}
     for rep in range(args.repeats):
-        for fmt, kind in todo if rep % 2 == 0 else reversed(todo):  # alternated: drift hits all alike
+        for tree, fmt, kind in todo if rep % 2 == 0 else reversed(todo):  # alternated: drift hits all alike
+            # the child imports the ddpipe of its tree (this script runs it either way: the same measurement)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(trees[tree]), os.environ.get("PYTHONPATH", "")])}
             out = subprocess.run([sys.executable, __file__, "--epochs", str(args.epochs), "--run", kind,
-                                  str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True)
-            results.setdefault((fmt, kind), []).append(json.loads(out.stdout.splitlines()[-1]))
-            print(f"  {fmt} {kind}: {results[fmt, kind][-1]:.0f} samples/s", file=sys.stderr)
+                                  str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True, env=env)
+            results.setdefault((tree, fmt, kind), []).append(json.loads(out.stdout.splitlines()[-1]))
+            print(f"  {tree} {fmt} {kind}: {results[tree, fmt, kind][-1]:.0f} samples/s", file=sys.stderr)
+    commits = {tree: commit_of(path) for tree, path in trees.items()}
     rows: list[dict[str, Any]] = []
-    for fmt in FORMATS:
-        rate = {kind: median(results[fmt, kind]) for kind in KINDS}
-        # the rate the stream and the decoder's feed would reach taking turns, each at its own rate alone
-        in_turns = 1 / (1 / rate["stream"] + 1 / rate["memory"])
-        for kind, name in KINDS.items():
-            rows.append({"format": fmt, "pipeline": name, "samples_s": rate[kind],
-                         "vs_stream": rate[kind] / rate["stream"],
-                         "vs_in_turns": rate[kind] / in_turns if kind == "loader" else None})
-    text = table(rows, [("format", "format", "s"), ("pipeline", "pipeline", "s"), ("samples_s", "samples/s", ".0f"),
-                        ("vs_stream", "/ stream alone", ".2f"), ("vs_in_turns", "/ the two in turns", ".2f")])
+    for tree in trees:
+        for fmt in FORMATS:
+            rate = {kind: median(results[tree, fmt, kind]) for kind in KINDS}
+            # the rate the stream and the decoder's feed would reach taking turns, each at its own rate alone
+            in_turns = 1 / (1 / rate["stream"] + 1 / rate["memory"])
+            for kind, name in KINDS.items():
+                reference = median(results["reference", fmt, kind]) if tree == "this" and "reference" in trees else None
+                rows.append({"format": fmt, "pipeline": name, "tree": tree, "commit": commits[tree],
+                             "samples_s": rate[kind],
+                             "vs_stream": rate[kind] / rate["stream"],
+                             "vs_in_turns": rate[kind] / in_turns if kind == "loader" else None,
+                             "vs_reference": rate[kind] / reference if reference else None})
+    columns = [("format", "format", "s"), ("pipeline", "pipeline", "s"), ("commit", "commit", "s"),
+               ("samples_s", "samples/s", ".0f"), ("vs_stream", "/ stream alone", ".2f"),
+               ("vs_in_turns", "/ the two in turns", ".2f")]
+    if "reference" in trees:
+        columns.append(("vs_reference", f"/ at {commits['reference']}", ".2f"))
+    text = table(rows, columns)
     command = f"python benchmarks/feed.py --n {args.n} --repeats {args.repeats} --epochs {args.epochs}"
-    # the commit measured: this benchmark's figures are compared across commits (docs/performance-notes.md)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or None
-    doc = {"benchmark": "feed", "command": command, "commit": commit, "machine": machine(), "batch": BATCH,
-           "rows": rows,
-           "runs": {f"{fmt} {kind}": r for (fmt, kind), r in results.items()}, "table": text}
+    if args.reference:
+        command += f" --reference <checkout of {commits['reference']}>"
+    doc = {"benchmark": "feed", "command": command, "commits": commits, "machine": machine(), "batch": BATCH,
+           "rows": rows, "runs": {f"{tree} {fmt} {kind}": r for (tree, fmt, kind), r in results.items()},
+           "table": text}
     path = save("feed", doc)
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
