@@ -178,8 +178,8 @@ class ShardFormat(abc.ABC):
     # samples than a shard's size allows is refused before anything is sized from its count
     min_sample_bytes: int = 8
     # its readers read through a mapping of their own (:meth:`ShardReader.adopt_mapping`): a shard
-    # hashed ahead is paged in for them; others (LMDB maps its file itself) are hashed without
-    # paging in a mapping they would not use (with it, reading LMDB shards ran a fifth slower)
+    # hashed ahead keeps the mapping it was hashed through for them; others (LMDB maps its file
+    # itself) let it go once hashed (a populated one kept beside LMDB's made its reads a fifth slower)
     reads_mapped: bool = False
 
     @abc.abstractmethod
