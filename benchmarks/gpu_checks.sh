@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in the order a short lease on a GPU machine should spend it:
-# the CUDA tests, the benchmarks/gpu.py record (written after every run, so a run cut short keeps
-# what it measured), then the probe. Each step is bounded; logs go to OUTDIR.
+# Every check that needs a GPU, in the order a short lease on a GPU machine should spend it: the
+# CUDA tests; the rows that decide the GPU target (DALI's own webdataset pipeline and ddpipe's
+# dali-gpu loader on each format, in one run: gpu.json); ResNet-50 fed by the loader against the
+# model alone (gpu-train.json); the probe; then, with what is left, every other row (gpu-all.json).
+# gpu.py writes its result after every run, so a step cut short keeps what it measured. Each step
+# is bounded; logs and results go to OUTDIR.
 #
-#     benchmarks/gpu_checks.sh OUTDIR [TESTS_S GPU_S PROBE_S]    # defaults: 120 420 90 seconds
+#     benchmarks/gpu_checks.sh OUTDIR [TESTS_S ROWS_S TRAIN_S PROBE_S ALL_S]
 #
+# The defaults (120 240 150 80 0 seconds) fit one 10-minute command; ALL_S 0 skips the full record.
 # Needs DALI, torch with CUDA, and ddpipe's dependencies importable (PYTHONPATH may point at them).
-# On a 16-core H200 machine the tests took about a minute, and gpu.py's 25 runs about seven.
+# On a 16-core H200 machine the tests took about a minute, and gpu.py's 25 runs of the full record
+# about seven.
 set -u
-out=${1:?usage: benchmarks/gpu_checks.sh OUTDIR [TESTS_S GPU_S PROBE_S]}
-tests_s=${2:-120} gpu_s=${3:-420} probe_s=${4:-90}
+out=${1:?usage: benchmarks/gpu_checks.sh OUTDIR [TESTS_S ROWS_S TRAIN_S PROBE_S ALL_S]}
+tests_s=${2:-120} rows_s=${3:-240} train_s=${4:-150} probe_s=${5:-80} all_s=${6:-0}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 cd "$root" || exit 1
@@ -17,12 +22,23 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
 start=$SECONDS
 step() { echo "== $1: done at $((SECONDS - start)) s (exit $2)"; }
+gpu() {  # gpu.py with a time limit; its result, complete or not, kept in OUTDIR under the name $1
+    local name=$1 limit=$2
+    shift 2
+    rm -f benchmarks/results/gpu.json
+    timeout "$limit" "$py" benchmarks/gpu.py --n 8000 --epochs 3 "$@" >"$out/$name.log" 2>&1
+    local status=$?
+    cp benchmarks/results/gpu.json "$out/$name.json" 2>/dev/null
+    step "benchmarks/gpu.py -> $name.json" $status
+}
 "$py" -c 'import torch, nvidia.dali, simplejpeg; assert torch.cuda.is_available(), "no CUDA device"' || exit 1
 timeout "$tests_s" "$py" -m pytest -q -p no:cacheprovider tests/train/test_gpu.py tests/decode/test_decode.py \
     -k "gpu or cuda or pinned" >"$out/tests.log" 2>&1
 step "CUDA tests ($(tail -1 "$out/tests.log"))" $?
-timeout "$gpu_s" "$py" benchmarks/gpu.py --n 8000 --epochs 3 --repeats 2 >"$out/gpu.log" 2>&1
-step "benchmarks/gpu.py" $?
-cp benchmarks/results/gpu.json "$out/" 2>/dev/null
+gpu gpu "$rows_s" --repeats 2 --skip-train --only 'DALI webdataset' 'dali-gpu, local'
+gpu gpu-train "$train_s" --repeats 1 --only zzz  # no pipeline's name: the decode limit, then the training run
 timeout "$probe_s" "$py" benchmarks/gpu.py --n 8000 --epochs 3 --probe >"$out/probe.log" 2>&1
 step "benchmarks/gpu.py --probe" $?
+if [ "$all_s" -gt 0 ]; then
+    gpu gpu-all "$all_s" --repeats 2
+fi
