@@ -59,8 +59,8 @@ class _Feed:
 
     AHEAD = 2  # batches prepared ahead of DALI's prefetch queue: enough to hide one slow batch
 
-    def __init__(self, options: DecodeOptions, gpu: bool) -> None:
-        self.dali = _import_dali()
+    def __init__(self, options: DecodeOptions, gpu: bool, dali: Any) -> None:
+        self.dali = dali  # the module: each batch is wrapped in its tensor types
         self.options = options
         self.gpu = gpu
         self.inflight: deque[EncodedBatch] = deque()
@@ -194,7 +194,7 @@ class DaliDecoder:
         if gpu_decode and device.type != "cuda":
             raise DdpipeError("decode='dali-gpu' needs a CUDA device")
         self._resampler = None if self.transform_in_dali else Resampler(options, options.workers, device)
-        self._feed = _Feed(options, gpu=self.transform_in_dali)
+        self._feed = _Feed(options, gpu=self.transform_in_dali, dali=self.dali)
         self._pipe: Any = None  # the epoch's pipeline
         self._reusable = False  # the last epoch ran to its end: its pipeline can serve the next
 
