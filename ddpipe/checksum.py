@@ -4,7 +4,6 @@ core, so checking a shard as it is read costs little next to decoding it)."""
 from __future__ import annotations
 
 import base64
-import mmap
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -27,16 +26,6 @@ def file_checksum(path: str | os.PathLike[str]) -> str:
         while n := f.readinto(view):
             h.update(view[:n])
     return f"{CHECKSUM_ALGORITHM}:{h.hexdigest()}"
-
-
-def mapped_checksum(path: str | os.PathLike[str]) -> str:
-    """:func:`file_checksum` through one mapping of the file and one call into xxhash, which lets go
-    of the interpreter for it: a thread hashing a shard ahead holds the lock once, not per chunk."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return buffer_checksum(b"")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as content:
-            return buffer_checksum(content)
 
 
 def buffer_checksum(data: Any) -> str:

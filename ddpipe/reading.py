@@ -134,7 +134,7 @@ def _hashed(path: Path, keep_mapping: bool) -> HashedFile | None:
     why)."""
     try:
         return hash_mapped(path, keep_mapping)
-    except (OSError, ValueError, CorruptShardError):
+    except (OSError, ValueError):  # a CorruptShardError (an empty file) is a ValueError
         return None
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..checksum import buffer_checksum, file_checksum
+from ..checksum import file_checksum
 from ..errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
 from ..sample import Sample, check_sample
 from . import atomic
@@ -212,8 +212,7 @@ class ShardFormat(abc.ABC):
         mapping of the file where it has one that fits whole, else read in chunks."""
         mapped = reader.mapped_file()
         if mapped.fits_whole and mapped.size > 0:  # an empty file cannot be mapped
-            with mapped.content(whole=True) as content:
-                return buffer_checksum(content)
+            return mapped.checksum()
         return file_checksum(reader.path)
 
 

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checksum import buffer_checksum, mapped_checksum
+from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: page the whole mapping in with one call
@@ -122,9 +122,9 @@ def hash_mapped(path: Path, keep: bool) -> HashedFile:
     mapping it was hashed through kept for its reader, every page of it in. CorruptShardError for an
     empty file, OSError where it cannot be read."""
     mapped = MappedFile(path)
-    if not (keep and mapped.fits_whole):  # through a mapping of its own, which goes once taken
-        return HashedFile(path, mapped_checksum(path), None)
-    return HashedFile(path, mapped.checksum(), mapped)
+    checksum = mapped.checksum()
+    # kept only where it is the reader's whole file (past POPULATE_LIMIT a scan reads part of it)
+    return HashedFile(path, checksum, mapped if keep and mapped.fits_whole else None)
 
 
 def advise_willneed(path: Path) -> None:
