@@ -70,6 +70,15 @@ def null_decoder() -> Any:
     return DecodesNothing(DecodeOptions(), BATCH, torch.device("cpu"), gpu_decode=False, transform_in_dali=True)
 
 
+def loader_decoding_nothing(root: Path) -> Any:
+    """The Loader (local shuffle, every shard checked) with :func:`null_decoder` as its decoder."""
+    import ddpipe
+
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle="local")
+    loader.decoding._decoder = null_decoder()  # the stage's decoder, made before its first epoch
+    return loader
+
+
 def child(kind: str, root: Path, epochs: int) -> float:
     """Samples/s of ``kind`` on ``root``: the median of its epochs after the first."""
     import ddpipe
@@ -93,8 +102,7 @@ def child(kind: str, root: Path, epochs: int) -> float:
             encoded = (EncodedBatch.of(i, s, on_bad) for i, s in batches)
             return sum(len(labels) for _, labels in decoder.decode(encoded, 0, e, on_bad))
     else:
-        loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle="local")
-        loader.decoding._decoder = null_decoder()  # the stage's decoder, made before its first epoch
+        loader = loader_decoding_nothing(root)
 
         def epoch(e: int) -> int:
             loader.set_epoch(e)

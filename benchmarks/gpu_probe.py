@@ -98,10 +98,9 @@ def probe(root: Path, epochs: int) -> None:
           flush=True)
     # the host side alone, on this machine's cores (benchmarks/feed.py): the Loader feeding a DALI graph that
     # decodes nothing; where it runs below DALI's own rate, the host cannot keep the GPU busy
-    from feed import null_decoder
+    from feed import loader_decoding_nothing
 
-    loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle="local")
-    loader.decoding._decoder = null_decoder()
+    loader = loader_decoding_nothing(root)
     rates = epoch_rates(lambda ld=loader: (y for _, y in ld), epochs)
     print(f"Loader, feed of the dali-gpu path, graph decoding nothing: {median(rates):.0f} samples/s", flush=True)
     # the reading alone, with each sample copied out of its shard (what decode="none" gives) and as
