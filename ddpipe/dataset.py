@@ -234,6 +234,8 @@ class Dataset:
         reader = self.format.reader(path)
         try:
             ahead = hashed if hashed is not None and hashed.path == path else None
+            if hashed is not None and ahead is None and hashed.mapped is not None:
+                hashed.mapped.close()  # another file's (an LMDB environment is open once per process)
             if ahead is not None and ahead.mapped is not None:
                 reader.adopt_mapping(ahead.mapped)
             if verify:  # first: the check pages the file in whole, and the count may read scattered pages

@@ -22,7 +22,7 @@ import numpy as np
 from .checksum import digest_mismatch
 from .dataset import OPEN_SHARDS, Dataset, OnCorrupt, ShardStore
 from .errors import CorruptShardError
-from .formats import ShardReader
+from .formats import ShardFormat, ShardReader
 from .formats.mapped import HashedFile, hash_mapped
 from .sample import Sample, owned
 from .throttle import SourceLimits
@@ -111,7 +111,7 @@ class CheckedAhead:
         path = self.store.ready_path(shard) if self.store is not None else self.dataset.shard_path(shard)
         if path is None:
             return False
-        self._hashing[shard] = self._pool.submit(_hashed, path, self.dataset.format.reads_mapped)
+        self._hashing[shard] = self._pool.submit(_hashed, self.dataset.format, path)
         return True
 
     def take(self, shard: int) -> HashedFile | None:
@@ -128,12 +128,12 @@ class CheckedAhead:
         self._hashing.clear()
 
 
-def _hashed(path: Path, keep_mapping: bool) -> HashedFile | None:
-    """``path`` hashed, with ``keep_mapping`` paged in and its mapping kept for the reader (which then
-    pages in nothing on the reading thread), or None where it cannot be read (opening it then says
-    why)."""
+def _hashed(shard_format: ShardFormat, path: Path) -> HashedFile | None:
+    """``path`` hashed through the mapping its reader reads through, paged in and kept for the reader
+    where the format reads mapped (which then pages in nothing on the reading thread), or None where
+    it cannot be read (opening it then says why)."""
     try:
-        return hash_mapped(path, keep_mapping)
+        return hash_mapped(shard_format.mapping(path), shard_format.reads_mapped)
     except (OSError, ValueError):  # a CorruptShardError (an empty file) is a ValueError
         return None
 

@@ -18,7 +18,7 @@ from ..checksum import file_checksum
 from ..errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
 from ..sample import Sample, check_sample
 from . import atomic
-from .mapped import MappedFile
+from .mapped import MappedFile, ShardMapping
 
 R = TypeVar("R", bound="ShardReader")
 
@@ -59,17 +59,16 @@ class ShardReader(abc.ABC):
     def __iter__(self) -> Iterator[Sample]:
         return self.scan()
 
-    def adopt_mapping(self, mapped: MappedFile) -> None:  # noqa: B027 - optional hook
-        """Read through ``mapped``, this reader's file mapped and paged in already (by the thread
-        that hashed it ahead), rather than map and page it in again. Readers without a mapping of
-        their own ignore it."""
+    def adopt_mapping(self, mapped: ShardMapping) -> None:  # noqa: B027 - optional hook
+        """Read through ``mapped`` (its format's :meth:`ShardFormat.mapping` of this reader's file,
+        paged in already by the thread that hashed it ahead), rather than map and page it in again.
+        Readers without a mapping of their own ignore it."""
 
-    def mapped_file(self) -> MappedFile:
+    def mapped_file(self) -> ShardMapping:
         """The shard's file mapped, for its checksum: a reader that reads from a mapping of its own
         returns that one, so that a check and the scan after it read the file from disk once. Others
         get one for the checksum alone, which pages the file in with one call and goes once taken
-        (LMDB, which maps the file itself: warm checked reads of an adopted LMDB 0.52 of raw against
-        0.37 reading the file to hash it)."""
+        (an adopted LMDB: warm checked reads 0.52 of raw against 0.37 reading the file to hash it)."""
         return MappedFile(self.path)
 
     def close(self) -> None:  # noqa: B027 - optional hook: not every reader holds a handle
@@ -177,13 +176,17 @@ class ShardFormat(abc.ABC):
     # the fewest bytes a shard of this format spends on one sample: a manifest that claims more
     # samples than a shard's size allows is refused before anything is sized from its count
     min_sample_bytes: int = 8
-    # its readers read through a mapping of their own (:meth:`ShardReader.adopt_mapping`): a shard
-    # hashed ahead keeps the mapping it was hashed through for them; others (LMDB maps its file
-    # itself) let it go once hashed (a populated one kept beside LMDB's made its reads a fifth slower)
+    # its readers read through a mapping of their own (:meth:`mapping`, :meth:`ShardReader.adopt_mapping`):
+    # a shard hashed ahead keeps the mapping it was hashed through for them; others let it go once hashed
     reads_mapped: bool = False
 
     @abc.abstractmethod
     def reader(self, path: str | os.PathLike[str]) -> ShardReader: ...
+
+    def mapping(self, path: str | os.PathLike[str]) -> ShardMapping:
+        """The file at ``path`` mapped as this format's readers map it: a shard hashed ahead is hashed
+        through it, and with :attr:`reads_mapped` its reader then takes it over."""
+        return MappedFile(Path(path))
 
     @abc.abstractmethod
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter: ...

@@ -32,7 +32,7 @@ from ..errors import CorruptShardError
 from ..sample import KEY, Sample, owned
 from .atomic import is_disk_full
 from .base import ShardFormat, ShardReader, ShardWriter
-from .mapped import MappedFile
+from .mapped import MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
 
@@ -113,8 +113,9 @@ class HDF5Reader(ShardReader):
     def mapped_file(self) -> MappedFile:
         return self._mapped
 
-    def adopt_mapping(self, mapped: MappedFile) -> None:
-        self._mapped = mapped
+    def adopt_mapping(self, mapped: ShardMapping) -> None:
+        if isinstance(mapped, MappedFile):  # the mapping this format's files have
+            self._mapped = mapped
 
     def close(self) -> None:
         self._mapped.close()

@@ -18,6 +18,7 @@ lookup. One record per sample keeps a sample's fields together on disk.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -28,10 +29,13 @@ from typing import Any
 
 import lmdb
 import msgpack
+import numpy as np
 
+from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
+from .mapped import POPULATE_LIMIT, MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
 META_KEY = b"__ddpipe__"
@@ -57,26 +61,104 @@ def open_whole(path: Path) -> lmdb.Environment:
     return env
 
 
+class LMDBFile:
+    """An LMDB shard's environment, opened on first use, and LMDB's own mapping of the file (a
+    :class:`~ddpipe.formats.mapped.ShardMapping`): its checksum is taken through the pages LMDB will
+    read, so that a shard hashed ahead, on another thread, is then scanned without a page fault on
+    the reading thread (32 MB shards of 66 KB samples, warm: a scan through a fresh environment
+    took 20 us a sample, 5 once the file was hashed through it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+        self._env: lmdb.Environment | None = None
+
+    @property
+    def fits_whole(self) -> bool:
+        return self.size <= POPULATE_LIMIT
+
+    def env(self) -> lmdb.Environment:
+        if self._env is None:
+            self._env = open_whole(self.path)
+        return self._env
+
+    def checksum(self) -> str:
+        try:
+            view = self._mapped_bytes()
+        except (lmdb.Error, CorruptShardError):  # not a whole LMDB file: its checksum says that it differs
+            view = None
+        if view is None:
+            return MappedFile(self.path).checksum()
+        with view:
+            return buffer_checksum(view)
+
+    def _mapped_bytes(self) -> memoryview | None:
+        """The file's bytes where LMDB maps them, or None where that mapping cannot be found. LMDB
+        does not say where its mapping starts: a record's address (values are returned in place)
+        finds it among the process's mappings."""
+        with self.env().begin(buffers=True) as txn:
+            record = txn.get(META_KEY)
+            if not record:
+                return None
+            address = int(np.frombuffer(record, dtype=np.uint8).ctypes.data)
+        start = mapping_start(address, self.path, self.size)
+        if start is None:
+            return None
+        return memoryview((ctypes.c_char * self.size).from_address(start)).cast("B")
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+def mapping_start(address: int, path: Path, size: int) -> int | None:
+    """Where this process's mapping of ``path`` that holds ``address`` starts, if it maps the file
+    from its first byte and at least ``size`` bytes of it (``/proc/self/maps``; None elsewhere)."""
+    try:
+        st = path.stat()
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    inode = f" {st.st_ino} "
+    for line in maps.splitlines():
+        if inode not in line:  # the few lines worth splitting
+            continue
+        span, _, offset, device, number = line.split(maxsplit=5)[:5]
+        low, high = (int(x, 16) for x in span.split("-"))
+        major, minor = (int(x, 16) for x in device.split(":"))
+        if (low <= address < high and int(offset, 16) == 0 and int(number) == st.st_ino
+                and (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)) and high - low >= size):
+            return low
+    return None
+
+
 class LMDBReader(ShardReader):
-    """Opens its environment on first use: a check of the shard's checksum, which pages the whole file
-    in at once, then comes first, and the opening reads pages already in memory (cold, opening first
-    cost ~10 ms a 64 MB shard in scattered reads of its meta pages and its last leaf, a fifth of a
-    checked read's time)."""
+    """Opens its environment on first use, through its :class:`LMDBFile`: a check of the shard's
+    checksum hashes the file through LMDB's own mapping, so a scan after it finds every page in."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
-        self._opened: tuple[lmdb.Environment, int] | None = None
+        self._file = LMDBFile(self.path)
+        self._samples: int | None = None
 
     @property
     def _env(self) -> lmdb.Environment:
         return self._open()[0]
 
+    def mapped_file(self) -> LMDBFile:
+        return self._file
+
+    def adopt_mapping(self, mapped: ShardMapping) -> None:
+        if isinstance(mapped, LMDBFile) and self._samples is None:
+            self._file.close()
+            self._file = mapped
+
     def _open(self) -> tuple[lmdb.Environment, int]:
-        if self._opened is not None:
-            return self._opened
-        env = None
+        if self._samples is not None:
+            return self._file.env(), self._samples
         try:
-            env = open_whole(self.path)
+            env = self._file.env()
             with env.begin() as txn:
                 meta = txn.get(META_KEY)
             if meta is None:
@@ -84,14 +166,13 @@ class LMDBReader(ShardReader):
             doc = json.loads(meta)
             if doc.get("layout") != LAYOUT_VERSION:
                 raise self._corrupt(f"unsupported LMDB layout {doc.get('layout')!r}")
-            self._opened = env, int(doc["samples"])
+            self._samples = int(doc["samples"])
         except (lmdb.Error, ValueError, KeyError) as e:  # a CorruptShardError raised above is a ValueError
-            if env is not None:
-                env.close()
+            self._file.close()
             if isinstance(e, CorruptShardError):
                 raise
             raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
-        return self._opened
+        return env, self._samples
 
     def __len__(self) -> int:
         return self._open()[1]
@@ -138,8 +219,7 @@ class LMDBReader(ShardReader):
             raise self._corrupt(f"cannot read: {e}") from None
 
     def close(self) -> None:
-        if self._opened is not None:
-            self._opened[0].close()
+        self._file.close()
 
 
 class LMDBWriter(ShardWriter):
@@ -190,9 +270,13 @@ class LMDBWriter(ShardWriter):
 class LMDBFormat(ShardFormat):
     name = "lmdb"
     suffix = ".lmdb"
+    reads_mapped = True
 
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return LMDBReader(path)
+
+    def mapping(self, path: str | os.PathLike[str]) -> ShardMapping:
+        return LMDBFile(Path(path))
 
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         return LMDBWriter(path)

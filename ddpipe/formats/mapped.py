@@ -22,6 +22,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
@@ -106,6 +107,22 @@ class MappedFile:
         self._mapping = None
 
 
+class ShardMapping(Protocol):
+    """A shard file as its reader maps it (:meth:`ShardFormat.mapping`): hashed through it, the file
+    is paged in where the reader will read it. :class:`MappedFile` is one; LMDB's is the mapping LMDB
+    makes of its file itself (formats/lmdb.py)."""
+
+    path: Path
+    size: int
+
+    @property
+    def fits_whole(self) -> bool: ...
+
+    def checksum(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class HashedFile:
     """A file's checksum and, where it was kept, the mapping it was taken through, paged in whole:
@@ -114,17 +131,23 @@ class HashedFile:
 
     path: Path
     checksum: str
-    mapped: MappedFile | None
+    mapped: ShardMapping | None
 
 
-def hash_mapped(path: Path, keep: bool) -> HashedFile:
-    """``path`` hashed (one call into xxhash, which lets go of the interpreter); ``keep``: the
-    mapping it was hashed through kept for its reader, every page of it in. CorruptShardError for an
-    empty file, OSError where it cannot be read."""
-    mapped = MappedFile(path)
-    checksum = mapped.checksum()
+def hash_mapped(mapping: ShardMapping, keep: bool) -> HashedFile:
+    """The file of ``mapping`` hashed through it (one call into xxhash, which lets go of the
+    interpreter); ``keep``: the mapping kept for its reader, every page of it in, else closed.
+    CorruptShardError for an empty file, OSError where it cannot be read."""
+    try:
+        checksum = mapping.checksum()
+    except BaseException:
+        mapping.close()
+        raise
     # kept only where it is the reader's whole file (past POPULATE_LIMIT a scan reads part of it)
-    return HashedFile(path, checksum, mapped if keep and mapped.fits_whole else None)
+    if keep and mapping.fits_whole:
+        return HashedFile(mapping.path, checksum, mapping)
+    mapping.close()
+    return HashedFile(mapping.path, checksum, None)
 
 
 def advise_willneed(path: Path) -> None:

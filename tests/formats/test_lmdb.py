@@ -23,3 +23,38 @@ def test_one_file_per_shard_readable_with_plain_lmdb(tmp_path: Path) -> None:
         assert msgpack.unpackb(txn.get(b"%012d" % 5)) == items[5]
         assert txn.stat()["entries"] == len(items) + 1  # the samples and the __ddpipe__ record
     env.close()
+
+
+def test_a_shard_hashed_through_lmdbs_own_mapping_is_then_scanned_without_a_page_fault(tmp_path: Path) -> None:
+    """A shard hashed ahead is hashed through the mapping LMDB itself reads (LMDBFile): the checksum is
+    the file's, and the reader that takes it over scans without faulting a page in on the reading
+    thread, where a reader with an environment of its own faults its pages in as it goes (on the
+    reading thread: what made LMDB the slowest format to feed DALI). A file that is not LMDB is
+    hashed all the same (its checksum then tells it apart) and leaves no environment open."""
+    import resource
+
+    from ddpipe.checksum import file_checksum
+    from ddpipe.formats.lmdb import LMDBFile, LMDBFormat, LMDBReader
+    from ddpipe.formats.mapped import hash_mapped
+    from ddpipe.sample import KEY
+
+    path = tmp_path / "s.lmdb"
+    TestLMDBConformance().write(path, [{KEY: f"k{i}", "jpg": os.urandom(60_000)} for i in range(64)])
+
+    def faults_scanning(reader: LMDBReader) -> int:
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        assert sum(1 for _ in reader.scan()) == 64
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+    with LMDBReader(path) as fresh:
+        assert faults_scanning(fresh) > 4  # 3.8 MB of values: at least one fault per 16 pages
+    hashed = hash_mapped(LMDBFormat().mapping(path), keep=True)
+    assert hashed.checksum == file_checksum(path) and isinstance(hashed.mapped, LMDBFile)
+    with LMDBReader(path) as reader:
+        reader.adopt_mapping(hashed.mapped)
+        assert reader.mapped_file() is hashed.mapped
+        assert faults_scanning(reader) == 0
+
+    other = tmp_path / "other.lmdb"
+    other.write_bytes(os.urandom(1 << 16))
+    assert LMDBFile(other).checksum() == file_checksum(other)

@@ -37,7 +37,7 @@ def test_an_empty_file_cannot_be_mapped(tmp_path: Path) -> None:
 def test_a_file_hashed_through_its_mapping_is_read_through_it_after(tmp_path: Path) -> None:
     """Hashing through a mapping gives the manifest's checksum of the file and leaves the mapping
     paged in whole, so that a scan after it (the reader that takes over a mapping hashed ahead)
-    maps nothing again; a mapping not kept (LMDB's shards) still gives the same checksum."""
+    maps nothing again; a mapping not kept still gives the same checksum."""
     from ddpipe.checksum import file_checksum
     from ddpipe.formats.mapped import hash_mapped
 
@@ -48,10 +48,10 @@ def test_a_file_hashed_through_its_mapping_is_read_through_it_after(tmp_path: Pa
     assert mapped.paged_in
     first = mapped.content()
     assert mapped.for_scan(from_start=True).obj is first.obj  # the same mapping, not a new one
-    kept, dropped = hash_mapped(path, keep=True), hash_mapped(path, keep=False)
+    kept, dropped = hash_mapped(MappedFile(path), keep=True), hash_mapped(MappedFile(path), keep=False)
     assert kept.checksum == dropped.checksum == file_checksum(path)
     assert kept.mapped is not None and kept.mapped.paged_in and dropped.mapped is None
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
     with pytest.raises(ValueError, match="empty file"):
-        hash_mapped(empty, keep=True)
+        hash_mapped(MappedFile(empty), keep=True)
