@@ -124,11 +124,27 @@ def test_header_check_accepts_long_names_and_refuses_a_swap(tmp_path: Path, leng
             check_index_against_headers(shard, swapped, reader.content())
 
 
+@settings(max_examples=50, deadline=None)
+@given(groups=st.lists(st.lists(st.tuples(st.sampled_from(["jpg", "cls", "seg.png"]), st.integers(0, 2**40),
+                                          st.integers(0, 2**31), st.from_regex(r"[a-z0-9_/]{1,12}\.[a-z]{3}",
+                                                                               fullmatch=True)),
+                                min_size=1, max_size=3), max_size=20))
+def test_index_parse_reads_back_what_was_written(groups: list[list[tuple[str, int, int, str]]]) -> None:
+    """Samples of one, two and three members mixed: each comes back as it was written, in order."""
+    from ddpipe.formats.tar import format_dali_index
+
+    assert parse_dali_index(format_dali_index(groups), "x.idx") == groups
+
+
 def test_index_parse_rejects_garbage(tmp_path: Path) -> None:
     from ddpipe.errors import CorruptShardError
 
     with pytest.raises(CorruptShardError, match="bad DALI index"):
         parse_dali_index("v9 1\njpg 1 2 x.jpg\n", tmp_path / "x.idx")
+    for text in ("v1.2 1\njpg 1 2\n", "v1.2 2\njpg 1 2 x.jpg\n", "v1.2 1\njpg one 2 x.jpg\n",
+                 "v1.2 2\njpg 1 2 x.jpg\n\n"):
+        with pytest.raises(CorruptShardError, match="bad DALI index"):
+            parse_dali_index(text, tmp_path / "x.idx")
 
 
 @pytest.mark.dali
