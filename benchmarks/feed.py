@@ -1,7 +1,7 @@
 """The host side of the GPU path, measured without a GPU: how fast ddpipe can feed DALI when decoding
 costs nothing.
 
-    python benchmarks/feed.py [--n 3000] [--repeats 3] [--epochs 5]
+    python benchmarks/feed.py [--n 3000] [--repeats 3] [--epochs 5] [--reference CHECKOUT ...]
 
 On an H200, DALI's own pipeline decoded 20,000 images/s and ddpipe's dali-gpu Loader delivered two
 thirds of that (gpu.json), while its encoded stream alone ran faster than DALI's pipeline. The
@@ -19,8 +19,9 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
 Where the Loader runs at the stream's rate, the feed costs reading nothing; where it runs at the
 rate of the two costs added, the threads only take turns. Fresh processes, their order alternated,
 medians of ``--repeats``; each run's rate is the median of its epochs after the first.
-``--reference`` measures an earlier commit's ddpipe beside this one's, run for run, so that a change
-is judged against its own before in the same run, not against a record made at another time.
+``--reference`` (repeatable) measures an earlier commit's ddpipe beside this one's, run for run, so
+that a change is judged against its own before in the same run, not against a record made at another
+time; each row of this tree's gives its ratio to each reference (``vs_at_<commit>``).
 """
 
 from __future__ import annotations
@@ -126,9 +127,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--reference", type=Path, default=None,
+    ap.add_argument("--reference", type=Path, action="append", default=[],
                     help="a checkout of an earlier commit (git worktree add): its ddpipe measured too, each of "
-                         "its runs beside this tree's, and each figure of this tree's as a ratio to its")
+                         "its runs beside this tree's, and each figure of this tree's as a ratio to its; "
+                         "may be given more than once")
     ap.add_argument("--run", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
@@ -136,7 +138,9 @@ def main() -> None:
         return
     roots = {fmt: synth_shards(args.n, "loader", fmt, shard_bytes=32_000_000, seed=0) for fmt in FORMATS}
     here = Path(__file__).resolve().parents[1]
-    trees = {"this": here} | ({"reference": args.reference.resolve()} if args.reference else {})
+    # each reference named by its commit: the rows say which tree they measured
+    trees = {"this": here} | {commit_of(ref.resolve()) or str(ref): ref.resolve() for ref in args.reference}
+    references = [tree for tree in trees if tree != "this"]
     todo = [(tree, fmt, kind) for fmt in FORMATS for kind in KINDS for tree in trees]
     results: dict[tuple[str, str, str], list[float]] = {}
     for rep in range(args.repeats):
@@ -155,21 +159,19 @@ def main() -> None:
             # the rate the stream and the decoder's feed would reach taking turns, each at its own rate alone
             in_turns = 1 / (1 / rate["stream"] + 1 / rate["memory"])
             for kind, name in KINDS.items():
-                reference = median(results["reference", fmt, kind]) if tree == "this" and "reference" in trees else None
+                versus = {f"vs_at_{ref}": rate[kind] / median(results[ref, fmt, kind]) if tree == "this" else None
+                          for ref in references}
                 rows.append({"format": fmt, "pipeline": name, "tree": tree, "commit": commits[tree],
                              "samples_s": rate[kind],
                              "vs_stream": rate[kind] / rate["stream"],
-                             "vs_in_turns": rate[kind] / in_turns if kind == "loader" else None,
-                             "vs_reference": rate[kind] / reference if reference else None})
+                             "vs_in_turns": rate[kind] / in_turns if kind == "loader" else None, **versus})
     columns = [("format", "format", "s"), ("pipeline", "pipeline", "s"), ("commit", "commit", "s"),
                ("samples_s", "samples/s", ".0f"), ("vs_stream", "/ stream alone", ".2f"),
                ("vs_in_turns", "/ the two in turns", ".2f")]
-    if "reference" in trees:
-        columns.append(("vs_reference", f"/ at {commits['reference']}", ".2f"))
+    columns += [(f"vs_at_{ref}", f"/ at {ref}", ".2f") for ref in references]
     text = table(rows, columns)
     command = f"python benchmarks/feed.py --n {args.n} --repeats {args.repeats} --epochs {args.epochs}"
-    if args.reference:
-        command += f" --reference <checkout of {commits['reference']}>"
+    command += "".join(f" --reference <checkout of {ref}>" for ref in references)
     doc = {"benchmark": "feed", "command": command, "commits": commits, "machine": machine(), "batch": BATCH,
            "rows": rows, "runs": {f"{tree} {fmt} {kind}": r for (tree, fmt, kind), r in results.items()},
            "table": text}
