@@ -22,6 +22,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,16 +121,13 @@ def mapping_start(address: int, path: Path, size: int) -> int | None:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
-    inode = f" {st.st_ino} "
-    for line in maps.splitlines():
-        if inode not in line:  # the few lines worth splitting
-            continue
-        span, _, offset, device, number = line.split(maxsplit=5)[:5]
-        low, high = (int(x, 16) for x in span.split("-"))
-        major, minor = (int(x, 16) for x in device.split(":"))
-        if (low <= address < high and int(offset, 16) == 0 and int(number) == st.st_ino
-                and (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)) and high - low >= size):
-            return low
+    # start-end perms offset major:minor inode: only the file's own lines are looked at
+    for low, high, offset, major, minor in re.findall(
+            rf"^([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) {st.st_ino} ", maps, re.MULTILINE):
+        start, end = int(low, 16), int(high, 16)
+        if (start <= address < end and int(offset, 16) == 0 and end - start >= size
+                and (int(major, 16), int(minor, 16)) == (os.major(st.st_dev), os.minor(st.st_dev))):
+            return start
     return None
 
 

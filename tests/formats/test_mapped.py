@@ -50,7 +50,7 @@ def test_a_file_hashed_through_its_mapping_is_read_through_it_after(tmp_path: Pa
     assert mapped.for_scan(from_start=True).obj is first.obj  # the same mapping, not a new one
     kept, dropped = hash_mapped(MappedFile(path), keep=True), hash_mapped(MappedFile(path), keep=False)
     assert kept.checksum == dropped.checksum == file_checksum(path)
-    assert kept.mapped is not None and kept.mapped.paged_in and dropped.mapped is None
+    assert isinstance(kept.mapped, MappedFile) and kept.mapped.paged_in and dropped.mapped is None
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
     with pytest.raises(ValueError, match="empty file"):
