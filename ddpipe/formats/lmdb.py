@@ -30,7 +30,6 @@ from typing import Any
 
 import lmdb
 import msgpack
-import numpy as np
 
 from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
@@ -94,15 +93,12 @@ class LMDBFile:
             return buffer_checksum(view)
 
     def _mapped_bytes(self) -> memoryview | None:
-        """The file's bytes where LMDB maps them, or None where that mapping cannot be found. LMDB
-        does not say where its mapping starts: a record's address (values are returned in place)
-        finds it among the process's mappings."""
-        with self.env().begin(buffers=True) as txn:
-            record = txn.get(META_KEY)
-            if not record:
-                return None
-            address = int(np.frombuffer(record, dtype=np.uint8).ctypes.data)
-        start = mapping_start(address, self.path, self.size)
+        """The file's bytes where LMDB maps them, or None where that mapping cannot be told apart.
+        LMDB does not say where its mapping starts; it is found among the process's mappings of the
+        file, without reading a record: no page of the file but its meta pages is parsed before the
+        checksum has vouched for it."""
+        self.env()
+        start = lmdb_mapping_start(self.path, self.size)
         if start is None:
             return None
         return memoryview((ctypes.c_char * self.size).from_address(start)).cast("B")
@@ -113,22 +109,21 @@ class LMDBFile:
             self._env = None
 
 
-def mapping_start(address: int, path: Path, size: int) -> int | None:
-    """Where this process's mapping of ``path`` that holds ``address`` starts, if it maps the file
-    from its first byte and at least ``size`` bytes of it (``/proc/self/maps``; None elsewhere)."""
+def lmdb_mapping_start(path: Path, size: int) -> int | None:
+    """Where this process's one shared, read-only mapping of ``path`` from its first byte, at least
+    ``size`` bytes long, starts (``/proc/self/maps``): an environment's. None where there is none, or
+    more than one (another mapping of the file beside it), or no ``/proc``."""
     try:
         st = path.stat()
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
     # start-end perms offset major:minor inode: only the file's own lines are looked at
-    for low, high, offset, major, minor in re.findall(
-            rf"^([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) {st.st_ino} ", maps, re.MULTILINE):
-        start, end = int(low, 16), int(high, 16)
-        if (start <= address < end and int(offset, 16) == 0 and end - start >= size
-                and (int(major, 16), int(minor, 16)) == (os.major(st.st_dev), os.minor(st.st_dev))):
-            return start
-    return None
+    found = [int(low, 16) for low, high, offset, major, minor in re.findall(
+        rf"^([0-9a-f]+)-([0-9a-f]+) r--s ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) {st.st_ino} ", maps, re.MULTILINE)
+        if int(offset, 16) == 0 and int(high, 16) - int(low, 16) >= size
+        and (int(major, 16), int(minor, 16)) == (os.major(st.st_dev), os.minor(st.st_dev))]
+    return found[0] if len(found) == 1 else None
 
 
 class LMDBReader(ShardReader):

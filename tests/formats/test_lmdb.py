@@ -58,3 +58,24 @@ def test_a_shard_hashed_through_lmdbs_own_mapping_is_then_scanned_without_a_page
     other = tmp_path / "other.lmdb"
     other.write_bytes(os.urandom(1 << 16))
     assert LMDBFile(other).checksum() == file_checksum(other)
+
+
+def test_lmdbs_mapping_is_taken_only_where_it_is_the_files_one_mapping(tmp_path: Path) -> None:
+    """The environment's mapping is told apart from the process's other mappings of the file: with a
+    plain mapping of the same file beside it, neither is taken for LMDB's (the hash then goes through
+    a mapping of its own, and is still the file's)."""
+    from ddpipe.checksum import file_checksum
+    from ddpipe.formats.lmdb import LMDBFile, lmdb_mapping_start
+    from ddpipe.formats.mapped import MappedFile
+
+    path = TestLMDBConformance().write(tmp_path / "s.lmdb", example_samples(40))
+    size = path.stat().st_size
+    assert lmdb_mapping_start(path, size) is None  # nothing maps it yet
+    shard = LMDBFile(path)
+    shard.env()
+    assert lmdb_mapping_start(path, size) is not None
+    beside = MappedFile(path)
+    with beside.content():
+        assert lmdb_mapping_start(path, size) is None
+        assert shard.checksum() == file_checksum(path)
+    shard.close()
