@@ -14,7 +14,12 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
   decoded: the reference;
 - **ddpipe's DALI decoder fed from memory**: the same samples, already read, through ddpipe's
   DALI decoder as the dali-gpu path runs it (its feed thread, crop windows, hand-over to torch);
-- **Loader**: both together, as the dali-gpu Loader runs them.
+- **Loader**: both together, as the dali-gpu Loader runs them;
+- **Loader beside a training step of Python**: the Loader, its caller spending ``STEP_S`` in Python
+  after each batch (holding the interpreter lock, as a model's forward and backward dispatched op by
+  op do): the fraction of the time the caller waits for batches (*stalled*). The Loader's threads
+  then get the lock only between the step's switch intervals, and a call that lets go of it for a
+  moment waits that long to take it back.
 
 Where the Loader runs at the stream's rate, the feed costs reading nothing; where it runs at the
 rate of the two costs added, the threads only take turns. Fresh processes, their order alternated,
@@ -41,8 +46,11 @@ from ddpipe.bench.harness import machine, median, table
 
 FORMATS = ("wds", "hdf5", "lmdb")
 KINDS = {"stream": "encoded stream alone", "memory": "ddpipe's DALI decoder fed from memory",
-         "loader": "Loader"}
+         "loader": "Loader", "stall": "Loader beside a training step of Python"}
 BATCH = 256
+# a training step that holds the interpreter lock as a model's Python does (its forward and backward
+# dispatched op by op): the Loader's threads get the lock back only when the step's thread lets go
+STEP_S = 0.1
 
 
 def null_decoder() -> Any:
@@ -80,8 +88,16 @@ def loader_decoding_nothing(root: Path) -> Any:
     return loader
 
 
+def python_step(seconds: float) -> None:
+    """``seconds`` of Python on this thread, holding the interpreter lock but for its switch interval."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def child(kind: str, root: Path, epochs: int) -> float:
-    """Samples/s of ``kind`` on ``root``: the median of its epochs after the first."""
+    """Samples/s of ``kind`` on ``root`` (for ``stall``: the fraction of the time spent waiting for
+    batches): the median of its epochs after the first."""
     import ddpipe
     from ddpipe.decode.batches import EncodedBatch
 
@@ -102,6 +118,19 @@ def child(kind: str, root: Path, epochs: int) -> float:
         def epoch(e: int) -> int:
             encoded = (EncodedBatch.of(i, s, on_bad) for i, s in batches)
             return sum(len(labels) for _, labels in decoder.decode(encoded, 0, e, on_bad))
+    elif kind == "stall":
+        loader = loader_decoding_nothing(root)
+        stalls = []
+        for e in range(epochs):
+            loader.set_epoch(e)
+            waited, steps, t = 0.0, 0, time.perf_counter()
+            for _ in loader:
+                waited += time.perf_counter() - t
+                python_step(STEP_S)
+                steps += 1
+                t = time.perf_counter()
+            stalls.append(waited / (waited + steps * STEP_S))
+        return median(stalls[1:])
     else:
         loader = loader_decoding_nothing(root)
 
@@ -150,7 +179,9 @@ def main() -> None:
             out = subprocess.run([sys.executable, __file__, "--epochs", str(args.epochs), "--run", kind,
                                   str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True, env=env)
             results.setdefault((tree, fmt, kind), []).append(json.loads(out.stdout.splitlines()[-1]))
-            print(f"  {tree} {fmt} {kind}: {results[tree, fmt, kind][-1]:.0f} samples/s", file=sys.stderr)
+            got = results[tree, fmt, kind][-1]
+            print(f"  {tree} {fmt} {kind}: " + (f"{got:.3f} stalled" if kind == "stall" else f"{got:.0f} samples/s"),
+                  file=sys.stderr)
     commits = {tree: commit_of(path) for tree, path in trees.items()}
     rows: list[dict[str, Any]] = []
     for tree in trees:
@@ -161,12 +192,13 @@ def main() -> None:
             for kind, name in KINDS.items():
                 versus = {f"vs_at_{ref}": rate[kind] / median(results[ref, fmt, kind]) if tree == "this" else None
                           for ref in references}
+                stall = kind == "stall"  # a fraction of the time, not a rate: lower is better
                 rows.append({"format": fmt, "pipeline": name, "tree": tree, "commit": commits[tree],
-                             "samples_s": rate[kind],
-                             "vs_stream": rate[kind] / rate["stream"],
+                             "samples_s": None if stall else rate[kind], "stall": rate[kind] if stall else None,
+                             "vs_stream": None if stall else rate[kind] / rate["stream"],
                              "vs_in_turns": rate[kind] / in_turns if kind == "loader" else None, **versus})
     columns = [("format", "format", "s"), ("pipeline", "pipeline", "s"), ("commit", "commit", "s"),
-               ("samples_s", "samples/s", ".0f"), ("vs_stream", "/ stream alone", ".2f"),
+               ("samples_s", "samples/s", ".0f"), ("stall", "stalled", ".1%"), ("vs_stream", "/ stream alone", ".2f"),
                ("vs_in_turns", "/ the two in turns", ".2f")]
     columns += [(f"vs_at_{ref}", f"/ at {ref}", ".2f") for ref in references]
     text = table(rows, columns)
