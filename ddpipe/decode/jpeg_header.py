@@ -11,27 +11,30 @@ it reads gets the size libjpeg-turbo would give, and one that does not read fail
 
 from __future__ import annotations
 
+import struct
+
 # the frames libjpeg-turbo decodes: baseline, extended sequential, progressive, and their arithmetic-
 # coded forms; lossless and hierarchical ones are left to simplejpeg to refuse
 _FRAMES = frozenset({0xC0, 0xC1, 0xC2, 0xC9, 0xCA})
 _NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and the restart markers stand alone
 _START_OF_SCAN, _END_OF_IMAGE = 0xDA, 0xD9
+_SEGMENT = struct.Struct(">BBH").unpack_from  # 0xFF, the marker, the segment's length
+_FRAME_SIZE = struct.Struct(">HH").unpack_from  # a frame's height and width, after its precision
 
 
 def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from a JPEG's frame header, where every segment up to and including the start
     of the first scan is whole; None otherwise (not a JPEG, cut short, or a frame left to
     simplejpeg)."""
-    view = memoryview(data).cast("B")
-    n = len(view)
-    if n < 4 or view[0] != 0xFF or view[1] != 0xD8:
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return None
     size = None
     i = 2
     while i + 4 <= n:
-        if view[i] != 0xFF:
+        prefix, marker, length = _SEGMENT(data, i)
+        if prefix != 0xFF:
             return None
-        marker = view[i + 1]
         if marker == 0xFF:  # a fill byte before the marker
             i += 1
             continue
@@ -40,15 +43,15 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
             continue
         if marker == _END_OF_IMAGE:
             return None
-        end = i + 2 + (view[i + 2] << 8 | view[i + 3])
-        if end > n or end < i + 4:
+        end = i + 2 + length
+        if end > n or length < 2:
             return None
         if marker == _START_OF_SCAN:
             return size
         if marker in _FRAMES:
-            if size is not None or end < i + 10:  # a second frame, or one too short for its size
+            if size is not None or length < 8:  # a second frame, or one too short for its size
                 return None
-            height, width = view[i + 5] << 8 | view[i + 6], view[i + 7] << 8 | view[i + 8]
+            height, width = _FRAME_SIZE(data, i + 5)
             if not (width and height):  # a height given later (DNL)
                 return None
             size = (width, height)
