@@ -17,7 +17,8 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
 - **Loader**: both together, as the dali-gpu Loader runs them;
 - **Loader beside a training step of Python**: the Loader, its caller spending ``STEP_S`` in Python
   after each batch (holding the interpreter lock, as a model's forward and backward dispatched op by
-  op do): the fraction of the time the caller waits for batches (*stalled*). The Loader's threads
+  op do): the fraction of the time the caller waits for batches (*stalled*; *steady*: without each
+  epoch's first batch, and the ratios to the references are of this one). The Loader's threads
   then get the lock only between the step's switch intervals, and a call that lets go of it for a
   moment waits that long to take it back.
 
@@ -95,9 +96,10 @@ def python_step(seconds: float) -> None:
         pass
 
 
-def child(kind: str, root: Path, epochs: int) -> float:
+def child(kind: str, root: Path, epochs: int) -> list[float]:
     """Samples/s of ``kind`` on ``root`` (for ``stall``: the fraction of the time spent waiting for
-    batches): the median of its epochs after the first."""
+    batches, then the same without each epoch's first batch): the median of its epochs after the
+    first."""
     import ddpipe
     from ddpipe.decode.batches import EncodedBatch
 
@@ -120,17 +122,20 @@ def child(kind: str, root: Path, epochs: int) -> float:
             return sum(len(labels) for _, labels in decoder.decode(encoded, 0, e, on_bad))
     elif kind == "stall":
         loader = loader_decoding_nothing(root)
-        stalls = []
+        stalls, steady = [], []
         for e in range(epochs):
             loader.set_epoch(e)
-            waited, steps, t = 0.0, 0, time.perf_counter()
+            waits, t = [], time.perf_counter()
             for _ in loader:
-                waited += time.perf_counter() - t
+                waits.append(time.perf_counter() - t)
                 python_step(STEP_S)
-                steps += 1
                 t = time.perf_counter()
-            stalls.append(waited / (waited + steps * STEP_S))
-        return median(stalls[1:])
+            stepped = len(waits) * STEP_S
+            stalls.append(sum(waits) / (sum(waits) + stepped))
+            # an epoch here is a dozen batches, a training epoch thousands: its first batch's wait (the
+            # pipeline reset, the first shard read) weighs hundreds of times more here than there
+            steady.append(sum(waits[1:]) / (sum(waits[1:]) + stepped))
+        return [median(stalls[1:]), median(steady[1:])]
     else:
         loader = loader_decoding_nothing(root)
 
@@ -143,7 +148,7 @@ def child(kind: str, root: Path, epochs: int) -> float:
         t0 = time.perf_counter()
         n = epoch(e)
         rates.append(n / (time.perf_counter() - t0))
-    return median(rates[1:])
+    return [median(rates[1:])]
 
 
 def commit_of(tree: Path) -> str | None:
@@ -171,7 +176,7 @@ def main() -> None:
     trees = {"this": here} | {commit_of(ref.resolve()) or str(ref): ref.resolve() for ref in args.reference}
     references = [tree for tree in trees if tree != "this"]
     todo = [(tree, fmt, kind) for fmt in FORMATS for kind in KINDS for tree in trees]
-    results: dict[tuple[str, str, str], list[float]] = {}
+    results: dict[tuple[str, str, str], list[list[float]]] = {}
     for rep in range(args.repeats):
         for tree, fmt, kind in todo if rep % 2 == 0 else reversed(todo):  # alternated: drift hits all alike
             # the child imports the ddpipe of its tree (this script runs it either way: the same measurement)
@@ -180,25 +185,31 @@ def main() -> None:
                                   str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True, env=env)
             results.setdefault((tree, fmt, kind), []).append(json.loads(out.stdout.splitlines()[-1]))
             got = results[tree, fmt, kind][-1]
-            print(f"  {tree} {fmt} {kind}: " + (f"{got:.3f} stalled" if kind == "stall" else f"{got:.0f} samples/s"),
-                  file=sys.stderr)
+            print(f"  {tree} {fmt} {kind}: " + (f"{got[0]:.3f} stalled, {got[1]:.3f} steady" if kind == "stall"
+                                                else f"{got[0]:.0f} samples/s"), file=sys.stderr)
     commits = {tree: commit_of(path) for tree, path in trees.items()}
     rows: list[dict[str, Any]] = []
     for tree in trees:
         for fmt in FORMATS:
-            rate = {kind: median(results[tree, fmt, kind]) for kind in KINDS}
+            rate = {kind: median([r[0] for r in results[tree, fmt, kind]]) for kind in KINDS}
+            steady = median([r[1] for r in results[tree, fmt, "stall"]])
             # the rate the stream and the decoder's feed would reach taking turns, each at its own rate alone
             in_turns = 1 / (1 / rate["stream"] + 1 / rate["memory"])
             for kind, name in KINDS.items():
-                versus = {f"vs_at_{ref}": rate[kind] / median(results[ref, fmt, kind]) if tree == "this" else None
-                          for ref in references}
                 stall = kind == "stall"  # a fraction of the time, not a rate: lower is better
+                # the stall row's ratio is of the steady stall: what a training epoch's thousands of batches see
+                which = 1 if stall else 0
+                mine = steady if stall else rate[kind]
+                versus = {f"vs_at_{ref}": mine / median([r[which] for r in results[ref, fmt, kind]])
+                          if tree == "this" else None for ref in references}
                 rows.append({"format": fmt, "pipeline": name, "tree": tree, "commit": commits[tree],
                              "samples_s": None if stall else rate[kind], "stall": rate[kind] if stall else None,
+                             "stall_steady": steady if stall else None,
                              "vs_stream": None if stall else rate[kind] / rate["stream"],
                              "vs_in_turns": rate[kind] / in_turns if kind == "loader" else None, **versus})
     columns = [("format", "format", "s"), ("pipeline", "pipeline", "s"), ("commit", "commit", "s"),
-               ("samples_s", "samples/s", ".0f"), ("stall", "stalled", ".1%"), ("vs_stream", "/ stream alone", ".2f"),
+               ("samples_s", "samples/s", ".0f"), ("stall", "stalled", ".1%"),
+               ("stall_steady", "stalled, steady", ".1%"), ("vs_stream", "/ stream alone", ".2f"),
                ("vs_in_turns", "/ the two in turns", ".2f")]
     columns += [(f"vs_at_{ref}", f"/ at {ref}", ".2f") for ref in references]
     text = table(rows, columns)
