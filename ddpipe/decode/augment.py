@@ -24,11 +24,6 @@ from .spec import DecodeOptions
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop
 _DRAWS = 2 * _ATTEMPTS + 3  # area and aspect per attempt, then left, top, flip
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-# numpy lets go of the interpreter lock in a loop over more than ~500 elements, and taking it back
-# waits behind whichever thread holds it: the feed thread drawing a batch of 256 at once took 0.2 ms
-# alone and 17 ms beside a thread running Python (the training loop's). A sample's crop is its own,
-# so batches are drawn this many samples (21 x 23 draws, 483 elements) at a time.
-_KEEPS_LOCK = 21
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -66,17 +61,7 @@ def random_crops(seed: int, epoch: int, indices: np.ndarray, widths: np.ndarray,
                  options: DecodeOptions) -> Crops:
     """torchvision's RandomResizedCrop and RandomHorizontalFlip, for a batch at once: up to ten
     tries at a random area and aspect ratio that fit, else the centre at the nearest allowed ratio."""
-    indices = np.asarray(indices, dtype=np.int64)
     widths, heights = np.asarray(widths, dtype=np.int64), np.asarray(heights, dtype=np.int64)
-    if len(indices) <= _KEEPS_LOCK:
-        return _random_crops(seed, epoch, indices, widths, heights, options)
-    parts = [_random_crops(seed, epoch, indices[i : i + _KEEPS_LOCK], widths[i : i + _KEEPS_LOCK],
-                           heights[i : i + _KEEPS_LOCK], options) for i in range(0, len(indices), _KEEPS_LOCK)]
-    return Crops(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("left", "top", "width", "height", "flip")))
-
-
-def _random_crops(seed: int, epoch: int, indices: np.ndarray, widths: np.ndarray, heights: np.ndarray,
-                  options: DecodeOptions) -> Crops:
     u = uniforms(seed, epoch, indices, _DRAWS)
     area = (widths * heights)[:, None].astype(np.float64)
     lo, hi = np.log(options.ratio[0]), np.log(options.ratio[1])
