@@ -15,10 +15,12 @@ readers with ``mixed`` region-of-interest decoding, and torchvision's GPU ``deco
 v2 transforms over the same tars. Published anchor: an A100's hardware JPEG decoder does about
 5,000-7,000 img/s.
 
-Training: ResNet-50, AMP (float16) and channels-last, batch 256, fed by the ``Loader``
-(``dali-gpu``, float16 channels-last batches), through ddpipe's own training loop; images/s and
-the share of each step spent waiting for data (stall), against the same step on one batch held on
-the GPU (the model alone: the most any loader could let it do).
+Training (gpu_train.py): ResNet-50, AMP (float16) and channels-last, batch 256, fed by the
+``Loader`` (``dali-gpu``, float16 channels-last batches) through ddpipe's own training loop, and
+in a plain loop fed by the Loader, by the Loader with a shorter interpreter switch interval, and by
+DALI's own webdataset pipeline; images/s and the share of each step spent waiting for data
+(stall), against the same step on one batch held on the GPU (the model alone: the most any loader
+could let it do).
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ import resource
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from _common import DATA, save, synth_images, synth_shards
 from gpu_timing import BATCH, CORES, SIZE, epoch_rates
+from gpu_train import PLAIN_FEEDS, run_plain, run_trainer
 
 from ddpipe.bench.harness import machine, median, table
 
@@ -93,41 +95,6 @@ def run_ddpipe(root: Path, shuffle: str, dtype: str, epochs: int, decoder: str =
     return epoch_rates(batches, epochs)
 
 
-def run_train(root: Path, epochs: int, classes: int) -> dict[str, Any]:
-    """ResNet-50 with AMP and channels-last fed by the Loader, then the model alone on one batch."""
-    import torch
-
-    import ddpipe
-    import ddpipe.distributed
-    from ddpipe.train.loop import Trainer, TrainOptions
-    from ddpipe.train.models import build_model
-    from ddpipe.train.step import train_step
-
-    torch.backends.cudnn.benchmark = True
-    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local", dtype="float16",
-                           channels_last=True)
-    options = TrainOptions(epochs=epochs, amp=True, channels_last=True)
-    job = ddpipe.distributed.init("cuda", comm=loader.comm)
-    trainer = Trainer(build_model("resnet50", classes), loader, job, options, log=lambda line: None)
-    logs = trainer.fit()[1:]  # the first epoch warms up cuDNN's choices and DALI's buffers
-    fed = median([log.images_per_s for log in logs])
-    stall = median([log.stall for log in logs])
-    # the model alone: the same step on one batch that never leaves the GPU
-    images, labels = next(iter(loader))
-    images = images.contiguous(memory_format=torch.channels_last)
-    steps = max(len(loader), 20)
-    for _ in range(5):
-        train_step(trainer.trained, trainer.optimizer, images, labels, trainer.scaler, trainer.amp_dtype)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        train_step(trainer.trained, trainer.optimizer, images, labels, trainer.scaler, trainer.amp_dtype)
-    torch.cuda.synchronize()
-    alone = steps * len(labels) / (time.perf_counter() - t0)
-    return {"fed_img_s": fed, "alone_img_s": alone, "stall": stall,
-            "epochs": [{"images_per_s": log.images_per_s, "stall": log.stall} for log in logs]}
-
-
 def runs(data: Path) -> dict[str, list[str]]:
     """name -> arguments of --run."""
     out = {
@@ -156,7 +123,9 @@ def child(args: list[str], images: Path, data: Path, epochs: int, out: Path) -> 
     elif kind in ("dali-wds", "dali-file", "torchvision"):
         result = {"rates": run_peer(kind, images, data / "wds", epochs)}
     elif kind == "train":
-        result = run_train(Path(args[1]), epochs, int(args[2]))
+        result = run_trainer(Path(args[1]), epochs, int(args[2]))
+    elif kind == "plain":
+        result = run_plain(args[1], Path(args[2]), epochs, int(args[3]))
     else:
         result = {"rates": run_ddpipe(Path(args[1]), args[2], args[3], epochs, *args[4:])}
     result["peak_mb"] = peak_mb()
@@ -190,6 +159,45 @@ def decoding_doc(names: list[str], results: dict[str, list[float]], peaks: dict[
     cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"), ("vs_best_peer", "/ best peer", ".2f"),
             ("vs_limit", "/ GPU decode alone", ".2f"), ("peak_mb", "host peak MB", ".0f")]
     return {**header, "rows": rows, "runs": results, "table": table(rows, cols)}
+
+
+def training(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+    """ResNet-50 fed by ddpipe's Trainer, and by each feed in a plain loop (gpu_train.py): the
+    ``train`` and ``plain`` results and their table (the plain loops' stalls against DALI's feed's)."""
+    epochs = max(args.epochs, 3)
+    out: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    train = run_child(args, ["train", str(data / "wds"), str(args.classes)], epochs)
+    if train is not None:
+        train["vs_alone"] = train["fed_img_s"] / train["alone_img_s"]
+        out["train"] = train
+        print(f"  Trainer: {train['fed_img_s']:.0f} img/s, stall {100 * train['stall']:.1f}%; model alone "
+              f"{train['alone_img_s']:.0f} img/s", file=sys.stderr)
+        rows += [{"run": "ResNet-50, AMP, channels-last, fed by the Loader (dali-gpu)", "img_s": train["fed_img_s"],
+                  "stall": train["stall"], "vs": train["vs_alone"]},
+                 {"run": "ResNet-50, AMP, channels-last, one batch held on the GPU (model alone)",
+                  "img_s": train["alone_img_s"], "stall": None, "vs": 1.0}]
+    plain: dict[str, Any] = {}
+    for feed in PLAIN_FEEDS:
+        r = run_child(args, ["plain", feed, str(data / "wds"), str(args.classes)], epochs)
+        if r is not None:
+            plain[feed] = r
+            print(f"  plain loop, {feed}: {r['fed_img_s']:.0f} img/s, stall {100 * r['stall']:.1f}%", file=sys.stderr)
+    alone = train["alone_img_s"] if train is not None else float("nan")
+    for feed, r in plain.items():
+        r["vs_alone"] = r["fed_img_s"] / alone
+        r["stall_over_dali"] = r["stall"] / plain["dali-wds"]["stall"] if "dali-wds" in plain else float("nan")
+        rows.append({"run": f"ResNet-50, AMP, channels-last, {PLAIN_FEEDS[feed]}", "img_s": r["fed_img_s"],
+                     "stall": r["stall"], "vs": r["vs_alone"]})
+    if plain:
+        out["plain"] = plain
+    if not rows:
+        return out
+    for row in rows:
+        row["stall"] = None if row["stall"] is None else 100 * row["stall"]
+    out["train_table"] = table(rows, [("run", "training", "s"), ("img_s", "img/s", ".0f"),
+                                      ("stall", "stall %", ".1f"), ("vs", "/ model alone", ".2f")])
+    return out
 
 
 def main() -> None:
@@ -227,7 +235,7 @@ def main() -> None:
               "machine": machine(), "batch": BATCH, "size": SIZE}
     results: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
-    total = args.repeats * len(names) + (0 if args.skip_train else 1)
+    total = args.repeats * len(names) + (0 if args.skip_train else 1 + len(PLAIN_FEEDS))
     done = 0
     for rep in range(args.repeats):
         for name in names if rep % 2 == 0 else reversed(names):  # alternate the order: drift hits all alike
@@ -246,16 +254,9 @@ def main() -> None:
     text = doc["table"]
     print(text)
     if not args.skip_train:
-        train = run_child(args, ["train", str(data / "wds"), str(args.classes)], max(args.epochs, 3))
-        if train is not None:
-            train["vs_alone"] = train["fed_img_s"] / train["alone_img_s"]
-            doc["train"] = train
-            train_rows = [{"run": "ResNet-50, AMP, channels-last, fed by the Loader (dali-gpu)",
-                           "img_s": train["fed_img_s"], "stall": 100 * train["stall"], "vs": train["vs_alone"]},
-                          {"run": "ResNet-50, AMP, channels-last, one batch held on the GPU (model alone)",
-                           "img_s": train["alone_img_s"], "stall": None, "vs": 1.0}]
-            doc["train_table"] = table(train_rows, [("run", "training", "s"), ("img_s", "img/s", ".0f"),
-                                                    ("stall", "stall %", ".1f"), ("vs", "/ model alone", ".2f")])
+        train_doc = training(args, data)
+        if train_doc:
+            doc.update(train_doc)
             doc["table"] = f"{text}\n\n{doc['train_table']}"  # both in the README's block
             print("\n" + doc["train_table"])
     path = save("gpu", doc)

@@ -42,13 +42,14 @@ GPU_PEERS = ("dali-file", "dali-wds", "torchvision")  # peers that decode on the
 class PeerOptions:
     batch_size: int = 256
     size: int = 224
-    dtype: str = "uint8"  # or "float32", ImageNet-normalised
+    dtype: str = "uint8"  # or "float32", ImageNet-normalised ("float16" too, for DALI's readers)
     workers: int = 1  # processes (PIL peers) or threads (DALI)
     rank: int = 0
     world: int = 1
     cold: bool = False  # evict the inputs before the timed epoch, instead of a warm-up epoch
     seed: int = 0
     device: str = "cpu"  # "cuda": DALI decodes with its mixed (GPU) decoder, outputs on the GPU
+    channels_last: bool = False  # DALI's readers only: HWC batches (NHWC memory), as a channels-last model takes
 
 
 @dataclass(frozen=True)
@@ -198,8 +199,9 @@ def _dali_loader(kind: str, inputs: PeerInputs, o: PeerOptions) -> Callable[[], 
         img = fn.resize(img, resize_x=o.size, resize_y=o.size)
         norm: dict[str, Any] = {} if o.dtype == "uint8" else {"mean": [m * 255 for m in IMAGENET_MEAN],
                                                               "std": [s * 255 for s in IMAGENET_STD]}
-        img = fn.crop_mirror_normalize(img, dtype=types.UINT8 if o.dtype == "uint8" else types.FLOAT,
-                                       output_layout="CHW", mirror=fn.random.coin_flip(), **norm)
+        out_type = {"uint8": types.UINT8, "float16": types.FLOAT16}.get(o.dtype, types.FLOAT)
+        img = fn.crop_mirror_normalize(img, dtype=out_type, output_layout="HWC" if o.channels_last else "CHW",
+                                       mirror=fn.random.coin_flip(), **norm)
         return img  # the webdataset reader's cls bytes are variable-length: they cannot leave as a tensor
 
     p = pipe()

@@ -1,0 +1,146 @@
+"""The training runs of benchmarks/gpu.py: ResNet-50 (AMP, channels-last, batch 256) on one GPU.
+
+- **ddpipe's own training loop** (``Trainer``) fed by the ``Loader`` (``dali-gpu``, float16
+  channels-last batches), then the same step on one batch held on the GPU: the model alone, the
+  most any loader could let it do.
+- **A plain loop** (a few lines: take a batch, train on it), fed in turn by the Loader, by the
+  Loader with a shorter interpreter switch interval, and by DALI's own webdataset pipeline (its
+  reader, ``image_random_crop`` on the GPU, the same float16 channels-last batches; its labels are
+  not decoded, so a fixed label batch stands in). The loop is the same for every feed, so their
+  stalls compare like with like: how much of ResNet-50's time each feed costs on this GPU, DALI's
+  own being what a GPU pipeline with no Python between its stages reaches.
+
+A stall is the share of an epoch's time spent waiting for the next batch; each run's figures are the
+medians of its epochs after the first (cuDNN's choices, DALI's buffers).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from gpu_timing import BATCH, CORES, SIZE
+
+from ddpipe.bench.harness import median
+
+# the shorter switch interval a plain-loop run is also measured with: a thread that wants the interpreter
+# lock waits up to this long for one that holds it (5 ms by default), and the training thread takes it back
+# after every op it launches
+SHORT_SWITCH_S = 0.0005
+
+
+def run_trainer(root: Path, epochs: int, classes: int) -> dict[str, Any]:
+    """ResNet-50 with AMP and channels-last fed by the Loader through ddpipe's Trainer, then the model
+    alone on one batch."""
+    import torch
+
+    import ddpipe
+    import ddpipe.distributed
+    from ddpipe.train.loop import Trainer, TrainOptions
+    from ddpipe.train.models import build_model
+    from ddpipe.train.step import train_step
+
+    torch.backends.cudnn.benchmark = True
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local", dtype="float16",
+                           channels_last=True)
+    options = TrainOptions(epochs=epochs, amp=True, channels_last=True)
+    job = ddpipe.distributed.init("cuda", comm=loader.comm)
+    trainer = Trainer(build_model("resnet50", classes), loader, job, options, log=lambda line: None)
+    logs = trainer.fit()[1:]  # the first epoch warms up cuDNN's choices and DALI's buffers
+    fed = median([log.images_per_s for log in logs])
+    stall = median([log.stall for log in logs])
+    # the model alone: the same step on one batch that never leaves the GPU
+    images, labels = next(iter(loader))
+    images = images.contiguous(memory_format=torch.channels_last)
+    steps = max(len(loader), 20)
+    for _ in range(5):
+        train_step(trainer.trained, trainer.optimizer, images, labels, trainer.scaler, trainer.amp_dtype)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        train_step(trainer.trained, trainer.optimizer, images, labels, trainer.scaler, trainer.amp_dtype)
+    torch.cuda.synchronize()
+    alone = steps * len(labels) / (time.perf_counter() - t0)
+    return {"fed_img_s": fed, "alone_img_s": alone, "stall": stall,
+            "epochs": [{"images_per_s": log.images_per_s, "stall": log.stall} for log in logs]}
+
+
+def plain_loop(batches_of_epoch: Callable[[], Iterable[tuple[Any, Any]]], epochs: int, classes: int) -> dict[str, Any]:
+    """ResNet-50 trained on each batch as it comes, for ``epochs`` epochs: images/s and stall."""
+    import torch
+
+    from ddpipe.train.models import build_model
+    from ddpipe.train.step import train_step
+
+    torch.backends.cudnn.benchmark = True
+    model = build_model("resnet50", classes).cuda().to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda")
+    logs = []
+    for _ in range(epochs):
+        n, wait = 0, 0.0
+        t0 = t_wait = time.perf_counter()
+        for images, labels in batches_of_epoch():
+            wait += time.perf_counter() - t_wait
+            train_step(model, optimizer, images, labels, scaler, torch.float16)
+            n += len(labels)
+            t_wait = time.perf_counter()
+        torch.cuda.synchronize()  # the epoch ends when its last step does
+        seconds = time.perf_counter() - t0
+        logs.append({"images_per_s": n / seconds, "stall": wait / seconds})
+    later = logs[1:]
+    return {"fed_img_s": median([e["images_per_s"] for e in later]), "stall": median([e["stall"] for e in later]),
+            "epochs": later}
+
+
+def loader_batches(root: Path) -> Callable[[], Iterable[tuple[Any, Any]]]:
+    """The Loader's epochs, one after another (float16 channels-last batches, as the Trainer takes)."""
+    import ddpipe
+
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local", dtype="float16",
+                           channels_last=True)
+    epoch = [0]
+
+    def batches() -> Iterable[tuple[Any, Any]]:
+        loader.set_epoch(epoch[0])
+        epoch[0] += 1
+        return iter(loader)
+
+    return batches
+
+
+def dali_batches(shards: Path, classes: int) -> Callable[[], Iterable[tuple[Any, Any]]]:
+    """DALI's own webdataset pipeline's epochs (float16 NHWC, viewed as channels-last NCHW), each batch
+    with a fixed batch of labels on the GPU (DALI's reader leaves the labels undecoded)."""
+    import torch
+
+    from ddpipe.bench.peers import PeerInputs, PeerOptions, make_peer
+
+    inputs = PeerInputs(shards, sorted(shards.glob("*.tar")))
+    options = PeerOptions(batch_size=BATCH, size=SIZE, dtype="float16", workers=CORES, device="cuda",
+                          channels_last=True)
+    epoch = make_peer("dali-wds", inputs, options)
+    labels = torch.randint(classes, (BATCH,), device="cuda")
+
+    def batches() -> Iterable[tuple[Any, Any]]:
+        return ((x.permute(0, 3, 1, 2), labels[: len(x)]) for x in epoch())
+
+    return batches
+
+
+def run_plain(feed: str, shards: Path, epochs: int, classes: int) -> dict[str, Any]:
+    """``feed``: ``loader``, ``loader-short-switch`` or ``dali-wds``, into :func:`plain_loop`."""
+    if feed == "dali-wds":
+        return plain_loop(dali_batches(shards, classes), epochs, classes)
+    if feed == "loader-short-switch":
+        sys.setswitchinterval(SHORT_SWITCH_S)
+    return plain_loop(loader_batches(shards), epochs, classes)
+
+
+PLAIN_FEEDS = {"loader": "fed by the Loader (dali-gpu), plain loop",
+               "loader-short-switch": f"fed by the Loader (dali-gpu), plain loop, switch interval "
+                                      f"{SHORT_SWITCH_S * 1e3:g} ms",
+               "dali-wds": "fed by DALI's webdataset pipeline, plain loop"}
