@@ -2,19 +2,20 @@
 # Every check that needs a GPU, in the order a short lease on a GPU machine should spend it: the
 # CUDA tests; the rows that decide the GPU target (DALI's own webdataset pipeline and ddpipe's
 # dali-gpu loader on each format, in one run: gpu.json); ResNet-50 fed by the loader against the
-# model alone (gpu-train.json); the probe; then, with what is left, every other row (gpu-all.json).
+# model alone, and in a plain loop fed by the Loader and by DALI's own pipeline (gpu-train.json);
+# the probe; then, with what is left, every other row (gpu-all.json).
 # gpu.py writes its result after every run, so a step cut short keeps what it measured. Each step
 # is bounded; logs and results go to OUTDIR.
 #
 #     benchmarks/gpu_checks.sh OUTDIR [TESTS_S ROWS_S TRAIN_S PROBE_S ALL_S]
 #
-# The defaults (120 240 150 80 0 seconds) fit one 10-minute command; ALL_S 0 skips the full record.
+# The defaults (80 230 220 60 0 seconds) fit one 10-minute command; ALL_S 0 skips the full record.
 # Needs DALI, torch with CUDA, and ddpipe's dependencies importable (PYTHONPATH may point at them).
-# On a 16-core H200 machine the tests took about a minute, and gpu.py's 25 runs of the full record
-# about seven.
+# On a 16-core H200 machine the tests took about a minute, the rows (the data made first) under four,
+# the training runs about four on a fresh machine, and gpu.py's 25 runs of the full record about seven.
 set -u
 out=${1:?usage: benchmarks/gpu_checks.sh OUTDIR [TESTS_S ROWS_S TRAIN_S PROBE_S ALL_S]}
-tests_s=${2:-120} rows_s=${3:-240} train_s=${4:-150} probe_s=${5:-80} all_s=${6:-0}
+tests_s=${2:-80} rows_s=${3:-230} train_s=${4:-220} probe_s=${5:-60} all_s=${6:-0}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 cd "$root" || exit 1
