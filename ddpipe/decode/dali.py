@@ -25,11 +25,10 @@ import torch.utils.dlpack
 
 from ..errors import DdpipeError
 from ..handoff import ahead
-from .augment import image_size, random_crops
-from .batches import EncodedBatch, OnBad
+from .batches import EncodedBatch, OnBad, checked_headers, with_crops
 from .resample import Resampler
 from .ring import TORCH_DTYPES
-from .spec import DecodeOptions, check_pixels, decode_check
+from .spec import DecodeOptions, decode_check
 
 
 def _import_dali() -> Any:
@@ -143,38 +142,6 @@ class _Feed:
         self.inflight.append(batch)
         assert isinstance(batch.fed, tuple)
         return batch.fed
-
-
-def checked_headers(batch: EncodedBatch, options: DecodeOptions,
-                    on_bad: OnBad | None) -> tuple[EncodedBatch, list[tuple[int, int]]]:
-    """The batch less the samples whose header cannot be read or says more pixels than
-    ``options.max_pixels`` (each reported: nothing is decoded from them), and the others' sizes."""
-    sizes: list[tuple[int, int]] = []
-    bad: set[int] = set()
-    for g, sample, data in zip(batch.indices, batch.samples, batch.datas, strict=True):
-        try:
-            size = image_size(data)
-            check_pixels(*size, options.max_pixels)
-            sizes.append(size)
-        except ValueError as e:
-            if on_bad is not None:
-                on_bad(g, sample, f"does not decode: {e}")
-            bad.add(g)
-            sizes.append((0, 0))
-    if bad:
-        sizes = [s for g, s in zip(batch.indices, sizes, strict=True) if g not in bad]
-        batch = batch.without(bad)
-    return batch, sizes
-
-
-def with_crops(batch: EncodedBatch, seed: int, epoch: int, options: DecodeOptions,
-               on_bad: OnBad | None) -> EncodedBatch:
-    """The batch with each sample's crop window and flip; samples without a readable header, or
-    over the pixel limit, are reported and left out."""
-    batch, sizes = checked_headers(batch, options, on_bad)
-    wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-    batch.crops = random_crops(seed, epoch, np.asarray(batch.indices, dtype=np.int64), wh[:, 0], wh[:, 1], options)
-    return batch
 
 
 class DaliDecoder:

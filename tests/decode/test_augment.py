@@ -84,8 +84,7 @@ def test_a_batchs_headers_are_read_without_an_import_per_image(monkeypatch: pyte
     image (one that failed, searching every path each time) cost an H200 more than half its rate."""
     import builtins
 
-    from ddpipe.decode.batches import EncodedBatch
-    from ddpipe.decode.dali import with_crops
+    from ddpipe.decode.batches import EncodedBatch, with_crops
 
     buf = io.BytesIO()
     Image.new("RGB", (64, 48)).save(buf, format="JPEG")
