@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
-from .loader_stats import DecodeStats, SkippedSample
+from .loader_stats import DecodeStats, ReadStats, SkippedSample
 from .plan import EpochPlan
 from .sample import KEY, Sample
 from .stream import EncodedStream, unreadable
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # torch loads only when something decodes
     import torch
 
     from .decode.output import Batch, Decoder
+    from .read_process import ProcessReader
     from .service.client import ServiceStats
 
 
@@ -66,6 +67,7 @@ class DecodeStage:
         stream.views = self.decoder in ("dali-gpu", "dali-cpu") and not options.service
         self.stats = DecodeStats()
         self._decoder: Decoder | None = None
+        self._reader: ProcessReader | None = None  # read_in="process": made on the first epoch
         self._delivered = 0
         closing = weakref.WeakMethod(self.close)  # the job may end while this stage is alive
         stream.comm.at_end(lambda: (close := closing()) is not None and close())
@@ -77,10 +79,14 @@ class DecodeStage:
         return getattr(self._decoder, "stats", None)
 
     def close(self) -> None:
-        """Release the decoder (its DALI pipeline, threads or processes); iterating again makes a new one."""
+        """Release the decoder (its DALI pipeline, threads or processes) and the reading process, if any;
+        iterating again makes new ones."""
         if self._decoder is not None:
             self._decoder.close()
             self._decoder = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def __enter__(self) -> DecodeStage:
         return self
@@ -111,8 +117,12 @@ class DecodeStage:
         self.stats = DecodeStats()
         if self._decoder is None:  # one for every epoch: its pipeline, pools and buffers stay
             self._decoder = make_decoder(self.decoder, self.options, plan.options.batch_size, self.device)
-        batches = iter(self.stream)
-        encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad) for b in batches)
+        batches: Generator[Any, None, None]
+        if self.options.read_in == "process":
+            batches = encoded = self._read_apart()
+        else:
+            batches = iter(self.stream)
+            encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad) for b in batches)
         decoded = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
         if self.skipping:  # batches keep their size
             rank = self.stream.rank
@@ -127,6 +137,17 @@ class DecodeStage:
             if close is not None:
                 close()
             batches.close()
+
+    def _read_apart(self) -> Generator[EncodedBatch, None, None]:
+        """The epoch's batches from the reading process (read_process.py), prepared for DALI."""
+        from .read_process import ProcessReader, check_can_read_apart, spec_of
+
+        if self._reader is None:
+            check_can_read_apart(self.stream, self.options, self.decoder)
+            self._reader = ProcessReader(*spec_of(self.stream, self.options))
+        stats: list[ReadStats] = []
+        yield from self._reader.epoch(*self.stream.position(), stats, self.stats.skip)
+        self.stream.stats = stats[0]
 
     def _on_bad(self, index: int, sample: Sample, reason: str) -> None:
         if self.options.on_error == "fail":

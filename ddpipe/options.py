@@ -103,6 +103,7 @@ class LoaderKeywords(StreamKeywords, total=False):
     threads: int
     service: Sequence[str]
     service_timeout: float
+    read_in: str
 
 
 def keyword_fields(stages: Sequence[type]) -> dict[str, list[tuple[type, str]]]:

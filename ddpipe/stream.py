@@ -159,6 +159,16 @@ class EncodedStream:
         self._batches_done = 0
         self._plan = None
 
+    def position(self) -> tuple[int, int, np.ndarray | None]:
+        """(seed, epoch, the samples it plans over: None for all): what :meth:`go_to` takes."""
+        return self.seed, self.epoch, self._pending
+
+    def go_to(self, seed: int, epoch: int, pending: np.ndarray | None) -> None:
+        """Stand where another stream's :meth:`position` says (a reading process follows its parent)."""
+        self.seed, self.epoch, self._pending = seed, epoch, pending
+        self._batches_done = 0
+        self._plan = None
+
     def plan(self) -> EpochPlan:
         """This epoch's plan (the same on every rank)."""
         if self._plan is None:

@@ -42,6 +42,10 @@ class SourceLimits:
                 raise ValueError(f"cannot parse {part!r} in {text!r}: use e.g. '100MB/s,5ms'")
         return limits
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # another process (a reading process) models the same link afresh: its own lock and credit
+        return (SourceLimits, (self.bandwidth, self.latency, self.burst))
+
     def on_open(self) -> None:
         if self.latency:
             time.sleep(self.latency)

@@ -138,7 +138,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     size = DecodeOptions(decoder=args.decode, device=str(job.device), size=args.image_size,
                          resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)), dtype=args.dtype,
-                         service=tuple(args.decode_service))
+                         service=tuple(args.decode_service), read_in=args.read_in)
     loader = Loader(args.dataset, args.batch_size, decode=size, shuffle=args.shuffle,
                     exchange_fraction=args.exchange_fraction, shard_assignment=args.shard_assignment, drop_last=True,
                     stage_dir=args.stage_dir, stage_capacity=args.stage_capacity, on_error=args.on_error,
@@ -207,7 +207,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                             if args.source_throttle else None),
                            decode=DecodeOptions(decoder=args.decode, size=size, dtype="uint8",
                                                 resize_shorter=max(size, round(size * 8 / 7)),
-                                                service=tuple(args.decode_service)),
+                                                service=tuple(args.decode_service), read_in=args.read_in),
                            stage=StageOptions(args.stage_dir) if args.stage_dir else None, seed=args.seed,
                            step_time=args.step_time, model=args.model, epochs=args.epochs, cold=args.cold,
                            compare=compare, compare_dir=args.compare_dir, progress=not args.no_progress)

@@ -48,6 +48,13 @@ def _decode_service_argument(p: argparse.ArgumentParser) -> None:
                    help="decode on these servers (ddpipe serve), e.g. tcp://cpu-node-1:5555; here while none answers")
 
 
+def _read_in_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--read-in", choices=["thread", "process"], default="thread",
+                   help="where each rank's batches are read and prepared for a DALI decoder: its threads, or a "
+                        "process of its own, off the training process's interpreter lock (a local dataset, "
+                        "no exchange, no staging)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..bench.peers import PEERS
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
@@ -131,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", default="auto", choices=DECODERS)
     p.add_argument("--device", default="auto")
     _decode_service_argument(p)
+    _read_in_argument(p)
     p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial")
@@ -166,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exchange-fraction", type=float, default=0.3)
     p.add_argument("--decode", default="auto", choices=DECODERS)
     _decode_service_argument(p)
+    _read_in_argument(p)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
     p.add_argument("--stage-dir", default=None)

@@ -31,6 +31,11 @@ class EncodedBatch:
     # arrays a decoder handed to a library that reads them in place (DALI, no_copy): they live as long
     # as the batch, which the decoder keeps until the library is done with it
     fed: object = None
+    # its headers read and crops chosen already (by a reading process: read_process.py), its
+    # unreadable samples left out
+    checked: bool = False
+    # called once the decoder is done with the batch's bytes (a reading process's buffer reuses them)
+    release: Callable[[], None] | None = None
 
     @classmethod
     def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad) -> EncodedBatch:

@@ -94,7 +94,9 @@ class _Feed:
         """``batch`` less its unreadable samples, with its crops, and the arrays DALI reads."""
         if not batch.datas:
             return batch
-        if self.options.train:
+        if batch.checked:  # by the reading process
+            pass
+        elif self.options.train:
             batch = with_crops(batch, self._seed, self._epoch, self.options, self._on_bad)
         else:
             batch = checked_headers(batch, self.options, self._on_bad)[0]
@@ -273,14 +275,14 @@ class DaliDecoder:
                 images, labels = self._pipe.run()
             except StopIteration:
                 while inflight:  # trailing batches whose samples were all skipped
-                    inflight.popleft()
+                    _done(inflight.popleft())
                     yield self._empty()
                 if feed.error is not None:
                     raise feed.error from None
                 return
             except RuntimeError as e:
                 while inflight and not inflight[0].datas:
-                    inflight.popleft()
+                    _done(inflight.popleft())
                     yield self._empty()
                 if not inflight:
                     raise
@@ -292,9 +294,17 @@ class DaliDecoder:
                 self._pipe = self._pipeline()
                 continue
             while inflight and not inflight[0].datas:
-                inflight.popleft()
+                _done(inflight.popleft())
                 yield self._empty()
-            yield self._to_torch(images, labels, inflight.popleft())
+            batch = inflight.popleft()
+            out = self._to_torch(images, labels, batch)
+            _done(batch)  # DALI has read its bytes: its outputs are out
+            yield out
+
+
+def _done(batch: EncodedBatch) -> None:
+    if batch.release is not None:
+        batch.release()
 
 
 def _find_bad(batch: EncodedBatch, dali_error: str, on_bad: OnBad) -> set[int]:

@@ -62,6 +62,10 @@ class DecodeOptions:
     # while no server answers; a server silent this many seconds with batches outstanding is dropped
     service: tuple[str, ...] = ()
     service_timeout: float = 10.0
+    # where the batches are read and prepared for a DALI decoder (their JPEG headers read, crop windows
+    # chosen): "thread", threads of this process; "process", a process of its own, off the training
+    # process's interpreter lock (ddpipe/read_process.py: where it applies, and why)
+    read_in: str = "thread"
 
     def __post_init__(self) -> None:
         if isinstance(self.service, str) or not all(isinstance(s, str) for s in self.service):
@@ -69,6 +73,8 @@ class DecodeOptions:
         object.__setattr__(self, "service", tuple(self.service))  # a list given is kept as a tuple
         if self.max_pixels < 1:
             raise OptionError(f"max_pixels must be positive, not {self.max_pixels}")
+        if self.read_in not in ("thread", "process"):
+            raise OptionError(f"read_in must be 'thread' or 'process', not {self.read_in!r}")
         if self.service_timeout <= 0:
             raise OptionError(f"service_timeout must be positive, not {self.service_timeout}")
         if self.service and self.decoder == "dali-gpu":

@@ -1,0 +1,267 @@
+"""Batches read and prepared for DALI in a process of their own (``read_in="process"``): the same
+batches as threads give, resumption, leaving an epoch early, errors at their batch's turn, either
+process ending, and the shared buffer's placement."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ddpipe
+from ddpipe.errors import CorruptShardError, DdpipeError, OptionError, SampleError
+from ddpipe.read_process import _Ring
+from ddpipe.synth import encode_jpeg, render_image
+from tests.helpers import alive
+
+pytest.importorskip("nvidia.dali")
+
+BATCH = 8
+
+
+def natural_samples(n: int, bad: dict[int, bytes] | None = None) -> list[dict[str, object]]:
+    bad = bad or {}
+    return [{"__key__": f"n/{i:03d}", "jpg": bad.get(i) or encode_jpeg(render_image(i, seed=7, long_side=96)),
+             "cls": b"%d" % (i % 3)} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("rp") / "wds"
+    ddpipe.write_dataset(root, iter(natural_samples(60)), samples_per_shard=16, classes=["a", "b", "c"])
+    return root
+
+
+def gpu_path(loader: ddpipe.Loader) -> ddpipe.Loader:
+    """The loader with the dali-gpu path's decoder (its transform in DALI, its batches prepared on the
+    feed's thread), run on DALI's CPU operators."""
+    from ddpipe.decode.dali import DaliDecoder
+
+    options = loader.decoding.options
+    loader.decoding._decoder = DaliDecoder(options, BATCH, torch.device("cpu"), gpu_decode=False,
+                                           transform_in_dali=True)
+    return loader
+
+
+def make(root: Path, read_in: str, gpu: bool = True, **kw: object) -> ddpipe.Loader:
+    options: dict[str, object] = {"decoder": "dali-cpu", "device": "cpu", "shuffle": "local", "size": 32,
+                                  "resize_shorter": 40, "dtype": "uint8", "threads": 1, "seed": 5, **kw}
+    loader = ddpipe.Loader(root, BATCH, read_in=read_in, **options)  # type: ignore[arg-type]
+    return gpu_path(loader) if gpu else loader
+
+
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def epoch_of(loader: ddpipe.Loader, epoch: int, stop_after: int | None = None) -> Batches:
+    loader.set_epoch(epoch)
+    out = []
+    for x, y in loader:
+        out.append((x.clone(), y.clone()))
+        if stop_after is not None and len(out) == stop_after:
+            break
+    return out
+
+
+def same(a: Batches, b: Batches) -> bool:
+    pairs = zip(a, b, strict=False)
+    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in pairs)
+
+
+def reading_process(loader: ddpipe.Loader) -> int:
+    reader = loader.decoding._reader
+    assert reader is not None and reader._proc is not None
+    return reader._proc.pid
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+@pytest.mark.parametrize("train", [True, False])
+def test_the_same_batches_as_threads_give(images: Path, gpu: bool, train: bool) -> None:
+    """Pixels and labels, epoch after epoch (a local shuffle differs from one to the next), on the GPU
+    path's feed and on the CPU path's."""
+    threads, apart = make(images, "thread", gpu, train=train), make(images, "process", gpu, train=train)
+    for epoch in range(2):
+        want, got = epoch_of(threads, epoch), epoch_of(apart, epoch)
+        assert same(want, got)
+        assert len(got) == 60 // BATCH + 1
+    assert apart.stats.read.held_peak == threads.stats.read.held_peak > 0  # the reading process's figures
+    pid = reading_process(apart)
+    apart.close()
+    assert not alive(pid)
+    threads.close()
+
+
+def test_left_early_then_the_next_epoch_and_a_resumed_one(images: Path) -> None:
+    """A caller that leaves an epoch after two batches gets the next epoch whole; a state taken after
+    three batches resumes (in a loader reading with threads) as the threads' own state does."""
+    threads, apart = make(images, "thread"), make(images, "process")
+    assert same(epoch_of(apart, 0, stop_after=2), epoch_of(threads, 0, stop_after=2))
+    assert same(epoch_of(apart, 1), epoch_of(threads, 1))
+
+    def resumed_after_three(loader: ddpipe.Loader) -> Batches:
+        loader.set_epoch(2)
+        it = iter(loader.decoding)
+        assert isinstance(it, Generator)  # closed, the epoch is left
+        first = [(x.clone(), y.clone()) for x, y in (next(it) for _ in range(3))]
+        state = loader.state_dict()
+        it.close()
+        resumed = make(images, "thread")
+        resumed.load_state_dict(state)
+        rest = [(x.clone(), y.clone()) for x, y in resumed]
+        resumed.close()
+        return first + rest
+
+    got, want = resumed_after_three(apart), resumed_after_three(threads)
+    assert same(got, want) and sum(len(y) for _, y in got) == 60
+    threads.close()
+    apart.close()
+
+
+def test_a_damaged_shard_is_raised_at_its_turn_naming_it(tmp_path: Path) -> None:
+    """As threads raise it, after as many batches; the error is the reading process's, whole; the
+    next epoch still has a reading process to serve it."""
+    root = tmp_path / "wds"
+    ddpipe.write_dataset(root, iter(natural_samples(40)), samples_per_shard=16, classes=["a", "b", "c"])
+    shard = sorted(root.glob("*.tar"))[1]
+    data = bytearray(shard.read_bytes())
+    data[-2000] ^= 0xFF  # inside the last sample's image: the checksum finds it
+    shard.write_bytes(bytes(data))
+    seen = {}
+    for read_in in ("thread", "process"):
+        loader = make(root, read_in, shuffle="none")
+        got = []
+        with pytest.raises(CorruptShardError) as info:
+            for x, _ in loader:
+                got.append(x)
+        seen[read_in] = (len(got), str(info.value))
+        assert info.value.path == str(shard) and "checksum mismatch" in str(info.value)
+    assert seen["process"] == seen["thread"]
+    pid = reading_process(loader)
+    with pytest.raises(CorruptShardError):
+        list(loader)
+    assert reading_process(loader) == pid
+    loader.close()
+    assert not alive(pid)
+
+
+def test_a_sample_that_does_not_decode_fails_or_is_skipped(tmp_path: Path) -> None:
+    """Its header is read in the reading process: under "fail" the error names it; under "skip" it is
+    counted as threads count it, and the batches keep their sizes."""
+    root = tmp_path / "wds"
+    ddpipe.write_dataset(root, iter(natural_samples(32, bad={10: b"not a jpeg at all"})), samples_per_shard=16,
+                         classes=["a", "b", "c"])
+    loader = make(root, "process", shuffle="none")
+    with pytest.raises(SampleError) as info:
+        list(loader)
+    assert info.value.key == "n/010"
+    loader.close()
+    threads, apart = make(root, "thread", on_error="skip"), make(root, "process", on_error="skip")
+    want, got = epoch_of(threads, 0), epoch_of(apart, 0)
+    assert same(want, got) and [len(y) for _, y in got] == [BATCH] * 4  # refilled
+    assert apart.stats.decode.skipped_samples == threads.stats.decode.skipped_samples
+    assert [s.key for s in apart.stats.decode.skipped_samples] == ["n/010"]
+    threads.close()
+    apart.close()
+
+
+def test_batches_that_find_no_room_in_the_buffer_still_come(images: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A buffer of about one batch: the parent holds more than that in flight before it releases any
+    (DALI's queue, the batches prepared ahead), so batches that wait for room in vain, and those
+    larger than the buffer, go through the connection; nothing hangs, nothing differs."""
+    from ddpipe import read_process
+
+    monkeypatch.setattr(read_process, "BUFFER_BATCHES", 1)
+    monkeypatch.setattr(read_process, "MIN_BUFFER_BYTES", 1)
+    threads, apart = make(images, "thread"), make(images, "process")
+    assert same(epoch_of(apart, 0), epoch_of(threads, 0))
+    threads.close()
+    apart.close()
+
+
+def test_a_reading_process_that_dies_is_an_error_not_a_hang(images: Path) -> None:
+    """Killed mid-epoch (a slow source keeps it reading), it is named; the next epoch starts another."""
+    loader = make(images, "process", source_limits="100KB/s", shuffle="none")
+    it = iter(loader)
+    next(it)
+    os.kill(reading_process(loader), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(DdpipeError, match="reading process ended unexpectedly"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 60  # a hang bound: it is noticed within a second or two
+    assert len(epoch_of(loader, 1)) == 60 // BATCH + 1  # the next epoch starts another
+    loader.close()
+
+
+PARENT = """
+import sys, ddpipe, torch
+from tests.test_read_process import make
+from pathlib import Path
+loader = make(Path(sys.argv[1]), "process")
+it = iter(loader)
+next(it)
+print(loader.decoding._reader._proc.pid, flush=True)
+sys.stdin.read()  # until the test kills this process
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_the_reading_process_ends_with_its_parent(images: Path, how: int) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(images)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert alive(child)
+    parent.send_signal(how)
+    parent.wait(timeout=60)
+    deadline = time.monotonic() + 60  # a hang bound: it goes as soon as its connection closes
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)
+
+
+def test_refused_where_it_cannot_serve(images: Path, tmp_path: Path) -> None:
+    """Before anything is read: a decoder that is not DALI's, staging, an exchange."""
+    from ddpipe.comm import Comm, World
+
+    with pytest.raises(OptionError, match="a DALI decoder"):
+        list(ddpipe.Loader(images, BATCH, decoder="pil", device="cpu", read_in="process"))
+    with pytest.raises(OptionError, match="no staging"):
+        list(ddpipe.Loader(images, BATCH, decoder="dali-cpu", device="cpu", read_in="process",
+                           stage_dir=tmp_path / "stage"))
+    two = Comm(World(rank=0, size=2))
+    with pytest.raises(OptionError, match="no exchange rounds"):
+        list(ddpipe.Loader(images, BATCH, decoder="dali-cpu", device="cpu", read_in="process", shuffle="partial",
+                           comm=two))
+    with pytest.raises(OptionError, match="read_in"):
+        ddpipe.Loader(images, BATCH, read_in="elsewhere")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 3)), min_size=1, max_size=60))
+def test_the_buffer_never_places_a_batch_over_a_live_one(steps: list[tuple[int, int]]) -> None:
+    """Each batch is placed inside the buffer, over no batch not yet released, once releases (in
+    order, as DALI returns batches) make room; with nothing live there is always room."""
+    ring = _Ring(bytearray(100))  # type: ignore[arg-type]
+    for seq, (nbytes, releases) in enumerate(steps):
+        while (start := ring.place(nbytes)) is None:
+            assert ring.live, "no room in an empty buffer"
+            ring.release(ring.live[0][0])
+        assert start >= 0 and start + nbytes <= 100
+        for _, a, b in ring.live:
+            assert start + nbytes <= a or b <= start, (start, nbytes, list(ring.live))
+        ring.live.append((seq, start, start + nbytes))
+        for _ in range(releases):
+            if ring.live:
+                ring.release(ring.live[0][0])
+    ring.release(None)
+    assert ring.place(100) == 0
