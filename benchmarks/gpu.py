@@ -17,8 +17,8 @@ v2 transforms over the same tars. Published anchor: an A100's hardware JPEG deco
 
 Training (gpu_train.py): ResNet-50, AMP (float16) and channels-last, batch 256, fed by the
 ``Loader`` (``dali-gpu``, float16 channels-last batches) through ddpipe's own training loop, and
-in a plain loop fed by the Loader, by the Loader with a shorter interpreter switch interval, and by
-DALI's own webdataset pipeline; images/s and the share of each step spent waiting for data
+in a plain loop fed by the Loader, by the Loader reading in a process of its own, and by DALI's
+own webdataset pipeline; images/s and the share of each step spent waiting for data
 (stall), against the same step on one batch held on the GPU (the model alone: the most any loader
 could let it do).
 """
@@ -36,7 +36,7 @@ from typing import Any
 
 from _common import DATA, save, synth_images, synth_shards
 from gpu_timing import BATCH, CORES, SIZE, epoch_rates
-from gpu_train import PLAIN_FEEDS, run_plain, run_trainer
+from gpu_train import ALL_FEEDS, PLAIN_FEEDS, run_plain, run_trainer
 
 from ddpipe.bench.harness import machine, median, table
 
@@ -81,10 +81,10 @@ def run_peer(name: str, images: Path, shards: Path, epochs: int) -> list[float]:
 
 
 def run_ddpipe(root: Path, shuffle: str, dtype: str, epochs: int, decoder: str = "dali-gpu",
-               device: str = "cuda") -> list[float]:
+               device: str = "cuda", read_in: str = "thread") -> list[float]:
     import ddpipe
 
-    loader = ddpipe.Loader(root, BATCH, decoder=decoder, device=device, shuffle=shuffle, dtype=dtype)
+    loader = ddpipe.Loader(root, BATCH, decoder=decoder, device=device, shuffle=shuffle, dtype=dtype, read_in=read_in)
     epoch = [0]
 
     def batches():  # type: ignore[no-untyped-def]
@@ -105,6 +105,9 @@ def runs(data: Path) -> dict[str, list[str]]:
     }
     for fmt in ("wds", "hdf5", "lmdb"):
         out[f"ddpipe {fmt}, dali-gpu, local"] = ["ddpipe", str(data / fmt), "local", "float32"]
+    for fmt in ("wds", "hdf5", "lmdb"):  # the batches read and prepared in a process of their own
+        out[f"ddpipe {fmt}, dali-gpu, local, read in a process"] = ["ddpipe", str(data / fmt), "local", "float32",
+                                                                    "dali-gpu", "cuda", "process"]
     out["ddpipe wds, dali-gpu, none"] = ["ddpipe", str(data / "wds"), "none", "float32"]
     out["ddpipe wds, dali-gpu, local, float16"] = ["ddpipe", str(data / "wds"), "local", "float16"]
     out["ddpipe wds, dali-gpu, local, uint8"] = ["ddpipe", str(data / "wds"), "local", "uint8"]
@@ -187,7 +190,7 @@ def training(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     for feed, r in plain.items():
         r["vs_alone"] = r["fed_img_s"] / alone
         r["stall_over_dali"] = r["stall"] / plain["dali-wds"]["stall"] if "dali-wds" in plain else float("nan")
-        rows.append({"run": f"ResNet-50, AMP, channels-last, {PLAIN_FEEDS[feed]}", "img_s": r["fed_img_s"],
+        rows.append({"run": f"ResNet-50, AMP, channels-last, {ALL_FEEDS[feed]}", "img_s": r["fed_img_s"],
                      "stall": r["stall"], "vs": r["vs_alone"]})
     if plain:
         out["plain"] = plain
@@ -206,7 +209,8 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--epochs", type=int, default=4, help="epochs per pipeline, the first a warm-up")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--only", nargs="*", default=None, help="the pipelines whose names hold one of these")
+    ap.add_argument("--exclude", nargs="*", default=[], help="less those whose names hold one of these")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--probe", action="store_true", help="time each piece of the dali-gpu path alone")
     ap.add_argument("--run", nargs="+", help=argparse.SUPPRESS)
@@ -229,7 +233,8 @@ def main() -> None:
         probe(data / "wds", args.epochs)
         return
     todo = runs(data)
-    names = [n for n in todo if args.only is None or n.startswith("GPU JPEG") or any(o in n for o in args.only)]
+    names = [n for n in todo if (args.only is None or n.startswith("GPU JPEG") or any(o in n for o in args.only))
+             and not any(x in n for x in args.exclude)]
     # the whole command line: a run of some pipelines (--only, --skip-train) must say so
     header = {"benchmark": "gpu", "command": shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
               "machine": machine(), "batch": BATCH, "size": SIZE}

@@ -4,8 +4,8 @@
   channels-last batches), then the same step on one batch held on the GPU: the model alone, the
   most any loader could let it do.
 - **A plain loop** (a few lines: take a batch, train on it), fed in turn by the Loader, by the
-  Loader with a shorter interpreter switch interval, and by DALI's own webdataset pipeline (its
-  reader, ``image_random_crop`` on the GPU, the same float16 channels-last batches; its labels are
+  Loader reading in a process of its own (``read_in="process"``), and by DALI's own webdataset
+  pipeline (its reader, ``image_random_crop`` on the GPU, the same float16 channels-last batches; its labels are
   not decoded, so a fixed label batch stands in). The loop is the same for every feed, so their
   stalls compare like with like: how much of ResNet-50's time each feed costs on this GPU, DALI's
   own being what a GPU pipeline with no Python between its stages reaches.
@@ -96,12 +96,12 @@ def plain_loop(batches_of_epoch: Callable[[], Iterable[tuple[Any, Any]]], epochs
             "epochs": later}
 
 
-def loader_batches(root: Path) -> Callable[[], Iterable[tuple[Any, Any]]]:
+def loader_batches(root: Path, read_in: str = "thread") -> Callable[[], Iterable[tuple[Any, Any]]]:
     """The Loader's epochs, one after another (float16 channels-last batches, as the Trainer takes)."""
     import ddpipe
 
     loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local", dtype="float16",
-                           channels_last=True)
+                           channels_last=True, read_in=read_in)
     epoch = [0]
 
     def batches() -> Iterable[tuple[Any, Any]]:
@@ -132,15 +132,18 @@ def dali_batches(shards: Path, classes: int) -> Callable[[], Iterable[tuple[Any,
 
 
 def run_plain(feed: str, shards: Path, epochs: int, classes: int) -> dict[str, Any]:
-    """``feed``: ``loader``, ``loader-short-switch`` or ``dali-wds``, into :func:`plain_loop`."""
+    """``feed``: one of :data:`PLAIN_FEEDS`, into :func:`plain_loop`."""
     if feed == "dali-wds":
         return plain_loop(dali_batches(shards, classes), epochs, classes)
     if feed == "loader-short-switch":
         sys.setswitchinterval(SHORT_SWITCH_S)
-    return plain_loop(loader_batches(shards), epochs, classes)
+    return plain_loop(loader_batches(shards, "process" if feed == "loader-process" else "thread"), epochs, classes)
 
 
+# measured in turn in each run. loader-short-switch, a tenth of the default interpreter switch interval, was
+# measured at 401073e (results/gpu-train.json) and left out since: a faster rate, the same stall
 PLAIN_FEEDS = {"loader": "fed by the Loader (dali-gpu), plain loop",
-               "loader-short-switch": f"fed by the Loader (dali-gpu), plain loop, switch interval "
-                                      f"{SHORT_SWITCH_S * 1e3:g} ms",
+               "loader-process": "fed by the Loader (dali-gpu, read in a process), plain loop",
                "dali-wds": "fed by DALI's webdataset pipeline, plain loop"}
+ALL_FEEDS = {**PLAIN_FEEDS, "loader-short-switch": f"fed by the Loader (dali-gpu), plain loop, switch interval "
+                                                   f"{SHORT_SWITCH_S * 1e3:g} ms"}
