@@ -21,6 +21,15 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
   epoch's first batch, and the ratios to the references are of this one). The Loader's threads
   then get the lock only between the step's switch intervals, and a call that lets go of it for a
   moment waits that long to take it back.
+- **Loader beside a step of launches**: its caller's step is ``LAUNCHES`` short calls that each let
+  go of the lock (a hash of a few KB), as PyTorch lets go of it around each op it launches on a GPU:
+  each call then takes the lock back from whichever of the Loader's threads holds it. *Slowed*: the
+  caller's time per batch, waits included, over its step's time alone (steady); the ratios to the
+  references are of it. On an H200, ResNet-50 fed by the Loader ran at 0.62 of its rate alone
+  where DALI's own pipeline let it run at 0.82 (gpu-train.json).
+- **read in a process** (``read_in="process"``, this tree only): the Loader and the step of launches
+  again with the batches read and prepared in a process of their own; *vs threads* is the ratio to
+  the same row read by threads, in the same run.
 
 Where the Loader runs at the stream's rate, the feed costs reading nothing; where it runs at the
 rate of the two costs added, the threads only take turns. Fresh processes, their order alternated,
@@ -33,6 +42,7 @@ time; each row of this tree's gives its ratio to each reference (``vs_at_<commit
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -47,11 +57,21 @@ from ddpipe.bench.harness import machine, median, table
 
 FORMATS = ("wds", "hdf5", "lmdb")
 KINDS = {"stream": "encoded stream alone", "memory": "ddpipe's DALI decoder fed from memory",
-         "loader": "Loader", "stall": "Loader beside a training step of Python"}
+         "loader": "Loader", "stall": "Loader beside a training step of Python",
+         "launches": "Loader beside a step of launches",
+         "loader-process": "Loader, read in a process",
+         "launches-process": "Loader, read in a process, beside a step of launches"}
+# the kinds that need read_in="process" (not in a reference older than it), and the kind each is set against
+PROCESS_KINDS = {"loader-process": "loader", "launches-process": "launches"}
+# each kind's figure that ratios compare: a rate (higher is better), or a share of time or a slowing (lower)
+MAIN = {"stall": "stall_steady", "launches": "slowdown", "launches-process": "slowdown"}
 BATCH = 256
 # a training step that holds the interpreter lock as a model's Python does (its forward and backward
 # dispatched op by op): the Loader's threads get the lock back only when the step's thread lets go
 STEP_S = 0.1
+# a step of launches: this many calls that let go of the lock, a hash of LAUNCH_BYTES each (about 16 ms in
+# all on the 2-core machine this was written on: about three times the Loader's time per batch there)
+LAUNCHES, LAUNCH_BYTES = 4000, 8192
 
 
 def null_decoder() -> Any:
@@ -80,11 +100,12 @@ def null_decoder() -> Any:
     return DecodesNothing(DecodeOptions(), BATCH, torch.device("cpu"), gpu_decode=False, transform_in_dali=True)
 
 
-def loader_decoding_nothing(root: Path) -> Any:
+def loader_decoding_nothing(root: Path, read_in: str = "thread") -> Any:
     """The Loader (local shuffle, every shard checked) with :func:`null_decoder` as its decoder."""
     import ddpipe
 
-    loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle="local")
+    extra: dict[str, Any] = {} if read_in == "thread" else {"read_in": read_in}  # not known to a reference before it
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle="local", **extra)
     loader.decoding._decoder = null_decoder()  # the stage's decoder, made before its first epoch
     return loader
 
@@ -96,10 +117,40 @@ def python_step(seconds: float) -> None:
         pass
 
 
-def child(kind: str, root: Path, epochs: int) -> list[float]:
-    """Samples/s of ``kind`` on ``root`` (for ``stall``: the fraction of the time spent waiting for
-    batches, then the same without each epoch's first batch): the median of its epochs after the
-    first."""
+def launch_step() -> None:
+    """A step of :data:`LAUNCHES` calls that let go of the interpreter lock (hashlib does, over 2 KB)."""
+    data = bytes(LAUNCH_BYTES)
+    for _ in range(LAUNCHES):
+        hashlib.sha256(data)
+
+
+def beside_launches(loader: Any, epochs: int) -> dict[str, float]:
+    """The caller's time per batch, waiting included, over its step's time alone, and the share of
+    it spent waiting; each without each epoch's first batch, the median of the epochs after the first."""
+    t0 = time.perf_counter()
+    for _ in range(20):
+        launch_step()
+    alone = (time.perf_counter() - t0) / 20
+    slowed, stalls = [], []
+    for e in range(epochs):
+        loader.set_epoch(e)
+        waits, steps, t = [], [], time.perf_counter()
+        for _ in loader:
+            t1 = time.perf_counter()
+            waits.append(t1 - t)
+            launch_step()
+            t = time.perf_counter()
+            steps.append(t - t1)
+        waited, stepped = sum(waits[1:]), sum(steps[1:])
+        slowed.append((waited + stepped) / (len(steps) - 1) / alone)
+        stalls.append(waited / (waited + stepped))
+    return {"slowdown": median(slowed[1:]), "stall_steady": median(stalls[1:])}
+
+
+def child(kind: str, root: Path, epochs: int) -> dict[str, float]:
+    """``kind``'s figures on ``root``: samples/s (``samples_s``), or for ``stall`` the fraction of the
+    time spent waiting for batches (``stall``; ``stall_steady`` without each epoch's first batch), or
+    for the launches :func:`beside_launches`'s; each the median of its epochs after the first."""
     import ddpipe
     from ddpipe.decode.batches import EncodedBatch
 
@@ -135,9 +186,12 @@ def child(kind: str, root: Path, epochs: int) -> list[float]:
             # an epoch here is a dozen batches, a training epoch thousands: its first batch's wait (the
             # pipeline reset, the first shard read) weighs hundreds of times more here than there
             steady.append(sum(waits[1:]) / (sum(waits[1:]) + stepped))
-        return [median(stalls[1:]), median(steady[1:])]
+        return {"stall": median(stalls[1:]), "stall_steady": median(steady[1:])}
+    elif kind in ("launches", "launches-process"):
+        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread")
+        return beside_launches(loader, epochs)
     else:
-        loader = loader_decoding_nothing(root)
+        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread")
 
         def epoch(e: int) -> int:
             loader.set_epoch(e)
@@ -148,7 +202,7 @@ def child(kind: str, root: Path, epochs: int) -> list[float]:
         t0 = time.perf_counter()
         n = epoch(e)
         rates.append(n / (time.perf_counter() - t0))
-    return [median(rates[1:])]
+    return {"samples_s": median(rates[1:])}
 
 
 def commit_of(tree: Path) -> str | None:
@@ -165,6 +219,8 @@ def main() -> None:
                     help="a checkout of an earlier commit (git worktree add): its ddpipe measured too, each of "
                          "its runs beside this tree's, and each figure of this tree's as a ratio to its; "
                          "may be given more than once")
+    ap.add_argument("--kinds", nargs="*", choices=list(KINDS), default=list(KINDS), help="the rows to measure")
+    ap.add_argument("--name", default="feed", help="the result's name: benchmarks/results/NAME.json")
     ap.add_argument("--run", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
@@ -175,8 +231,10 @@ def main() -> None:
     # each reference named by its commit: the rows say which tree they measured
     trees = {"this": here} | {commit_of(ref.resolve()) or str(ref): ref.resolve() for ref in args.reference}
     references = [tree for tree in trees if tree != "this"]
-    todo = [(tree, fmt, kind) for fmt in FORMATS for kind in KINDS for tree in trees]
-    results: dict[tuple[str, str, str], list[list[float]]] = {}
+    kinds = {kind: KINDS[kind] for kind in KINDS if kind in args.kinds}
+    todo = [(tree, fmt, kind) for fmt in FORMATS for kind in kinds for tree in trees
+            if tree == "this" or kind not in PROCESS_KINDS]
+    results: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     for rep in range(args.repeats):
         for tree, fmt, kind in todo if rep % 2 == 0 else reversed(todo):  # alternated: drift hits all alike
             # the child imports the ddpipe of its tree (this script runs it either way: the same measurement)
@@ -185,40 +243,53 @@ def main() -> None:
                                   str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True, env=env)
             results.setdefault((tree, fmt, kind), []).append(json.loads(out.stdout.splitlines()[-1]))
             got = results[tree, fmt, kind][-1]
-            print(f"  {tree} {fmt} {kind}: " + (f"{got[0]:.3f} stalled, {got[1]:.3f} steady" if kind == "stall"
-                                                else f"{got[0]:.0f} samples/s"), file=sys.stderr)
+            print(f"  {tree} {fmt} {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in got.items()), file=sys.stderr)
     commits = {tree: commit_of(path) for tree, path in trees.items()}
+
+    def figure(tree: str, fmt: str, kind: str, key: str | None = None) -> float:
+        """The median over the runs of ``kind``'s figure ``key`` (its main one, :data:`MAIN`, if None)."""
+        return median([r[key or MAIN.get(kind, "samples_s")] for r in results[tree, fmt, kind]])
+
     rows: list[dict[str, Any]] = []
     for tree in trees:
         for fmt in FORMATS:
-            rate = {kind: median([r[0] for r in results[tree, fmt, kind]]) for kind in KINDS}
-            steady = median([r[1] for r in results[tree, fmt, "stall"]])
-            # the rate the stream and the decoder's feed would reach taking turns, each at its own rate alone
-            in_turns = 1 / (1 / rate["stream"] + 1 / rate["memory"])
-            for kind, name in KINDS.items():
-                stall = kind == "stall"  # a fraction of the time, not a rate: lower is better
-                # the stall row's ratio is of the steady stall: what a training epoch's thousands of batches see
-                which = 1 if stall else 0
-                mine = steady if stall else rate[kind]
-                versus = {f"vs_at_{ref}": mine / median([r[which] for r in results[ref, fmt, kind]])
-                          if tree == "this" else None for ref in references}
-                rows.append({"format": fmt, "pipeline": name, "tree": tree, "commit": commits[tree],
-                             "samples_s": None if stall else rate[kind], "stall": rate[kind] if stall else None,
-                             "stall_steady": steady if stall else None,
-                             "vs_stream": None if stall else rate[kind] / rate["stream"],
-                             "vs_in_turns": rate[kind] / in_turns if kind == "loader" else None, **versus})
+            for kind, name in kinds.items():
+                if (tree, fmt, kind) not in results:
+                    continue
+                got = {key: figure(tree, fmt, kind, key) for key in results[tree, fmt, kind][0]}
+                mine = figure(tree, fmt, kind)
+                versus = {f"vs_at_{ref}": mine / figure(ref, fmt, kind)
+                          if tree == "this" and (ref, fmt, kind) in results else None for ref in references}
+                row = {"format": fmt, "pipeline": name, "tree": tree, "commit": commits[tree],
+                       "samples_s": got.get("samples_s"), "stall": got.get("stall"),
+                       "stall_steady": got.get("stall_steady"), "slowdown": got.get("slowdown"), **versus}
+                if "samples_s" in got and (tree, fmt, "stream") in results:
+                    row["vs_stream"] = got["samples_s"] / figure(tree, fmt, "stream")
+                if kind == "loader" and {(tree, fmt, "stream"), (tree, fmt, "memory")} <= results.keys():
+                    # the rate the stream and the decoder's feed would reach taking turns, each at its rate alone
+                    row["vs_in_turns"] = got["samples_s"] / (1 / (1 / figure(tree, fmt, "stream")
+                                                                  + 1 / figure(tree, fmt, "memory")))
+                if kind in PROCESS_KINDS and (tree, fmt, PROCESS_KINDS[kind]) in results:
+                    row["vs_threads"] = mine / figure(tree, fmt, PROCESS_KINDS[kind])
+                rows.append(row)
     columns = [("format", "format", "s"), ("pipeline", "pipeline", "s"), ("commit", "commit", "s"),
                ("samples_s", "samples/s", ".0f"), ("stall", "stalled", ".1%"),
-               ("stall_steady", "stalled, steady", ".1%"), ("vs_stream", "/ stream alone", ".2f"),
-               ("vs_in_turns", "/ the two in turns", ".2f")]
+               ("stall_steady", "stalled, steady", ".1%"), ("slowdown", "slowed", ".2f"),
+               ("vs_stream", "/ stream alone", ".2f"), ("vs_in_turns", "/ the two in turns", ".2f"),
+               ("vs_threads", "/ read by threads", ".2f")]
     columns += [(f"vs_at_{ref}", f"/ at {ref}", ".2f") for ref in references]
-    text = table(rows, columns)
+    used = [c for c in columns if any(r.get(c[0]) is not None for r in rows)]
+    text = table(rows, used)
     command = f"python benchmarks/feed.py --n {args.n} --repeats {args.repeats} --epochs {args.epochs}"
     command += "".join(f" --reference <checkout of {ref}>" for ref in references)
+    if args.kinds != list(KINDS):
+        command += " --kinds " + " ".join(args.kinds)
+    if args.name != "feed":
+        command += f" --name {args.name}"
     doc = {"benchmark": "feed", "command": command, "commits": commits, "machine": machine(), "batch": BATCH,
            "rows": rows, "runs": {f"{tree} {fmt} {kind}": r for (tree, fmt, kind), r in results.items()},
            "table": text}
-    path = save("feed", doc)
+    path = save(args.name, doc)
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
 
