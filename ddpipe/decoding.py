@@ -146,6 +146,7 @@ class DecodeStage:
             check_can_read_apart(self.stream, self.options, self.decoder)
             self._reader = ProcessReader(*spec_of(self.stream, self.options))
         stats: list[ReadStats] = []
+        self.stream.stats = ReadStats()  # the reading process's, once it has read the epoch whole
         yield from self._reader.epoch(*self.stream.position(), stats, self.stats.skip)
         self.stream.stats = stats[0]
 

@@ -45,9 +45,13 @@ import numpy as np
 from .errors import DdpipeError, OptionError
 
 if TYPE_CHECKING:
+    from .comm import World
     from .decode.batches import EncodedBatch
     from .decode.spec import DecodeOptions
     from .loader_stats import ReadStats, SkippedSample
+    from .manifest import Manifest
+    from .options import ReadOptions
+    from .plan import PlanOptions
     from .stream import EncodedStream
 
 # how long the parent waits for a message before it looks whether the reading process is still there
@@ -62,13 +66,12 @@ class StreamSpec:
     """What the reading process rebuilds the stream from: everything but the job's communicator."""
 
     root: str
-    manifest: Any  # the Manifest the parent opened: the child reads the same one
-    plan: Any
-    read: Any
+    manifest: Manifest  # the one the parent opened: the child reads the same
+    plan: PlanOptions
+    read: ReadOptions
     decode: DecodeOptions
     seed: int
-    rank: int
-    size: int
+    world: World  # this rank's place in the job (the plan's share, the node's split of a slow source)
 
 
 # batches the shared buffer holds, at the dataset's mean sample size: DALI's prefetch queue and the batches
@@ -82,14 +85,13 @@ def spec_of(stream: EncodedStream, decode: DecodeOptions) -> tuple[StreamSpec, i
     manifest = stream.dataset.manifest
     mean = sum(s.bytes for s in manifest.shards) / max(1, manifest.num_samples)
     size = max(MIN_BUFFER_BYTES, int(BUFFER_BATCHES * stream.options.batch_size * mean))
-    world = stream.comm.world
     spec = StreamSpec(str(stream.dataset.root), manifest, stream.options, stream.read_options, decode,
-                      stream.seed, world.rank, world.size)
+                      stream.seed, stream.comm.world)
     return spec, size
 
 
 def check_can_read_apart(stream: EncodedStream, decode: DecodeOptions, decoder: str) -> None:
-    """Raise :class:`OptionError` where ``reader="process"`` cannot serve this stream."""
+    """Raise :class:`OptionError` where ``read_in="process"`` cannot serve this stream."""
     why = None
     if stream.dataset.storage is not None:
         why = "a dataset in a local directory (this one is read from object storage)"
@@ -101,7 +103,7 @@ def check_can_read_apart(stream: EncodedStream, decode: DecodeOptions, decoder: 
     elif stream.plan().ranks[stream.rank].rounds:
         why = "no exchange rounds (shuffle='partial' exchanges samples with the other ranks: use 'local')"
     if why:
-        raise OptionError(f"reader='process' needs {why}")
+        raise OptionError(f"read_in='process' needs {why}")
 
 
 class _Ring:
@@ -138,14 +140,14 @@ class _Server:
     """The reading process: serves epochs until its connection closes."""
 
     def __init__(self, conn: Connection, buf: mmap.mmap) -> None:
-        from .comm import Comm, World
+        from .comm import Comm
         from .dataset import Dataset
         from .stream import EncodedStream
 
         self.conn, self.buf = conn, buf
         spec: StreamSpec = conn.recv()
         self.stream = EncodedStream(Dataset(spec.root, spec.manifest), plan=spec.plan, read=spec.read,
-                                    seed=spec.seed, comm=Comm(World(rank=spec.rank, size=spec.size)))
+                                    seed=spec.seed, comm=Comm(spec.world))
         self.stream.views = True  # each sample is copied once, into the shared buffer
         self.decode = spec.decode
         self.ring = _Ring(buf)
@@ -254,6 +256,7 @@ class ProcessReader:
         self._conn: Connection | None = None
         self._view: memoryview | None = None
         self._send_lock = threading.Lock()  # releases come from the decoding thread, epochs from the feed's
+        self._started = 0  # reading processes started: a release names the one whose batch it frees
 
     def _start(self) -> None:
         fd = os.memfd_create("ddpipe-read", os.MFD_CLOEXEC)
@@ -269,6 +272,7 @@ class ProcessReader:
         finally:
             os.close(fd)
         self._view = memoryview(buf)
+        self._started += 1
         self._send(self.spec)
 
     def _send(self, message: Any) -> None:
@@ -276,10 +280,11 @@ class ProcessReader:
         with self._send_lock:
             self._conn.send(message)
 
-    def _release(self, seq: int) -> None:
-        """DALI is done with every batch up to ``seq``. A reading process gone by then has nothing to
-        reuse: the next message the parent waits for says what became of it."""
-        if self._conn is not None:
+    def _release(self, started: int, seq: int) -> None:
+        """DALI is done with every batch up to ``seq`` of reading process number ``started``. One gone
+        by then has nothing to reuse (the next message the parent waits for says what became of it),
+        and its successor counts its own batches."""
+        if self._conn is not None and started == self._started:
             with contextlib.suppress(OSError):
                 self._send(("release", seq))
 
@@ -334,7 +339,7 @@ class ProcessReader:
                 datas: list[Any] = [where[a:b] for a, b in zip(starts, ends, strict=True)]
                 batch = EncodedBatch(indices, [{KEY: k} for k in keys], datas, labels,
                                      Crops(*crops) if crops is not None else None, checked=True,
-                                     release=functools.partial(self._release, seq))
+                                     release=functools.partial(self._release, self._started, seq))
                 yield batch
         finally:
             if not ended and self._proc is not None:
