@@ -80,6 +80,8 @@ def test_training_and_bench_mistakes_are_one_line_before_any_work(raw_images: Pa
     assert "--batch-size 100 is more than a rank's share" in msg
     assert "/missing-dir: the directory for --checkpoint" in one_line(
         "train", ds, *small, "--checkpoint", tmp_path / "missing-dir" / "x.ckpt")
+    assert "read_in='process' needs a DALI decoder" in one_line("train", ds, *small, "--batch-size", "4",
+                                                                   "--decode", "pil", "--read-in", "process")
     assert "/missing-dir: the directory for --plot" in one_line("bench", ds, "--plot",
                                                                  tmp_path / "missing-dir" / "p.png")
     proc = run_cli("bench", ds, "--step-time", "-1")
