@@ -151,6 +151,13 @@ def test_a_damaged_shard_is_raised_at_its_turn_naming_it(tmp_path: Path) -> None
     assert reading_process(loader) == pid
     loader.close()
     assert not alive(pid)
+    # skipped instead: the same batches, and the reading process's figures name the shard
+    threads, apart = make(root, "thread", on_error="skip"), make(root, "process", on_error="skip")
+    assert same(epoch_of(apart, 0), epoch_of(threads, 0))
+    assert apart.stats.read.corrupt_shards == threads.stats.read.corrupt_shards == [shard.name]
+    assert apart.stats.read.skipped == threads.stats.read.skipped == 16
+    threads.close()
+    apart.close()
 
 
 def test_a_sample_that_does_not_decode_fails_or_is_skipped(tmp_path: Path) -> None:
