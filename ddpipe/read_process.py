@@ -72,6 +72,7 @@ class StreamSpec:
     decode: DecodeOptions
     seed: int
     world: World  # this rank's place in the job (the plan's share, the node's split of a slow source)
+    tune_allocator: bool  # as the parent's init_comm did: glibc kept from trimming and mapping each sample
 
 
 # batches the shared buffer holds, at the dataset's mean sample size: DALI's prefetch queue and the batches
@@ -86,7 +87,7 @@ def spec_of(stream: EncodedStream, decode: DecodeOptions) -> tuple[StreamSpec, i
     mean = sum(s.bytes for s in manifest.shards) / max(1, manifest.num_samples)
     size = max(MIN_BUFFER_BYTES, int(BUFFER_BATCHES * stream.options.batch_size * mean))
     spec = StreamSpec(str(stream.dataset.root), manifest, stream.options, stream.read_options, decode,
-                      stream.seed, stream.comm.world)
+                      stream.seed, stream.comm.world, stream.comm.allocator is not None)
     return spec, size
 
 
@@ -142,12 +143,17 @@ class _Server:
     def __init__(self, conn: Connection, buf: mmap.mmap) -> None:
         from .comm import Comm
         from .dataset import Dataset
+        from .memory import EpochMemory, keep_freed_memory
         from .stream import EncodedStream
 
         self.conn, self.buf = conn, buf
         spec: StreamSpec = conn.recv()
+        comm = Comm(spec.world)
+        if spec.tune_allocator:  # samples of ~100 KB made and freed by the thousand (memory.py)
+            keep_freed_memory()
+            comm.allocator = EpochMemory()
         self.stream = EncodedStream(Dataset(spec.root, spec.manifest), plan=spec.plan, read=spec.read,
-                                    seed=spec.seed, comm=Comm(spec.world))
+                                    seed=spec.seed, comm=comm)
         self.stream.views = True  # each sample is copied once, into the shared buffer
         self.decode = spec.decode
         self.ring = _Ring(buf)
