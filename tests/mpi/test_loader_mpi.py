@@ -157,6 +157,34 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
     assert len(labels) - (20 - len(bad)) <= planned_copies + repeats  # beyond each once: padding, counted repeats
 
 
+def test_reading_in_a_process_on_each_rank_gives_the_threads_batches(tmp_path: Path) -> None:
+    """Under mpiexec, MPI set up in every rank, each rank's reading process (read_in="process") reads
+    that rank's share: every rank's batches are the ones its threads give, and every sample is read."""
+    import json as _json
+
+    import ddpipe
+
+    from ..decode.test_decode import solid_jpeg
+
+    samples = [{"__key__": f"img/{i:04d}", "jpg": solid_jpeg((20 * (i % 10), 90, 90), (40, 30)), "cls": b"%d" % i}
+               for i in range(20)]  # the label is the sample's own index
+    data = tmp_path / "ds"
+    ddpipe.write_dataset(data, iter(samples), samples_per_shard=4)
+    out = tmp_path / "out.json"
+    code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
+            "o = dict(decoder='dali-cpu', device='cpu', shuffle='local', comm=c, "
+            "decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
+            "got = {}\n"
+            "for m in ('thread', 'process'):\n"
+            "    with ddpipe.Loader(sys.argv[1], 3, read_in=m, **o) as ld: got[m] = [y.tolist() for _, y in ld]\n"
+            "r = c.allgather(got); c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
+    proc = mpiexec(2, "-c", code, data, out, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = _json.loads(out.read_text())
+    assert all(r["process"] == r["thread"] for r in report)
+    assert {y for r in report for b in r["process"] for y in b} == set(range(20))
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_a_corrupt_shard_met_while_reading_ahead_ends_the_job_naming_it(tmp_path: Path, ranks: int) -> None:
     """With ``on_error="fail"``, a shard that fails its checksum is reported by the rank that reads it,
