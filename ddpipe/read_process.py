@@ -10,7 +10,7 @@ the encoded stream (plan, reads, checksums, local shuffle) and each batch's head
 windows, and writes the batch's images back to back into a buffer both processes map; the
 training process only wraps each image for DALI, which reads it in place.
 
-Where: a dataset in a local directory, a DALI decoder, no exchange rounds and no staging (those
+Where: a DALI decoder, no exchange rounds and no staging (those
 need the job's other processes). The buffer is a ``memfd``: nothing is named, so nothing is left
 behind however either process ends; the reading process ends when its connection closes, which
 the kernel does when the parent goes, however it goes. Errors raised there (a damaged shard, a sample that
@@ -46,10 +46,10 @@ from .errors import DdpipeError, OptionError
 
 if TYPE_CHECKING:
     from .comm import World
+    from .dataset import Dataset
     from .decode.batches import EncodedBatch
     from .decode.spec import DecodeOptions
     from .loader_stats import ReadStats, SkippedSample
-    from .manifest import Manifest
     from .options import ReadOptions
     from .plan import PlanOptions
     from .stream import EncodedStream
@@ -65,8 +65,7 @@ WAIT_FOR_ROOM_S = 0.5
 class StreamSpec:
     """What the reading process rebuilds the stream from: everything but the job's communicator."""
 
-    root: str
-    manifest: Manifest  # the one the parent opened: the child reads the same
+    dataset: Dataset  # the one the parent opened (its manifest; a store's settings, never a client)
     plan: PlanOptions
     read: ReadOptions
     decode: DecodeOptions
@@ -86,17 +85,15 @@ def spec_of(stream: EncodedStream, decode: DecodeOptions) -> tuple[StreamSpec, i
     manifest = stream.dataset.manifest
     mean = sum(s.bytes for s in manifest.shards) / max(1, manifest.num_samples)
     size = max(MIN_BUFFER_BYTES, int(BUFFER_BATCHES * stream.options.batch_size * mean))
-    spec = StreamSpec(str(stream.dataset.root), manifest, stream.options, stream.read_options, decode,
-                      stream.seed, stream.comm.world, stream.comm.allocator is not None)
+    spec = StreamSpec(stream.dataset, stream.options, stream.read_options, decode, stream.seed, stream.comm.world,
+                      stream.comm.allocator is not None)
     return spec, size
 
 
 def check_can_read_apart(stream: EncodedStream, decode: DecodeOptions, decoder: str) -> None:
     """Raise :class:`OptionError` where ``read_in="process"`` cannot serve this stream."""
     why = None
-    if stream.dataset.storage is not None:
-        why = "a dataset in a local directory (this one is read from object storage)"
-    elif stream.stager is not None:
+    if stream.stager is not None:
         why = "no staging (stage_dir)"
     elif decoder not in ("dali-gpu", "dali-cpu") or decode.service:
         why = f"a DALI decoder in this process (this loader decodes with {decoder!r}" + \
@@ -142,7 +139,6 @@ class _Server:
 
     def __init__(self, conn: Connection, buf: mmap.mmap) -> None:
         from .comm import Comm
-        from .dataset import Dataset
         from .memory import EpochMemory, keep_freed_memory
         from .stream import EncodedStream
 
@@ -152,8 +148,8 @@ class _Server:
         if spec.tune_allocator:  # samples of ~100 KB made and freed by the thousand (memory.py)
             keep_freed_memory()
             comm.allocator = EpochMemory()
-        self.stream = EncodedStream(Dataset(spec.root, spec.manifest), plan=spec.plan, read=spec.read,
-                                    seed=spec.seed, comm=comm)
+        # a dataset in a store fetches its shards into a scratch directory of this process's own
+        self.stream = EncodedStream(spec.dataset, plan=spec.plan, read=spec.read, seed=spec.seed, comm=comm)
         self.stream.views = True  # each sample is copied once, into the shared buffer
         self.decode = spec.decode
         self.ring = _Ring(buf)

@@ -104,6 +104,34 @@ def test_resuming_from_a_bucket_yields_exactly_the_rest(local_sets: dict[str, Pa
     assert sorted(seen + rest) == sorted(samples(ddpipe.EncodedStream(local_sets["wds"], 4)))
 
 
+def test_a_bucket_read_in_a_process_of_its_own(local_sets: dict[str, Path], bucket: str) -> None:
+    """read_in="process": the reading process fetches the shards with a client and a scratch directory
+    of its own; the batches are the local files' read by threads, and its scratch goes with it."""
+    pytest.importorskip("nvidia.dali")
+    import gc
+    import tempfile
+
+    import torch
+
+    url = f"s3://{bucket}/wds"
+    upload_dir(local_sets["wds"], url)
+
+    def scratch() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("ddpipe-objects-*"))
+
+    def batches(where: str | Path, read_in: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        with ddpipe.Loader(where, 4, decoder="dali-cpu", device="cpu", shuffle="local", read_in=read_in, size=16,
+                           resize_shorter=16, dtype="uint8", threads=1) as loader:
+            return [(x.clone(), y.clone()) for x, y in loader]
+
+    before = scratch()
+    got, want = batches(url, "process"), batches(local_sets["wds"], "thread")
+    assert len(got) == len(want) == 6
+    assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(got, want, strict=True))
+    gc.collect()  # the parent's dataset, in a reference cycle, takes its own scratch directory with it
+    assert scratch() == before
+
+
 def _overwrite(url: str, name: str, change: Any) -> None:
     objects = open_storage(url)
     objects.put_bytes(name, change(objects.get(name)))
