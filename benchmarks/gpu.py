@@ -36,7 +36,7 @@ from typing import Any
 
 from _common import DATA, save, synth_images, synth_shards
 from gpu_timing import BATCH, CORES, SIZE, epoch_rates
-from gpu_train import ALL_FEEDS, PLAIN_FEEDS, run_plain, run_trainer
+from gpu_train import PLAIN_FEEDS, run_plain, run_trainer
 
 from ddpipe.bench.harness import machine, median, table
 
@@ -190,7 +190,7 @@ def training(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     for feed, r in plain.items():
         r["vs_alone"] = r["fed_img_s"] / alone
         r["stall_over_dali"] = r["stall"] / plain["dali-wds"]["stall"] if "dali-wds" in plain else float("nan")
-        rows.append({"run": f"ResNet-50, AMP, channels-last, {ALL_FEEDS[feed]}", "img_s": r["fed_img_s"],
+        rows.append({"run": f"ResNet-50, AMP, channels-last, {PLAIN_FEEDS[feed]}", "img_s": r["fed_img_s"],
                      "stall": r["stall"], "vs": r["vs_alone"]})
     if plain:
         out["plain"] = plain

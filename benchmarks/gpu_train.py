@@ -16,7 +16,6 @@ medians of its epochs after the first (cuDNN's choices, DALI's buffers).
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,11 +24,6 @@ from typing import Any
 from gpu_timing import BATCH, CORES, SIZE
 
 from ddpipe.bench.harness import median
-
-# the shorter switch interval a plain-loop run is also measured with: a thread that wants the interpreter
-# lock waits up to this long for one that holds it (5 ms by default), and the training thread takes it back
-# after every op it launches
-SHORT_SWITCH_S = 0.0005
 
 
 def run_trainer(root: Path, epochs: int, classes: int) -> dict[str, Any]:
@@ -135,15 +129,12 @@ def run_plain(feed: str, shards: Path, epochs: int, classes: int) -> dict[str, A
     """``feed``: one of :data:`PLAIN_FEEDS`, into :func:`plain_loop`."""
     if feed == "dali-wds":
         return plain_loop(dali_batches(shards, classes), epochs, classes)
-    if feed == "loader-short-switch":
-        sys.setswitchinterval(SHORT_SWITCH_S)
     return plain_loop(loader_batches(shards, "process" if feed == "loader-process" else "thread"), epochs, classes)
 
 
-# measured in turn in each run. loader-short-switch, a tenth of the default interpreter switch interval, was
-# measured at 401073e (results/gpu-train.json) and left out since: a faster rate, the same stall
+# measured in turn in each run. A feed of the Loader with a tenth of the default interpreter switch interval
+# was measured at 401073e (results/gpu-train.json, with 7e49f82's benchmark) and dropped: a faster rate, the
+# same stall
 PLAIN_FEEDS = {"loader": "fed by the Loader (dali-gpu), plain loop",
                "loader-process": "fed by the Loader (dali-gpu, read in a process), plain loop",
                "dali-wds": "fed by DALI's webdataset pipeline, plain loop"}
-ALL_FEEDS = {**PLAIN_FEEDS, "loader-short-switch": f"fed by the Loader (dali-gpu), plain loop, switch interval "
-                                                   f"{SHORT_SWITCH_S * 1e3:g} ms"}

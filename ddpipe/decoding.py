@@ -145,10 +145,8 @@ class DecodeStage:
         if self._reader is None:
             check_can_read_apart(self.stream, self.options, self.decoder)
             self._reader = ProcessReader(*spec_of(self.stream, self.options))
-        stats: list[ReadStats] = []
         self.stream.stats = ReadStats()  # the reading process's, once it has read the epoch whole
-        yield from self._reader.epoch(*self.stream.position(), stats, self.stats.skip)
-        self.stream.stats = stats[0]
+        self.stream.stats = yield from self._reader.epoch(*self.stream.position(), self.stats.skip)
 
     def _on_bad(self, index: int, sample: Sample, reason: str) -> None:
         if self.options.on_error == "fail":

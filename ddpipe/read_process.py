@@ -1,5 +1,5 @@
 """This rank's encoded batches read, checked and prepared for DALI in a process of its own
-(``ReadOptions(reader="process")``).
+(``DecodeOptions(read_in="process")``).
 
 Why: the training process has one interpreter lock. PyTorch lets go of it around each op it
 launches and takes it back from whichever thread holds it then; the Loader's threads (reading,
@@ -305,9 +305,9 @@ class ProcessReader:
         return message
 
     def epoch(self, seed: int, epoch: int, pending: np.ndarray | None,
-              stats: list[ReadStats], skip: Any) -> Generator[EncodedBatch, None, None]:
-        """The epoch's batches; ``skip(SkippedSample)`` for each sample the reading process left out;
-        the epoch's reading figures appended to ``stats`` once it is read whole."""
+              skip: Any) -> Generator[EncodedBatch, None, ReadStats]:
+        """The epoch's batches; ``skip(SkippedSample)`` for each sample the reading process left out.
+        Returns the epoch's reading figures once it is read whole."""
         from .decode.augment import Crops
         from .decode.batches import EncodedBatch
         from .sample import KEY
@@ -328,8 +328,8 @@ class ProcessReader:
                     ended = True
                     for s in message[2]:
                         skip(s)
-                    stats.append(message[1])
-                    return
+                    stats: ReadStats = message[1]
+                    return stats
                 _, seq, start, sizes, indices, labels, crops, keys, skipped, inline = message
                 for s in skipped:
                     skip(s)

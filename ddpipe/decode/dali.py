@@ -94,12 +94,9 @@ class _Feed:
         """``batch`` less its unreadable samples, with its crops, and the arrays DALI reads."""
         if not batch.datas:
             return batch
-        if batch.checked:  # by the reading process
-            pass
-        elif self.options.train:
-            batch = with_crops(batch, self._seed, self._epoch, self.options, self._on_bad)
-        else:
-            batch = checked_headers(batch, self.options, self._on_bad)[0]
+        if not batch.checked:  # else the reading process did it
+            batch = with_crops(batch, self._seed, self._epoch, self.options, self._on_bad) if self.options.train \
+                else checked_headers(batch, self.options, self._on_bad)[0]
         if not batch.datas:
             return batch
         # one array of each sample's numbers (label, then its crop window and flip): DALI gives each

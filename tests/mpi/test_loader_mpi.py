@@ -113,18 +113,29 @@ def test_breaking_mid_epoch_never_hangs(tmp_path: Path, world: int) -> None:
     assert "all trials ok" in proc.stdout
 
 
+def indexed_samples(n: int) -> list[dict[str, bytes | str]]:
+    """``n`` small JPEGs, each labelled with its own index: a label tells samples apart."""
+    from ..decode.test_decode import solid_jpeg
+
+    return [{"__key__": f"img/{i:04d}", "jpg": solid_jpeg((20 * (i % 10), 90, 90), (40, 30)), "cls": b"%d" % i}
+            for i in range(n)]
+
+
+def ranks_report(ranks: int, code: str, data: Path, out: Path) -> Any:
+    """Run ``code`` on ``ranks`` MPI ranks with ``data`` and ``out`` as its arguments; what rank 0
+    wrote to ``out``, as JSON."""
+    proc = mpiexec(ranks, "-c", code, data, out, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("damage", ["images", "shard"])
 def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: Path, ranks: int, damage: str) -> None:
     """Two truncated JPEGs, or a shard whose bytes fail its checksum (samples 8-11)."""
-    import json as _json
-
     import ddpipe
 
-    from ..decode.test_decode import solid_jpeg
-
-    samples = [{"__key__": f"img/{i:04d}", "jpg": solid_jpeg((20 * (i % 10), 90, 90), (40, 30)), "cls": b"%d" % i}
-               for i in range(20)]  # the label is the sample's own index: it tells samples apart
+    samples = indexed_samples(20)
     bad = {5, 13} if damage == "images" else {8, 9, 10, 11}
     if damage == "images":
         for i in bad:
@@ -144,9 +155,7 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
             "s = [len(p.batch(c.world.rank, i)) for i in range(p.num_batches)]; "
             "r = c.allgather({'batches': b, 'sizes': s, 'repeated': ld.stats.decode.repeated}); "
             "c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
-    proc = mpiexec(ranks, "-c", code, data, out, timeout=200)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = _json.loads(out.read_text())
+    report = ranks_report(ranks, code, data, out)
     assert len({len(r["batches"]) for r in report}) == 1  # every rank yields the same number of batches
     for r in report:  # every batch has the size the plan gave it: none short by a skipped image
         assert [len(b) for b in r["batches"]] == r["sizes"]
@@ -160,16 +169,10 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
 def test_reading_in_a_process_on_each_rank_gives_the_threads_batches(tmp_path: Path) -> None:
     """Under mpiexec, MPI set up in every rank, each rank's reading process (read_in="process") reads
     that rank's share: every rank's batches are the ones its threads give, and every sample is read."""
-    import json as _json
-
     import ddpipe
 
-    from ..decode.test_decode import solid_jpeg
-
-    samples = [{"__key__": f"img/{i:04d}", "jpg": solid_jpeg((20 * (i % 10), 90, 90), (40, 30)), "cls": b"%d" % i}
-               for i in range(20)]  # the label is the sample's own index
     data = tmp_path / "ds"
-    ddpipe.write_dataset(data, iter(samples), samples_per_shard=4)
+    ddpipe.write_dataset(data, iter(indexed_samples(20)), samples_per_shard=4)
     out = tmp_path / "out.json"
     code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
             "o = dict(decoder='dali-cpu', device='cpu', shuffle='local', comm=c, "
@@ -178,9 +181,7 @@ def test_reading_in_a_process_on_each_rank_gives_the_threads_batches(tmp_path: P
             "for m in ('thread', 'process'):\n"
             "    with ddpipe.Loader(sys.argv[1], 3, read_in=m, **o) as ld: got[m] = [y.tolist() for _, y in ld]\n"
             "r = c.allgather(got); c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
-    proc = mpiexec(2, "-c", code, data, out, timeout=200)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = _json.loads(out.read_text())
+    report = ranks_report(2, code, data, out)
     assert all(r["process"] == r["thread"] for r in report)
     assert {y for r in report for b in r["process"] for y in b} == set(range(20))
 
@@ -233,9 +234,7 @@ def test_decoded_images_are_the_samples_exchanged_over_two_epochs(tmp_path: Path
             "        seen.append([nearest.tolist(), y.tolist()])\n"
             "r = c.allgather({'seen': seen, 'sent': ld.stats.read.exchange.samples_sent})\n"
             "c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
-    proc = mpiexec(2, "-c", code, data, out, timeout=200)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
+    report = ranks_report(2, code, data, out)
     assert all(r["sent"] > 0 for r in report)  # samples did cross between the ranks
     pairs = [(a, b) for r in report for colours, labels in r["seen"] for a, b in zip(colours, labels, strict=True)]
     assert len(pairs) == 2 * 96 and all(a == b for a, b in pairs)
