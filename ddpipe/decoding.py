@@ -144,7 +144,7 @@ class DecodeStage:
 
         if self._reader is None:
             check_can_read_apart(self.stream, self.options, self.decoder)
-            self._reader = ProcessReader(*spec_of(self.stream, self.options))
+            self._reader = ProcessReader(*spec_of(self.stream, self.options), self.stream.comm)
         self.stream.stats = ReadStats()  # the reading process's, once it has read the epoch whole
         self.stream.stats = yield from self._reader.epoch(*self.stream.position(), self.stats.skip)
 

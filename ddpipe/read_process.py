@@ -10,18 +10,18 @@ the encoded stream (plan, reads, checksums, local shuffle) and each batch's head
 windows, and writes the batch's images back to back into a buffer both processes map; the
 training process only wraps each image for DALI, which reads it in place.
 
-Where: a DALI decoder, no exchange rounds and no staging (those
-need the job's other processes). The buffer is a ``memfd``: nothing is named, so nothing is left
-behind however either process ends; the reading process ends when its connection closes, which
-the kernel does when the parent goes, however it goes. Errors raised there (a damaged shard, a sample that
-does not decode under ``on_error="fail"``) reach the caller as they were raised, at their batch's
-turn.
+Where: a DALI decoder, and no staging. A ``partial`` shuffle's exchange rounds run here too, carried
+out on the job's communicator by a thread of the parent's (:mod:`ddpipe.comm.relay`): a process the
+launcher did not start is no rank of the job. The memory shared is a ``memfd``: nothing is named,
+so nothing is left behind however either process ends; the reading process ends when its
+connection closes, which the kernel does when the parent goes. Errors raised there (a damaged
+shard, a sample that does not decode under ``on_error="fail"``) reach the caller as they were
+raised, at their batch's turn.
 
 Protocol (pickled messages over a socket pair): the parent sends the stream's description once,
 then ``("epoch", seed, epoch, pending)``; the child answers with ``("batch", ...)`` for each batch
 and ``("end", stats)`` or ``("error", exception)``. ``("release", seq)``: the parent is done with
-every batch up to ``seq`` (DALI has read them), whose bytes may be written over; ``("stop",)``:
-the parent left the epoch early (everything it was given is released once it says so).
+every batch up to ``seq`` (DALI has read them); ``("stop",)``: the parent left the epoch early.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import numpy as np
 from .errors import DdpipeError, OptionError
 
 if TYPE_CHECKING:
-    from .comm import World
+    from .comm import Comm, World
     from .dataset import Dataset
     from .decode.batches import EncodedBatch
     from .decode.spec import DecodeOptions
@@ -98,8 +98,6 @@ def check_can_read_apart(stream: EncodedStream, decode: DecodeOptions, decoder: 
     elif decoder not in ("dali-gpu", "dali-cpu") or decode.service:
         why = f"a DALI decoder in this process (this loader decodes with {decoder!r}" + \
               (" on decode servers)" if decode.service else ")")
-    elif stream.plan().ranks[stream.rank].rounds:
-        why = "no exchange rounds (shuffle='partial' exchanges samples with the other ranks: use 'local')"
     if why:
         raise OptionError(f"read_in='process' needs {why}")
 
@@ -108,7 +106,7 @@ class _Ring:
     """The child's side of the shared buffer: batches written back to back, in order, each freed
     once the parent has released it (or everything, when the parent says so)."""
 
-    def __init__(self, buf: mmap.mmap) -> None:
+    def __init__(self, buf: memoryview) -> None:
         self.buf = buf
         self.size = len(buf)
         self.live: deque[tuple[int, int, int]] = deque()  # (seq, start, end) not yet released
@@ -137,14 +135,16 @@ class _Stopped(Exception):
 class _Server:
     """The reading process: serves epochs until its connection closes."""
 
-    def __init__(self, conn: Connection, buf: mmap.mmap) -> None:
+    def __init__(self, conn: Connection, ring: memoryview, relay: tuple[Connection, memoryview, memoryview] | None
+                 ) -> None:
         from .comm import Comm
+        from .comm.relay import RelayedComm
         from .memory import EpochMemory, keep_freed_memory
         from .stream import EncodedStream
 
-        self.conn, self.buf = conn, buf
+        self.conn, self.buf = conn, ring
         spec: StreamSpec = conn.recv()
-        comm = Comm(spec.world)
+        comm = Comm(spec.world) if relay is None else RelayedComm(spec.world, *relay)
         if spec.tune_allocator:  # samples of ~100 KB made and freed by the thousand (memory.py)
             keep_freed_memory()
             comm.allocator = EpochMemory()
@@ -152,7 +152,7 @@ class _Server:
         self.stream = EncodedStream(spec.dataset, plan=spec.plan, read=spec.read, seed=spec.seed, comm=comm)
         self.stream.views = True  # each sample is copied once, into the shared buffer
         self.decode = spec.decode
-        self.ring = _Ring(buf)
+        self.ring = _Ring(ring)
         self.seq = 0  # every batch sent, over every epoch: what releases count in
         self.skipped: list[SkippedSample] = []  # left out since the last batch sent
 
@@ -195,6 +195,9 @@ class _Server:
                 self.send(self.prepared(b.indices, b.samples, seed, epoch))
             self.conn.send(("end", self.stream.stats, self.skipped))
         except _Stopped:
+            # the parent goes on once told the epoch ended: the stream's exchange rounds come first,
+            # which it runs (through the parent) until every rank has stopped
+            batches.close()
             self.conn.send(("end", self.stream.stats, []))
         except Exception as e:  # reaches the caller as it was raised
             self.conn.send(("error", e))
@@ -251,29 +254,49 @@ class ProcessReader:
     """The parent's side: the reading process, started on first use, and its epochs as batches of
     :class:`~ddpipe.decode.batches.EncodedBatch` whose images are views of the shared buffer."""
 
-    def __init__(self, spec: StreamSpec, buffer_bytes: int) -> None:
+    def __init__(self, spec: StreamSpec, buffer_bytes: int, comm: Comm) -> None:
+        """``comm``: the job's communicator, on which a thread of this process carries out the reading
+        process's collectives (its exchange rounds), in a job of several ranks."""
         self.spec = spec
         self.buffer_bytes = buffer_bytes
+        self.comm = comm
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
+        self._relay: socket.socket | None = None  # this side of the relay's socket pair
         self._view: memoryview | None = None
         self._send_lock = threading.Lock()  # releases come from the decoding thread, epochs from the feed's
         self._started = 0  # reading processes started: a release names the one whose batch it frees
 
     def _start(self) -> None:
+        from .comm.relay import area_bytes, start_relay
+
+        relayed = self.comm.world.size > 1
+        manifest = self.spec.dataset.manifest
+        mean = sum(s.bytes for s in manifest.shards) / max(1, manifest.num_samples)
+        area = area_bytes(self.spec.plan.round_size, mean) if relayed else 0
         fd = os.memfd_create("ddpipe-read", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, self.buffer_bytes)
-            buf = mmap.mmap(fd, self.buffer_bytes)
-            mine, theirs = socket.socketpair()
-            with mine, theirs:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "ddpipe.read_process", str(theirs.fileno()), str(fd)],
-                    pass_fds=(theirs.fileno(), fd), stdin=subprocess.DEVNULL)
-                self._conn = Connection(os.dup(mine.fileno()))
+        pairs: list[tuple[socket.socket, socket.socket]] = []
+        try:  # one memory: the batches' ring, then the relay's areas (what a round sends, what it received)
+            os.ftruncate(fd, self.buffer_bytes + 2 * area)
+            buf = mmap.mmap(fd, self.buffer_bytes + 2 * area)
+            pairs = [socket.socketpair() for _ in range(2 if relayed else 1)]
+            theirs = [b.fileno() for _, b in pairs]
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "ddpipe.read_process", str(fd), str(self.buffer_bytes), str(area),
+                 *map(str, theirs)], pass_fds=(fd, *theirs), stdin=subprocess.DEVNULL)
+            self._conn = Connection(os.dup(pairs[0][0].fileno()))
+            whole = memoryview(buf)
+            if relayed:
+                self._relay = pairs[1][0].dup()
+                at = self.buffer_bytes
+                start_relay(Connection(os.dup(self._relay.fileno())), self.comm, whole[at : at + area],
+                            whole[at + area :])
         finally:
             os.close(fd)
-        self._view = memoryview(buf)
+            for mine, child in pairs:
+                mine.close()
+                child.close()
+        self._view = whole[: self.buffer_bytes]
         self._started += 1
         self._send(self.spec)
 
@@ -356,6 +379,11 @@ class ProcessReader:
         conn, proc, self._conn, self._proc = self._conn, self._proc, None, None
         if conn is not None:
             conn.close()  # the child's recv ends: it exits
+        if self._relay is not None:  # the relay thread's receive ends (its own descriptor): it returns
+            with contextlib.suppress(OSError):
+                self._relay.shutdown(socket.SHUT_RDWR)
+            self._relay.close()
+            self._relay = None
         if proc is not None:
             try:
                 proc.wait(timeout=10)
@@ -367,13 +395,18 @@ class ProcessReader:
 
 def main(argv: list[str]) -> None:
     # no PR_SET_PDEATHSIG (workers.py): it fires when the thread that started this process ends, and
-    # the loader's threads come and go. Every wait here is on the connection, which the kernel closes
+    # the loader's threads come and go. Every wait here is on a connection, which the kernel closes
     # when the parent goes, however it goes: a receive then ends, a send fails, and this process exits
-    conn_fd, buf_fd = (int(a) for a in argv)
-    buf = mmap.mmap(buf_fd, 0)
+    buf_fd, ring_bytes, area = (int(a) for a in argv[:3])
+    conn_fd, *relay_fd = (int(a) for a in argv[3:])
+    whole = memoryview(mmap.mmap(buf_fd, 0))
     os.close(buf_fd)
+    relay = None
+    if relay_fd:
+        at = ring_bytes
+        relay = (Connection(relay_fd[0]), whole[at : at + area], whole[at + area :])
     with Connection(conn_fd) as conn, contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        _Server(conn, buf).run()
+        _Server(conn, whole[:ring_bytes], relay).run()
 
 
 if __name__ == "__main__":

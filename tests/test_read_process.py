@@ -237,18 +237,12 @@ def test_the_reading_process_ends_with_its_parent(images: Path, how: int) -> Non
 
 
 def test_refused_where_it_cannot_serve(images: Path, tmp_path: Path) -> None:
-    """Before anything is read: a decoder that is not DALI's, staging, an exchange."""
-    from ddpipe.comm import Comm, World
-
+    """Before anything is read: a decoder that is not DALI's, staging."""
     with pytest.raises(OptionError, match="a DALI decoder"):
         list(ddpipe.Loader(images, BATCH, decoder="pil", device="cpu", read_in="process"))
     with pytest.raises(OptionError, match="no staging"):
         list(ddpipe.Loader(images, BATCH, decoder="dali-cpu", device="cpu", read_in="process",
                            stage_dir=tmp_path / "stage"))
-    two = Comm(World(rank=0, size=2))
-    with pytest.raises(OptionError, match="no exchange rounds"):
-        list(ddpipe.Loader(images, BATCH, decoder="dali-cpu", device="cpu", read_in="process", shuffle="partial",
-                           comm=two))
     with pytest.raises(OptionError, match="read_in"):
         ddpipe.Loader(images, BATCH, read_in="elsewhere")
 
@@ -258,7 +252,7 @@ def test_refused_where_it_cannot_serve(images: Path, tmp_path: Path) -> None:
 def test_the_buffer_never_places_a_batch_over_a_live_one(steps: list[tuple[int, int]]) -> None:
     """Each batch is placed inside the buffer, over no batch not yet released, once releases (in
     order, as DALI returns batches) make room; with nothing live there is always room."""
-    ring = _Ring(bytearray(100))  # type: ignore[arg-type]
+    ring = _Ring(memoryview(bytearray(100)))
     for seq, (nbytes, releases) in enumerate(steps):
         while (start := ring.place(nbytes)) is None:
             assert ring.live, "no room in an empty buffer"

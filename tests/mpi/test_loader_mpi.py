@@ -166,24 +166,72 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
     assert len(labels) - (20 - len(bad)) <= planned_copies + repeats  # beyond each once: padding, counted repeats
 
 
-def test_reading_in_a_process_on_each_rank_gives_the_threads_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("ranks", "nodes", "shuffle"), [(2, None, "local"), (2, None, "partial"), (3, 2, "partial")])
+def test_reading_in_a_process_on_each_rank_gives_the_threads_batches(tmp_path: Path, ranks: int, nodes: int | None,
+                                                                     shuffle: str) -> None:
     """Under mpiexec, MPI set up in every rank, each rank's reading process (read_in="process") reads
-    that rank's share: every rank's batches are the ones its threads give, and every sample is read."""
+    that rank's share and, for ``partial``, exchanges half its samples with the other ranks' reading
+    processes through its parent (within a node and between nodes): every rank's batches are the
+    ones its threads give, every sample is read, and samples did cross."""
     import ddpipe
 
     data = tmp_path / "ds"
-    ddpipe.write_dataset(data, iter(indexed_samples(20)), samples_per_shard=4)
+    ddpipe.write_dataset(data, iter(indexed_samples(40)), samples_per_shard=4)
     out = tmp_path / "out.json"
     code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
-            "o = dict(decoder='dali-cpu', device='cpu', shuffle='local', comm=c, "
-            "decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
-            "got = {}\n"
+            f"o = dict(decoder='dali-cpu', device='cpu', shuffle={shuffle!r}, exchange_fraction=0.5, round_size=4, "
+            "comm=c, decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
+            "got = {}; sent = {}\n"
             "for m in ('thread', 'process'):\n"
-            "    with ddpipe.Loader(sys.argv[1], 3, read_in=m, **o) as ld: got[m] = [y.tolist() for _, y in ld]\n"
-            "r = c.allgather(got); c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
-    report = ranks_report(2, code, data, out)
-    assert all(r["process"] == r["thread"] for r in report)
-    assert {y for r in report for b in r["process"] for y in b} == set(range(20))
+            "    with ddpipe.Loader(sys.argv[1], 3, read_in=m, **o) as ld:\n"
+            "        got[m] = [[y.tolist() for _, y in ld] for e in range(2) if ld.set_epoch(e) or True]\n"
+            "        x = ld.stats.read.exchange; sent[m] = x.samples_sent if x else 0\n"
+            "r = c.allgather({'got': got, 'sent': sent}); c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
+    proc = mpiexec(ranks, "-c", code, data, out, timeout=200, nodes=nodes)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert all(r["got"]["process"] == r["got"]["thread"] for r in report)
+    for epoch in range(2):
+        assert {y for r in report for b in r["got"]["process"][epoch] for y in b} == set(range(40))
+    sent = [r["sent"] for r in report]
+    assert all(s["process"] == s["thread"] for s in sent)
+    assert all(s["process"] > 0 for s in sent) == (shuffle == "partial")
+
+
+def test_reading_processes_that_stop_mid_epoch_never_hang_and_resume_with_the_rest(tmp_path: Path) -> None:
+    """With ``partial`` read in processes, a rank that leaves its epoch early still takes part in the
+    exchange rounds through its parent while the others read on (each rank here breaks at a batch
+    of its own, and the next epoch is whole), and a loader that breaks on every rank at the same
+    batch resumes, in a fresh one, with exactly the samples not yet yielded."""
+    import ddpipe
+
+    data = tmp_path / "ds"
+    ddpipe.write_dataset(data, iter(indexed_samples(60)), samples_per_shard=5)
+    out = tmp_path / "out.json"
+    code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); r = c.world.rank\n"
+            "def loader(seed):\n"
+            "    return ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='partial', seed=seed,\n"
+            "        exchange_fraction=0.5, round_size=4, buffer_size=4, read_in='process', comm=c,\n"
+            "        decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1))\n"
+            "report = {'apart': [], 'resumed': []}\n"
+            "with loader(7) as ld:\n"
+            "    for b, (_, y) in enumerate(ld):\n"
+            "        if b == r: break\n"
+            "    ld.set_epoch(1); report['apart'] = [v for _, y in ld for v in y.tolist()]\n"
+            "for stop_at in (0, 2):\n"
+            "    seen = []\n"
+            "    with loader(stop_at) as ld:\n"
+            "        for b, (_, y) in enumerate(ld):\n"
+            "            seen += y.tolist()\n"
+            "            if b == stop_at: state = ld.state_dict(); break\n"
+            "    with loader(stop_at) as fresh:\n"
+            "        fresh.load_state_dict(state); seen += [v for _, y in fresh for v in y.tolist()]\n"
+            "    report['resumed'].append(seen)\n"
+            "g = c.allgather(report); r == 0 and open(sys.argv[2], 'w').write(json.dumps(g))")
+    report = ranks_report(3, code, data, out)
+    assert {v for r in report for v in r["apart"]} == set(range(60))
+    for trial in range(2):
+        assert {v for r in report for v in r["resumed"][trial]} == set(range(60))
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

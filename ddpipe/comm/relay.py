@@ -1,0 +1,169 @@
+"""Collectives issued in a reading process (:mod:`ddpipe.read_process`) and carried out by its
+parent on the job's communicator.
+
+A process the launcher did not start is no rank of the job, and MPI cannot take it in (spawning
+into a job is what Slurm's PMI and most launchers leave out). So the reading process's stream runs
+its exchange rounds through :class:`RelayedComm`: each round's segments are packed, back to back,
+into memory both processes map; the parent's relay thread (:func:`serve_collectives`) hands them to
+its own communicator's ``alltoallv``, which does what it does in a rank's producer thread, and
+copies what the round received into a second shared area, which the reading process copies out
+before it asks for the next round. Rounds run one at a time, each area holds one round, and a round
+that outgrows one travels through the connection instead.
+
+The parent's thread waits in the collective as a rank's producer thread would (MPI's waits and
+NumPy's copies let go of the interpreter lock); the reading process reads the next round while it
+waits for its answer, as the exchange does in a rank's own thread. The job's watchdog stays the
+parent's: a round that hangs ends the job from there; a parent that goes closes the connection,
+which ends the reading process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .base import Comm, Segment, WhileWaiting, pack_parts, segment_lengths
+from .world import World
+
+T = TypeVar("T")
+# how often a reading process with nothing to read ahead looks whether its answer came (it only waits
+# on the connection, which the kernel closes when the parent goes)
+_ANSWER_POLL_S = 1.0
+
+
+def area_bytes(round_size: int, mean_sample_bytes: float) -> int:
+    """Each shared area's size: one round of this rank's reads, sent or received whole, with room for
+    rounds larger than the mean (memory is only taken as it is written)."""
+    return max(1 << 20, int(1.25 * round_size * mean_sample_bytes))
+
+
+class RelayedComm(Comm):
+    """A reading process's collectives, carried out by its parent: ``conn`` is the relay connection,
+    ``sent`` and ``received`` the shared areas (mappings of the same memory as the parent's)."""
+
+    def __init__(self, world: World, conn: Connection, sent: memoryview, received: memoryview) -> None:
+        super().__init__(world)
+        self._conn = conn
+        self._sent = np.frombuffer(sent, dtype=np.uint8)
+        self._received = np.frombuffer(received, dtype=np.uint8)
+
+    def _answer(self, while_waiting: WhileWaiting | None = None) -> Any:
+        """The parent's answer, doing ``while_waiting``'s steps until it comes."""
+        while not self._conn.poll(0 if while_waiting is not None else _ANSWER_POLL_S):
+            if while_waiting is not None and not while_waiting():
+                while_waiting = None
+        answer = self._conn.recv()
+        if answer[0] == "error":
+            raise answer[1]
+        return answer[1:]
+
+    def allgather(self, value: T) -> list[T]:
+        self._conn.send(("allgather", value))
+        gathered: list[T] = self._answer()[0]
+        return gathered
+
+    def barrier(self) -> None:
+        self._conn.send(("barrier",))
+        self._answer()
+
+    def alltoallv(self, segments: Sequence[Segment], what: str = "exchange", wanted: bool = True,
+                  hold: int = 2, while_waiting: WhileWaiting | None = None) -> list[memoryview] | None:
+        t0 = time.perf_counter()
+        lengths = segment_lengths(segments, self.world.size)
+        total = int(lengths.sum())
+        inline = total > len(self._sent)
+        out = np.empty(total, dtype=np.uint8) if inline else self._sent[:total]
+        at = 0
+        for segment, n in zip(segments, lengths.tolist(), strict=True):
+            pack_parts(segment, out[at : at + n])
+            at += n
+        self._conn.send(("alltoallv", lengths, what, wanted, hold, inline))
+        if inline:
+            self._conn.send_bytes(out.data)
+        self.transfer_seconds += time.perf_counter() - t0
+        sizes, inline, moved = self._answer(while_waiting)
+        if sizes is None:  # no rank wanted the round
+            return None
+        t0 = time.perf_counter()
+        total = int(sizes.sum())
+        # out of the shared area at once: the next round's answer is written there, while what this one
+        # received is held as long as the shuffle buffer keeps its samples
+        got = np.frombuffer(self._conn.recv_bytes(), dtype=np.uint8) if inline else self._received[:total].copy()
+        self.transfer_seconds += moved + time.perf_counter() - t0
+        ends = np.cumsum(sizes).tolist()
+        view = got.data
+        return [view[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def serve_collectives(conn: Connection, comm: Comm, sent: memoryview, received: memoryview) -> None:
+    """The parent's relay: carry out the reading process's collectives on ``comm`` until the
+    connection closes, then close it. An error (a round the plan did not expect, say) goes back to
+    be raised there."""
+    with conn:
+        _serve(conn, comm, sent, received)
+
+
+def _serve(conn: Connection, comm: Comm, sent: memoryview, received: memoryview) -> None:
+    sent_area = np.frombuffer(sent, dtype=np.uint8)
+    received_area = np.frombuffer(received, dtype=np.uint8)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if message[0] == "allgather":
+                conn.send(("ok", comm.allgather(message[1])))
+            elif message[0] == "barrier":
+                comm.barrier()
+                conn.send(("ok",))
+            else:
+                _relay_alltoallv(conn, comm, message, sent_area, received_area)
+        except (EOFError, OSError):
+            return
+        except Exception as e:  # raised in the reading process, which sends it on to the caller
+            try:
+                conn.send(("error", e))
+            except OSError:
+                return
+
+
+def _relay_alltoallv(conn: Connection, comm: Comm, message: tuple[Any, ...], sent_area: np.ndarray,
+                     received_area: np.ndarray) -> None:
+    _, lengths, what, wanted, hold, inline = message
+    packed = np.frombuffer(conn.recv_bytes(), dtype=np.uint8) if inline else sent_area
+    ends = np.cumsum(lengths).tolist()
+    segments: list[Segment] = [[packed[a:b].data] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    moved = comm.transfer_seconds
+    got = comm.alltoallv(segments, what, wanted=wanted, hold=hold)
+    del segments, packed
+    if got is None:
+        conn.send(("ok", None, False, 0.0))
+        return
+    t0 = time.perf_counter()
+    sizes = np.array([len(g) for g in got], dtype=np.int64)
+    total = int(sizes.sum())
+    inline = total > len(received_area)
+    out = np.empty(total, dtype=np.uint8) if inline else received_area[:total]
+    at = 0
+    for g, n in zip(got, sizes.tolist(), strict=True):
+        out[at : at + n] = np.frombuffer(g, dtype=np.uint8)
+        at += n
+    del got  # the round's receive memory (a landing place) goes back now
+    moved = comm.transfer_seconds - moved + time.perf_counter() - t0
+    conn.send(("ok", sizes, inline, moved))
+    if inline:
+        conn.send_bytes(out.data)
+
+
+def start_relay(conn: Connection, comm: Comm, sent: memoryview, received: memoryview) -> threading.Thread:
+    """:func:`serve_collectives` on a thread of its own, which ends with the connection."""
+    thread = threading.Thread(target=serve_collectives, args=(conn, comm, sent, received), daemon=True,
+                              name=f"ddpipe-relay-{comm.world.rank}")
+    thread.start()
+    return thread
