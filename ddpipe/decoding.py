@@ -143,10 +143,15 @@ class DecodeStage:
         from .read_process import ProcessReader, check_can_read_apart, spec_of
 
         if self._reader is None:
-            check_can_read_apart(self.stream, self.options, self.decoder)
+            check_can_read_apart(self.options, self.decoder)
             self._reader = ProcessReader(*spec_of(self.stream, self.options), self.stream.comm)
         self.stream.stats = ReadStats()  # the reading process's, once it has read the epoch whole
-        self.stream.stats = yield from self._reader.epoch(*self.stream.position(), self.stats.skip)
+        stager = self.stream.stager
+        if stager is not None:  # this process copies the node's shards (local rank 0), the reading process reads
+            self.stream.start_staging(self.stream.plan())
+        self.stream.stats = yield from self._reader.epoch(*self.stream.position(), self.stats.skip, stager)
+        if stager is not None:  # as a stream read by threads does: its figures final, its errors raised
+            stager.wait()
 
     def _on_bad(self, index: int, sample: Sample, reason: str) -> None:
         if self.options.on_error == "fail":

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import ddpipe
 from ddpipe.errors import CorruptShardError, DdpipeError, OptionError, SampleError
-from ddpipe.read_process import _Ring
+from ddpipe.read_server import _Ring
 from ddpipe.synth import encode_jpeg, render_image
 from tests.helpers import alive
 
@@ -236,15 +236,70 @@ def test_the_reading_process_ends_with_its_parent(images: Path, how: int) -> Non
     assert not alive(child)
 
 
-def test_refused_where_it_cannot_serve(images: Path, tmp_path: Path) -> None:
-    """Before anything is read: a decoder that is not DALI's, staging."""
+def test_refused_where_it_cannot_serve(images: Path) -> None:
+    """Before anything is read: a decoder that is not DALI's."""
     with pytest.raises(OptionError, match="a DALI decoder"):
         list(ddpipe.Loader(images, BATCH, decoder="pil", device="cpu", read_in="process"))
-    with pytest.raises(OptionError, match="no staging"):
-        list(ddpipe.Loader(images, BATCH, decoder="dali-cpu", device="cpu", read_in="process",
-                           stage_dir=tmp_path / "stage"))
     with pytest.raises(OptionError, match="read_in"):
         ddpipe.Loader(images, BATCH, read_in="elsewhere")
+
+
+@pytest.mark.parametrize("capacity", [None, 2])
+def test_staged_shards_are_read_from_the_nodes_copies(tmp_path: Path, capacity: int | None) -> None:
+    """This process stages (local rank 0), the reading process reads the copies: the threads'
+    batches, every shard copied once; with room for two shards of four, copies are evicted once
+    read (which the reading process says) and made again the next epoch. Without a capacity, the
+    source may go once staged: the next epoch is read from the copies."""
+    import shutil
+
+    source = tmp_path / "src"
+    ddpipe.write_dataset(source, iter(natural_samples(60)), samples_per_shard=16, classes=["a", "b", "c"])
+    largest = max(f.stat().st_size for f in source.glob("*.tar"))
+    room = {} if capacity is None else {"stage_capacity": capacity * largest}
+    threads = make(source, "thread", stage_dir=tmp_path / "by-threads", **room)
+    apart = make(source, "process", stage_dir=tmp_path / "apart", **room)
+    for epoch in range(2):
+        assert same(epoch_of(apart, epoch), epoch_of(threads, epoch))
+    stats = apart.stager.stats  # type: ignore[union-attr]
+    assert stats["fallbacks"] == 0
+    if capacity is None:
+        assert stats["copied"] == 4 and stats["reused"] == 4
+        want = epoch_of(threads, 2)
+        shutil.rmtree(source)
+        assert same(epoch_of(apart, 2), want)
+    else:
+        assert stats["copied"] > 4 and stats["evicted"] > 0
+    threads.close()
+    apart.close()
+
+
+def test_a_shard_the_node_cannot_stage_is_named_by_the_training_process(tmp_path: Path) -> None:
+    """The copying is this process's: a source shard gone is its error, raised while the reading
+    process waits for that shard's copy, not after the copy's wait times out."""
+    from ddpipe.errors import MissingShardError
+
+    source = tmp_path / "src"
+    ddpipe.write_dataset(source, iter(natural_samples(40)), samples_per_shard=10, classes=["a", "b", "c"])
+    loader = make(source, "process", shuffle="none", stage_dir=tmp_path / "stage", stage_wait_timeout=300.0)
+    (source / "shard-000002.tar").unlink()
+    with pytest.raises(MissingShardError, match=r"shard-000002\.tar"):
+        list(loader)
+    assert not reading_processes()  # gone with the error, not left waiting for the copy
+    loader.close()
+
+
+def reading_processes() -> list[int]:
+    """This process's reading processes still running."""
+    mine = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields.get("PPid", "0")) == os.getpid() and b"ddpipe.read_server" in cmdline:
+            mine.append(int(status.parent.name))
+    return mine
 
 
 @settings(max_examples=300, deadline=None)

@@ -51,7 +51,7 @@ def _decode_service_argument(p: argparse.ArgumentParser) -> None:
 def _read_in_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-in", choices=["thread", "process"], default="thread",
                    help="where each rank's batches are read and prepared for a DALI decoder: its threads, or a "
-                        "process of its own, off the training process's interpreter lock (no staging)")
+                        "process of its own, off the training process's interpreter lock")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,10 +44,13 @@ def area_bytes(round_size: int, mean_sample_bytes: float) -> int:
 
 class RelayedComm(Comm):
     """A reading process's collectives, carried out by its parent: ``conn`` is the relay connection,
-    ``sent`` and ``received`` the shared areas (mappings of the same memory as the parent's)."""
+    ``sent`` and ``received`` the shared areas (mappings of the same memory as the parent's);
+    ``node_ranks``: the parent's :meth:`Comm.node_ranks`."""
 
-    def __init__(self, world: World, conn: Connection, sent: memoryview, received: memoryview) -> None:
+    def __init__(self, world: World, node_ranks: list[int], conn: Connection, sent: memoryview,
+                 received: memoryview) -> None:
         super().__init__(world)
+        self._node_ranks = node_ranks
         self._conn = conn
         self._sent = np.frombuffer(sent, dtype=np.uint8)
         self._received = np.frombuffer(received, dtype=np.uint8)
@@ -61,6 +64,9 @@ class RelayedComm(Comm):
         if answer[0] == "error":
             raise answer[1]
         return answer[1:]
+
+    def node_ranks(self) -> list[int]:
+        return list(self._node_ranks)
 
     def allgather(self, value: T) -> list[T]:
         self._conn.send(("allgather", value))

@@ -62,7 +62,10 @@ def dataset_stage_dir(root: Path, dataset: Dataset) -> Path:
 
 
 class NodeStager:
-    def __init__(self, dataset: Dataset, options: StageOptions, comm: Comm) -> None:
+    """A node's staged copies, as one process of it sees them. ``copies``: whether this process makes
+    them where it is local rank 0 (a rank's reading process only reads them: its parent copies)."""
+
+    def __init__(self, dataset: Dataset, options: StageOptions, comm: Comm, copies: bool = True) -> None:
         self.dataset = dataset
         self.options = options
         self.comm = comm
@@ -74,7 +77,7 @@ class NodeStager:
             raise error
         self.dir = dataset_stage_dir(Path(options.stage_dir), dataset)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.is_leader = comm.world.local_rank == 0
+        self.is_leader = copies and comm.world.local_rank == 0
         self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0,
                       "peer_copied": 0, "peer_bytes": 0}
         self._thread: threading.Thread | None = None
@@ -84,7 +87,7 @@ class NodeStager:
         self._readers: dict[int, int] = {}  # shard -> how many local ranks read it this epoch
         self._my_runs: dict[int, int] = {}  # shard -> runs of it left in this rank's reads
         self.on_staged: Callable[[int], None] | None = None  # called by the leader after each shard
-        self._link = comm.peer_link() if options.peers and comm.world.num_nodes > 1 else None
+        self._link = comm.peer_link() if copies and options.peers and comm.world.num_nodes > 1 else None
         self._holders: dict[int, int] = {}  # shard -> the leader rank of another node that holds it
         if self._link is not None and self.is_leader:
             self._link.serve(self._serve_lookup)
@@ -207,8 +210,9 @@ class NodeStager:
             if self._failed(dest).exists():
                 self.stats["fallbacks"] += 1
                 return self.dataset.shard_path(shard)
-            if self._error is not None:
-                raise self._error
+            self.check()
+            if self._stop.is_set():
+                raise DdpipeError(f"stopped waiting for the staged copy of {info.file}: staging was closed", path=dest)
             if time.monotonic() > deadline:
                 raise DdpipeError(f"shard {info.file} was not staged within {self.options.wait_timeout:.0f} s; "
                                   "is local rank 0 of this node alive?", path=dest)
@@ -246,13 +250,17 @@ class NodeStager:
     def _failed(self, dest: Path) -> Path:
         return dest.with_name(f".{dest.name}.failed")
 
+    def check(self) -> None:
+        """Raise what stopped this node's staging, if anything has (on the leader; never waits)."""
+        if self._error is not None:
+            raise self._error
+
     def wait(self) -> None:
         """Block until this epoch's staging is done (on the leader); raise what stopped it."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._error is not None:
-            raise self._error
+        self.check()
 
     def close(self) -> None:
         self._stop.set()

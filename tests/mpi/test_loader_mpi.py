@@ -186,7 +186,8 @@ def test_reading_in_a_process_on_each_rank_gives_the_threads_batches(tmp_path: P
             "    with ddpipe.Loader(sys.argv[1], 3, read_in=m, **o) as ld:\n"
             "        got[m] = [[y.tolist() for _, y in ld] for e in range(2) if ld.set_epoch(e) or True]\n"
             "        x = ld.stats.read.exchange; sent[m] = x.samples_sent if x else 0\n"
-            "r = c.allgather({'got': got, 'sent': sent}); c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
+            "r = c.allgather({'got': got, 'sent': sent})\n"
+            "c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
     proc = mpiexec(ranks, "-c", code, data, out, timeout=200, nodes=nodes)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
@@ -232,6 +233,59 @@ def test_reading_processes_that_stop_mid_epoch_never_hang_and_resume_with_the_re
     assert {v for r in report for v in r["apart"]} == set(range(60))
     for trial in range(2):
         assert {v for r in report for v in r["resumed"][trial]} == set(range(60))
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_reading_processes_read_their_nodes_staged_copies(tmp_path: Path, nodes: int) -> None:
+    """Staging with ``partial`` read in processes, on one node and on two: local rank 0's training
+    process copies each of its node's shards once, the reading processes read the copies, and
+    every rank's batches are the ones its threads give, epoch after epoch."""
+    import ddpipe
+
+    data = tmp_path / "ds"
+    ddpipe.write_dataset(data, iter(indexed_samples(48)), samples_per_shard=4)
+    out = tmp_path / "out.json"
+    code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60)\n"
+            "got, copied = {}, {}\n"
+            "for m in ('thread', 'process'):\n"
+            "    with ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='partial', read_in=m,\n"
+            "            exchange_fraction=0.5, round_size=4, stage_dir=sys.argv[2] + '/' + m + '/{node}', comm=c,\n"
+            "            decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)) as ld:\n"
+            "        got[m] = [[y.tolist() for _, y in ld] for e in range(2) if ld.set_epoch(e) or True]\n"
+            "        copied[m] = ld.stager.stats['copied'] + ld.stager.stats['peer_copied']\n"
+            "r = c.allgather({'got': got, 'copied': copied, 'node': c.world.node, 'local': c.world.local_rank})\n"
+            "c.world.rank == 0 and open(sys.argv[3], 'w').write(json.dumps(r))")
+    proc = mpiexec(4, "-c", code, data, tmp_path / "stage", out, timeout=200, nodes=nodes)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert all(r["got"]["process"] == r["got"]["thread"] for r in report)
+    for epoch in range(2):
+        assert {y for r in report for b in r["got"]["process"][epoch] for y in b} == set(range(48))
+    for r in report:  # local rank 0 of each node copies; its node's ranks read only that
+        assert (r["copied"]["process"] > 0) == (r["local"] == 0) and r["copied"]["process"] == r["copied"]["thread"]
+    for node in range(nodes):
+        assert len(list((tmp_path / "stage" / "process" / str(node)).glob("*/*.tar"))) > 0
+
+
+def test_a_reading_process_killed_mid_exchange_ends_the_job_naming_it(tmp_path: Path) -> None:
+    """Rank 1's reading process is killed after its first batch, while the others exchange on: rank 1
+    says so and the job ends at once, not at the watchdog's timeout (the other ranks' relays wait
+    in a round that rank will never join)."""
+    import ddpipe
+
+    data = tmp_path / "ds"
+    ddpipe.write_dataset(data, iter(indexed_samples(60)), samples_per_shard=5)
+    code = ("import os, signal, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=100)\n"
+            "ld = ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='partial',\n"
+            "    read_in='process', exchange_fraction=0.5, round_size=4, comm=c,\n"
+            "    decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1))\n"
+            "for b, _ in enumerate(ld):\n"
+            "    if b == 0 and c.world.rank == 1: os.kill(ld.decoding._reader._proc.pid, signal.SIGKILL)\n")
+    proc = mpiexec(3, "-c", code, data, timeout=90)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "rank 1" in output and "the reading process ended unexpectedly" in output, output
+    assert "did not complete within" not in output, output
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
