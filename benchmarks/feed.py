@@ -31,6 +31,11 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
   again with the batches read and prepared in a process of their own; *vs threads* is the ratio to
   the same row read by threads, in the same run.
 
+``--ranks N`` runs each of the Loader's rows on N MPI ranks (mpiexec), shuffling partially across
+them (each rank exchanges a share of its samples every round): read in a process, those rounds go
+through the training process's relay thread (``ddpipe/comm/relay.py``). Each figure is then the
+slowest rank's.
+
 Where the Loader runs at the stream's rate, the feed costs reading nothing; where it runs at the
 rate of the two costs added, the threads only take turns. Fresh processes, their order alternated,
 medians of ``--repeats``; each run's rate is the median of its epochs after the first.
@@ -45,6 +50,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -100,12 +106,14 @@ def null_decoder() -> Any:
     return DecodesNothing(DecodeOptions(), BATCH, torch.device("cpu"), gpu_decode=False, transform_in_dali=True)
 
 
-def loader_decoding_nothing(root: Path, read_in: str = "thread") -> Any:
-    """The Loader (local shuffle, every shard checked) with :func:`null_decoder` as its decoder."""
+def loader_decoding_nothing(root: Path, read_in: str = "thread", comm: Any = None) -> Any:
+    """The Loader (every shard checked) with :func:`null_decoder` as its decoder: a local shuffle on
+    one rank, on several a partial one (the default), exchanging samples with the others."""
     import ddpipe
 
     extra: dict[str, Any] = {} if read_in == "thread" else {"read_in": read_in}  # not known to a reference before it
-    loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle="local", **extra)
+    shuffle = "local" if comm is None or comm.world.size == 1 else "partial"
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle=shuffle, comm=comm, **extra)
     loader.decoding._decoder = null_decoder()  # the stage's decoder, made before its first epoch
     return loader
 
@@ -147,25 +155,43 @@ def beside_launches(loader: Any, epochs: int) -> dict[str, float]:
     return {"slowdown": median(slowed[1:]), "stall_steady": median(stalls[1:])}
 
 
-def child(kind: str, root: Path, epochs: int) -> dict[str, float]:
+def child(kind: str, root: Path, epochs: int) -> dict[str, float] | None:
     """``kind``'s figures on ``root``: samples/s (``samples_s``), or for ``stall`` the fraction of the
     time spent waiting for batches (``stall``; ``stall_steady`` without each epoch's first batch), or
-    for the launches :func:`beside_launches`'s; each the median of its epochs after the first."""
+    for the launches :func:`beside_launches`'s; each the median of its epochs after the first. Under
+    mpiexec, each rank measures its own, and rank 0 returns the slowest rank's (the job goes at its
+    pace), the others None."""
+    from ddpipe.comm import init_comm
+
+    comm = init_comm()
+    mine = measure(kind, root, epochs, comm)
+    if comm.world.size == 1:
+        return mine
+    ranks = comm.allgather(mine)
+    if comm.world.rank != 0:
+        return None
+    return {key: (min if key == "samples_s" else max)(r[key] for r in ranks) for key in mine}
+
+
+def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
+    """:func:`child`'s figures on this rank."""
     import ddpipe
     from ddpipe.decode.batches import EncodedBatch
 
     def on_bad(index: int, sample: Any, reason: str) -> None:
         raise RuntimeError(f"sample {index}: {reason}")
 
+    if comm.world.size > 1 and kind not in ("loader", "launches", *PROCESS_KINDS):
+        raise SystemExit(f"--ranks measures the Loader's kinds, not {kind!r}")
     if kind == "stream":
-        stream = ddpipe.EncodedStream(root, BATCH, shuffle="local")
+        stream = ddpipe.EncodedStream(root, BATCH, shuffle="local", comm=comm)
         stream.views = True  # as the DALI decoders read it
 
         def epoch(e: int) -> int:
             stream.set_epoch(e)
             return sum(len(b.indices) for b in stream)
     elif kind == "memory":
-        batches = [(b.indices, b.samples) for b in ddpipe.EncodedStream(root, BATCH, shuffle="local")]
+        batches = [(b.indices, b.samples) for b in ddpipe.EncodedStream(root, BATCH, shuffle="local", comm=comm)]
         decoder = null_decoder()
 
         def epoch(e: int) -> int:
@@ -188,10 +214,10 @@ def child(kind: str, root: Path, epochs: int) -> dict[str, float]:
             steady.append(sum(waits[1:]) / (sum(waits[1:]) + stepped))
         return {"stall": median(stalls[1:]), "stall_steady": median(steady[1:])}
     elif kind in ("launches", "launches-process"):
-        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread")
+        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm)
         return beside_launches(loader, epochs)
     else:
-        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread")
+        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm)
 
         def epoch(e: int) -> int:
             loader.set_epoch(e)
@@ -221,11 +247,20 @@ def main() -> None:
                          "may be given more than once")
     ap.add_argument("--kinds", nargs="*", choices=list(KINDS), default=list(KINDS), help="the rows to measure")
     ap.add_argument("--name", default="feed", help="the result's name: benchmarks/results/NAME.json")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="MPI ranks (mpiexec) for each run of the Loader's kinds, shuffling partially across "
+                         "them: each figure is the slowest rank's")
     ap.add_argument("--run", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
-        print(json.dumps(child(args.run[0], Path(args.run[1]), args.epochs)))
+        got = child(args.run[0], Path(args.run[1]), args.epochs)
+        if got is not None:
+            print(json.dumps(got))
         return
+    launcher: list[str] = []
+    if args.ranks > 1:
+        mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
+        launcher = [mpiexec, "-n", str(args.ranks)]
     roots = {fmt: synth_shards(args.n, "loader", fmt, shard_bytes=32_000_000, seed=0) for fmt in FORMATS}
     here = Path(__file__).resolve().parents[1]
     # each reference named by its commit: the rows say which tree they measured
@@ -239,7 +274,7 @@ def main() -> None:
         for tree, fmt, kind in todo if rep % 2 == 0 else reversed(todo):  # alternated: drift hits all alike
             # the child imports the ddpipe of its tree (this script runs it either way: the same measurement)
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(trees[tree]), os.environ.get("PYTHONPATH", "")])}
-            out = subprocess.run([sys.executable, __file__, "--epochs", str(args.epochs), "--run", kind,
+            out = subprocess.run([*launcher, sys.executable, __file__, "--epochs", str(args.epochs), "--run", kind,
                                   str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True, env=env)
             results.setdefault((tree, fmt, kind), []).append(json.loads(out.stdout.splitlines()[-1]))
             got = results[tree, fmt, kind][-1]
@@ -286,7 +321,10 @@ def main() -> None:
         command += " --kinds " + " ".join(args.kinds)
     if args.name != "feed":
         command += f" --name {args.name}"
+    if args.ranks > 1:
+        command += f" --ranks {args.ranks}"
     doc = {"benchmark": "feed", "command": command, "commits": commits, "machine": machine(), "batch": BATCH,
+           "ranks": args.ranks,
            "rows": rows, "runs": {f"{tree} {fmt} {kind}": r for (tree, fmt, kind), r in results.items()},
            "table": text}
     path = save(args.name, doc)
