@@ -37,11 +37,16 @@ EMIT_GROUP = 32
 
 
 class ExchangeShuffler:
-    def __init__(self, comm: Comm, plan: RankPlan, lifetimes: ReceiptLifetimes | None = None) -> None:
+    def __init__(self, comm: Comm, plan: RankPlan, lifetimes: ReceiptLifetimes | None = None,
+                 kept_views: bool = False) -> None:
         """``lifetimes``: how long the consumer keeps what this rank receives (:func:`receipt_lifetimes`);
-        by default, as its plan says for a consumer that takes each sample as soon as it is emitted."""
+        by default, as its plan says for a consumer that takes each sample as soon as it is emitted.
+        ``kept_views``: the samples this rank keeps go on as views of their shards, uncopied, for a
+        consumer that copies or reads each batch in place soon after it comes (DALI, a reading
+        process's buffer): their copy out of the shard would be one more."""
         self.comm = comm
         self.plan = plan
+        self.kept_views = kept_views
         self.lifetimes = lifetimes or receipt_lifetimes(plan.stream, plan.order, plan.rounds, 0, len(plan.order))
         self.samples_sent = 0
         self.bytes_sent = 0
@@ -105,8 +110,8 @@ class ExchangeShuffler:
         # reads first: zip stops there, taking no sample beyond the round
         for g, d, sample in zip(reads[start : rnd.stop], dest_of.tolist(), samples, strict=False):
             read += 1
-            if d < 0:  # kept: out of its shard, the one copy a read makes
-                out.append((g, owned(sample)))
+            if d < 0:  # kept: out of its shard, the one copy a read makes (none for a consumer of views)
+                out.append((g, sample if self.kept_views else owned(sample)))
             else:
                 t, c = time.perf_counter(), time.thread_time()
                 writers[d].add(g, sample)

@@ -23,13 +23,15 @@ if TYPE_CHECKING:
 class Producer:
     """One epoch's reading (and exchange) on this rank, run on a thread of its own by :meth:`run`.
     ``samples()``: this rank's reads, in the plan's order (:func:`ddpipe.reading.read_samples`);
-    ``reads_wait_on_peers``: reading may wait for the node's other ranks (staging with a capacity).
+    ``reads_wait_on_peers``: reading may wait for the node's other ranks (staging with a capacity);
+    ``views``: the consumer takes samples as views of their shards (``EncodedStream.views``).
     ``exchange``: the exchange's figures once the epoch is read."""
 
     def __init__(self, plan: EpochPlan, rank: int, comm: Comm, read: ReadOptions,
-                 samples: Callable[[], Generator[Sample, None, None]], reads_wait_on_peers: bool) -> None:
+                 samples: Callable[[], Generator[Sample, None, None]], reads_wait_on_peers: bool,
+                 views: bool = False) -> None:
         self.plan, self.rank, self.comm, self.read = plan, rank, comm, read
-        self.samples, self.reads_wait_on_peers = samples, reads_wait_on_peers
+        self.samples, self.reads_wait_on_peers, self.views = samples, reads_wait_on_peers, views
         self.exchange: ExchangeStats | None = None
 
     @property
@@ -63,7 +65,7 @@ class Producer:
             lifetimes = receipt_lifetimes(rank_plan.stream, rank_plan.order, rank_plan.rounds,
                                           ahead=ahead_of_consumer,
                                           copy_beyond=2 * options.buffer_size + options.round_size)
-            shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes)
+            shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes, kept_views=self.views)
             if self.reads_wait_on_peers:
                 # where the node's stager may wait for its readers to make room (a capacity), reading has
                 # a thread of its own, ahead, so that a rank waiting for its round still moves past the

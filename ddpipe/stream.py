@@ -255,14 +255,15 @@ class EncodedStream:
     def _in_order(self, plan: EpochPlan) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
         """This rank's batches of encoded samples, in the plan's order, with their global indices."""
         rank_plan = plan.ranks[self.rank]
-        # the exchange copies each sample once: a kept one out of its shard, a sent one into its
-        # receiver's landing zone or a send slot (views until then)
+        # the exchange copies each sample once: a kept one out of its shard (unless the consumer takes
+        # views), a sent one into its receiver's landing zone or a send slot (views until then)
         samples = functools.partial(read_samples, self.dataset, rank_plan.reads, random_access=plan.random_access,
                                     store=self.stager, limits=self._source_limits, verify=self.read_options.verify,
                                     on_corrupt=self._on_corrupt if self.read_options.on_error == "skip" else None,
                                     views=bool(rank_plan.rounds) or self.views)
         waits = self.stager is not None and self.stager.options.capacity is not None
-        producer = Producer(plan, self.rank, self.comm, self.read_options, samples, reads_wait_on_peers=waits)
+        producer = Producer(plan, self.rank, self.comm, self.read_options, samples, reads_wait_on_peers=waits,
+                            views=self.views)
         # the producer puts lists of (global index, sample), ``group`` long: ``prefetch`` samples queued
         out: queue.Queue[Any] = queue.Queue(maxsize=max(1, self.read_options.prefetch // producer.group))
         stop = threading.Event()
