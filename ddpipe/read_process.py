@@ -193,7 +193,8 @@ class ProcessReader:
             self._start()
         view = self._view
         assert view is not None
-        self._send(("epoch", seed, epoch, pending))
+        with contextlib.suppress(OSError):  # a reading process gone: the receive below says so
+            self._send(("epoch", seed, epoch, pending))
         ended = False
         try:
             while True:

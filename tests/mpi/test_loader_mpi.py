@@ -269,8 +269,9 @@ def test_reading_processes_read_their_nodes_staged_copies(tmp_path: Path, nodes:
 
 def test_a_reading_process_killed_mid_exchange_ends_the_job_naming_it(tmp_path: Path) -> None:
     """Rank 1's reading process is killed after its first batch, while the others exchange on: rank 1
-    says so and the job ends at once, not at the watchdog's timeout (the other ranks' relays wait
-    in a round that rank will never join)."""
+    says so (in this epoch, or as the next starts, if it had read this one whole by then) and the
+    job ends at once, not at the watchdog's timeout (the other ranks' relays wait in a round that
+    rank will never join)."""
     import ddpipe
 
     data = tmp_path / "ds"
@@ -279,8 +280,10 @@ def test_a_reading_process_killed_mid_exchange_ends_the_job_naming_it(tmp_path: 
             "ld = ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='partial',\n"
             "    read_in='process', exchange_fraction=0.5, round_size=4, comm=c,\n"
             "    decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1))\n"
-            "for b, _ in enumerate(ld):\n"
-            "    if b == 0 and c.world.rank == 1: os.kill(ld.decoding._reader._proc.pid, signal.SIGKILL)\n")
+            "for e in range(3):\n"
+            "    ld.set_epoch(e)\n"
+            "    for b, _ in enumerate(ld):\n"
+            "        if e == b == 0 and c.world.rank == 1: os.kill(ld.decoding._reader._proc.pid, signal.SIGKILL)\n")
     proc = mpiexec(3, "-c", code, data, timeout=90)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
