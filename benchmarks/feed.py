@@ -34,7 +34,9 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
 ``--ranks N`` runs each of the Loader's rows on N MPI ranks (mpiexec), shuffling partially across
 them (each rank exchanges a share of its samples every round): read in a process, those rounds go
 through the training process's relay thread (``ddpipe/comm/relay.py``). Each figure is then the
-slowest rank's.
+slowest rank's. *Processor us a sample* (the Loader's rows alone): the processor time this process
+and its reading process took per sample, over the epochs after the first (on several ranks, the
+rank that took most).
 
 Where the Loader runs at the stream's rate, the feed costs reading nothing; where it runs at the
 rate of the two costs added, the threads only take turns. Fresh processes, their order alternated,
@@ -223,12 +225,34 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
             loader.set_epoch(e)
             return sum(len(labels) for _, labels in loader)
 
-    rates = []
+    rates, samples = [], 0
     for e in range(epochs):
+        if e == 1:
+            cpu0 = processor_seconds()
         t0 = time.perf_counter()
         n = epoch(e)
         rates.append(n / (time.perf_counter() - t0))
-    return {"samples_s": median(rates[1:])}
+        samples += n if e else 0
+    figures = {"samples_s": median(rates[1:])}
+    if kind in ("loader", "loader-process"):  # the step's own processor time would swamp the others'
+        figures["cpu_us"] = (processor_seconds() - cpu0) / samples * 1e6
+    return figures
+
+
+def processor_seconds() -> float:
+    """The processor time this process and its child processes (a reading process) have used so far,
+    the children counted while they run."""
+    t = os.times()
+    total = t.user + t.system
+    tick = os.sysconf("SC_CLK_TCK")
+    for listing in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        for pid in listing.read_text().split():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # ended meanwhile
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
 
 
 def commit_of(tree: Path) -> str | None:
@@ -297,7 +321,8 @@ def main() -> None:
                           if tree == "this" and (ref, fmt, kind) in results else None for ref in references}
                 row = {"format": fmt, "pipeline": name, "tree": tree, "commit": commits[tree],
                        "samples_s": got.get("samples_s"), "stall": got.get("stall"),
-                       "stall_steady": got.get("stall_steady"), "slowdown": got.get("slowdown"), **versus}
+                       "stall_steady": got.get("stall_steady"), "slowdown": got.get("slowdown"),
+                       "cpu_us": got.get("cpu_us"), **versus}
                 if "samples_s" in got and (tree, fmt, "stream") in results:
                     row["vs_stream"] = got["samples_s"] / figure(tree, fmt, "stream")
                 if kind == "loader" and {(tree, fmt, "stream"), (tree, fmt, "memory")} <= results.keys():
@@ -311,7 +336,7 @@ def main() -> None:
                ("samples_s", "samples/s", ".0f"), ("stall", "stalled", ".1%"),
                ("stall_steady", "stalled, steady", ".1%"), ("slowdown", "slowed", ".2f"),
                ("vs_stream", "/ stream alone", ".2f"), ("vs_in_turns", "/ the two in turns", ".2f"),
-               ("vs_threads", "/ read by threads", ".2f")]
+               ("vs_threads", "/ read by threads", ".2f"), ("cpu_us", "processor us a sample", ".1f")]
     columns += [(f"vs_at_{ref}", f"/ at {ref}", ".2f") for ref in references]
     used = [c for c in columns if any(r.get(c[0]) is not None for r in rows)]
     text = table(rows, used)
