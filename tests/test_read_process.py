@@ -255,9 +255,9 @@ def test_staged_shards_are_read_from_the_nodes_copies(tmp_path: Path, capacity: 
     source = tmp_path / "src"
     ddpipe.write_dataset(source, iter(natural_samples(60)), samples_per_shard=16, classes=["a", "b", "c"])
     largest = max(f.stat().st_size for f in source.glob("*.tar"))
-    room = {} if capacity is None else {"stage_capacity": capacity * largest}
-    threads = make(source, "thread", stage_dir=tmp_path / "by-threads", **room)
-    apart = make(source, "process", stage_dir=tmp_path / "apart", **room)
+    room = None if capacity is None else capacity * largest
+    threads = make(source, "thread", stage_dir=tmp_path / "by-threads", stage_capacity=room)
+    apart = make(source, "process", stage_dir=tmp_path / "apart", stage_capacity=room)
     for epoch in range(2):
         assert same(epoch_of(apart, epoch), epoch_of(threads, epoch))
     stats = apart.stager.stats  # type: ignore[union-attr]
