@@ -85,8 +85,13 @@ class _Server:
         if spec.tune_allocator:  # samples of ~100 KB made and freed by the thousand (memory.py)
             keep_freed_memory()
             comm.allocator = EpochMemory()
-        # a dataset in a store fetches its shards into a scratch directory of this process's own
-        self.stream = EncodedStream(spec.dataset, plan=spec.plan, read=spec.read, seed=spec.seed, comm=comm)
+        # a dataset in a store fetches its shards into a scratch directory of this process's own. Made on a
+        # communicator of no collectives: the parent's stream made the job-wide checks, and a collective here
+        # would hold each rank's first batch until every rank's reading process had started; the relay then
+        # carries the epochs' collectives
+        self.stream = EncodedStream(spec.dataset, plan=spec.plan, read=spec.read, seed=spec.seed,
+                                    comm=Comm(spec.world))
+        self.stream.comm = comm
         if spec.stage is not None:  # the node's copies, made by the training processes, read from here
             stager = self.stream.stager = NodeStager(spec.dataset, spec.stage, comm, copies=False)
             # a read waiting for a copy waits on no connection: it stops when the parent's goes

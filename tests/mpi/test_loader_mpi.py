@@ -291,6 +291,29 @@ def test_a_reading_process_killed_mid_exchange_ends_the_job_naming_it(tmp_path: 
     assert "did not complete within" not in output, output
 
 
+def test_a_rank_reads_apart_before_the_others_start_to(tmp_path: Path) -> None:
+    """With no exchange (``local``), a rank's reading process needs nothing of the other ranks: rank 0
+    reads its whole epoch before rank 1 starts its own (which waits for rank 0's word that it has)."""
+    import ddpipe
+
+    data = tmp_path / "ds"
+    ddpipe.write_dataset(data, iter(indexed_samples(20)), samples_per_shard=4)
+    code = ("import sys, time, ddpipe; from pathlib import Path; from ddpipe.comm import init_comm\n"
+            "c = init_comm(timeout=60); told = Path(sys.argv[2])\n"
+            "ld = ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='local', read_in='process',\n"
+            "    comm=c, decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1))\n"
+            "if c.world.rank == 1:\n"
+            "    deadline = time.monotonic() + 60\n"
+            "    while not told.exists() and time.monotonic() < deadline: time.sleep(0.05)\n"
+            "    assert told.exists(), 'rank 0 never read its epoch'\n"
+            "n = sum(len(y) for _, y in ld)\n"
+            "if c.world.rank == 0: told.write_text(str(n))\n"
+            "print('rank', c.world.rank, 'read', n, flush=True)\n")
+    proc = mpiexec(2, "-c", code, data, tmp_path / "told", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 read 10" in proc.stdout and "rank 1 read 10" in proc.stdout
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_a_corrupt_shard_met_while_reading_ahead_ends_the_job_naming_it(tmp_path: Path, ranks: int) -> None:
     """With ``on_error="fail"``, a shard that fails its checksum is reported by the rank that reads it,
