@@ -22,7 +22,7 @@ import msgpack
 import numpy as np
 
 from .comm import Comm
-from .comm.base import Part, Segment, Written, segment_lengths
+from .comm.base import Part, Segment, Written, copy_bytes, segment_lengths
 from .errors import DdpipeError
 from .plan import RankPlan
 from .sample import KEY, Sample, owned
@@ -268,7 +268,7 @@ class SegmentWriter:
             self._fields.extend(fields)
             return
         for field, n in zip(fields, lengths, strict=True):
-            place[at : at + n] = field
+            copy_bytes(place[at : at + n], field)
             at += n
         self._at = at
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .comm.base import copy_bytes
 from .errors import DdpipeError
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ class _Server:
             else:
                 at = start
                 for data in batch.datas:
-                    self.buf[at : at + len(data)] = data
+                    copy_bytes(self.buf[at : at + len(data)], data)
                     at += len(data)
                 self.ring.live.append((self.seq, start, start + total))
         c = batch.crops

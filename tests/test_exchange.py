@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpipe.comm import Comm
-from ddpipe.comm.base import Written
+from ddpipe.comm.base import RELEASE_LOCK_AT, Written, pack_parts
 from ddpipe.exchange import ReadsAhead, SegmentWriter, segment_parts, unpack_segment
 from ddpipe.sample import KEY
 
@@ -110,3 +111,16 @@ def test_reading_ahead_gives_every_sample_in_order_and_an_error_where_it_was_met
         assert taken == list(range(n))
     else:
         assert (fails_at is None or fails_at >= n) and taken == list(range(n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3 * RELEASE_LOCK_AT), min_size=1, max_size=6), st.integers(0, 2**32 - 1))
+def test_parts_packed_back_to_back_whatever_their_sizes(sizes: list[int], seed: int) -> None:
+    """Pieces below and above the size NumPy copies (letting go of the interpreter lock) land alike:
+    back to back, byte for byte, and nothing past them is touched."""
+    rng = np.random.default_rng(seed)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    into = np.full(sum(sizes) + 7, 0xAB, dtype=np.uint8)
+    pack_parts([memoryview(p) for p in parts], into)
+    assert into[: sum(sizes)].tobytes() == b"".join(parts)
+    assert (into[sum(sizes) :] == 0xAB).all()
