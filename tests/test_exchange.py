@@ -114,7 +114,7 @@ def test_reading_ahead_gives_every_sample_in_order_and_an_error_where_it_was_met
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 3 * RELEASE_LOCK_AT), min_size=1, max_size=6), st.integers(0, 2**32 - 1))
+@given(st.lists(st.integers(0, 2 * RELEASE_LOCK_AT), min_size=1, max_size=4), st.integers(0, 2**32 - 1))
 def test_parts_packed_back_to_back_whatever_their_sizes(sizes: list[int], seed: int) -> None:
     """Pieces below and above the size NumPy copies (letting go of the interpreter lock) land alike:
     back to back, byte for byte, and nothing past them is touched."""

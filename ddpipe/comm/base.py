@@ -226,10 +226,12 @@ def pack_parts(parts: Segment, into: np.ndarray) -> None:
 
 
 # pieces this large are copied by NumPy, which lets go of the interpreter lock while it copies, where a
-# memoryview's slice assignment holds it throughout: a 200 MB copy let another thread run for all of its
-# 13 ms through NumPy and for about two fifths of it through a memoryview, here. A training thread
-# launching ops on a GPU needs the lock back within microseconds; an image is ~100 KB
-RELEASE_LOCK_AT = 32 << 10
+# memoryview's slice assignment holds it throughout (a 200 MB copy let another thread run for all of its
+# 13 ms through NumPy, for about two fifths of it through a memoryview). A copy of a megabyte holds the
+# lock about as long as Python's own turns do; an image's (~100 KB) far less, and sending those through
+# NumPy too gained nothing on two ranks (benchmarks/results/feed-copies-ranks.json): what reaches this
+# size is whole segments (a reading process's rounds, packed by its parent's relay thread)
+RELEASE_LOCK_AT = 1 << 20
 
 
 def copy_bytes(dest: memoryview, src: Buffer) -> None:

@@ -19,6 +19,9 @@ from ..helpers import make_dataset
 pytestmark = pytest.mark.mpi
 WORKER = Path(__file__).with_name("loader_worker.py")
 SIZES = [13, 7, 20, 1, 16, 9, 11]  # 77 samples in uneven shards
+# a small DALI loader on the CPU, as the code these tests run on every rank makes it (ddpipe.Loader's keywords)
+TINY_DALI = ("decoder='dali-cpu', device='cpu', "
+             "decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)")
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +151,8 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
         flip_middle_keeping_time(shard_file(data, 2))
     out = tmp_path / "out.json"
     code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
-            "ld = ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='partial', "
-            "exchange_fraction=0.5, round_size=4, on_error='skip', comm=c, "
-            "decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
+            f"ld = ddpipe.Loader(sys.argv[1], 3, {TINY_DALI}, shuffle='partial', "
+            "exchange_fraction=0.5, round_size=4, on_error='skip', comm=c); "
             "b = [y.tolist() for _, y in ld]; p = ld.plan(); "
             "s = [len(p.batch(c.world.rank, i)) for i in range(p.num_batches)]; "
             "r = c.allgather({'batches': b, 'sizes': s, 'repeated': ld.stats.decode.repeated}); "
@@ -179,8 +181,7 @@ def test_reading_in_a_process_on_each_rank_gives_the_threads_batches(tmp_path: P
     ddpipe.write_dataset(data, iter(indexed_samples(40)), samples_per_shard=4)
     out = tmp_path / "out.json"
     code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
-            f"o = dict(decoder='dali-cpu', device='cpu', shuffle={shuffle!r}, exchange_fraction=0.5, round_size=4, "
-            "comm=c, decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
+            f"o = dict({TINY_DALI}, shuffle={shuffle!r}, exchange_fraction=0.5, round_size=4, comm=c); "
             "got = {}; sent = {}\n"
             "for m in ('thread', 'process'):\n"
             "    with ddpipe.Loader(sys.argv[1], 3, read_in=m, **o) as ld:\n"
@@ -211,9 +212,8 @@ def test_reading_processes_that_stop_mid_epoch_never_hang_and_resume_with_the_re
     out = tmp_path / "out.json"
     code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); r = c.world.rank\n"
             "def loader(seed):\n"
-            "    return ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='partial', seed=seed,\n"
-            "        exchange_fraction=0.5, round_size=4, buffer_size=4, read_in='process', comm=c,\n"
-            "        decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1))\n"
+            f"    return ddpipe.Loader(sys.argv[1], 3, {TINY_DALI}, shuffle='partial', seed=seed,\n"
+            "        exchange_fraction=0.5, round_size=4, buffer_size=4, read_in='process', comm=c)\n"
             "report = {'apart': [], 'resumed': []}\n"
             "with loader(7) as ld:\n"
             "    for b, (_, y) in enumerate(ld):\n"
@@ -248,9 +248,8 @@ def test_reading_processes_read_their_nodes_staged_copies(tmp_path: Path, nodes:
     code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60)\n"
             "got, copied = {}, {}\n"
             "for m in ('thread', 'process'):\n"
-            "    with ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='partial', read_in=m,\n"
-            "            exchange_fraction=0.5, round_size=4, stage_dir=sys.argv[2] + '/' + m + '/{node}', comm=c,\n"
-            "            decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)) as ld:\n"
+            f"    with ddpipe.Loader(sys.argv[1], 3, {TINY_DALI}, shuffle='partial', read_in=m, comm=c,\n"
+            "            exchange_fraction=0.5, round_size=4, stage_dir=sys.argv[2] + '/' + m + '/{node}') as ld:\n"
             "        got[m] = [[y.tolist() for _, y in ld] for e in range(2) if ld.set_epoch(e) or True]\n"
             "        copied[m] = ld.stager.stats['copied'] + ld.stager.stats['peer_copied']\n"
             "r = c.allgather({'got': got, 'copied': copied, 'node': c.world.node, 'local': c.world.local_rank})\n"
@@ -277,9 +276,8 @@ def test_a_reading_process_killed_mid_exchange_ends_the_job_naming_it(tmp_path: 
     data = tmp_path / "ds"
     ddpipe.write_dataset(data, iter(indexed_samples(60)), samples_per_shard=5)
     code = ("import os, signal, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=100)\n"
-            "ld = ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='partial',\n"
-            "    read_in='process', exchange_fraction=0.5, round_size=4, comm=c,\n"
-            "    decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1))\n"
+            f"ld = ddpipe.Loader(sys.argv[1], 3, {TINY_DALI}, shuffle='partial',\n"
+            "    read_in='process', exchange_fraction=0.5, round_size=4, comm=c)\n"
             "for e in range(3):\n"
             "    ld.set_epoch(e)\n"
             "    for b, _ in enumerate(ld):\n"
@@ -300,8 +298,7 @@ def test_a_rank_reads_apart_before_the_others_start_to(tmp_path: Path) -> None:
     ddpipe.write_dataset(data, iter(indexed_samples(20)), samples_per_shard=4)
     code = ("import sys, time, ddpipe; from pathlib import Path; from ddpipe.comm import init_comm\n"
             "c = init_comm(timeout=60); told = Path(sys.argv[2])\n"
-            "ld = ddpipe.Loader(sys.argv[1], 3, decoder='dali-cpu', device='cpu', shuffle='local', read_in='process',\n"
-            "    comm=c, decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1))\n"
+            f"ld = ddpipe.Loader(sys.argv[1], 3, {TINY_DALI}, shuffle='local', read_in='process', comm=c)\n"
             "if c.world.rank == 1:\n"
             "    deadline = time.monotonic() + 60\n"
             "    while not told.exists() and time.monotonic() < deadline: time.sleep(0.05)\n"
@@ -351,9 +348,8 @@ def test_decoded_images_are_the_samples_exchanged_over_two_epochs(tmp_path: Path
                          classes=[str(c) for c in range(len(COLORS))])
     out = tmp_path / "out.json"
     code = ("import json, sys, torch, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
-            "ld = ddpipe.Loader(sys.argv[1], 8, decoder='dali-cpu', device='cpu', shuffle='partial', "
-            "exchange_fraction=0.5, round_size=8, comm=c, "
-            "decode=ddpipe.DecodeOptions(size=16, resize_shorter=16, dtype='uint8', threads=1)); "
+            f"ld = ddpipe.Loader(sys.argv[1], 8, {TINY_DALI}, shuffle='partial', exchange_fraction=0.5, round_size=8, "
+            "comm=c); "
             "colours = torch.tensor(" + repr(COLORS) + ", dtype=torch.float32); seen = []\n"
             "for epoch in range(2):\n"
             "    ld.set_epoch(epoch)\n"
