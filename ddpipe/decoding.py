@@ -67,10 +67,14 @@ class DecodeStage:
         stream.views = self.decoder in ("dali-gpu", "dali-cpu") and not options.service
         self.stats = DecodeStats()
         self._decoder: Decoder | None = None
-        self._reader: ProcessReader | None = None  # read_in="process": made on the first epoch
+        self._reader: ProcessReader | None = None  # read_in="process"
         self._delivered = 0
         closing = weakref.WeakMethod(self.close)  # the job may end while this stage is alive
         stream.comm.at_end(lambda: (close := closing()) is not None and close())
+        if options.read_in == "process":
+            # started now: its interpreter and imports (~0.4 s) pass while the caller builds its model, not
+            # before the first batch. It issues no collective before an epoch's exchange rounds
+            self._reader = self._reading_process()
 
     @property
     def service_stats(self) -> ServiceStats | None:
@@ -140,11 +144,8 @@ class DecodeStage:
 
     def _read_apart(self) -> Generator[EncodedBatch, None, None]:
         """The epoch's batches from the reading process (read_process.py), prepared for DALI."""
-        from .read_process import ProcessReader, check_can_read_apart, spec_of
-
-        if self._reader is None:
-            check_can_read_apart(self.options, self.decoder)
-            self._reader = ProcessReader(*spec_of(self.stream, self.options), self.stream.comm)
+        if self._reader is None:  # closed since: another
+            self._reader = self._reading_process()
         self.stream.stats = ReadStats()  # the reading process's, once it has read the epoch whole
         stager = self.stream.stager
         if stager is not None:  # this process copies the node's shards (local rank 0), the reading process reads
@@ -152,6 +153,14 @@ class DecodeStage:
         self.stream.stats = yield from self._reader.epoch(*self.stream.position(), self.stats.skip, stager)
         if stager is not None:  # as a stream read by threads does: its figures final, its errors raised
             stager.wait()
+
+    def _reading_process(self) -> ProcessReader:
+        from .read_process import ProcessReader, check_can_read_apart, spec_of
+
+        check_can_read_apart(self.options, self.decoder)
+        reader = ProcessReader(*spec_of(self.stream, self.options), self.stream.comm)
+        reader.start()
+        return reader
 
     def _on_bad(self, index: int, sample: Sample, reason: str) -> None:
         if self.options.on_error == "fail":

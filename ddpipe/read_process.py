@@ -100,7 +100,7 @@ def check_can_read_apart(decode: DecodeOptions, decoder: str) -> None:
 
 
 class ProcessReader:
-    """The parent's side: the reading process, started on first use, and its epochs as batches of
+    """The parent's side: the reading process (:meth:`start`, or the first epoch), and its epochs as batches of
     :class:`~ddpipe.decode.batches.EncodedBatch` whose images are views of the shared buffer."""
 
     def __init__(self, spec: StreamSpec, buffer_bytes: int, comm: Comm) -> None:
@@ -116,7 +116,8 @@ class ProcessReader:
         self._send_lock = threading.Lock()  # releases come from the decoding thread, epochs from the feed's
         self._started = 0  # reading processes started: a release names the one whose batch it frees
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the reading process (the first epoch does, if not yet)."""
         from .comm.relay import area_bytes, start_relay
 
         relayed = self.comm.world.size > 1
@@ -190,7 +191,7 @@ class ProcessReader:
         from .sample import KEY
 
         if self._proc is None:
-            self._start()
+            self.start()
         view = self._view
         assert view is not None
         with contextlib.suppress(OSError):  # a reading process gone: the receive below says so

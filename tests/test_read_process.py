@@ -100,6 +100,18 @@ def test_the_same_batches_as_threads_give(images: Path, gpu: bool, train: bool) 
     threads.close()
 
 
+def test_the_reading_process_starts_with_the_loader(images: Path) -> None:
+    """Made with the Loader, so that its start passes while the caller builds its model; the first
+    epoch uses that one, and closing the Loader ends it."""
+    loader = make(images, "process")
+    pid = reading_process(loader)
+    assert alive(pid)
+    assert sum(len(y) for _, y in epoch_of(loader, 0)) == 60
+    assert reading_process(loader) == pid
+    loader.close()
+    assert not alive(pid)
+
+
 def test_left_early_then_the_next_epoch_and_a_resumed_one(images: Path) -> None:
     """A caller that leaves an epoch after two batches gets the next epoch whole; a state taken after
     three batches resumes (in a loader reading with threads) as the threads' own state does."""
