@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -229,6 +230,13 @@ def _unname_semaphores(pool: ProcessPoolExecutor) -> None:
 
 def _release(pool: ProcessPoolExecutor, blocks: list[SharedMemory], guard: NameGuard) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
+    # the executor's manager thread closes its wake-up pipe as it ends, and concurrent.futures' exit hook
+    # (Python 3.11) writes to the pipe of every executor still about: one closed between its check and its
+    # write printed "Exception ignored in: <module 'threading'> ... Bad file descriptor" as the process
+    # ended (the README's quick start, once, under make test). Closed here, the pipe is closed by then
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None and manager is not threading.current_thread():
+        manager.join(timeout=10)
     guard.close()
     for block in blocks:
         with contextlib.suppress(BufferError):  # a view of it is still about: the mapping goes with it
