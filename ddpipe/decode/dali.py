@@ -149,6 +149,11 @@ class DaliDecoder:
     the same way (batches prepared ahead, :class:`_Feed`), on DALI's CPU operators after a CPU
     decode, so that the GPU path is tested without a GPU."""
 
+    # batches DALI runs ahead of the caller (its prefetch queue). On an H200 the graph alone ran faster
+    # at 3 than at 2, within the spread of that probe's runs (results/gpu-probe.log); gpu_probe.py times
+    # the Loader at 3 beside 2, for a GPU session to settle
+    QUEUE_DEPTH = 2
+
     def __init__(self, options: DecodeOptions, batch_size: int, device: torch.device, gpu_decode: bool,
                  transform_in_dali: bool | None = None) -> None:
         self.dali = _import_dali()
@@ -180,7 +185,7 @@ class DaliDecoder:
         # the dynamic executor keeps an output alive while anything refers to it, so outputs are handed
         # to torch without a copy (a copy of each float32 batch cost 14% of CPU decoding throughput)
         @dali.pipeline_def(batch_size=self.batch_size, num_threads=o.workers, device_id=device_id, seed=0,
-                           prefetch_queue_depth=2, exec_dynamic=True)
+                           prefetch_queue_depth=self.QUEUE_DEPTH, exec_dynamic=True)
         def pipe():  # type: ignore[no-untyped-def]
             # no_copy: DALI reads the encoded bytes where they are (the shard's mapping, the exchange's
             # landing zone), kept alive with their batch (_Feed); copying each batch in cost the calling
