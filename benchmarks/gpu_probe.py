@@ -2,7 +2,8 @@
 
 DALI graphs fed from memory as ddpipe feeds them, one thing changed in each; the Loader's encoded
 stream and its reads alone; ddpipe's DALI decoder fed from memory, first epoch and later ones; the
-Loader under two interpreter switch intervals; and a profile of the Loader's calling thread.
+Loader as it is, read in a process (DALI's prefetch queue at 2 and at 3), and under a shorter
+interpreter switch interval; and a profile of the Loader's calling thread.
 Prints; records nothing (the figures worth keeping go through benchmarks/gpu.py).
 """
 
@@ -120,17 +121,15 @@ def probe(root: Path, epochs: int) -> None:
     first, *later = decoder_from_memory(in_memory, epochs)
     print(f"DaliDecoder fed from memory: first epoch {first:.0f} img/s, later {median(later):.0f} img/s",
           flush=True)
-    # the calling thread takes the interpreter lock back after each wait in DALI or CUDA; a thread that
-    # holds it (the Loader's reader) gives it up only every switch interval (5 ms by default)
+    # the Loader as it is (its threads); then its batches read and prepared in a process of their own (what is
+    # left here is wrapping them for DALI), and with one batch more in DALI's prefetch queue (the graph alone
+    # ran faster at 3 than at 2 above); these first, should the probe's time run out
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
+    rates = epoch_rates(lambda ld=loader: (x for x, _ in ld), epochs)
     default_interval = sys.getswitchinterval()
-    for interval in (default_interval, 1e-4):
-        sys.setswitchinterval(interval)
-        loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
-        rates = epoch_rates(lambda ld=loader: (x for x, _ in ld), epochs)
-        print(f"Loader, dali-gpu (local), switch interval {interval * 1e3:g} ms: {median(rates):.0f} img/s", flush=True)
-    sys.setswitchinterval(default_interval)
-    # the batches read and prepared in a process of their own: what is left here is wrapping them for DALI;
-    # then with one batch more in DALI's prefetch queue (the graph alone ran faster at 3 than at 2 above)
+    print(f"Loader, dali-gpu (local), switch interval {default_interval * 1e3:g} ms: {median(rates):.0f} img/s",
+          flush=True)
+    loader.close()
     for depth in (DaliDecoder.QUEUE_DEPTH, 3):
         loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local", read_in="process")
         decoder = DaliDecoder(loader.decoding.options, BATCH, torch.device("cuda"), gpu_decode=True)
@@ -140,6 +139,14 @@ def probe(root: Path, epochs: int) -> None:
         print(f"Loader, dali-gpu (local), read in a process, prefetch queue {depth}: {median(rates):.0f} img/s",
               flush=True)
         loader.close()
+    # the calling thread takes the interpreter lock back after each wait in DALI or CUDA; a thread that
+    # holds it (the Loader's reader) gives it up only every switch interval (5 ms by default)
+    sys.setswitchinterval(1e-4)
+    loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
+    rates = epoch_rates(lambda ld=loader: (x for x, _ in ld), epochs)
+    print(f"Loader, dali-gpu (local), switch interval 0.1 ms: {median(rates):.0f} img/s", flush=True)
+    loader.close()
+    sys.setswitchinterval(default_interval)
     loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
     list(loader)
     profile = cProfile.Profile()
