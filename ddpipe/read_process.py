@@ -81,15 +81,19 @@ BUFFER_BATCHES = 12
 MIN_BUFFER_BYTES = 64 << 20
 
 
-def spec_of(stream: EncodedStream, decode: DecodeOptions) -> tuple[StreamSpec, int]:
-    """The reading process's description of ``stream``, and the size of the buffer they share."""
+def spec_of(stream: EncodedStream, decode: DecodeOptions) -> tuple[StreamSpec, int, int]:
+    """The reading process's description of ``stream``, the size of the batches' buffer they share,
+    and of each of the relay's two areas (none in a world of one: nothing to relay)."""
+    from .comm.relay import area_bytes
+
     manifest = stream.dataset.manifest
-    mean = sum(s.bytes for s in manifest.shards) / max(1, manifest.num_samples)
+    mean = manifest.num_bytes / max(1, manifest.num_samples)
     size = max(MIN_BUFFER_BYTES, int(BUFFER_BATCHES * stream.options.batch_size * mean))
+    area = area_bytes(stream.options.round_size, mean) if stream.comm.world.size > 1 else 0
     stage = stream.stager.options if stream.stager is not None else None
     spec = StreamSpec(stream.dataset, stream.options, stream.read_options, decode, stream.seed, stream.comm.world,
                       stream.comm.node_ranks(), stage, stream.comm.allocator is not None)
-    return spec, size
+    return spec, size, area
 
 
 def check_can_read_apart(decode: DecodeOptions, decoder: str) -> None:
@@ -103,11 +107,12 @@ class ProcessReader:
     """The parent's side: the reading process (:meth:`start`, or the first epoch), and its epochs as batches of
     :class:`~ddpipe.decode.batches.EncodedBatch` whose images are views of the shared buffer."""
 
-    def __init__(self, spec: StreamSpec, buffer_bytes: int, comm: Comm) -> None:
+    def __init__(self, spec: StreamSpec, buffer_bytes: int, area_bytes: int, comm: Comm) -> None:
         """``comm``: the job's communicator, on which a thread of this process carries out the reading
-        process's collectives (its exchange rounds), in a job of several ranks."""
+        process's collectives (its exchange rounds) through two areas of ``area_bytes``; none if 0."""
         self.spec = spec
         self.buffer_bytes = buffer_bytes
+        self.area_bytes = area_bytes
         self.comm = comm
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
@@ -118,12 +123,10 @@ class ProcessReader:
 
     def start(self) -> None:
         """Start the reading process (the first epoch does, if not yet)."""
-        from .comm.relay import area_bytes, start_relay
+        from .comm.relay import start_relay
 
-        relayed = self.comm.world.size > 1
-        manifest = self.spec.dataset.manifest
-        mean = sum(s.bytes for s in manifest.shards) / max(1, manifest.num_samples)
-        area = area_bytes(self.spec.plan.round_size, mean) if relayed else 0
+        area = self.area_bytes
+        relayed = area > 0
         fd = os.memfd_create("ddpipe-read", os.MFD_CLOEXEC)
         pairs: list[tuple[socket.socket, socket.socket]] = []
         try:  # one memory: the batches' ring, then the relay's areas (what a round sends, what it received)
@@ -185,11 +188,11 @@ class ProcessReader:
         ``stager``: this process's, whose errors are raised while waiting for a batch, and which counts
         the shards the reading process read from the source instead. Returns the epoch's reading
         figures once it is read whole."""
-        watch = stager.check if stager is not None else None
         from .decode.augment import Crops
         from .decode.batches import EncodedBatch
         from .sample import KEY
 
+        watch = stager.check if stager is not None else None
         if self._proc is None:
             self.start()
         view = self._view

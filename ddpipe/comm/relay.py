@@ -156,10 +156,7 @@ def _relay_alltoallv(conn: Connection, comm: Comm, message: tuple[Any, ...], sen
     total = int(sizes.sum())
     inline = total > len(received_area)
     out = np.empty(total, dtype=np.uint8) if inline else received_area[:total]
-    at = 0
-    for g, n in zip(got, sizes.tolist(), strict=True):
-        out[at : at + n] = np.frombuffer(g, dtype=np.uint8)
-        at += n
+    pack_parts(got, out)
     del got  # the round's receive memory (a landing place) goes back now
     moved = comm.transfer_seconds - moved + time.perf_counter() - t0
     conn.send(("ok", sizes, inline, moved))
