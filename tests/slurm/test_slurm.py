@@ -98,7 +98,7 @@ def test_sbatch_the_example_job_script(data: Path, tmp_path: Path) -> None:
     assert list((tmp_path / "local-0").rglob("*.tar")) and list((tmp_path / "local-1").rglob("*.tar"))
 
 
-def test_a_frozen_node_is_named_and_the_step_ends_within_a_minute(tmp_path: Path) -> None:
+def test_a_frozen_node_is_named_and_the_step_ends_before_the_collective_timeout(tmp_path: Path) -> None:
     """mnode2's tasks and its slurmstepd stopped: a rank on mnode1 names the node after 20 s of
     silence; srun then waits its KillWait (5 s on this cluster, 30 s by default) for the frozen
     node's tasks and gives up."""
@@ -108,5 +108,6 @@ def test_a_frozen_node_is_named_and_the_step_ends_within_a_minute(tmp_path: Path
     job = freeze_mnode2(command, ENV)
     assert job.returncode != 0
     assert "host mnode2 (ranks 2, 3)" in job.stderr and "no sign of life" in job.stderr, job.stderr
-    # a hang bound as much as the promise: without the naming the step would wait out the 300 s timeout
-    assert job.seconds < 60, f"the step ended {job.seconds:.0f} s after its node froze"
+    # a hang bound, not a speed: it takes ~25 s (20 s of silence, then KillWait); without the naming the step
+    # would wait out the 300 s collective timeout. Far from both, so that a loaded machine does not fail it
+    assert job.seconds < 150, f"the step ended {job.seconds:.0f} s after its node froze"
