@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import DdpipeError, OptionError
+from .shard_places import IN_BUFFER, MappedShards
 
 if TYPE_CHECKING:
     from .comm import Comm, World
@@ -118,6 +119,7 @@ class ProcessReader:
         self._conn: Connection | None = None
         self._relay: socket.socket | None = None  # this side of the relay's socket pair
         self._view: memoryview | None = None
+        self._files = MappedShards()  # the shard files the reading process sent (shard_places.py)
         self._send_lock = threading.Lock()  # releases come from the decoding thread, epochs from the feed's
         self._started = 0  # reading processes started: a release names the one whose batch it frees
 
@@ -167,20 +169,23 @@ class ProcessReader:
                 self._send(("release", seq))
 
     def _recv(self, watch: Callable[[], None] | None = None) -> tuple[Any, ...]:
+        """The reading process's next message but those about its files, which are taken in on the way."""
         conn, proc = self._conn, self._proc
         assert conn is not None and proc is not None
-        while not conn.poll(_POLL_S):
-            if proc.poll() is not None:
-                break
-            if watch is not None:
-                watch()
-        try:
-            message: tuple[Any, ...] = conn.recv()
-        except (EOFError, OSError):
-            code = proc.wait()
-            self.close()
-            raise DdpipeError(f"the reading process ended unexpectedly (exit status {code})") from None
-        return message
+        while True:
+            while not conn.poll(_POLL_S):
+                if proc.poll() is not None:
+                    break
+                if watch is not None:
+                    watch()
+            try:
+                message: tuple[Any, ...] = conn.recv()
+                if not self._files.receive(message, conn):
+                    return message
+            except (EOFError, OSError):
+                code = proc.wait()
+                self.close()
+                raise DdpipeError(f"the reading process ended unexpectedly (exit status {code})") from None
 
     def epoch(self, seed: int, epoch: int, pending: np.ndarray | None, skip: Callable[[SkippedSample], None],
               stager: NodeStager | None = None) -> Generator[EncodedBatch, None, ReadStats]:
@@ -214,15 +219,18 @@ class ProcessReader:
                         stager.stats["fallbacks"] += message[3]
                     stats: ReadStats = message[1]
                     return stats
-                _, seq, start, sizes, indices, labels, crops, keys, skipped, inline = message
+                _, seq, start, sizes, places, indices, labels, crops, keys, skipped, inline = message
                 for s in skipped:
                     skip(s)
-                where = view
-                if inline is not None:
-                    where, start = memoryview(inline), 0
-                ends = (start + np.cumsum(sizes)).tolist()
-                starts = [start, *ends[:-1]] if ends else []
-                datas: list[Any] = [where[a:b] for a, b in zip(starts, ends, strict=True)]
+                buffer = view if inline is None else memoryview(inline)
+                at = start if inline is None else 0
+                datas: list[Any] = []
+                for size, (number, offset) in zip(sizes.tolist(), places.tolist(), strict=True):
+                    if number == IN_BUFFER:
+                        datas.append(buffer[at : at + size])
+                        at += size
+                    else:
+                        datas.append(self._files.view(number, offset, size))
                 batch = EncodedBatch(indices, [{KEY: k} for k in keys], datas, labels,
                                      Crops(*crops) if crops is not None else None, checked=True,
                                      release=functools.partial(self._release, self._started, seq))
@@ -257,3 +265,4 @@ class ProcessReader:
                 proc.kill()
                 proc.wait()
         self._view = None  # the mapping goes with the last view of it
+        self._files.clear()  # as do the files' mappings

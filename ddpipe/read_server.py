@@ -1,6 +1,7 @@
 """The reading process itself (:mod:`ddpipe.read_process` starts it, ``python -m
 ddpipe.read_server``): it rebuilds its parent's encoded stream and serves the epochs it is asked
-for, each batch's images written into the buffer both map (:class:`_Ring`)."""
+for, each batch's images handed on as their places in their shard files (:mod:`ddpipe.shard_places`) or
+written into the buffer both map (:class:`_Ring`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from .comm.base import copy_bytes
 from .errors import DdpipeError
+from .shard_places import IN_BUFFER, PlaceFinder
 
 if TYPE_CHECKING:
     from .decode.batches import EncodedBatch
@@ -98,9 +100,10 @@ class _Server:
             # a read waiting for a copy waits on no connection: it stops when the parent's goes
             threading.Thread(target=_when_closed, args=(conn, stager.close), daemon=True,
                              name="ddpipe-parent-watch").start()
-        self.stream.views = True  # each sample is copied once, into the shared buffer
+        self.stream.views = True  # each sample handed on as its place in its shard, or copied once into the buffer
         self.decode = spec.decode
         self.ring = _Ring(ring)
+        self.places = PlaceFinder(conn, os.getppid())
         self.seq = 0  # every batch sent, over every epoch: what releases count in
         self.skipped: list[SkippedSample] = []  # left out since the last batch sent
 
@@ -154,6 +157,7 @@ class _Server:
             # the exchange rounds (through the parent) that the other ranks still need
             batches.close()
         fell_back = stager.stats["fallbacks"] - fallbacks if stager is not None else 0
+        self.places.send_news()
         self.conn.send(("end", self.stream.stats, skipped, fell_back))
 
     def prepared(self, indices: np.ndarray, samples: list[Any], seed: int, epoch: int) -> EncodedBatch:
@@ -168,36 +172,40 @@ class _Server:
         return checked_headers(batch, self.decode, self.on_bad)[0]
 
     def send(self, batch: EncodedBatch) -> None:
-        """Write the batch's images into the buffer once there is room, and send the rest. A batch that
-        finds no room for :data:`WAIT_FOR_ROOM_S` (or never could: larger than the buffer) goes
-        whole through the connection instead: a parent holding every batch in the buffer while it
-        waits for this one would otherwise wait for ever."""
+        """Send the batch: each image that is a view of a shard file the parent can map as its place there
+        (shard_places.py), the others written into the buffer once there is room. A batch that finds no
+        room for :data:`WAIT_FOR_ROOM_S` (or never could: larger than the buffer) sends those whole
+        through the connection instead: a parent holding every batch in the buffer while it waits for
+        this one would otherwise wait for ever."""
         from .sample import KEY
 
         while self.conn.poll():  # a stop, or releases, before the batch is written
             self.handle(self.conn.recv())
+        places = np.array([self.places.place(d) for d in batch.datas], dtype=np.int64).reshape(-1, 2)
+        in_buffer = [d for d, (number, _) in zip(batch.datas, places.tolist(), strict=True) if number == IN_BUFFER]
         sizes = np.fromiter(map(len, batch.datas), dtype=np.int64, count=len(batch.datas))
-        total = int(sizes.sum())
+        total = sum(map(len, in_buffer))
         start: int | None = 0
         inline = None
-        if total:  # a batch whose samples were all left out takes no room
+        if total:  # a batch whose images are all elsewhere takes no room
             while total <= self.ring.size and (start := self.ring.place(total)) is None:
                 if not self.conn.poll(WAIT_FOR_ROOM_S):
                     break
                 self.handle(self.conn.recv())
             if start is None or total > self.ring.size:
-                start, inline = None, b"".join(batch.datas)
+                start, inline = None, b"".join(in_buffer)
             else:
                 at = start
-                for data in batch.datas:
+                for data in in_buffer:
                     copy_bytes(self.buf[at : at + len(data)], data)
                     at += len(data)
                 self.ring.live.append((self.seq, start, start + total))
         c = batch.crops
         crops = None if c is None else (c.left, c.top, c.width, c.height, c.flip)
         keys = [s.get(KEY) for s in batch.samples]
-        self.conn.send(("batch", self.seq, start, sizes, batch.indices, batch.labels, crops, keys, self.skipped,
-                        inline))
+        self.places.send_news()
+        self.conn.send(("batch", self.seq, start, sizes, places, batch.indices, batch.labels, crops, keys,
+                        self.skipped, inline))
         self.skipped = []
         self.seq += 1
 

@@ -100,6 +100,32 @@ def test_the_same_batches_as_threads_give(images: Path, gpu: bool, train: bool) 
     threads.close()
 
 
+def mapped_here(root: Path) -> set[str]:
+    """The files under ``root`` this process maps."""
+    with open("/proc/self/maps") as maps:
+        return {line.split(maxsplit=5)[5].strip() for line in maps
+                if len(line.split(maxsplit=5)) == 6 and line.split(maxsplit=5)[5].startswith(str(root))}
+
+
+@pytest.mark.parametrize("fmt", ["wds", "hdf5"])
+def test_images_are_read_where_the_reading_process_found_them(tmp_path: Path, fmt: str) -> None:
+    """Tar's and HDF5's images are handed over as places in their shard files, which the training
+    process maps (it reads no shard otherwise), not copied: the same batches as threads give."""
+    root = tmp_path / fmt
+    ddpipe.write_dataset(root, iter(natural_samples(60)), format=fmt, samples_per_shard=16, classes=["a", "b", "c"])
+    threads, apart = make(root, "thread"), make(root, "process")
+    assert mapped_here(root) == set()
+    apart.set_epoch(0)
+    got = []
+    for x, y in apart:
+        got.append((x.clone(), y.clone()))
+        if len(got) == 1:
+            assert mapped_here(root) and mapped_here(root) <= {str(p) for p in root.glob("*") if p.suffix != ".json"}
+    assert same(got, epoch_of(threads, 0))
+    threads.close()
+    apart.close()
+
+
 def test_the_reading_process_starts_with_the_loader(images: Path) -> None:
     """Made with the Loader, so that its start passes while the caller builds its model; the first
     epoch uses that one, and closing the Loader ends it."""
@@ -192,16 +218,24 @@ def test_a_sample_that_does_not_decode_fails_or_is_skipped(tmp_path: Path) -> No
     apart.close()
 
 
-def test_batches_that_find_no_room_in_the_buffer_still_come(images: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A buffer of about one batch: the parent holds more than that in flight before it releases any
-    (DALI's queue, the batches prepared ahead), so batches that wait for room in vain, and those
-    larger than the buffer, go through the connection; nothing hangs, nothing differs."""
+@pytest.mark.parametrize("small", [False, True])
+def test_batches_that_find_no_room_in_the_buffer_still_come(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           small: bool) -> None:
+    """LMDB's images travel in the buffer (tar's and HDF5's as places in their files). A buffer of
+    about one batch: the parent holds more than that in flight before it releases any (DALI's queue,
+    the batches prepared ahead), so batches that wait for room in vain, and those larger than the
+    buffer, go through the connection; nothing hangs, nothing differs."""
     from ddpipe import read_process
 
-    monkeypatch.setattr(read_process, "BUFFER_BATCHES", 1)
-    monkeypatch.setattr(read_process, "MIN_BUFFER_BYTES", 1)
-    threads, apart = make(images, "thread"), make(images, "process")
-    assert same(epoch_of(apart, 0), epoch_of(threads, 0))
+    root = tmp_path / "lmdb"
+    ddpipe.write_dataset(root, iter(natural_samples(60)), format="lmdb", samples_per_shard=16,
+                         classes=["a", "b", "c"])
+    if small:
+        monkeypatch.setattr(read_process, "BUFFER_BATCHES", 1)
+        monkeypatch.setattr(read_process, "MIN_BUFFER_BYTES", 1)
+    threads, apart = make(root, "thread"), make(root, "process")
+    for epoch in range(2):
+        assert same(epoch_of(apart, epoch), epoch_of(threads, epoch))
     threads.close()
     apart.close()
 

@@ -37,13 +37,22 @@ POPULATE_LIMIT = 2 << 30
 SCAN_WHOLE_LIMIT = 256 << 20
 
 
+class FileMapping(mmap.mmap):
+    """A file's mapping that knows which file it maps: a reading process hands samples that are views
+    of it to its parent as places in the file (shard_places.py), and opens the file again by its path,
+    after checking that the path still names the file mapped."""
+
+    path: Path
+    identity: tuple[int, int]  # the file's (st_dev, st_ino) when it was mapped
+
+
 class MappedFile:
     """One file, mapped read-only on first use; a new mapping once the file is wanted whole."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.size = path.stat().st_size
-        self._mapping: mmap.mmap | None = None
+        self._mapping: FileMapping | None = None
         self._whole = False  # the mapping was paged in whole
         self._asked = 0  # the file up to here has been asked for (see ask_ahead)
 
@@ -60,10 +69,12 @@ class MappedFile:
         whole = whole and self.fits_whole
         if self._mapping is None or (whole and not self._whole):
             with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size == 0:
+                stat = os.fstat(f.fileno())
+                if stat.st_size == 0:
                     raise CorruptShardError("empty file: not a shard", path=self.path)
                 flags = mmap.MAP_SHARED | (_POPULATE if whole else 0)
-                self._mapping = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+                self._mapping = FileMapping(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+                self._mapping.path, self._mapping.identity = self.path, (stat.st_dev, stat.st_ino)
             self._whole = whole
             self._asked = len(self._mapping) if whole else 0
         return memoryview(self._mapping)
