@@ -39,6 +39,7 @@ import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,6 +60,12 @@ if TYPE_CHECKING:
 
 # how long the parent waits for a message before it looks whether the reading process is still there
 _POLL_S = 1.0
+
+# the reading process imports the ddpipe its parent imported: ``python -m`` would look in its working
+# directory first, where another checkout of ddpipe (speaking another protocol) may be
+_IMPORTED_FROM = str(Path(__file__).resolve().parent.parent)
+_START_SERVER = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                 "from ddpipe.read_server import main; main(sys.argv[1:])")
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ class ProcessReader:
             pairs = [socket.socketpair() for _ in range(2 if relayed else 1)]
             theirs = [b.fileno() for _, b in pairs]
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "ddpipe.read_server", str(fd), str(self.buffer_bytes), str(area),
+                [sys.executable, "-c", _START_SERVER, _IMPORTED_FROM, str(fd), str(self.buffer_bytes), str(area),
                  *map(str, theirs)], pass_fds=(fd, *theirs), stdin=subprocess.DEVNULL)
             self._conn = Connection(os.dup(pairs[0][0].fileno()))
             whole = memoryview(buf)

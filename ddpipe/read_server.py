@@ -1,7 +1,7 @@
-"""The reading process itself (:mod:`ddpipe.read_process` starts it, ``python -m
-ddpipe.read_server``): it rebuilds its parent's encoded stream and serves the epochs it is asked
-for, each batch's images handed on as their places in their shard files (:mod:`ddpipe.shard_places`) or
-written into the buffer both map (:class:`_Ring`)."""
+"""The reading process itself (:mod:`ddpipe.read_process` starts it, running :func:`main`): it
+rebuilds its parent's encoded stream and serves the epochs it is asked for, each batch's images
+handed on as their places in their shard files (:mod:`ddpipe.shard_places`) or written into the
+buffer both map (:class:`_Ring`)."""
 
 from __future__ import annotations
 

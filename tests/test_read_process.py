@@ -126,6 +126,20 @@ def test_images_are_read_where_the_reading_process_found_them(tmp_path: Path, fm
     apart.close()
 
 
+def test_the_reading_process_imports_its_parents_ddpipe_wherever_it_starts(
+        images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started in a directory that holds another ddpipe (a checkout beside an installed one), it still
+    speaks its parent's protocol."""
+    other = tmp_path / "ddpipe"
+    other.mkdir()
+    (other / "__init__.py").write_text("raise SystemExit('another ddpipe was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    threads, apart = make(images, "thread"), make(images, "process")
+    assert same(epoch_of(apart, 0), epoch_of(threads, 0))
+    threads.close()
+    apart.close()
+
+
 def test_the_reading_process_starts_with_the_loader(images: Path) -> None:
     """Made with the Loader, so that its start passes while the caller builds its model; the first
     epoch uses that one, and closing the Loader ends it."""
