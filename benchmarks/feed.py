@@ -296,10 +296,12 @@ def main() -> None:
     results: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     for rep in range(args.repeats):
         for tree, fmt, kind in todo if rep % 2 == 0 else reversed(todo):  # alternated: drift hits all alike
-            # the child imports the ddpipe of its tree (this script runs it either way: the same measurement)
+            # the child imports the ddpipe of its tree (this script runs it either way: the same measurement),
+            # and runs in it: a reading process before 597b022 imported the ddpipe of its working directory
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(trees[tree]), os.environ.get("PYTHONPATH", "")])}
             out = subprocess.run([*launcher, sys.executable, __file__, "--epochs", str(args.epochs), "--run", kind,
-                                  str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True, env=env)
+                                  str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True, env=env,
+                                 cwd=trees[tree])
             results.setdefault((tree, fmt, kind), []).append(json.loads(out.stdout.splitlines()[-1]))
             got = results[tree, fmt, kind][-1]
             print(f"  {tree} {fmt} {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in got.items()), file=sys.stderr)
