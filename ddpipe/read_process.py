@@ -7,8 +7,10 @@ checking, ordering, each batch's JPEG headers and crop windows) hold it in turn.
 ResNet-50 fed by DALI's own pipeline, whose stages are threads of C++, stalled 1.4% of the time,
 and fed by the Loader 17% (``benchmarks/results/gpu-train.json``). Here a reading process runs
 the encoded stream (plan, reads, checksums, local shuffle) and each batch's header reads and crop
-windows, and writes the batch's images back to back into a buffer both processes map; the
-training process only wraps each image for DALI, which reads it in place.
+windows, and hands each image over as its place in its shard file, which the training process maps
+too (:mod:`ddpipe.shard_places`), or, where it has no such place (LMDB's records, samples received
+from other ranks), writes it into a buffer both processes map; the training process only wraps each
+image for DALI, which reads it in place.
 
 Where: a DALI decoder, in every shuffle mode, with staging or without. What needs the job's other
 processes stays in the training process: a ``partial`` shuffle's exchange rounds are carried out on
@@ -22,8 +24,10 @@ were raised, at their batch's turn.
 
 Protocol (pickled messages over a socket pair): the parent sends the stream's description once,
 then ``("epoch", seed, epoch, pending)``; the child answers with ``("batch", ...)`` for each batch
-and ``("end", stats, skipped, fallbacks)`` or ``("error", exception)``. ``("release", seq)``: the parent is done with
-every batch up to ``seq`` (DALI has read them); ``("stop",)``: the parent left the epoch early.
+and ``("end", stats, skipped, fallbacks)`` or ``("error", exception)``; before a batch, ``("file",
+number)`` followed by the file's descriptor, and ``("forget", numbers)``. ``("release", seq)``: the
+parent is done with every batch up to ``seq`` (DALI has read them); ``("stop",)``: the parent left
+the epoch early.
 """
 
 from __future__ import annotations

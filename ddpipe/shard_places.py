@@ -108,7 +108,10 @@ class MappedShards:
     def receive(self, message: tuple[Any, ...], conn: Connection) -> bool:
         """Take in ``message`` if it is about files (and a file's descriptor after it); False if not."""
         if message[0] == "file":
-            fd = recv_handle(conn)
+            try:
+                fd = recv_handle(conn)
+            except RuntimeError:  # no descriptor came: the reading process went between the two
+                raise EOFError from None
             try:
                 self._files[message[1]] = memoryview(mmap.mmap(fd, 0, prot=mmap.PROT_READ))
             finally:
