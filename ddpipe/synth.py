@@ -13,6 +13,7 @@ import io
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -129,7 +130,9 @@ def synth(out: str | os.PathLike[str], options: SynthOptions | None = None) -> i
                 total += _write_one(job)
                 bar.update(1)
         else:
-            with ProcessPoolExecutor(opt.workers, initializer=die_with_parent) as pool:
+            # fresh interpreters, as convert's: a fork of a caller holding threads (a DALI pipeline, MPI)
+            # inherits their objects, and a garbage collection there that finalises one hangs the worker
+            with ProcessPoolExecutor(opt.workers, mp_context=get_context("spawn"), initializer=die_with_parent) as pool:
                 for size in pool.map(_write_one, jobs, chunksize=8):
                     total += size
                     bar.update(1)

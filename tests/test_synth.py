@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,3 +35,15 @@ def test_deterministic_and_independent_of_order(tmp_path: Path) -> None:
     one = next((tmp_path / "a" / class_name(1)).iterdir())
     assert Image.open(io.BytesIO(one.read_bytes())).format == "JPEG"
     assert not np.array_equal(render_image(0, seed=3), render_image(0, seed=4))
+
+
+def test_workers_are_fresh_interpreters_not_forks_of_the_caller(tmp_path: Path) -> None:
+    """A caller holding threads (DALI's pipelines, MPI) is never forked: a worker forked from it once
+    hung, finalising an inherited DALI pipeline. Here a fork of the caller would end at once."""
+    script = ("import os, sys; from ddpipe.synth import SynthOptions, synth\n"
+              "os.register_at_fork(after_in_child=lambda: os._exit(3))\n"
+              "synth(sys.argv[1], SynthOptions(n=4, classes=2, long_side=48, workers=2, progress=False))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list((tmp_path / "out").rglob("*.jpg"))) == 4
