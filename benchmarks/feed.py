@@ -31,6 +31,13 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
   the step of launches again with the batches read and prepared in a process of their own; *vs
   threads* is the ratio to the same row read by threads, in the same run.
 
+- **DALI's own webdataset reader** (tar shards; this tree's run only, as it runs no ddpipe): DALI's
+  pipeline as its users run it over the same shards (its reader shuffling at random, the same graph
+  decoding nothing, DALI's iterator handing batches to torch), alone and beside the step of
+  launches: the host-side share of the reference a GPU run sets ddpipe against (gpu_train.py). It
+  checks no checksum; the Loader checks every shard. *vs DALI's own* sets each of the Loader's tar
+  rows against it.
+
 ``--ranks N`` runs each of the Loader's rows on N MPI ranks (mpiexec), shuffling partially across
 them (each rank exchanges a share of its samples every round): read in a process, those rounds go
 through the training process's relay thread (``ddpipe/comm/relay.py``). Each figure is then the
@@ -56,6 +63,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +76,19 @@ KINDS = {"stream": "encoded stream alone", "memory": "ddpipe's DALI decoder fed 
          "loader": "Loader", "stall": "Loader beside a training step of Python",
          "launches": "Loader beside a step of launches",
          "loader-process": "Loader, read in a process",
-         "launches-process": "Loader, read in a process, beside a step of launches"}
+         "launches-process": "Loader, read in a process, beside a step of launches",
+         "dali-wds": "DALI's own webdataset reader (no checksums)",
+         "launches-dali-wds": "DALI's own webdataset reader (no checksums), beside a step of launches"}
 # the kinds that need read_in="process" (measured in a reference only where it has it), and the kind each is set against
 PROCESS_KINDS = {"loader-process": "loader", "launches-process": "launches"}
 # each kind's figure that ratios compare: a rate (higher is better), or a share of time or a slowing (lower)
-MAIN = {"stall": "stall_steady", "launches": "slowdown", "launches-process": "slowdown"}
+MAIN = {"stall": "stall_steady", "launches": "slowdown", "launches-process": "slowdown",
+        "launches-dali-wds": "slowdown"}
+# DALI's own pipeline (tar shards only; measured in this tree only: it runs no ddpipe), and the kind each of the
+# Loader's is set against
+DALI_KINDS = {"loader": "dali-wds", "loader-process": "dali-wds", "launches": "launches-dali-wds",
+              "launches-process": "launches-dali-wds"}
+LOADER_KINDS = ("loader", "launches", "loader-process", "launches-process", "dali-wds", "launches-dali-wds")
 BATCH = 256
 # a training step that holds the interpreter lock as a model's Python does (its forward and backward
 # dispatched op by op): the Loader's threads get the lock back only when the step's thread lets go
@@ -108,6 +124,40 @@ def null_decoder() -> Any:
     return DecodesNothing(DecodeOptions(), BATCH, torch.device("cpu"), gpu_decode=False, transform_in_dali=True)
 
 
+class DaliOwnReader:
+    """DALI's own pipeline over the same tar shards, as a DALI user would run it: its webdataset reader
+    (shuffling at random as the Loader's local shuffle does, each rank its share of the shards),
+    the same graph decoding nothing as :func:`null_decoder`'s, batches handed to torch by DALI's
+    iterator. The host-side work a GPU run's reference (DALI's pipeline, gpu_train.py) does; it
+    checks no checksum, where the Loader checks every shard."""
+
+    def __init__(self, root: Path, rank: int, ranks: int) -> None:
+        from nvidia.dali import fn, pipeline_def
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        tars = sorted(root.glob("*.tar"))
+
+        @pipeline_def(batch_size=BATCH, num_threads=2, device_id=None, seed=0, prefetch_queue_depth=2,
+                      exec_dynamic=True)
+        def pipe():  # type: ignore[no-untyped-def]
+            read = fn.readers.webdataset(paths=[str(t) for t in tars],
+                                         index_paths=[str(t.with_suffix(".idx")) for t in tars], ext=["jpg"],
+                                         random_shuffle=True, shard_id=rank, num_shards=ranks, name="r")
+            encoded = read[0] if isinstance(read, list) else read
+            return fn.slice(encoded, 0, 16, axes=[0])
+
+        p = pipe()
+        p.build()
+        self._batches = DALIGenericIterator(p, ["images"], reader_name="r", last_batch_policy=LastBatchPolicy.PARTIAL,
+                                            auto_reset=True, prepare_first_batch=False)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Each pass is the reader's next epoch (its shuffle moves on by itself)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return (b[0]["images"] for b in self._batches)
+
+
 def loader_decoding_nothing(root: Path, read_in: str = "thread", comm: Any = None) -> Any:
     """The Loader (every shard checked) with :func:`null_decoder` as its decoder: a local shuffle on
     one rank, on several a partial one (the default), exchanging samples with the others."""
@@ -134,13 +184,16 @@ def launch_step() -> None:
         hashlib.sha256(data)
 
 
-def beside_launches(loader: Any, epochs: int) -> dict[str, float]:
+def beside_launches(make: Callable[[], Any], epochs: int) -> dict[str, float]:
     """The caller's time per batch, waiting included, over its step's time alone, and the share of
-    it spent waiting; each without each epoch's first batch, the median of the epochs after the first."""
+    it spent waiting; each without each epoch's first batch, the median of the epochs after the first.
+    The step alone is timed before ``make()`` makes the loader: a loader starts work as it is made (a
+    reading process, DALI's prefetching), which would slow the step timed alone."""
     t0 = time.perf_counter()
     for _ in range(20):
         launch_step()
     alone = (time.perf_counter() - t0) / 20
+    loader = make()
     slowed, stalls = [], []
     for e in range(epochs):
         loader.set_epoch(e)
@@ -183,7 +236,7 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
     def on_bad(index: int, sample: Any, reason: str) -> None:
         raise RuntimeError(f"sample {index}: {reason}")
 
-    if comm.world.size > 1 and kind not in ("loader", "launches", *PROCESS_KINDS):
+    if comm.world.size > 1 and kind not in LOADER_KINDS:
         raise SystemExit(f"--ranks measures the Loader's kinds, not {kind!r}")
     if kind == "stream":
         stream = ddpipe.EncodedStream(root, BATCH, shuffle="local", comm=comm)
@@ -215,9 +268,16 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
             # pipeline reset, the first shard read) weighs hundreds of times more here than there
             steady.append(sum(waits[1:]) / (sum(waits[1:]) + stepped))
         return {"stall": median(stalls[1:]), "stall_steady": median(steady[1:])}
+    elif kind == "launches-dali-wds":
+        return beside_launches(lambda: DaliOwnReader(root, comm.world.rank, comm.world.size), epochs)
+    elif kind == "dali-wds":
+        reader = DaliOwnReader(root, comm.world.rank, comm.world.size)
+
+        def epoch(e: int) -> int:
+            return sum(len(images) for images in reader)
     elif kind in ("launches", "launches-process"):
-        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm)
-        return beside_launches(loader, epochs)
+        read_in = "process" if kind.endswith("process") else "thread"
+        return beside_launches(lambda: loader_decoding_nothing(root, read_in, comm), epochs)
     else:
         loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm)
 
@@ -234,7 +294,7 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
         rates.append(n / (time.perf_counter() - t0))
         samples += n if e else 0
     figures = {"samples_s": median(rates[1:])}
-    if kind in ("loader", "loader-process"):  # the step's own processor time would swamp the others'
+    if kind in ("loader", "loader-process", "dali-wds"):  # the step's own processor time would swamp the others'
         figures["cpu_us"] = (processor_seconds() - cpu0) / samples * 1e6
     return figures
 
@@ -292,7 +352,8 @@ def main() -> None:
     references = [tree for tree in trees if tree != "this"]
     kinds = {kind: KINDS[kind] for kind in KINDS if kind in args.kinds}
     todo = [(tree, fmt, kind) for fmt in FORMATS for kind in kinds for tree in trees
-            if kind not in PROCESS_KINDS or (trees[tree] / "ddpipe" / "read_process.py").exists()]
+            if (kind not in PROCESS_KINDS or (trees[tree] / "ddpipe" / "read_process.py").exists())
+            and (kind not in DALI_KINDS.values() or (tree == "this" and fmt == "wds"))]
     results: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     for rep in range(args.repeats):
         for tree, fmt, kind in todo if rep % 2 == 0 else reversed(todo):  # alternated: drift hits all alike
@@ -333,12 +394,15 @@ def main() -> None:
                                                                   + 1 / figure(tree, fmt, "memory")))
                 if kind in PROCESS_KINDS and (tree, fmt, PROCESS_KINDS[kind]) in results:
                     row["vs_threads"] = mine / figure(tree, fmt, PROCESS_KINDS[kind])
+                if kind in DALI_KINDS and ("this", fmt, DALI_KINDS[kind]) in results:
+                    row["vs_dali"] = mine / figure("this", fmt, DALI_KINDS[kind])
                 rows.append(row)
     columns = [("format", "format", "s"), ("pipeline", "pipeline", "s"), ("commit", "commit", "s"),
                ("samples_s", "samples/s", ".0f"), ("stall", "stalled", ".1%"),
                ("stall_steady", "stalled, steady", ".1%"), ("slowdown", "slowed", ".2f"),
                ("vs_stream", "/ stream alone", ".2f"), ("vs_in_turns", "/ the two in turns", ".2f"),
-               ("vs_threads", "/ read by threads", ".2f"), ("cpu_us", "processor us a sample", ".1f")]
+               ("vs_threads", "/ read by threads", ".2f"), ("vs_dali", "/ DALI's own", ".2f"),
+               ("cpu_us", "processor us a sample", ".1f")]
     columns += [(f"vs_at_{ref}", f"/ at {ref}", ".2f") for ref in references]
     used = [c for c in columns if any(r.get(c[0]) is not None for r in rows)]
     text = table(rows, used)
