@@ -54,8 +54,9 @@ class PlaceFinder:
         self._forgotten: list[int] = []  # files whose mappings went since the last send_news
 
     def place(self, data: Any) -> tuple[int, int]:
-        """(file number, offset) of ``data`` in a file the parent has or will have once
-        :meth:`send_news` has run, or (:data:`IN_BUFFER`, 0) where it is not a view of one."""
+        """(file number, offset) of ``data`` in a file sent to the parent (a file met for the first
+        time is sent now, before the batch that names it), or (:data:`IN_BUFFER`, 0) where ``data``
+        is no view of a file the parent can have."""
         mapping = data.obj if isinstance(data, memoryview) else None
         if not isinstance(mapping, FileMapping) or not len(data):
             return IN_BUFFER, 0
