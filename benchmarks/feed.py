@@ -88,7 +88,8 @@ MAIN = {"stall": "stall_steady", "launches": "slowdown", "launches-process": "sl
 # Loader's is set against
 DALI_KINDS = {"loader": "dali-wds", "loader-process": "dali-wds", "launches": "launches-dali-wds",
               "launches-process": "launches-dali-wds"}
-LOADER_KINDS = ("loader", "launches", "loader-process", "launches-process", "dali-wds", "launches-dali-wds")
+# the kinds --ranks runs: the Loader's and DALI's own
+LOADER_KINDS = {*DALI_KINDS, *DALI_KINDS.values()}
 BATCH = 256
 # a training step that holds the interpreter lock as a model's Python does (its forward and backward
 # dispatched op by op): the Loader's threads get the lock back only when the step's thread lets go

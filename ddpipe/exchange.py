@@ -22,7 +22,7 @@ import msgpack
 import numpy as np
 
 from .comm import Comm
-from .comm.base import Part, Segment, Written, copy_bytes, segment_lengths
+from .comm.base import Part, Segment, Written, copy_bytes, segment_lengths, split_views
 from .errors import DdpipeError
 from .plan import RankPlan
 from .sample import KEY, Sample, owned
@@ -317,8 +317,7 @@ def unpack_segment(segment: memoryview) -> tuple[list[int], list[tuple[int, Samp
     (header_len,) = _LEN.unpack_from(segment, end)
     keys, names_of, kind_of, indices, lengths = msgpack.unpackb(segment[end - header_len : end], raw=False)
     indices = np.frombuffer(indices, dtype=np.int64).tolist()
-    ends = np.cumsum(np.frombuffer(lengths, dtype=np.int64)).tolist()
-    views = [segment[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    views = split_views(segment, np.frombuffer(lengths, dtype=np.int64))
     items = []
     f = 0
     for g, key, kind in zip(indices, keys.split("\n"), np.frombuffer(kind_of, dtype=np.uint16).tolist(), strict=True):

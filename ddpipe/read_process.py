@@ -117,7 +117,8 @@ def check_can_read_apart(decode: DecodeOptions, decoder: str) -> None:
 
 class ProcessReader:
     """The parent's side: the reading process (:meth:`start`, or the first epoch), and its epochs as batches of
-    :class:`~ddpipe.decode.batches.EncodedBatch` whose images are views of the shared buffer."""
+    :class:`~ddpipe.decode.batches.EncodedBatch` whose images are views of their shard files or of the
+    shared buffer."""
 
     def __init__(self, spec: StreamSpec, buffer_bytes: int, area_bytes: int, comm: Comm) -> None:
         """``comm``: the job's communicator, on which a thread of this process carries out the reading

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .comm.base import copy_bytes
+from .comm.base import pack_parts
 from .errors import DdpipeError
 from .shard_places import IN_BUFFER, PlaceFinder
 
@@ -82,7 +82,7 @@ class _Server:
         from .staging import NodeStager
         from .stream import EncodedStream
 
-        self.conn, self.buf = conn, ring
+        self.conn = conn
         spec: StreamSpec = conn.recv()
         comm = Comm(spec.world) if relay is None else RelayedComm(spec.world, spec.node_ranks, *relay)
         if spec.tune_allocator:  # samples of ~100 KB made and freed by the thousand (memory.py)
@@ -103,6 +103,7 @@ class _Server:
         self.stream.views = True  # each sample handed on as its place in its shard, or copied once into the buffer
         self.decode = spec.decode
         self.ring = _Ring(ring)
+        self.ring_bytes = np.frombuffer(ring, dtype=np.uint8)
         self.places = PlaceFinder(conn, os.getppid())
         self.seq = 0  # every batch sent, over every epoch: what releases count in
         self.skipped: list[SkippedSample] = []  # left out since the last batch sent
@@ -181,8 +182,9 @@ class _Server:
 
         while self.conn.poll():  # a stop, or releases, before the batch is written
             self.handle(self.conn.recv())
-        places = np.array([self.places.place(d) for d in batch.datas], dtype=np.int64).reshape(-1, 2)
-        in_buffer = [d for d, (number, _) in zip(batch.datas, places.tolist(), strict=True) if number == IN_BUFFER]
+        found = [self.places.place(d) for d in batch.datas]
+        places = np.array(found, dtype=np.int64).reshape(-1, 2)
+        in_buffer = [d for d, (number, _) in zip(batch.datas, found, strict=True) if number == IN_BUFFER]
         sizes = np.fromiter(map(len, batch.datas), dtype=np.int64, count=len(batch.datas))
         total = sum(map(len, in_buffer))
         start: int | None = 0
@@ -195,10 +197,7 @@ class _Server:
             if start is None or total > self.ring.size:
                 start, inline = None, b"".join(in_buffer)
             else:
-                at = start
-                for data in in_buffer:
-                    copy_bytes(self.buf[at : at + len(data)], data)
-                    at += len(data)
+                pack_parts(in_buffer, self.ring_bytes[start : start + total])
                 self.ring.live.append((self.seq, start, start + total))
         c = batch.crops
         crops = None if c is None else (c.left, c.top, c.width, c.height, c.flip)

@@ -213,6 +213,12 @@ def segment_lengths(segments: Sequence[Segment], size: int) -> np.ndarray:
     return lengths
 
 
+def split_views(buffer: memoryview, lengths: Sequence[int] | np.ndarray) -> list[memoryview]:
+    """``buffer`` cut into consecutive pieces of ``lengths`` bytes, each a view of it (no copy)."""
+    ends = np.cumsum(lengths, dtype=np.int64).tolist()
+    return [buffer[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
 def pack_parts(parts: Segment, into: np.ndarray) -> None:
     """``parts`` back to back at the start of ``into``."""
     if isinstance(parts, Written):

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import Comm, Segment, WhileWaiting, pack_parts, segment_lengths
+from .base import Comm, Segment, WhileWaiting, pack_parts, segment_lengths, split_views
 from .world import World
 
 T = TypeVar("T")
@@ -101,9 +101,7 @@ class RelayedComm(Comm):
         # received is held as long as the shuffle buffer keeps its samples
         got = np.frombuffer(self._conn.recv_bytes(), dtype=np.uint8) if inline else self._received[:total].copy()
         self.transfer_seconds += moved + time.perf_counter() - t0
-        ends = np.cumsum(sizes).tolist()
-        view = got.data
-        return [view[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        return split_views(got.data, sizes)
 
 
 def serve_collectives(conn: Connection, comm: Comm, sent: memoryview, received: memoryview) -> None:
@@ -143,8 +141,7 @@ def _relay_alltoallv(conn: Connection, comm: Comm, message: tuple[Any, ...], sen
                      received_area: np.ndarray) -> None:
     _, lengths, what, wanted, hold, inline = message
     packed = np.frombuffer(conn.recv_bytes(), dtype=np.uint8) if inline else sent_area
-    ends = np.cumsum(lengths).tolist()
-    segments: list[Segment] = [[packed[a:b].data] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    segments: list[Segment] = [[view] for view in split_views(packed.data, lengths)]
     moved = comm.transfer_seconds
     got = comm.alltoallv(segments, what, wanted=wanted, hold=hold)
     del segments, packed

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import DEFAULT_TIMEOUT, Comm, Segment, WhileWaiting, pack_parts, segment_lengths
+from .base import DEFAULT_TIMEOUT, Comm, Segment, WhileWaiting, pack_parts, segment_lengths, split_views
 from .world import World, available_cores
 
 T = TypeVar("T")
@@ -103,9 +103,7 @@ class TorchComm(Comm):
         sbuf = torch.from_numpy(send[: starts[-1]])
         self._wait(what, self._group.alltoall_base(rbuf, sbuf, incoming, lengths.tolist(), _alltoall_options()))
         self.transfer_seconds += time.perf_counter() - t0
-        offsets = np.concatenate([[0], np.cumsum(incoming)]).tolist()
-        view = recv.data
-        return [view[offsets[s] : offsets[s + 1]] for s in range(size)]
+        return split_views(recv.data, incoming)
 
     def close(self) -> None:
         # without this, a rank leaving while gloo still talks to it can be killed with SIGABRT ("terminate
