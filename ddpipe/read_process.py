@@ -8,9 +8,10 @@ ResNet-50 fed by DALI's own pipeline, whose stages are threads of C++, stalled 1
 and fed by the Loader 17% (``benchmarks/results/gpu-train.json``). Here a reading process runs
 the encoded stream (plan, reads, checksums, local shuffle) and each batch's header reads and crop
 windows, and hands each image over as its place in its shard file, which the training process maps
-too (:mod:`ddpipe.shard_places`), or, where it has no such place (LMDB's records, samples received
-from other ranks), writes it into a buffer both processes map; the training process only wraps each
-image for DALI, which reads it in place.
+too, or, for a sample received from another rank, in the place its round arrived in, in memory both
+map (:mod:`ddpipe.shard_places`); where it has no such place (LMDB's records, a round that found no
+room), it writes it into a buffer both processes map. The training process only wraps each image
+for DALI, which reads it in place.
 
 Where: a DALI decoder, in every shuffle mode, with staging or without. What needs the job's other
 processes stays in the training process: a ``partial`` shuffle's exchange rounds are carried out on
@@ -25,7 +26,8 @@ were raised, at their batch's turn.
 Protocol (pickled messages over a socket pair): the parent sends the stream's description once,
 then ``("epoch", seed, epoch, pending)``; the child answers with ``("batch", ...)`` for each batch
 and ``("end", stats, skipped, fallbacks)`` or ``("error", exception)``; before a batch, ``("file",
-number)`` followed by the file's descriptor, and ``("forget", numbers)``. ``("release", seq)``: the
+number)`` followed by the file's descriptor, ``("round", number, start)`` (a round the relay
+received at ``start`` of its area), and ``("forget", numbers)``. ``("release", seq)``: the
 parent is done with every batch up to ``seq`` (DALI has read them); ``("stop",)``: the parent left
 the epoch early.
 """
@@ -95,7 +97,7 @@ MIN_BUFFER_BYTES = 64 << 20
 
 def spec_of(stream: EncodedStream, decode: DecodeOptions) -> tuple[StreamSpec, int, int]:
     """The reading process's description of ``stream``, the size of the batches' buffer they share,
-    and of each of the relay's two areas (none in a world of one: nothing to relay)."""
+    and of the relay's sent area (none in a world of one: nothing to relay)."""
     from .comm.relay import area_bytes
 
     manifest = stream.dataset.manifest
@@ -122,7 +124,8 @@ class ProcessReader:
 
     def __init__(self, spec: StreamSpec, buffer_bytes: int, area_bytes: int, comm: Comm) -> None:
         """``comm``: the job's communicator, on which a thread of this process carries out the reading
-        process's collectives (its exchange rounds) through two areas of ``area_bytes``; none if 0."""
+        process's collectives (its exchange rounds) through a sent area of ``area_bytes`` and a received
+        area (:func:`~ddpipe.comm.relay.received_area_bytes`); none if 0."""
         self.spec = spec
         self.buffer_bytes = buffer_bytes
         self.area_bytes = area_bytes
@@ -137,15 +140,16 @@ class ProcessReader:
 
     def start(self) -> None:
         """Start the reading process (the first epoch does, if not yet)."""
-        from .comm.relay import start_relay
+        from .comm.relay import ReceivedRounds, received_area_bytes, start_relay
 
         area = self.area_bytes
         relayed = area > 0
+        received = received_area_bytes(area, self.buffer_bytes) if relayed else 0
         fd = os.memfd_create("ddpipe-read", os.MFD_CLOEXEC)
         pairs: list[tuple[socket.socket, socket.socket]] = []
-        try:  # one memory: the batches' ring, then the relay's areas (what a round sends, what it received)
-            os.ftruncate(fd, self.buffer_bytes + 2 * area)
-            buf = mmap.mmap(fd, self.buffer_bytes + 2 * area)
+        try:  # one memory: the batches' ring, then the relay's areas (what a round sends, what rounds received)
+            os.ftruncate(fd, self.buffer_bytes + area + received)
+            buf = mmap.mmap(fd, self.buffer_bytes + area + received)
             pairs = [socket.socketpair() for _ in range(2 if relayed else 1)]
             theirs = [b.fileno() for _, b in pairs]
             self._proc = subprocess.Popen(
@@ -156,8 +160,9 @@ class ProcessReader:
             if relayed:
                 self._relay = pairs[1][0].dup()
                 at = self.buffer_bytes
+                self._files.rounds = ReceivedRounds(whole[at + area :])
                 start_relay(Connection(os.dup(self._relay.fileno())), self.comm, whole[at : at + area],
-                            whole[at + area :])
+                            self._files.rounds)
         finally:
             os.close(fd)
             for mine, child in pairs:

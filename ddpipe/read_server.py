@@ -1,7 +1,7 @@
 """The reading process itself (:mod:`ddpipe.read_process` starts it, running :func:`main`): it
 rebuilds its parent's encoded stream and serves the epochs it is asked for, each batch's images
-handed on as their places in their shard files (:mod:`ddpipe.shard_places`) or written into the
-buffer both map (:class:`_Ring`)."""
+handed on as their places in their shard files or in the rounds the relay received
+(:mod:`ddpipe.shard_places`), or written into the buffer both map (:class:`_Ring`)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,9 @@ class _Server:
 
         self.conn = conn
         spec: StreamSpec = conn.recv()
-        comm = Comm(spec.world) if relay is None else RelayedComm(spec.world, spec.node_ranks, *relay)
+        self.places = PlaceFinder(conn, os.getppid())
+        comm = Comm(spec.world) if relay is None else RelayedComm(spec.world, spec.node_ranks, *relay,
+                                                                  on_round=self.places.received_round)
         if spec.tune_allocator:  # samples of ~100 KB made and freed by the thousand (memory.py)
             keep_freed_memory()
             comm.allocator = EpochMemory()
@@ -104,7 +106,6 @@ class _Server:
         self.decode = spec.decode
         self.ring = _Ring(ring)
         self.ring_bytes = np.frombuffer(ring, dtype=np.uint8)
-        self.places = PlaceFinder(conn, os.getppid())
         self.seq = 0  # every batch sent, over every epoch: what releases count in
         self.skipped: list[SkippedSample] = []  # left out since the last batch sent
 
@@ -173,11 +174,11 @@ class _Server:
         return checked_headers(batch, self.decode, self.on_bad)[0]
 
     def send(self, batch: EncodedBatch) -> None:
-        """Send the batch: each image that is a view of a shard file the parent can map as its place there
-        (shard_places.py), the others written into the buffer once there is room. A batch that finds no
-        room for :data:`WAIT_FOR_ROOM_S` (or never could: larger than the buffer) sends those whole
-        through the connection instead: a parent holding every batch in the buffer while it waits for
-        this one would otherwise wait for ever."""
+        """Send the batch: each image that is a view of a shard file the parent can map, or of a round
+        received, as its place there (shard_places.py), the others written into the buffer once there
+        is room. A batch that finds no room for :data:`WAIT_FOR_ROOM_S` (or never could: larger than
+        the buffer) sends those whole through the connection instead: a parent holding every batch in
+        the buffer while it waits for this one would otherwise wait for ever."""
         from .sample import KEY
 
         while self.conn.poll():  # a stop, or releases, before the batch is written
