@@ -50,10 +50,11 @@ def area_bytes(round_size: int, mean_sample_bytes: float) -> int:
 
 
 def received_area_bytes(area: int, batches_bytes: int) -> int:
-    """The received area's size: the rounds the reading process's shuffle buffer draws from (a round at
-    most, since each receives a share of one, plus the round arriving), and room for the batches on
-    their way through DALI (``batches_bytes``: what the batches' buffer holds). Its places are taken
-    lowest first: memory is taken only as far as they reach."""
+    """The received area's size: room for the rounds whose samples the reading process's shuffle
+    buffer holds and those of the batches on their way through DALI: what the batches' buffer holds
+    (``batches_bytes``), and two rounds of reads more (two ranks at the defaults, tar: the places
+    held at once reached 107 MB of the 510 this gave). Places are taken lowest first: memory is
+    taken only as far as they reach, and a round that finds no room goes through the connection."""
     return 2 * area + batches_bytes
 
 
