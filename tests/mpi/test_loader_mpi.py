@@ -168,24 +168,31 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
     assert len(labels) - (20 - len(bad)) <= planned_copies + repeats  # beyond each once: padding, counted repeats
 
 
-@pytest.mark.parametrize(("ranks", "nodes", "shuffle"), [(2, None, "local"), (2, None, "partial"), (3, 2, "partial")])
+@pytest.mark.parametrize(("ranks", "nodes", "shuffle", "received_area"),
+                         [(2, None, "local", None), (2, None, "partial", None), (3, 2, "partial", None),
+                          (2, None, "partial", 6000)])
 def test_reading_in_a_process_on_each_rank_gives_the_threads_batches(tmp_path: Path, ranks: int, nodes: int | None,
-                                                                     shuffle: str) -> None:
+                                                                     shuffle: str, received_area: int | None) -> None:
     """Under mpiexec, MPI set up in every rank, each rank's reading process (read_in="process") reads
     that rank's share and, for ``partial``, exchanges half its samples with the other ranks' reading
-    processes through its parent (within a node and between nodes): every rank's batches are the
-    ones its threads give, every sample is read, and samples did cross."""
+    processes through its parent (within a node and between nodes): every rank's batches, labels and
+    pixels, are the ones its threads give, every sample is read, and samples did cross. A received
+    area of ``received_area`` bytes (a few rounds') makes rounds take places freed by earlier ones
+    while batches still use others, and some find no room and come through the connection."""
     import ddpipe
 
     data = tmp_path / "ds"
     ddpipe.write_dataset(data, iter(indexed_samples(40)), samples_per_shard=4)
     out = tmp_path / "out.json"
-    code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
+    small = (f"import ddpipe.comm.relay as relay; relay.received_area_bytes = lambda area, batches: {received_area}\n"
+             if received_area is not None else "")
+    code = (small + "import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
             f"o = dict({TINY_DALI}, shuffle={shuffle!r}, exchange_fraction=0.5, round_size=4, comm=c); "
             "got = {}; sent = {}\n"
             "for m in ('thread', 'process'):\n"
             "    with ddpipe.Loader(sys.argv[1], 3, read_in=m, **o) as ld:\n"
-            "        got[m] = [[y.tolist() for _, y in ld] for e in range(2) if ld.set_epoch(e) or True]\n"
+            "        got[m] = [[[y.tolist(), float(x.double().sum())] for x, y in ld]\n"
+            "                  for e in range(2) if ld.set_epoch(e) or True]\n"
             "        x = ld.stats.read.exchange; sent[m] = x.samples_sent if x else 0\n"
             "r = c.allgather({'got': got, 'sent': sent})\n"
             "c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
@@ -194,7 +201,7 @@ def test_reading_in_a_process_on_each_rank_gives_the_threads_batches(tmp_path: P
     report = json.loads(out.read_text())
     assert all(r["got"]["process"] == r["got"]["thread"] for r in report)
     for epoch in range(2):
-        assert {y for r in report for b in r["got"]["process"][epoch] for y in b} == set(range(40))
+        assert {y for r in report for labels, _ in r["got"]["process"][epoch] for y in labels} == set(range(40))
     sent = [r["sent"] for r in report]
     assert all(s["process"] == s["thread"] for s in sent)
     assert all(s["process"] > 0 for s in sent) == (shuffle == "partial")
