@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import DdpipeError, OptionError
-from .shard_places import IN_BUFFER, MappedShards
+from .shard_places import IN_BUFFER, PlaceViews
 
 if TYPE_CHECKING:
     from .comm import Comm, World
@@ -134,7 +134,7 @@ class ProcessReader:
         self._conn: Connection | None = None
         self._relay: socket.socket | None = None  # this side of the relay's socket pair
         self._view: memoryview | None = None
-        self._files = MappedShards()  # the shard files the reading process sent (shard_places.py)
+        self._places = PlaceViews()  # the shard files and rounds the reading process named (shard_places.py)
         self._send_lock = threading.Lock()  # releases come from the decoding thread, epochs from the feed's
         self._started = 0  # reading processes started: a release names the one whose batch it frees
 
@@ -160,9 +160,9 @@ class ProcessReader:
             if relayed:
                 self._relay = pairs[1][0].dup()
                 at = self.buffer_bytes
-                self._files.rounds = ReceivedRounds(whole[at + area :])
+                self._places.rounds = ReceivedRounds(whole[at + area :])
                 start_relay(Connection(os.dup(self._relay.fileno())), self.comm, whole[at : at + area],
-                            self._files.rounds)
+                            self._places.rounds)
         finally:
             os.close(fd)
             for mine, child in pairs:
@@ -186,7 +186,8 @@ class ProcessReader:
                 self._send(("release", seq))
 
     def _recv(self, watch: Callable[[], None] | None = None) -> tuple[Any, ...]:
-        """The reading process's next message but those about its files, which are taken in on the way."""
+        """The reading process's next message but those about its files and rounds, which are taken in
+        on the way."""
         conn, proc = self._conn, self._proc
         assert conn is not None and proc is not None
         while True:
@@ -197,7 +198,7 @@ class ProcessReader:
                     watch()
             try:
                 message: tuple[Any, ...] = conn.recv()
-                if not self._files.receive(message, conn):
+                if not self._places.receive(message, conn):
                     return message
             except (EOFError, OSError):
                 code = proc.wait()
@@ -247,7 +248,7 @@ class ProcessReader:
                         datas.append(buffer[at : at + size])
                         at += size
                     else:
-                        datas.append(self._files.view(number, offset, size))
+                        datas.append(self._places.view(number, offset, size))
                 batch = EncodedBatch(indices, [{KEY: k} for k in keys], datas, labels,
                                      Crops(*crops) if crops is not None else None, checked=True,
                                      release=functools.partial(self._release, self._started, seq))
@@ -282,4 +283,4 @@ class ProcessReader:
                 proc.kill()
                 proc.wait()
         self._view = None  # the mapping goes with the last view of it
-        self._files.clear()  # as do the files' mappings
+        self._places.clear()  # as do the files' mappings and the rounds' places

@@ -54,7 +54,7 @@ def _address(data: memoryview) -> int:
 
 
 class PlaceFinder:
-    """The reading process's side: where each sample it sends lies in a file its parent has."""
+    """The reading process's side: where each sample it sends lies in a file or a round its parent has."""
 
     def __init__(self, conn: Connection, parent_pid: int) -> None:
         self.conn = conn
@@ -89,7 +89,7 @@ class PlaceFinder:
         """A round received at ``start`` of the area both processes map, ``place`` the view of it its
         samples are views of: they are placed in it from now on (any thread)."""
         number = next(self._numbers)
-        self._known[id(place)] = (number, place.__array_interface__["data"][0])
+        self._known[id(place)] = (number, _address(place.data))
         self._news.append(("round", number, start))
         weakref.finalize(place, self._gone, id(place), number)
 
@@ -131,9 +131,9 @@ class PlaceFinder:
             self.conn.send(("forget", forgotten))
 
 
-class MappedShards:
+class PlaceViews:
     """The parent's side: the files the reading process sent, mapped, the rounds it received, in
-    ``rounds`` (the relay's received area), and views of them."""
+    ``rounds`` (the relay's received area), and views of the places it names in them."""
 
     def __init__(self) -> None:
         self._files: dict[int, memoryview] = {}  # files and rounds, by number

@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 from ddpipe.comm import Comm, World
 from ddpipe.comm.base import Written
 from ddpipe.comm.relay import ReceivedRounds, RelayedComm, start_relay
-from ddpipe.shard_places import IN_BUFFER, MappedShards, PlaceFinder
+from ddpipe.shard_places import IN_BUFFER, PlaceFinder, PlaceViews
 
 
 @dataclass
 class Relayed:
     comm: RelayedComm  # the reading process's
     finder: PlaceFinder  # the reading process's places, telling the parent on ``news``
-    parent: MappedShards  # the parent's rounds
+    parent: PlaceViews  # the parent's rounds
     news: Connection  # the parent's end of the batches' connection
 
     def parent_takes_news(self) -> None:
@@ -46,7 +46,7 @@ def relayed(area: int, size: int = 1, received: int | None = None) -> Iterator[R
     ours, theirs = socket.socketpair()
     child, parent = socket.socketpair()
     with Connection(child.detach()) as news_out, Connection(parent.detach()) as news_in:
-        finder, files = PlaceFinder(news_out, os.getpid()), MappedShards()
+        finder, files = PlaceFinder(news_out, os.getpid()), PlaceViews()
         files.rounds = ReceivedRounds(memory[area:])
         thread = start_relay(Connection(theirs.detach()), Comm(World()), memory[:area], files.rounds)
         comm = RelayedComm(World(rank=0, size=size), [0], Connection(ours.detach()), memory[:area], memory[area:],

@@ -18,7 +18,7 @@ import pytest
 
 import ddpipe
 from ddpipe.formats import get_format
-from ddpipe.shard_places import IN_BUFFER, MappedShards, PlaceFinder
+from ddpipe.shard_places import IN_BUFFER, PlaceFinder, PlaceViews
 from ddpipe.synth import encode_jpeg, render_image
 
 
@@ -29,13 +29,13 @@ def samples(n: int) -> Generator[dict[str, object], None, None]:
 
 
 @pytest.fixture
-def pair() -> Generator[tuple[PlaceFinder, MappedShards, Connection], None, None]:
+def pair() -> Generator[tuple[PlaceFinder, PlaceViews, Connection], None, None]:
     child, parent = socket.socketpair()
     with Connection(child.detach()) as c, Connection(parent.detach()) as p:
-        yield PlaceFinder(c, os.getpid()), MappedShards(), p
+        yield PlaceFinder(c, os.getpid()), PlaceViews(), p
 
 
-def take_news(files: MappedShards, conn: Connection) -> list[Any]:
+def take_news(files: PlaceViews, conn: Connection) -> list[Any]:
     """What the parent's receive loop does: messages about files taken in; the others returned."""
     others = []
     while conn.poll():
@@ -52,7 +52,7 @@ def shard(tmp_path: Path, fmt: str, n: int = 12) -> Path:
 
 @pytest.mark.parametrize("fmt", ["wds", "hdf5"])
 def test_every_image_is_found_in_the_parents_mapping_even_once_the_path_is_gone(
-        tmp_path: Path, fmt: str, pair: tuple[PlaceFinder, MappedShards, Connection]) -> None:
+        tmp_path: Path, fmt: str, pair: tuple[PlaceFinder, PlaceViews, Connection]) -> None:
     finder, files, conn = pair
     path = shard(tmp_path, fmt)
     reader = get_format(fmt).reader(path)
@@ -68,7 +68,7 @@ def test_every_image_is_found_in_the_parents_mapping_even_once_the_path_is_gone(
 
 @pytest.mark.parametrize("gone", ["replaced", "removed"])
 def test_a_file_its_path_no_longer_names_travels_in_the_buffer(
-        tmp_path: Path, gone: str, pair: tuple[PlaceFinder, MappedShards, Connection]) -> None:
+        tmp_path: Path, gone: str, pair: tuple[PlaceFinder, PlaceViews, Connection]) -> None:
     finder, files, conn = pair
     path = shard(tmp_path, "wds")
     reader = get_format("wds").reader(path)
@@ -85,7 +85,7 @@ def test_a_file_its_path_no_longer_names_travels_in_the_buffer(
 
 
 def test_samples_that_are_no_view_of_a_mapped_file_travel_in_the_buffer(
-        tmp_path: Path, pair: tuple[PlaceFinder, MappedShards, Connection]) -> None:
+        tmp_path: Path, pair: tuple[PlaceFinder, PlaceViews, Connection]) -> None:
     finder, files, conn = pair
     path = shard(tmp_path, "lmdb")
     with get_format("lmdb").reader(path) as reader:  # LMDB maps its file itself
@@ -98,7 +98,7 @@ def test_samples_that_are_no_view_of_a_mapped_file_travel_in_the_buffer(
 
 
 def test_a_file_is_forgotten_once_no_sample_of_it_is_left_and_views_outlive_that(
-        tmp_path: Path, pair: tuple[PlaceFinder, MappedShards, Connection]) -> None:
+        tmp_path: Path, pair: tuple[PlaceFinder, PlaceViews, Connection]) -> None:
     finder, files, conn = pair
     first, second = (get_format("wds").reader(shard(tmp_path / d, "wds")) for d in ("a", "b"))
     a, b = next(iter(first.scan_views()))["jpg"], next(iter(second.scan_views()))["jpg"]

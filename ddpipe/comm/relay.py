@@ -198,7 +198,7 @@ def _relay_alltoallv(conn: Connection, comm: Comm, message: tuple[Any, ...], sen
     t0 = time.perf_counter()
     sizes = np.array([len(g) for g in got], dtype=np.int64)
     total = int(sizes.sum())
-    taken = received.take(total) if total else None
+    taken = received.take(total)
     start, out = taken if taken is not None else (None, np.empty(total, dtype=np.uint8))
     pack_parts(got, out)
     del got, taken  # the round's receive memory (a landing place) goes back now
