@@ -1,8 +1,9 @@
 """A reading process's samples handed to its parent as places in their shard files, not as bytes.
 
 The reading process (:mod:`ddpipe.read_server`) reads tar and HDF5 shards through mappings of their
-files (:class:`~ddpipe.formats.mapped.FileMapping`), so each image it reads is already a view of
-the page cache. Copying each one into the buffer both processes share cost the reading process more
+files (:class:`~ddpipe.formats.mapped.FileMapping`), and LMDB shards through the mapping LMDB makes
+(:class:`~ddpipe.formats.lmdb_env.LMDBMapping`), so each image it reads is already a view of the
+page cache. Copying each one into the buffer both processes share cost the reading process more
 than anything else it did (two ranks on two cores: 65 us a sample read apart against 51 read by
 threads). Instead it sends its parent each shard file once, as an open descriptor over their
 socket, and each image as (file, offset); the parent maps the file itself, and DALI reads the image
@@ -11,8 +12,9 @@ from the parent's mapping: the same pages, never copied.
 A file is sent as the descriptor the reading process opens by its path, after checking that the
 path still names the file it mapped (same device and inode): a staged copy evicted, or a store's
 scratch file deleted, since the mapping was made, cannot be opened, and its images are copied into
-the buffer as before. So are samples that are not views of such a mapping: LMDB's (whose mapping
-LMDB makes itself), those an exchange brought from other ranks that came through the connection.
+the buffer as before. So are samples that are not views of such a mapping: those of formats adopted
+in place, which give copies, and those an exchange brought from other ranks that came through the
+connection.
 The parent's mapping outlives the path: its descriptor holds the file. Each file's number is
 forgotten by both once the reading process's mapping is gone (no sample of it left there); the
 parent's mapping then goes with the last batch DALI holds that views it.
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import DdpipeError
+from .formats.lmdb_env import LMDBMapping, address_of
 from .formats.mapped import FileMapping
 
 if TYPE_CHECKING:
@@ -46,11 +49,6 @@ if TYPE_CHECKING:
 
 #: The place of a sample that is not in a file the parent has: its bytes travel in the buffer.
 IN_BUFFER = -1
-
-
-def _address(data: memoryview) -> int:
-    address: int = np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0]
-    return address
 
 
 class PlaceFinder:
@@ -77,23 +75,23 @@ class PlaceFinder:
             return IN_BUFFER, 0
         known = self._known.get(id(owner))
         if known is None:
-            if not isinstance(owner, FileMapping):
+            if not isinstance(owner, (FileMapping, LMDBMapping)):
                 return IN_BUFFER, 0
             known = self._learn(owner)
         number, start = known
         if number == IN_BUFFER:
             return IN_BUFFER, 0
-        return number, _address(data) - start
+        return number, address_of(data) - start
 
     def received_round(self, place: np.ndarray, start: int) -> None:
         """A round received at ``start`` of the area both processes map, ``place`` the view of it its
         samples are views of: they are placed in it from now on (any thread)."""
         number = next(self._numbers)
-        self._known[id(place)] = (number, _address(place.data))
+        self._known[id(place)] = (number, address_of(place.data))
         self._news.append(("round", number, start))
         weakref.finalize(place, self._gone, id(place), number)
 
-    def _learn(self, mapping: FileMapping) -> tuple[int, int]:
+    def _learn(self, mapping: FileMapping | LMDBMapping) -> tuple[int, int]:
         number, fd = IN_BUFFER, -1
         try:
             fd = os.open(mapping.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -107,7 +105,7 @@ class PlaceFinder:
         finally:
             if fd >= 0:
                 os.close(fd)
-        known = self._known[id(mapping)] = (number, _address(memoryview(mapping)[:1]))
+        known = self._known[id(mapping)] = (number, address_of(mapping))
         weakref.finalize(mapping, self._gone, id(mapping), number)
         return known
 

@@ -107,10 +107,10 @@ def mapped_here(root: Path) -> set[str]:
                 if len(line.split(maxsplit=5)) == 6 and line.split(maxsplit=5)[5].startswith(str(root))}
 
 
-@pytest.mark.parametrize("fmt", ["wds", "hdf5"])
+@pytest.mark.parametrize("fmt", ["wds", "hdf5", "lmdb"])
 def test_images_are_read_where_the_reading_process_found_them(tmp_path: Path, fmt: str) -> None:
-    """Tar's and HDF5's images are handed over as places in their shard files, which the training
-    process maps (it reads no shard otherwise), not copied: the same batches as threads give."""
+    """Tar's, HDF5's and LMDB's images are handed over as places in their shard files, which the
+    training process maps (it reads no shard otherwise), not copied: the same batches as threads give."""
     root = tmp_path / fmt
     ddpipe.write_dataset(root, iter(natural_samples(60)), format=fmt, samples_per_shard=16, classes=["a", "b", "c"])
     threads, apart = make(root, "thread"), make(root, "process")
@@ -235,15 +235,17 @@ def test_a_sample_that_does_not_decode_fails_or_is_skipped(tmp_path: Path) -> No
 @pytest.mark.parametrize("small", [False, True])
 def test_batches_that_find_no_room_in_the_buffer_still_come(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            small: bool) -> None:
-    """LMDB's images travel in the buffer (tar's and HDF5's as places in their files). A buffer of
-    about one batch: the parent holds more than that in flight before it releases any (DALI's queue,
-    the batches prepared ahead), so batches that wait for room in vain, and those larger than the
-    buffer, go through the connection; nothing hangs, nothing differs."""
+    """Images of a format adopted in place (an LMDB another tool wrote) are copies, which travel in
+    the buffer (ddpipe's own shards' as places in their files). A buffer of about one batch: the
+    parent holds more than that in flight before it releases any (DALI's queue, the batches prepared
+    ahead), so batches that wait for room in vain, and those larger than the buffer, go through the
+    connection; nothing hangs, nothing differs."""
     from ddpipe import read_process
+    from ddpipe.convert.adopt_foreign import index_lmdb
+    from tests.convert.foreign_data import lmdb_msgpack
 
-    root = tmp_path / "lmdb"
-    ddpipe.write_dataset(root, iter(natural_samples(60)), format="lmdb", samples_per_shard=16,
-                         classes=["a", "b", "c"])
+    root = lmdb_msgpack(tmp_path / "foreign", n=60)
+    index_lmdb(root)
     if small:
         monkeypatch.setattr(read_process, "BUFFER_BATCHES", 1)
         monkeypatch.setattr(read_process, "MIN_BUFFER_BYTES", 1)

@@ -62,13 +62,16 @@ def _given_or_recorded(classes: list[str] | None, data: Path, out: Path | None) 
 
 def _keys(mdb: Path) -> list[str]:
     """The environment's sample keys, as text (keys only: no value is read)."""
-    import lmdb
-
+    from ..formats.lmdb_env import lease_environment
     from ..formats.lmdb_values import META_KEY
 
-    with lmdb.open(str(mdb), subdir=False, readonly=True, lock=False) as env, env.begin() as txn:
-        return [bytes(k).decode("utf-8", errors="replace") for k in txn.cursor().iternext(keys=True, values=False)
-                if not META_KEY.match(k)]
+    lease = lease_environment(mdb)
+    try:
+        with lease.env.begin() as txn:
+            return [bytes(k).decode("utf-8", errors="replace")
+                    for k in txn.cursor().iternext(keys=True, values=False) if not META_KEY.match(k)]
+    finally:
+        lease.release()
 
 
 def _key_labels(pattern: str, keys: list[str], mdb: Path) -> set[str]:
@@ -212,6 +215,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
     import lmdb
 
     from ..formats.foreign_lmdb import ForeignLMDBReader
+    from ..formats.lmdb_env import lease_environment
     from ..formats.lmdb_values import META_KEY, guess_kind, read_value, sniff_image_field
 
     # an explicit label source replaces what an earlier index recorded, class names included
@@ -219,14 +223,15 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
     classes = classes if explicit else _given_or_recorded(classes, data, out)
     mdb = data / "data.mdb"
     try:
-        env = lmdb.open(str(mdb), subdir=False, readonly=True, lock=False)
+        lease = lease_environment(mdb)  # the process's one environment of the file (formats/lmdb_env.py)
         try:
-            with env.begin() as txn:
+            with lease.env.begin() as txn:
                 first = next(((bytes(k), bytes(v)) for k, v in txn.cursor() if not META_KEY.match(k)), None)
         finally:
-            env.close()
-    except lmdb.Error as e:
-        raise DdpipeError(f"not a readable LMDB environment: {str(e).split(': ')[-1]}", path=mdb) from None
+            lease.release()
+    except (lmdb.Error, OSError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).split(": ")[-1]
+        raise DdpipeError(f"not a readable LMDB environment: {why}", path=mdb) from None
     if first is None:
         raise DdpipeError("the LMDB environment holds no records", path=mdb)
     kind = values or guess_kind(first[1])

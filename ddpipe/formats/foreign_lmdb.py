@@ -21,7 +21,7 @@ import lmdb
 from ..errors import CorruptShardError, DdpipeError
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
-from .lmdb import open_whole
+from .lmdb_env import lease_environment
 from .lmdb_values import META_KEY, RecordError, read_value
 
 # an unparsed record's fields (see ShardReader.parse): the key as stored and the value
@@ -88,7 +88,8 @@ class ForeignLMDBReader(ShardReader):
         try:
             # the label side file lives with the source data, not with a staged copy of data.mdb
             self._labels = LabelSource(layout, Path(layout.get("source_dir", self.path.parent)))
-            self._env = open_whole(self.path)
+            self._lease = lease_environment(self.path)
+            self._env = self._lease.env
         except CorruptShardError:
             raise
         except (lmdb.Error, OSError, re.error, KeyError) as e:
@@ -168,7 +169,7 @@ class ForeignLMDBReader(ShardReader):
             raise self._corrupt(f"cannot read: {e}") from None
 
     def close(self) -> None:
-        self._env.close()
+        self._lease.release()
 
 
 class ForeignLMDBFormat(AdoptedFormat):

@@ -18,11 +18,9 @@ lookup. One record per sample keeps a sample's fields together on disk.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +33,7 @@ from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
+from .lmdb_env import EnvironmentLease, LMDBMapping, address_of, lease_environment
 from .mapped import POPULATE_LIMIT, MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
@@ -49,20 +48,9 @@ def sample_key(index: int) -> bytes:
     return b"%012d" % index
 
 
-def open_whole(path: Path) -> lmdb.Environment:
-    """The LMDB file ``path``, read-only and without a lock file, once it is known to hold every page it
-    names: pages are read through mmap, and a truncated file would kill the process with SIGBUS
-    rather than raise."""
-    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=512)
-    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    if path.stat().st_size < needed:
-        env.close()
-        raise CorruptShardError(f"truncated LMDB: {path.stat().st_size} bytes, its pages need {needed}", path=path)
-    return env
-
-
 class LMDBFile:
-    """An LMDB shard's environment, opened on first use, and LMDB's own mapping of the file (a
+    """An LMDB shard's environment, taken on first use (shared with every other reader of the file in
+    this process: :mod:`.lmdb_env`), and LMDB's own mapping of the file (a
     :class:`~ddpipe.formats.mapped.ShardMapping`): its checksum is taken through the pages LMDB will
     read, so that a shard hashed ahead, on another thread, is then scanned without a page fault on
     the reading thread (32 MB shards of 66 KB samples, warm: a scan through a fresh environment
@@ -71,59 +59,82 @@ class LMDBFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.size = path.stat().st_size
-        self._env: lmdb.Environment | None = None
+        self._lease: EnvironmentLease | None = None
 
     @property
     def fits_whole(self) -> bool:
         return self.size <= POPULATE_LIMIT
 
     def env(self) -> lmdb.Environment:
-        if self._env is None:
-            self._env = open_whole(self.path)
-        return self._env
+        if self._lease is None:
+            self._lease = lease_environment(self.path)
+        return self._lease.env
+
+    def mapping(self) -> LMDBMapping | None:
+        """The file's bytes where LMDB maps them, or None where that mapping cannot be told apart. It is
+        found among the process's mappings of the file, without reading a record: no page of the file
+        but its meta pages is parsed before the checksum has vouched for it."""
+        self.env()
+        assert self._lease is not None
+        return self._lease.mapping()
 
     def checksum(self) -> str:
         try:
-            view = self._mapped_bytes()
+            mapping = self.mapping()
         except (lmdb.Error, CorruptShardError):  # not a whole LMDB file: its checksum says that it differs
-            view = None
-        if view is None:
+            mapping = None
+        if mapping is None:
             return MappedFile(self.path).checksum()
-        with view:
+        with memoryview(mapping).cast("B") as view:
             return buffer_checksum(view)
 
-    def _mapped_bytes(self) -> memoryview | None:
-        """The file's bytes where LMDB maps them, or None where that mapping cannot be told apart.
-        LMDB does not say where its mapping starts; it is found among the process's mappings of the
-        file, without reading a record: no page of the file but its meta pages is parsed before the
-        checksum has vouched for it."""
-        self.env()
-        start = lmdb_mapping_start(self.path, self.size)
-        if start is None:
-            return None
-        return memoryview((ctypes.c_char * self.size).from_address(start)).cast("B")
-
     def close(self) -> None:
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
 
-def lmdb_mapping_start(path: Path, size: int) -> int | None:
-    """Where this process's one shared, read-only mapping of ``path`` from its first byte, at least
-    ``size`` bytes long, starts (``/proc/self/maps``): an environment's. None where there is none, or
-    more than one (another mapping of the file beside it), or no ``/proc``."""
-    try:
-        st = path.stat()
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
+def record_views(whole: memoryview, at: int, end: int) -> Sample | None:
+    """The record at ``whole[at:end]`` as :class:`LMDBWriter` packs it (a msgpack map of up to 15
+    entries, string keys, the sample key a string and every field bytes), each field a view of
+    ``whole``; None for any other record (msgpack then unpacks it, and says what is wrong with a
+    damaged one). Parsing the map here cost a third of unpacking it, which copies every field."""
+    head = whole[at]
+    if head & 0xF0 != 0x80:  # fixmap
         return None
-    # start-end perms offset major:minor inode: only the file's own lines are looked at
-    found = [int(low, 16) for low, high, offset, major, minor in re.findall(
-        rf"^([0-9a-f]+)-([0-9a-f]+) r--s ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) {st.st_ino} ", maps, re.MULTILINE)
-        if int(offset, 16) == 0 and int(high, 16) - int(low, 16) >= size
-        and (int(major, 16), int(minor, 16)) == (os.major(st.st_dev), os.minor(st.st_dev))]
-    return found[0] if len(found) == 1 else None
+    at += 1
+    sample: Sample = {}
+    try:
+        for _ in range(head & 0x0F):
+            t = whole[at]
+            if t & 0xE0 == 0xA0:  # fixstr
+                n, at = t & 0x1F, at + 1
+            elif t == 0xD9:  # str 8
+                n, at = whole[at + 1], at + 2
+            else:
+                return None
+            name, at = str(whole[at : at + n], "utf-8"), at + n
+            t = whole[at]
+            if t == 0xC6:  # bin 32: an image
+                n, at = int.from_bytes(whole[at + 1 : at + 5], "big"), at + 5
+            elif t == 0xC4:  # bin 8: a label
+                n, at = whole[at + 1], at + 2
+            elif t == 0xC5:  # bin 16
+                n, at = int.from_bytes(whole[at + 1 : at + 3], "big"), at + 3
+            elif t & 0xE0 == 0xA0 or t == 0xD9:  # the sample's key
+                n, at = (t & 0x1F, at + 1) if t != 0xD9 else (whole[at + 1], at + 2)
+                if at + n > end:
+                    return None
+                sample[name], at = str(whole[at : at + n], "utf-8"), at + n
+                continue
+            else:
+                return None
+            if at + n > end:
+                return None
+            sample[name], at = whole[at : at + n], at + n
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return sample if at == end else None
 
 
 class LMDBReader(ShardReader):
@@ -188,10 +199,29 @@ class LMDBReader(ShardReader):
             raise self._corrupt(f"cannot read sample {i}: {e}") from None
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
+        return (self._unpack(raw, i) for i, raw in self._records(start))
+
+    def scan_views(self, start: int = 0) -> Iterator[Sample]:
+        """:meth:`scan`, each field a view of the file where LMDB maps it (:class:`LMDBMapping`), which
+        keeps the environment open while any view of it lives; where that mapping cannot be told
+        apart, copies as :meth:`scan` gives."""
+        self._open()
+        mapping = self._file.mapping()
+        if mapping is None:
+            yield from self.scan(start)
+            return
+        whole = memoryview(mapping).cast("B")
+        base = address_of(whole)
+        for i, raw in self._records(start):
+            at = address_of(raw) - base
+            sample = record_views(whole, at, at + len(raw)) if 0 <= at <= len(whole) - len(raw) else None
+            yield sample if sample is not None else self._unpack(raw, i)
+
+    def _records(self, start: int) -> Iterator[tuple[int, memoryview]]:
+        """Each sample's position and record from ``start`` on, the record a view of LMDB's mapping
+        valid until the next (buffers: unpacked straight from the map, a copy fewer than bytes)."""
         env, n = self._open()
         try:
-            # buffers: each value is unpacked straight from the map (valid until the cursor moves), a copy
-            # fewer than taking it as bytes first
             with env.begin(buffers=True) as txn:
                 cursor = txn.cursor()
                 if start >= n or not cursor.set_key(sample_key(start)):
@@ -204,7 +234,7 @@ class LMDBReader(ShardReader):
                         break
                     if key != sample_key(i):
                         raise self._corrupt(f"sample {i} is missing")
-                    yield self._unpack(raw, i)
+                    yield i, raw
                     i += 1
                 if i != n:
                     raise self._corrupt(f"expected {n} samples, found {i}")

@@ -69,6 +69,18 @@ class FormatConformance:
             with pytest.raises(IndexError):
                 r[len(items)]
 
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.differing_executors])
+    @given(items=samples, start=st.integers(0, 12))
+    def test_views_are_the_samples_a_scan_gives(self, tmp_path_factory: pytest.TempPathFactory, items: list[Sample],
+                                                start: int) -> None:
+        """What a format gives as views of the shard in memory (DALI reads them in place) are the
+        samples a scan copies out, from any start, and stay so once the reader is closed."""
+        path = self.write(self.shard(tmp_path_factory.mktemp("views")), items)
+        with self.fmt.reader(path) as r:
+            views = list(r.scan_views(start))
+        assert [{k: v if k == KEY else bytes(v) for k, v in s.items()} for s in views] == items[start:]
+
     def test_check_through_the_reader_then_scan(self, tmp_path: Path) -> None:
         """A reader's check (through its mapping of the file, where it has one) gives the checksum
         manifests record, and the scan that follows it from the same pages gives the samples."""

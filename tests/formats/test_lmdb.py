@@ -5,6 +5,8 @@ from pathlib import Path
 
 import lmdb
 import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from .conformance import FormatConformance, example_samples
 
@@ -65,7 +67,8 @@ def test_lmdbs_mapping_is_taken_only_where_it_is_the_files_one_mapping(tmp_path:
     plain mapping of the same file beside it, neither is taken for LMDB's (the hash then goes through
     a mapping of its own, and is still the file's)."""
     from ddpipe.checksum import file_checksum
-    from ddpipe.formats.lmdb import LMDBFile, lmdb_mapping_start
+    from ddpipe.formats.lmdb import LMDBFile
+    from ddpipe.formats.lmdb_env import lmdb_mapping_start
     from ddpipe.formats.mapped import MappedFile
 
     path = TestLMDBConformance().write(tmp_path / "s.lmdb", example_samples(40))
@@ -79,3 +82,85 @@ def test_lmdbs_mapping_is_taken_only_where_it_is_the_files_one_mapping(tmp_path:
         assert lmdb_mapping_start(path, size) is None
         assert shard.checksum() == file_checksum(path)
     shard.close()
+
+
+def test_two_readers_of_one_shard_at_once_share_its_environment(tmp_path: Path) -> None:
+    """LMDB lets a process open a file's environment once: two streams over one LMDB dataset (a
+    training loader and an evaluation one, say), each checking and reading the same shards at the
+    same time, both read everything, and once both are done the environment is closed."""
+    import ddpipe
+    from ddpipe.sample import KEY
+
+    root = tmp_path / "d"
+    ddpipe.write_dataset(root, iter([{KEY: f"k{i:03d}", "jpg": os.urandom(3000), "cls": b"%d" % (i % 2)}
+                                     for i in range(60)]), format="lmdb", samples_per_shard=16)
+    a, b = (ddpipe.EncodedStream(root, 8, shuffle="none") for _ in range(2))
+    got_a, got_b = [], []
+    for x, y in zip(a, b, strict=True):  # the two in step: each shard is open in both at once
+        got_a += [s[KEY] for s in x]
+        got_b += [s[KEY] for s in y]
+    assert got_a == got_b == [f"k{i:03d}" for i in range(60)]
+    for shard in sorted(root.glob("*.lmdb")):  # no environment left open: a plain open is allowed again
+        lmdb.open(str(shard), subdir=False, readonly=True, lock=False).close()
+
+
+def test_views_hold_the_environment_open_until_the_last_goes(tmp_path: Path) -> None:
+    """Fields scanned as views are views of the file where LMDB maps it, so they outlive their reader:
+    the environment stays open while one is held and closes when the last goes."""
+    import gc
+
+    from ddpipe.formats.lmdb import LMDBReader
+    from ddpipe.sample import KEY
+
+    items = example_samples()
+    path = TestLMDBConformance().write(tmp_path / "s.lmdb", items)
+
+    def open_elsewhere() -> bool:
+        try:
+            lmdb.open(str(path), subdir=False, readonly=True, lock=False).close()
+        except lmdb.Error:
+            return False
+        return True
+
+    with LMDBReader(path) as reader:
+        views = list(reader.scan_views())
+    assert all(isinstance(s["jpg"], memoryview) for s in views)
+    assert not open_elsewhere()  # held open by the views
+    assert [{k: v if k == KEY else bytes(v) for k, v in s.items()} for s in views] == items
+    one = views[3]["jpg"]
+    del views
+    gc.collect()
+    assert not open_elsewhere()
+    assert bytes(one) == items[3]["jpg"]
+    del one
+    gc.collect()
+    assert open_elsewhere()
+
+
+_names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.", min_size=1, max_size=40)
+_values = st.one_of(st.binary(max_size=300), st.integers(256, 70_000).map(lambda n: b"\x07" * n))
+_records = st.builds(lambda key, fields: {"__key__": key, **fields}, st.text(max_size=40),
+                     st.dictionaries(_names.filter(lambda n: n != "__key__"), _values, max_size=14))
+
+
+@settings(max_examples=200, deadline=None)
+@given(record=_records, other=st.one_of(st.none(), st.integers(-(1 << 63), (1 << 64) - 1), st.lists(st.booleans())),
+       cut=st.integers(0, 1 << 20), pad=st.binary(max_size=8))
+def test_a_record_parsed_in_place_is_the_one_msgpack_unpacks(record: dict[str, object], other: object, cut: int,
+                                                              pad: bytes) -> None:
+    """A record as the writer packs it is parsed in place into the fields msgpack gives, each a view;
+    a record of any other shape, or cut short, is left to msgpack (None), never misread, whatever
+    bytes follow it."""
+    from ddpipe.formats.lmdb import record_views
+
+    packed = msgpack.packb(record, use_bin_type=True)
+    whole = memoryview(pad + packed + pad)
+    views = record_views(whole, len(pad), len(pad) + len(packed))
+    assert views is not None
+    assert {k: v if isinstance(v, str) else bytes(v) for k, v in views.items()} == msgpack.unpackb(packed)
+    assert all(isinstance(v, memoryview) for k, v in views.items() if k != "__key__")
+    end = len(pad) + cut % len(packed)  # cut short
+    assert record_views(whole, len(pad), end) is None
+    if other is not None:  # a field that is no bytes
+        odd = msgpack.packb({**record, "odd": other}, use_bin_type=True)
+        assert record_views(memoryview(odd + pad), 0, len(odd)) is None

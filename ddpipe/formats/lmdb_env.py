@@ -1,0 +1,160 @@
+"""LMDB environments, one per file in this process, shared by every reader of the file, and views of
+the mapping LMDB makes of it.
+
+LMDB forbids opening one file's environment twice in one process (py-lmdb raises "already open"):
+two readers of one shard at a time (two loaders over one dataset, a training loader and an
+evaluation one, a shard hashed ahead while another reader of it is open) failed, the second told
+its shard was unreadable. So each file's environment is opened once and shared
+(:func:`lease_environment`), and closed when its last user lets go: a reader, a hash taken through
+its mapping, or a sample read as a view of that mapping (:class:`LMDBMapping`), which DALI then
+reads in place as it reads tar's. The register is the process's, as LMDB's rule is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import threading
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import lmdb
+import numpy as np
+
+from ..errors import CorruptShardError
+
+_U8 = np.dtype(np.uint8)
+
+
+def address_of(data: Any) -> int:
+    """Where the bytes of ``data`` (anything with the buffer protocol) start in memory."""
+    address: int = np.frombuffer(data, _U8, 1 if len(data) else -1).__array_interface__["data"][0]
+    return address
+
+
+def open_whole(path: Path) -> lmdb.Environment:
+    """The LMDB file ``path``, read-only and without a lock file, once it is known to hold every page it
+    names: pages are read through mmap, and a truncated file would kill the process with SIGBUS
+    rather than raise. Open it through :func:`lease_environment`, which opens it once."""
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=512)
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    if path.stat().st_size < needed:
+        env.close()
+        raise CorruptShardError(f"truncated LMDB: {path.stat().st_size} bytes, its pages need {needed}", path=path)
+    return env
+
+
+def lmdb_mapping_start(path: Path, size: int) -> int | None:
+    """Where this process's one shared, read-only mapping of ``path`` from its first byte, at least
+    ``size`` bytes long, starts (``/proc/self/maps``): an environment's. None where there is none, or
+    more than one (another mapping of the file beside it), or no ``/proc``. LMDB does not say where
+    its mapping starts; finding it this way reads no page of the file."""
+    try:
+        st = path.stat()
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    # start-end perms offset major:minor inode: only the file's own lines are looked at
+    found = [int(low, 16) for low, high, offset, major, minor in re.findall(
+        rf"^([0-9a-f]+)-([0-9a-f]+) r--s ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) {st.st_ino} ", maps, re.MULTILINE)
+        if int(offset, 16) == 0 and int(high, 16) - int(low, 16) >= size
+        and (int(major, 16), int(minor, 16)) == (os.major(st.st_dev), os.minor(st.st_dev))]
+    return found[0] if len(found) == 1 else None
+
+
+class LMDBMapping:
+    """The bytes of an LMDB file where its environment maps them, as a ctypes array of the file's size
+    (made by :meth:`EnvironmentLease.mapping`): views of it hold the environment open, and a reading
+    process hands them to its parent as places in the file (:mod:`ddpipe.shard_places`), as it does
+    tar's."""
+
+    path: Path
+    identity: tuple[int, int]  # the file's (st_dev, st_ino)
+
+    if TYPE_CHECKING:  # what the ctypes array beside this class in each instance's type gives
+        def __buffer__(self, flags: int, /) -> memoryview: ...
+
+
+class _Environment:
+    """One file's environment and what is known of its mapping, with the count of its users."""
+
+    def __init__(self, path: Path, identity: tuple[int, int]) -> None:
+        self.path, self.identity = path, identity
+        self.env = open_whole(path)
+        self.size = path.stat().st_size
+        self.users = 0
+        self.start: int | None = None  # where its mapping starts, once found
+        self.mapping: weakref.ref[Any] | None = None
+
+
+class Environments:
+    """The LMDB environments open in this process, by file (device and inode, as py-lmdb tells them
+    apart): each opened once, closed once no lease on it is left."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a mapping's finalizer may release its lease while this is held
+        self._open: dict[tuple[int, int], _Environment] = {}
+
+    def lease(self, path: Path) -> EnvironmentLease:
+        """A hold on ``path``'s environment, opened now unless it is open already. CorruptShardError for
+        a truncated file; lmdb.Error or OSError where it cannot be opened."""
+        st = path.stat()
+        identity = (st.st_dev, st.st_ino)
+        with self._lock:
+            entry = self._open.get(identity)
+            if entry is None:
+                entry = self._open[identity] = _Environment(path, identity)
+            entry.users += 1
+        return EnvironmentLease(self, entry)
+
+    def _release(self, entry: _Environment) -> None:
+        with self._lock:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._open[entry.identity]
+                entry.env.close()
+
+    def _mapping(self, entry: _Environment) -> LMDBMapping | None:
+        with self._lock:
+            if entry.start is None:  # looked for again: another mapping of the file may have gone since
+                entry.start = lmdb_mapping_start(entry.path, entry.size)
+                if entry.start is None:
+                    return None
+            mapping: LMDBMapping | None = entry.mapping() if entry.mapping is not None else None
+            if mapping is None:
+                # a class of the file's size, so that its instance has the buffer protocol and a __dict__
+                array: Any = type("LMDBFileBytes", (LMDBMapping, ctypes.c_char * entry.size), {})
+                mapping = array.from_address(entry.start)
+                mapping.path, mapping.identity = entry.path, entry.identity
+                entry.users += 1  # the mapping's own hold: its views keep the environment open
+                weakref.finalize(mapping, self._release, entry)
+                entry.mapping = weakref.ref(mapping)
+            return mapping
+
+
+class EnvironmentLease:
+    """One user's hold on a file's shared environment (:meth:`Environments.lease`), let go by
+    :meth:`release` or, failing that, when the lease is collected."""
+
+    def __init__(self, environments: Environments, entry: _Environment) -> None:
+        self._environments = environments
+        self._entry = entry
+        self.env: lmdb.Environment = entry.env
+        self.release = weakref.finalize(self, environments._release, entry)
+
+    def mapping(self) -> LMDBMapping | None:
+        """The file's bytes where the environment maps them (one object while any view of it lives),
+        or None where that mapping cannot be told apart from another of the file in this process."""
+        return self._environments._mapping(self._entry)
+
+
+# the process's: LMDB's one-environment-per-file rule is the process's
+_ENVIRONMENTS = Environments()
+
+
+def lease_environment(path: Path) -> EnvironmentLease:
+    """A hold on the environment of the LMDB file ``path``, shared with every other reader of the file
+    in this process (see the module)."""
+    return _ENVIRONMENTS.lease(path)
