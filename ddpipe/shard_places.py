@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import DdpipeError
-from .formats.lmdb_env import LMDBMapping, address_of
-from .formats.mapped import FileMapping
+from .formats.lmdb_env import LMDBMapping
+from .formats.mapped import FileMapping, address_of
 
 if TYPE_CHECKING:
     from .comm.relay import ReceivedRounds

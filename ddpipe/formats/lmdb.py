@@ -33,8 +33,8 @@ from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
-from .lmdb_env import EnvironmentLease, LMDBMapping, address_of, lease_environment
-from .mapped import POPULATE_LIMIT, MappedFile, ShardMapping
+from .lmdb_env import EnvironmentLease, LMDBMapping, lease_environment
+from .mapped import POPULATE_LIMIT, MappedFile, ShardMapping, address_of
 
 LAYOUT_VERSION = 1
 META_KEY = b"__ddpipe__"

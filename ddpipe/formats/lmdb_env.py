@@ -21,17 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lmdb
-import numpy as np
 
 from ..errors import CorruptShardError
-
-_U8 = np.dtype(np.uint8)
-
-
-def address_of(data: Any) -> int:
-    """Where the bytes of ``data`` (anything with the buffer protocol) start in memory."""
-    address: int = np.frombuffer(data, _U8, 1 if len(data) else -1).__array_interface__["data"][0]
-    return address
 
 
 def open_whole(path: Path) -> lmdb.Environment:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddpipe.formats.mapped import SCAN_WHOLE_LIMIT, MappedFile
 
@@ -55,3 +58,26 @@ def test_a_file_hashed_through_its_mapping_is_read_through_it_after(tmp_path: Pa
     empty.write_bytes(b"")
     with pytest.raises(ValueError, match="empty file"):
         hash_mapped(MappedFile(empty), keep=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(1, 1 << 16), data=st.data())
+def test_a_views_address_is_where_its_bytes_are(size: int, data: st.DataObject) -> None:
+    """``address_of`` (what a reading process places an image by) of any slice of a mapping, a
+    bytearray or an array is the start of its parent's bytes plus where the slice starts in them."""
+    import mmap
+
+    import numpy as np
+
+    from ddpipe.formats.mapped import address_of
+
+    start = data.draw(st.integers(0, size - 1))
+    stop = data.draw(st.integers(start, size))
+    mapping = mmap.mmap(-1, size)
+    mapping[start:stop] = os.urandom(stop - start)
+    array = np.frombuffer(mapping, dtype=np.uint8)
+    for whole in (memoryview(mapping), memoryview(bytearray(size)), array.data):
+        base = array.__array_interface__["data"][0] if whole.obj is mapping else address_of(whole)
+        assert address_of(whole[start:stop]) - base == start
+    assert bytes((ctypes.c_char * (stop - start)).from_address(address_of(memoryview(mapping)[start:stop]))) == \
+        mapping[start:stop]
