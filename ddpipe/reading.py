@@ -53,6 +53,9 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
             on_corrupt(shard, error)
 
     ahead = CheckedAhead(dataset, store) if verify and limits is None and not dataset.is_remote else None
+    # views, copied out only where wanted (samples skipped between wanted ones cost no copy), unless the
+    # format copies a sample out for less than its views cost
+    scan_views = views or not dataset.format.copies_cheaply
     try:
         while i < n:
             j = i + 1
@@ -69,8 +72,8 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
                 yield from (dataset.placeholder(shard, p, corrupt[shard]) for p in wanted)
             else:
                 scan = dataset.iter_shard(shard, wanted[0], store=store, limits=limits, verify=verify,
-                                          on_corrupt=found_corrupt if on_corrupt is not None else None, views=True,
-                                          hashed=ahead.take(shard) if ahead is not None else None)
+                                          on_corrupt=found_corrupt if on_corrupt is not None else None,
+                                          views=scan_views, hashed=ahead.take(shard) if ahead is not None else None)
                 for pos, sample in enumerate(scan, start=wanted[0]):
                     if pos == wanted[k]:  # only a wanted sample is copied out of the shard
                         yield sample if views else owned(sample)

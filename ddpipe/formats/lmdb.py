@@ -294,6 +294,7 @@ class LMDBFormat(ShardFormat):
     name = "lmdb"
     suffix = ".lmdb"
     reads_mapped = True
+    copies_cheaply = True
 
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return LMDBReader(path)
