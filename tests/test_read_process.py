@@ -126,6 +126,22 @@ def test_images_are_read_where_the_reading_process_found_them(tmp_path: Path, fm
     apart.close()
 
 
+def test_an_adopted_lmdbs_images_are_read_where_the_reading_process_found_them(tmp_path: Path) -> None:
+    """An LMDB another tool wrote (Caffe's encoded datums), adopted in place: its images cross as
+    places in its data.mdb too, which the training process maps; the same batches as threads give."""
+    from ddpipe.convert.adopt_foreign import index_lmdb
+    from tests.convert.foreign_data import lmdb_caffe
+
+    root = lmdb_caffe(tmp_path / "caffe", n=60)
+    index_lmdb(root)
+    threads, apart = make(root, "thread"), make(root, "process")
+    for epoch in range(2):
+        assert same(epoch_of(apart, epoch), epoch_of(threads, epoch))
+        assert mapped_here(root) == {str(root / "data.mdb")}
+    threads.close()
+    apart.close()
+
+
 def test_the_reading_process_imports_its_parents_ddpipe_wherever_it_starts(
         images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Started in a directory that holds another ddpipe (a checkout beside an installed one), it still

@@ -23,6 +23,7 @@ from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .lmdb_env import lease_environment
 from .lmdb_values import META_KEY, RecordError, read_value
+from .mapped import address_of
 
 # an unparsed record's fields (see ShardReader.parse): the key as stored and the value
 STORED_KEY, RECORD = "__lmdb_key__", "__record__"
@@ -106,7 +107,7 @@ class ForeignLMDBReader(ShardReader):
                 if not META_KEY.match(key):
                     yield bytes(key)
 
-    def _sample(self, key: bytes, value: bytes) -> Sample:
+    def _sample(self, key: bytes, value: bytes | memoryview) -> Sample:
         if self._records_checked:
             return {KEY: sanitize_key(key.decode("utf-8", errors="replace")), STORED_KEY: key, RECORD: value}
         return self._parsed(key, value)
@@ -114,9 +115,11 @@ class ForeignLMDBReader(ShardReader):
     def parse(self, sample: Sample) -> Sample:
         if RECORD not in sample:
             return sample
-        return self._parsed(bytes(sample[STORED_KEY]), bytes(sample[RECORD]))
+        return self._parsed(bytes(sample[STORED_KEY]), sample[RECORD])
 
-    def _parsed(self, key: bytes, value: bytes) -> Sample:
+    def _parsed(self, key: bytes, value: bytes | memoryview) -> Sample:
+        """The sample a record holds; its image a view where the record is one (a JPEG stored whole, an
+        encoded Caffe ``Datum``'s data), else bytes."""
         text = key.decode("utf-8", errors="replace")
         try:
             data, label = read_value(self._kind, value)
@@ -143,10 +146,31 @@ class ForeignLMDBReader(ShardReader):
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return (sample for _, sample in self.records(start))
 
+    def scan_views(self, start: int = 0) -> Iterator[Sample]:
+        """:meth:`scan`, each record a view of the file where LMDB maps it (held open by the view), so
+        that an image stored whole, or in an encoded ``Datum``, reaches DALI uncopied; where that
+        mapping cannot be told apart, copies as :meth:`scan` gives."""
+        mapping = self._lease.mapping()
+        if mapping is None:
+            yield from self.scan(start)
+            return
+        whole = memoryview(mapping).cast("B")
+        base = address_of(whole)
+        for key, value in self._walk(start, buffers=True):
+            at = address_of(value) - base
+            inside = 0 <= at <= len(whole) - len(value)
+            yield self._sample(bytes(key), whole[at : at + len(value)] if inside else bytes(value))
+
     def records(self, start: int = 0) -> Iterator[tuple[bytes, Sample]]:
         """:meth:`scan` with each sample's key as stored (``ddpipe index`` records some, to seek by)."""
+        for key, value in self._walk(start, buffers=False):
+            yield bytes(key), self._sample(bytes(key), bytes(value))
+
+    def _walk(self, start: int, buffers: bool) -> Iterator[tuple[Any, Any]]:
+        """Each sample's stored key and value from ``start`` on; with ``buffers``, views of LMDB's
+        mapping valid until the next."""
         try:
-            with self._env.begin() as txn:
+            with self._env.begin(buffers=True) if buffers else self._env.begin() as txn:
                 cursor = txn.cursor()
                 i = 0
                 seek = start // self._seek_every if self._seek_every else 0
@@ -160,8 +184,7 @@ class ForeignLMDBReader(ShardReader):
                     if META_KEY.match(key):
                         continue
                     if i >= start:
-                        raw = bytes(key)
-                        yield raw, self._sample(raw, bytes(value))
+                        yield key, value
                     i += 1
                 if i != self._n:
                     raise self._corrupt(f"holds {i} records, index.json says {self._n}")

@@ -34,9 +34,10 @@ class RecordError(ValueError):
     """A value that is not what the layout says (reported naming the key)."""
 
 
-def sniff_image_field(data: bytes) -> str | None:
+def sniff_image_field(data: bytes | memoryview) -> str | None:
     """The field name for encoded image bytes, from their magic number; None if not an image."""
-    return next((f for magic, f in IMAGE_MAGIC.items() if data.startswith(magic)), None)
+    head = bytes(data[:4])
+    return next((f for magic, f in IMAGE_MAGIC.items() if head.startswith(magic)), None)
 
 
 def _varint(buf: memoryview, at: int) -> tuple[int, int]:
@@ -54,8 +55,9 @@ def _varint(buf: memoryview, at: int) -> tuple[int, int]:
             raise RecordError("varint longer than 10 bytes")
 
 
-def parse_datum(value: bytes) -> tuple[bytes, int]:
-    """(image bytes, label) of a Caffe ``Datum``: its data if encoded, else a PPM/PGM of its pixels."""
+def parse_datum(value: bytes | memoryview) -> tuple[bytes | memoryview, int]:
+    """(image bytes, label) of a Caffe ``Datum``: its data if encoded (a view of ``value``), else a
+    PPM/PGM of its pixels."""
     buf = memoryview(value)
     fields: dict[int, Any] = {}
     at = 0
@@ -68,7 +70,7 @@ def parse_datum(value: bytes) -> tuple[bytes, int]:
             length, at = _varint(buf, at)
             if at + length > len(buf):
                 raise RecordError("truncated field")
-            fields[number] = bytes(buf[at : at + length])
+            fields[number] = buf[at : at + length]
             at += length
         elif wire == 5:
             at += 4
@@ -123,17 +125,19 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"the record names {module}.{name}: ddpipe unpickles plain values only")
 
 
-def plain_unpickle(value: bytes) -> Any:
+def plain_unpickle(value: bytes | memoryview) -> Any:
     return _PlainUnpickler(io.BytesIO(value)).load()
 
 
-def read_value(kind: str, value: bytes) -> tuple[bytes, int | None]:
-    """(image bytes, label or None) from one value of ``kind`` (one of :data:`VALUE_KINDS`)."""
+def read_value(kind: str, value: bytes | memoryview) -> tuple[bytes | memoryview, int | None]:
+    """(image bytes, label or None) from one value of ``kind`` (one of :data:`VALUE_KINDS`): where
+    ``value`` is a view (of a file in memory) and holds the image whole, a view of it; else bytes."""
     try:
         if kind == "image":
             return value, None
         if kind == "caffe":
-            return parse_datum(value)
+            data, label = parse_datum(value)
+            return (data if isinstance(value, memoryview) else bytes(data)), label
         if kind == "msgpack":
             return _record(msgpack.unpackb(value, raw=False))
         if kind == "pickle":  # allowed only where the manifest records the user's consent (ddpipe index)

@@ -64,6 +64,23 @@ def test_adopted_in_place_reads_every_sample_with_its_label(name: str, tmp_path:
     assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
 
 
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if "lmdb" in n or "caffe" in n])
+def test_adopted_lmdb_read_as_views_gives_what_a_read_copies(name: str, tmp_path: Path) -> None:
+    """Read for DALI (views), an adopted LMDB gives the samples a plain read copies, each checked
+    against its digest; an image stored whole, or in an encoded Datum, is a view of the file where
+    LMDB maps it (DALI reads it there, uncopied), and it outlives the read."""
+    from ddpipe.reading import read_samples
+
+    root = adopt(name, tmp_path)
+    ds = ddpipe.open_dataset(root)
+    everything = np.arange(len(ds))
+    copies = list(read_samples(ds, everything))
+    views = list(read_samples(ds, everything, views=True))
+    assert [{k: v if isinstance(v, str) else bytes(v) for k, v in s.items()} for s in views] == copies
+    in_place = {isinstance(s[f], memoryview) for s in views for f in ("jpg", "ppm") if f in s}
+    assert in_place == {name in ("caffe-encoded", "lmdb-label-in-key", "lmdb-labels-file")}
+
+
 def test_pickles_are_refused_unless_allowed(tmp_path: Path) -> None:
     root = fd.lmdb_pickle(tmp_path / "pkl")
     proc = run_cli("index", root)
@@ -301,8 +318,8 @@ def test_a_record_changed_after_indexing_is_refused_before_it_is_parsed(tmp_path
     parsed: list[bytes] = []
     real = lmdb_values.read_value
 
-    def read_value(kind: str, value: bytes) -> tuple[bytes, int | None]:
-        parsed.append(value)
+    def read_value(kind: str, value: bytes | memoryview) -> tuple[bytes | memoryview, int | None]:
+        parsed.append(bytes(value))
         return real(kind, value)
 
     monkeypatch.setattr("ddpipe.formats.foreign_lmdb.read_value", read_value)
