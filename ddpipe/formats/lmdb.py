@@ -98,7 +98,9 @@ def record_views(whole: memoryview, at: int, end: int) -> Sample | None:
     """The record at ``whole[at:end]`` as :class:`LMDBWriter` packs it (a msgpack map of up to 15
     entries, string keys, the sample key a string and every field bytes), each field a view of
     ``whole``; None for any other record (msgpack then unpacks it, and says what is wrong with a
-    damaged one). Parsing the map here cost a third of unpacking it, which copies every field."""
+    damaged one). Parsing the map here cost less than half of unpacking it, which copies every field."""
+    if not 0 <= at < end <= len(whole):
+        return None
     head = whole[at]
     if head & 0xF0 != 0x80:  # fixmap
         return None
@@ -214,7 +216,7 @@ class LMDBReader(ShardReader):
         base = address_of(whole)
         for i, raw in self._records(start):
             at = address_of(raw) - base
-            sample = record_views(whole, at, at + len(raw)) if 0 <= at <= len(whole) - len(raw) else None
+            sample = record_views(whole, at, at + len(raw))
             yield sample if sample is not None else self._unpack(raw, i)
 
     def _records(self, start: int) -> Iterator[tuple[int, memoryview]]:

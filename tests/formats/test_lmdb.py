@@ -161,6 +161,8 @@ def test_a_record_parsed_in_place_is_the_one_msgpack_unpacks(record: dict[str, o
     assert all(isinstance(v, memoryview) for k, v in views.items() if k != "__key__")
     end = len(pad) + cut % len(packed)  # cut short
     assert record_views(whole, len(pad), end) is None
+    # a place outside the bytes given (a record LMDB gave that lies elsewhere): nothing read there
+    assert record_views(whole, -1, len(packed)) is None and record_views(whole, len(pad), len(whole) + 1) is None
     if other is not None:  # a field that is no bytes
         odd = msgpack.packb({**record, "odd": other}, use_bin_type=True)
         assert record_views(memoryview(odd + pad), 0, len(odd)) is None
