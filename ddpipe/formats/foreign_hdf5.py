@@ -81,9 +81,13 @@ class ForeignHDF5Reader(ShardReader):
     def __len__(self) -> int:
         return self._n
 
-    def _sample(self, i: int, data: Any) -> Sample:
-        # the heap's view, or an S string (bytes, its padding dropped), or a vlen array or opaque V value
-        value = bytes(data) if isinstance(data, (bytes, memoryview)) else data.tobytes()
+    def _sample(self, i: int, data: Any, views: bool = False) -> Sample:
+        # the heap's view (kept as one with ``views``: DALI reads it in the file's mapping), or an S string
+        # (bytes, its padding dropped), or a vlen array or opaque V value
+        if isinstance(data, memoryview):
+            value: bytes | memoryview = data if views else bytes(data)
+        else:
+            value = data if isinstance(data, bytes) else data.tobytes()
         sample: Sample = {KEY: f"{self._prefix}/{i:08d}", self._field: value}
         if self.labels is not None:
             sample["cls"] = b"%d" % self.labels[i]
@@ -97,6 +101,14 @@ class ForeignHDF5Reader(ShardReader):
             raise self._corrupt(f"cannot read image {i}: {e}") from None
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
+        return self._scan(start, views=False)
+
+    def scan_views(self, start: int = 0) -> Iterator[Sample]:
+        """:meth:`scan`, each image read straight from the file (variable-length images whose layout
+        allows it: hdf5_heap.py) a view of the file's mapping rather than a copy."""
+        return self._scan(start, views=True)
+
+    def _scan(self, start: int, views: bool) -> Iterator[Sample]:
         heap = self._heap
         for lo in range(start, self._n, _BLOCK_ROWS):
             hi = min(lo + _BLOCK_ROWS, self._n)
@@ -105,7 +117,7 @@ class ForeignHDF5Reader(ShardReader):
             except (OSError, HeapFormatError) as e:
                 raise self._corrupt(f"cannot read images {lo}-{hi - 1}: {e}") from None
             for i, data in enumerate(block, start=lo):
-                yield self._sample(i, data)
+                yield self._sample(i, data, views)
 
     def mapped_file(self) -> MappedFile:
         return self._mapped

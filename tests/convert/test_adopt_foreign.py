@@ -64,11 +64,12 @@ def test_adopted_in_place_reads_every_sample_with_its_label(name: str, tmp_path:
     assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
 
 
-@pytest.mark.parametrize("name", [n for n in LAYOUTS if "lmdb" in n or "caffe" in n])
-def test_adopted_lmdb_read_as_views_gives_what_a_read_copies(name: str, tmp_path: Path) -> None:
-    """Read for DALI (views), an adopted LMDB gives the samples a plain read copies, each checked
-    against its digest; an image stored whole, or in an encoded Datum, is a view of the file where
-    LMDB maps it (DALI reads it there, uncopied), and it outlives the read."""
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_adopted_data_read_as_views_gives_what_a_read_copies(name: str, tmp_path: Path) -> None:
+    """Read for DALI (views), adopted data gives the samples a plain read copies, each checked
+    against its digest; an image stored whole in an LMDB or an encoded Datum, or in an HDF5 file's
+    variable-length rows, is a view of the file in memory (DALI reads it there, uncopied), and it
+    outlives the read."""
     from ddpipe.reading import read_samples
 
     root = adopt(name, tmp_path)
@@ -78,7 +79,7 @@ def test_adopted_lmdb_read_as_views_gives_what_a_read_copies(name: str, tmp_path
     views = list(read_samples(ds, everything, views=True))
     assert [{k: v if isinstance(v, str) else bytes(v) for k, v in s.items()} for s in views] == copies
     in_place = {isinstance(s[f], memoryview) for s in views for f in ("jpg", "ppm") if f in s}
-    assert in_place == {name in ("caffe-encoded", "lmdb-label-in-key", "lmdb-labels-file")}
+    assert in_place == {name in ("caffe-encoded", "lmdb-label-in-key", "lmdb-labels-file", "h5-vlen")}
 
 
 def test_pickles_are_refused_unless_allowed(tmp_path: Path) -> None:
