@@ -21,9 +21,8 @@ import lmdb
 from ..errors import CorruptShardError, DdpipeError
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
-from .lmdb_env import lease_environment
+from .lmdb_env import MappedRecords, lease_environment
 from .lmdb_values import META_KEY, RecordError, read_value
-from .mapped import address_of
 
 # an unparsed record's fields (see ShardReader.parse): the key as stored and the value
 STORED_KEY, RECORD = "__lmdb_key__", "__record__"
@@ -154,12 +153,10 @@ class ForeignLMDBReader(ShardReader):
         if mapping is None:
             yield from self.scan(start)
             return
-        whole = memoryview(mapping).cast("B")
-        base = address_of(whole)
+        records = MappedRecords(mapping)
         for key, value in self._walk(start, buffers=True):
-            at = address_of(value) - base
-            inside = 0 <= at <= len(whole) - len(value)
-            yield self._sample(bytes(key), whole[at : at + len(value)] if inside else bytes(value))
+            at = records.place(value)
+            yield self._sample(bytes(key), records.whole[at : at + len(value)] if at is not None else bytes(value))
 
     def records(self, start: int = 0) -> Iterator[tuple[bytes, Sample]]:
         """:meth:`scan` with each sample's key as stored (``ddpipe index`` records some, to seek by)."""

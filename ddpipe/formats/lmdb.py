@@ -33,8 +33,8 @@ from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
-from .lmdb_env import EnvironmentLease, LMDBMapping, lease_environment
-from .mapped import POPULATE_LIMIT, MappedFile, ShardMapping, address_of
+from .lmdb_env import EnvironmentLease, LMDBMapping, MappedRecords, lease_environment
+from .mapped import POPULATE_LIMIT, MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
 META_KEY = b"__ddpipe__"
@@ -212,11 +212,10 @@ class LMDBReader(ShardReader):
         if mapping is None:
             yield from self.scan(start)
             return
-        whole = memoryview(mapping).cast("B")
-        base = address_of(whole)
+        records = MappedRecords(mapping)
         for i, raw in self._records(start):
-            at = address_of(raw) - base
-            sample = record_views(whole, at, at + len(raw))
+            at = records.place(raw)
+            sample = record_views(records.whole, at, at + len(raw)) if at is not None else None
             yield sample if sample is not None else self._unpack(raw, i)
 
     def _records(self, start: int) -> Iterator[tuple[int, memoryview]]:

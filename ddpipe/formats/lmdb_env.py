@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from ..errors import CorruptShardError
+from .mapped import address_of
 
 
 def open_whole(path: Path) -> lmdb.Environment:
@@ -76,6 +77,20 @@ class LMDBMapping:
 
     if TYPE_CHECKING:  # what the ctypes array beside this class in each instance's type gives
         def __buffer__(self, flags: int, /) -> memoryview: ...
+
+
+class MappedRecords:
+    """Where py-lmdb's buffers (views of LMDB's mapping, valid only until its cursor moves) lie in an
+    :class:`LMDBMapping`, whose views last as long as they are held."""
+
+    def __init__(self, mapping: LMDBMapping) -> None:
+        self.whole = memoryview(mapping).cast("B")
+        self._base = address_of(self.whole)
+
+    def place(self, buffer: Any) -> int | None:
+        """Where ``buffer`` starts in the file, or None where it lies outside the mapping."""
+        at = address_of(buffer) - self._base
+        return at if 0 <= at <= len(self.whole) - len(buffer) else None
 
 
 class _Environment:
