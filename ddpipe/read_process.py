@@ -9,9 +9,9 @@ and fed by the Loader 17% (``benchmarks/results/gpu-train.json``). Here a readin
 the encoded stream (plan, reads, checksums, local shuffle) and each batch's header reads and crop
 windows, and hands each image over as its place in its shard file, which the training process maps
 too, or, for a sample received from another rank, in the place its round arrived in, in memory both
-map (:mod:`ddpipe.shard_places`); where it has no such place (the copies some adopted files give, a round that found no
-room), it writes it into a buffer both processes map. The training process only wraps each image
-for DALI, which reads it in place.
+map (:mod:`ddpipe.shard_places`); where it has no such place (the copies some adopted files give, a
+round that found no room), it writes it into a buffer both processes map. The training process only
+wraps each image for DALI, which reads it in place.
 
 Where: a DALI decoder, in every shuffle mode, with staging or without. What needs the job's other
 processes stays in the training process: a ``partial`` shuffle's exchange rounds are carried out on

@@ -14,8 +14,7 @@ path still names the file it mapped (same device and inode): a staged copy evict
 scratch file deleted, since the mapping was made, cannot be opened, and its images are copied into
 the buffer as before. So are samples that are not views of such a mapping: the copies some adopted
 files give (HDF5's fixed-length rows; LMDB records other than images stored whole or in encoded
-Caffe datums), and
-those an exchange brought from other ranks that came through the connection.
+Caffe datums), and those an exchange brought from other ranks that came through the connection.
 The parent's mapping outlives the path: its descriptor holds the file. Each file's number is
 forgotten by both once the reading process's mapping is gone (no sample of it left there); the
 parent's mapping then goes with the last batch DALI holds that views it.

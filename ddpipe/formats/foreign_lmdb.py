@@ -89,7 +89,6 @@ class ForeignLMDBReader(ShardReader):
             # the label side file lives with the source data, not with a staged copy of data.mdb
             self._labels = LabelSource(layout, Path(layout.get("source_dir", self.path.parent)))
             self._lease = lease_environment(self.path)
-            self._env = self._lease.env
         except CorruptShardError:
             raise
         except (lmdb.Error, OSError, re.error, KeyError) as e:
@@ -101,7 +100,7 @@ class ForeignLMDBReader(ShardReader):
         return self._n
 
     def _sample_keys(self) -> Iterator[bytes]:
-        with self._env.begin() as txn:
+        with self._lease.env.begin() as txn:
             for key in txn.cursor().iternext(keys=True, values=False):
                 if not META_KEY.match(key):
                     yield bytes(key)
@@ -136,7 +135,7 @@ class ForeignLMDBReader(ShardReader):
         if self._keys is None:
             self._keys = list(self._sample_keys())
         key = self._keys[i]
-        with self._env.begin(buffers=False) as txn:
+        with self._lease.env.begin(buffers=False) as txn:
             value = txn.get(key)
         if value is None:
             raise self._corrupt(f"record {key!r} is missing")
@@ -161,13 +160,14 @@ class ForeignLMDBReader(ShardReader):
     def records(self, start: int = 0) -> Iterator[tuple[bytes, Sample]]:
         """:meth:`scan` with each sample's key as stored (``ddpipe index`` records some, to seek by)."""
         for key, value in self._walk(start, buffers=False):
-            yield bytes(key), self._sample(bytes(key), bytes(value))
+            stored = bytes(key)
+            yield stored, self._sample(stored, bytes(value))
 
     def _walk(self, start: int, buffers: bool) -> Iterator[tuple[Any, Any]]:
         """Each sample's stored key and value from ``start`` on; with ``buffers``, views of LMDB's
         mapping valid until the next."""
         try:
-            with self._env.begin(buffers=True) if buffers else self._env.begin() as txn:
+            with self._lease.env.begin(buffers=True) if buffers else self._lease.env.begin() as txn:
                 cursor = txn.cursor()
                 i = 0
                 seek = start // self._seek_every if self._seek_every else 0
