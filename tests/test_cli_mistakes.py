@@ -93,6 +93,19 @@ def test_help_shows_defaults_and_unknown_loader_keywords_list_the_known(tmp_path
     import pytest
 
     assert "(default: 0.05)" in run_cli("bench", "--help").stdout.replace("\n", " ")
+    # no default shown where there is none, nor a second one where the help names it already
+    convert_help = " ".join(run_cli("convert", "--help").stdout.split())
+    assert "(default: None)" not in convert_help and "(default: False)" not in convert_help
+    assert "e.g. 256MB (default) --samples-per-shard" in convert_help
     with pytest.raises(TypeError, match=r"unexpected keyword arguments: sizes; its keywords are .*shuffle"):
         ddpipe.Loader(tmp_path, 4, sizes=3)  # type: ignore[call-arg]
 
+
+
+def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path) -> None:
+    proc = run_cli("convert", tmp_path, tmp_path / "out", "--shard-bytes", "3MB")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    # the command's own usage, which lists what it takes (--shard-size), not the list of commands
+    assert "ddpipe convert: error: unrecognized arguments: --shard-bytes 3MB" in proc.stderr
+    assert "usage: ddpipe convert" in proc.stderr and "--shard-size" in proc.stderr
+    assert not (tmp_path / "out").exists()

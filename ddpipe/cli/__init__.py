@@ -7,7 +7,7 @@ import traceback
 from collections.abc import Sequence
 
 from ..errors import DdpipeError
-from .parser import build_parser
+from .parser import parse_command_line
 
 
 def _end_the_job(code: int, error: BaseException | None = None) -> None:
@@ -22,7 +22,7 @@ def _end_the_job(code: int, error: BaseException | None = None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(argv)
     try:
         code: int = args.func(args)
     except DdpipeError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..decode.spec import DECODERS, DTYPES, ON_ERROR
@@ -13,7 +14,16 @@ from ..shufflers import SHUFFLERS
 from ..throttle import ENV_VAR as THROTTLE_ENV
 from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_serve, cmd_stage, cmd_synth, cmd_train, cmd_verify
 
-HELP = argparse.ArgumentDefaultsHelpFormatter  # every subcommand's --help shows each option's default
+
+class HELP(argparse.ArgumentDefaultsHelpFormatter):
+    """Every subcommand's ``--help`` shows each option's default: where it has one (not None, not a
+    flag's False) and its help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or action.nargs == 0 or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 def _size(text: str) -> int:
@@ -54,7 +64,17 @@ def _read_in_argument(p: argparse.ArgumentParser) -> None:
                         "process of its own, off the training process's interpreter lock")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
+    """``argv`` parsed; an argument the command does not take is that command's error, shown with
+    that command's usage (argparse's own shows the top parser's: the list of commands)."""
+    parser, commands = _build()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     from ..bench.peers import PEERS
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -220,4 +240,4 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-dir", default=None, help="check this dataset's copies staged in this directory instead")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_verify)
-    return parser
+    return parser, sub
