@@ -45,7 +45,8 @@ class DecodeStage:
     ``options.on_error="fail"`` stops at an image that does not decode, naming its key and shard;
     ``"skip"`` drops it and counts it in ``stats`` (:class:`DecodeStats`). Where either stage skips,
     each batch takes the next samples in place of those dropped, so batches keep the plan's sizes
-    and every rank yields the same number (:mod:`ddpipe.decode.refill`).
+    and every rank yields the same number (:mod:`ddpipe.decode.refill`); under the plan's
+    ``pad=False`` batches shrink instead, and nothing is repeated.
 
     The state contract is the stream's, counting the batches that reached the caller rather than
     those the decoder has taken ahead."""
@@ -128,7 +129,7 @@ class DecodeStage:
             batches = iter(self.stream)
             encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad) for b in batches)
         decoded = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
-        if self.skipping:  # batches keep their size
+        if self.skipping and plan.options.pad:  # batches keep their size (pad=False: they shrink, nothing repeated)
             rank = self.stream.rank
             decoded = refilled(decoded, [len(plan.batch(rank, b)) for b in range(plan.num_batches)], self.stats)
         try:

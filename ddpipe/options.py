@@ -70,6 +70,7 @@ class StreamKeywords(TypedDict, total=False):
     exchange_fraction: float
     shard_assignment: str
     drop_last: bool
+    pad: bool
     buffer_size: int
     round_size: int
     prefetch: int

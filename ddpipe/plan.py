@@ -15,7 +15,10 @@ How a plan is made:
    each rank keeps ``per = floor(N / W)`` rounded down to whole batches, dropping a few samples
    chosen at random per (seed, epoch, rank). Otherwise ``pad``: ``per = ceil(N / W)``; a rank short
    of samples appends copies of the first samples of its own share (of the sequence if its share is
-   empty). Padding is the only source of duplicates.
+   empty). Padding is the only source of duplicates. With ``pad=False`` the copies are planned all
+   the same (reads, exchange and batch boundaries stay as they are), but marked (``RankPlan.copies``)
+   and not yielded: every rank yields as many batches, a few of them a sample short, and each sample
+   exactly once across the job, as evaluation needs.
 4. **Reads.** ``local`` and ``partial`` permute the order of a rank's runs of shards per epoch.
 5. **Exchange** (``partial``): see :mod:`ddpipe.shufflers.partial`.
 
@@ -48,6 +51,9 @@ class PlanOptions:
     exchange_fraction: float = 0.3
     shard_assignment: str = "sticky"
     drop_last: bool = False
+    # without drop_last: ranks short of samples yield copies of some (True), or batches a sample short
+    # (False: each sample once across the job, for evaluation); every rank yields as many batches
+    pad: bool = True
     batch_size: int = 1
     buffer_size: int = 1024
     round_size: int = 512
@@ -72,6 +78,14 @@ class RankPlan:
     rounds: tuple[ExchangeRound, ...] = ()
     # global sample indices in the order the exchange hands them on (what the shuffle buffer takes in)
     stream: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # with pad=False: True where ``order`` holds a padding copy of a sample yielded elsewhere (not yielded)
+    copies: np.ndarray | None = None
+
+    def yields(self, start: int, stop: int) -> np.ndarray:
+        """Which of ``order[start:stop]`` are yielded (a boolean mask)."""
+        if self.copies is None:
+            return np.ones(len(self.order[start:stop]), dtype=bool)
+        return ~self.copies[start:stop]
 
 
 @dataclass(frozen=True)
@@ -91,13 +105,16 @@ class EpochPlan:
         return -(-self.samples_per_rank // bs)
 
     def batch(self, rank: int, index: int) -> np.ndarray:
+        """The global indices ``rank`` yields in its batch ``index``."""
         bs = self.options.batch_size
-        return self.ranks[rank].order[index * bs : (index + 1) * bs]
+        r = self.ranks[rank]
+        batch: np.ndarray = r.order[index * bs : (index + 1) * bs][r.yields(index * bs, (index + 1) * bs)]
+        return batch
 
     def yielded(self, batches: int) -> np.ndarray:
         """Global indices yielded by all ranks in their first ``batches`` batches."""
         bs = self.options.batch_size
-        return np.concatenate([r.order[: batches * bs] for r in self.ranks])
+        return np.concatenate([r.order[: batches * bs][r.yields(0, batches * bs)] for r in self.ranks])
 
 
 def plan_epoch(
@@ -131,7 +148,7 @@ def plan_epoch(
         per = -(-n // world_size)
     shard_of_sample = np.repeat(np.arange(len(counts)), counts)
 
-    reads, dropped = [], []
+    reads, dropped, padding = [], [], []
     for r in range(world_size):
         share = sequence[bounds[r] : bounds[r + 1]]
         if len(share) > per:
@@ -140,11 +157,31 @@ def plan_epoch(
             share = share[kept]
         elif len(share) < per:
             source = share if len(share) else sequence
-            share = np.concatenate([share, np.resize(source, per - len(share))])
+            padding.append(np.resize(source, per - len(share)))
+            share = np.concatenate([share, padding[-1]])
         reads.append(mode.reads(share, shard_of_sample, seed, epoch, r).astype(np.int64))
 
     rounds, streams = mode.exchange(reads, per, seed, epoch, opt.exchange_fraction, opt.round_size)
-    ranks = [RankPlan(r, reads[r], mode.yield_order(streams[r], seed, epoch, r, opt.buffer_size), rounds[r],
-                      streams[r]) for r in range(world_size)]
+    orders = [mode.yield_order(streams[r], seed, epoch, r, opt.buffer_size) for r in range(world_size)]
+    copies = _copies(orders, np.concatenate(padding)) if padding and not opt.pad else [None] * world_size
+    ranks = [RankPlan(r, reads[r], orders[r], rounds[r], streams[r], copies[r]) for r in range(world_size)]
     return EpochPlan(epoch, world_size, opt, tuple(ranks), per, random_access=mode.random_access,
                      dropped=np.concatenate(dropped) if dropped else np.zeros(0, dtype=np.int64))
+
+
+def _copies(orders: list[np.ndarray], padded: np.ndarray) -> list[np.ndarray]:
+    """For each rank's yield order, where it holds a copy: of each sample padding repeated, every
+    occurrence but the first (ranks in order, then positions) is one. Padding repeats fewer samples
+    than there are ranks, so only their occurrences are walked."""
+    repeated = np.unique(padded)
+    seen: set[int] = set()
+    marks = []
+    for order in orders:
+        mark = np.zeros(len(order), dtype=bool)
+        at = np.flatnonzero(np.isin(order, repeated))
+        for position, sample in zip(at.tolist(), order[at].tolist(), strict=True):
+            if sample in seen:
+                mark[position] = True
+            seen.add(sample)
+        marks.append(mark)
+    return marks

@@ -201,8 +201,12 @@ class EncodedStream:
         self.stats = ReadStats()
         batches = self._in_order(plan)
         skipping = self.read_options.on_error == "skip"
+        mine, size = plan.ranks[self.rank], plan.options.batch_size
         try:
             for number, (indices, samples) in enumerate(batches):
+                if mine.copies is not None:  # pad=False: padding copies were read (the plan's shape), not yielded
+                    keep = mine.yields(number * size, (number + 1) * size)
+                    indices, samples = indices[keep], [s for s, k in zip(samples, keep.tolist(), strict=True) if k]
                 if skipping:  # placeholders come only from shards skipped as corrupt
                     indices, samples = self._without_placeholders(indices, samples)
                 self._batches_done += 1

@@ -59,8 +59,9 @@ def main() -> None:
                           decode=decode, stage_dir=args.stage_dir, seed=args.seed, comm=job.comm)
     val = None
     if args.val:
-        val = ddpipe.Loader(args.val, args.batch_size, shuffle="none", decode=dataclasses.replace(decode, train=False),
-                            comm=job.comm)
+        # pad=False: each validation image counted once, however many ranks share them (no padding copies)
+        val = ddpipe.Loader(args.val, args.batch_size, shuffle="none", pad=False,
+                            decode=dataclasses.replace(decode, train=False), comm=job.comm)
 
     torch.manual_seed(args.seed)
     model = build_model(args.model, len(train.dataset.classes) or 1000).to(job.device)

@@ -34,6 +34,7 @@ VALUES: dict[tuple[type, str], st.SearchStrategy[Any]] = {
     (PlanOptions, "exchange_fraction"): st.floats(0.0, 1.0),
     (PlanOptions, "shard_assignment"): st.sampled_from(["sticky", "rotate"]),
     (PlanOptions, "drop_last"): st.booleans(),
+    (PlanOptions, "pad"): st.booleans(),
     (PlanOptions, "batch_size"): st.integers(1, 4096),
     (PlanOptions, "buffer_size"): st.integers(0, 100_000),
     (PlanOptions, "round_size"): st.integers(1, 10_000),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ options = st.builds(
     exchange_fraction=st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]),
     shard_assignment=st.sampled_from(["sticky", "rotate"]),
     drop_last=st.booleans(),
+    pad=st.booleans(),
     batch_size=st.integers(1, 7),
     buffer_size=st.sampled_from([0, 1, 5, 64]),
     round_size=st.integers(1, 30),
@@ -67,6 +69,29 @@ def test_invariants(sizes: list[int], world: int, seed: int, epoch: int, opt: Pl
     # 3. determinism
     again = plan_epoch(m, world, seed, epoch, opt)
     assert all(np.array_equal(a.order, b.order) for a, b in zip(plan.ranks, again.ranks, strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=shard_sizes, world=st.integers(1, 9), seed=st.integers(0, 2**32), opt=options)
+def test_without_padding_each_sample_is_yielded_once_in_as_many_batches(sizes: list[int], world: int, seed: int,
+                                                                         opt: PlanOptions) -> None:
+    m = manifest_of(sizes)
+    padded = plan_epoch(m, world, seed, 1, dataclasses.replace(opt, pad=True, drop_last=False))
+    exact = plan_epoch(m, world, seed, 1, dataclasses.replace(opt, pad=False, drop_last=False))
+    batches = [[exact.batch(r, b) for b in range(exact.num_batches)] for r in range(world)]
+    yielded = collections.Counter(np.concatenate([b for rank in batches for b in rank] + [np.zeros(0, int)]).tolist())
+    assert yielded == collections.Counter(range(m.num_samples))  # each sample once, none left out
+    assert exact.num_batches == padded.num_batches  # 2. every rank as many batches, as with padding
+    for r, rank in enumerate(batches):
+        # the same plan read, exchanged and batched; each batch the padded one less what it repeats
+        assert np.array_equal(exact.ranks[r].reads, padded.ranks[r].reads)
+        assert np.array_equal(exact.ranks[r].order, padded.ranks[r].order)
+        for b, batch in enumerate(rank):
+            full = collections.Counter(padded.batch(r, b).tolist())
+            assert not collections.Counter(batch.tolist()) - full
+    # what is left out is exactly what padding added
+    copies = sum(int(r.copies.sum()) for r in exact.ranks if r.copies is not None)
+    assert copies == world * padded.samples_per_rank - m.num_samples
 
 
 @settings(max_examples=100, deadline=None)
@@ -131,6 +156,9 @@ def test_resume_plans_exactly_the_rest(sizes: list[int], world: int, new_world: 
     plan = plan_epoch(m, world, 9, 2, opt)
     done = int(plan.num_batches * frac)
     yielded = plan.yielded(done)
+    # what the state says was yielded is what the ranks' batches held (without padding: no copy)
+    batches = [plan.batch(r, b) for r in range(world) for b in range(done)]
+    assert sorted(yielded.tolist()) == sorted(np.concatenate([np.zeros(0, int), *batches]).tolist())
     epoch_set = set(np.concatenate([r.order for r in plan.ranks]).tolist())
     pending = np.zeros(m.num_samples, dtype=bool)
     pending[sorted(epoch_set - set(yielded.tolist()))] = True

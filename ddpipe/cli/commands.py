@@ -145,8 +145,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                     seed=args.seed, comm=job.comm)
     evaluate = None
     if args.eval:
+        # pad=False: top-1 over each held-out image once, however many ranks share them
         evaluate = Loader(args.eval, args.batch_size, decode=dataclasses.replace(size, train=False), shuffle="none",
-                          on_error=args.on_error, seed=args.seed, comm=job.comm)
+                          pad=False, on_error=args.on_error, seed=args.seed, comm=job.comm)
     classes = len(loader.dataset.classes) or args.num_classes
     model = build_model(args.model, classes)
     if loader.batches_per_epoch == 0:  # every rank plans alike: each says so and leaves

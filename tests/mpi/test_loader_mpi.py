@@ -168,6 +168,36 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
     assert len(labels) - (20 - len(bad)) <= planned_copies + repeats  # beyond each once: padding, counted repeats
 
 
+@pytest.mark.parametrize(("ranks", "shuffle", "read_in", "bad"),
+                         [(3, "none", "thread", set()), (4, "partial", "process", set()), (3, "local", "thread", {7})])
+def test_without_padding_every_sample_is_decoded_once_across_ranks_of_unequal_shares(
+        tmp_path: Path, ranks: int, shuffle: str, read_in: str, bad: set[int]) -> None:
+    """pad=False (evaluation): 22 samples over 3 or 4 ranks, which cannot each have as many; each
+    sample comes out decoded exactly once across the job, every rank yields as many batches, and a
+    skipped image is left out, not made up for with a repeat."""
+    import ddpipe
+
+    samples = indexed_samples(22)
+    for i in bad:
+        samples[i]["jpg"] = samples[i]["jpg"][: len(samples[i]["jpg"]) // 2]
+    data = tmp_path / "ds"
+    ddpipe.write_dataset(data, iter(samples), samples_per_shard=4)
+    out = tmp_path / "out.json"
+    code = ("import json, sys, ddpipe; from ddpipe.comm import init_comm; c = init_comm(timeout=60); "
+            f"ld = ddpipe.Loader(sys.argv[1], 3, {TINY_DALI}, shuffle={shuffle!r}, exchange_fraction=0.5, "
+            f"round_size=4, pad=False, read_in={read_in!r}, on_error='skip', comm=c); "
+            "b = [[y.tolist() for _, y in ld] for e in range(2) if ld.set_epoch(e) or True]; "
+            "r = c.allgather({'batches': b, 'repeated': ld.stats.decode.repeated}); ld.close(); "
+            "c.world.rank == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
+    report = ranks_report(ranks, code, data, out)
+    for epoch in range(2):
+        per_rank = [r["batches"][epoch] for r in report]
+        assert len({len(batches) for batches in per_rank}) == 1  # as many batches on every rank
+        labels = [y for batches in per_rank for b in batches for y in b]
+        assert sorted(labels) == sorted(set(range(22)) - bad)  # each decodable sample once, no copy
+    assert all(r["repeated"] == 0 for r in report)
+
+
 @pytest.mark.parametrize(("ranks", "nodes", "shuffle", "received_area"),
                          [(2, None, "local", None), (2, None, "partial", None), (3, 2, "partial", None),
                           (2, None, "partial", 6000)])
