@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import OptionError
 from ..manifest import Manifest
 from ..plan import PlanOptions, plan_epoch
 
@@ -33,6 +34,8 @@ def virtual_batches(manifest: Manifest, world_size: int, seed: int, epoch: int,
                     options: PlanOptions) -> Iterator[np.ndarray]:
     """Each step's batches, as a ``(world_size, batch)`` array of global sample indices: row ``r`` is
     the batch rank ``r``'s ``Loader`` yields at that step, for this seed, epoch and options."""
+    if not options.pad and not options.drop_last:  # its batches may be short: no (world_size, batch) array
+        raise OptionError("virtual ranks train on batches of equal size: pad=False (evaluation) leaves some short")
     plan = plan_epoch(manifest, world_size, seed, epoch, options)
     order = np.stack([rank.order for rank in plan.ranks])
     size = options.batch_size

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,6 @@ def test_virtual_batches_are_the_plans_streams() -> None:
     assert len(steps) == plan.num_batches
     for r in range(4):
         assert np.array_equal(np.concatenate([s[r] for s in steps]), plan.ranks[r].order)
+    # batches without padding may be short: no array of equal rows to give, said before any step
+    with pytest.raises(ddpipe.OptionError, match="pad=False"):
+        next(virtual_batches(manifest, 5, 1, 0, dataclasses.replace(PLAN, pad=False)))
