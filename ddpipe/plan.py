@@ -17,8 +17,9 @@ How a plan is made:
    of samples appends copies of the first samples of its own share (of the sequence if its share is
    empty). Padding is the only source of duplicates. With ``pad=False`` the copies are planned all
    the same (reads, exchange and batch boundaries stay as they are), but marked (``RankPlan.copies``)
-   and not yielded: every rank yields as many batches, a few of them a sample short, and each sample
-   exactly once across the job, as evaluation needs.
+   and not yielded: every rank yields as many batches, a few of them short by the copies they would
+   have held (fewer in all than there are ranks), and each sample exactly once across the job, as
+   evaluation needs.
 4. **Reads.** ``local`` and ``partial`` permute the order of a rank's runs of shards per epoch.
 5. **Exchange** (``partial``): see :mod:`ddpipe.shufflers.partial`.
 
@@ -51,7 +52,7 @@ class PlanOptions:
     exchange_fraction: float = 0.3
     shard_assignment: str = "sticky"
     drop_last: bool = False
-    # without drop_last: ranks short of samples yield copies of some (True), or batches a sample short
+    # without drop_last: ranks short of samples yield copies of some (True), or a few short batches
     # (False: each sample once across the job, for evaluation); every rank yields as many batches
     pad: bool = True
     batch_size: int = 1
