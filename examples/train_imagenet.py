@@ -139,9 +139,9 @@ def main() -> None:
             t_wait = time.perf_counter()
         epoch += 1
         if val is not None:
-            top1 = evaluate(model, val, decode, job)
+            top1, images = evaluate(model, val, decode, job)
             if job.is_main:
-                print(f"epoch {epoch - 1}: top-1 {100 * top1:.2f}%", flush=True)
+                print(f"epoch {epoch - 1}: top-1 {100 * top1:.2f}% of {images} images", flush=True)
         save()
     ddpipe.distributed.shutdown(job)
 
@@ -159,7 +159,8 @@ def report(job: ddpipe.distributed.Job, epoch: int, done: int, batches: int, ima
 
 
 def evaluate(model: torch.nn.Module, val: ddpipe.Loader, decode: ddpipe.DecodeOptions,
-             job: ddpipe.distributed.Job) -> float:
+             job: ddpipe.distributed.Job) -> tuple[float, int]:
+    """Top-1 over every rank's share of the held-out images, and how many images that is."""
     model.eval()
     correct = total = 0
     with torch.no_grad():
@@ -168,7 +169,8 @@ def evaluate(model: torch.nn.Module, val: ddpipe.Loader, decode: ddpipe.DecodeOp
             total += len(y)
     model.train()
     both = job.comm.allgather((correct, total))
-    return sum(c for c, _ in both) / max(sum(t for _, t in both), 1)
+    images = sum(t for _, t in both)
+    return sum(c for c, _ in both) / max(images, 1), images
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ class EpochLog:
     wait_seconds: float = 0.0
     loss_sum: float = 0.0
     top1: float | None = None
+    evaluated: int = 0  # held-out images top-1 is over (each once: the evaluation loader does not pad)
     per_rank: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -169,13 +170,14 @@ class Trainer:
         if not stopped:
             self.epoch += 1
             if self.eval_loader is not None:
-                log.top1 = self._top1()
+                log.top1, log.evaluated = self._top1()
             if self.opt.checkpoint:
                 self.save(self.opt.checkpoint)
         self._report(log)
         return log
 
-    def _top1(self) -> float:
+    def _top1(self) -> tuple[float, int]:
+        """Top-1 accuracy on the held-out dataset, over all ranks, and the images it is over."""
         assert self.eval_loader is not None
         self.trained.eval()
         correct = total = 0
@@ -184,7 +186,8 @@ class Trainer:
                 correct += int((self.trained(self._images(images)).argmax(1) == labels).sum())
                 total += len(labels)
         both = self.comm.allgather((correct, total))
-        return sum(c for c, _ in both) / max(sum(t for _, t in both), 1)
+        evaluated = sum(t for _, t in both)
+        return sum(c for c, _ in both) / max(evaluated, 1), evaluated
 
     def _bar(self, batches: int) -> Any:
         """A progress bar on rank 0 when it writes to a terminal."""
@@ -213,7 +216,7 @@ class Trainer:
         slowest = max(r["seconds"] for r in log.per_rank)
         loss = sum(r["loss"] for r in log.per_rank) / max(total, 1)
         stalls = " ".join(f"{100 * r['wait'] / r['seconds']:.0f}%" if r["seconds"] else "-" for r in log.per_rank)
-        top1 = f", top-1 {100 * log.top1:.2f}%" if log.top1 is not None else ""
+        top1 = f", top-1 {100 * log.top1:.2f}% of {log.evaluated} images" if log.top1 is not None else ""
         self.log(f"epoch {log.epoch}: {total} images in {slowest:.1f} s, {total / max(slowest, 1e-9):.0f} images/s, "
                  f"loss {loss:.4f}{top1}, data wait per rank {stalls}")
 
