@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from ..throttle import ENV_VAR as THROTTLE_ENV
 from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_serve, cmd_stage, cmd_synth, cmd_train, cmd_verify
 
 
-class HELP(argparse.ArgumentDefaultsHelpFormatter):
+class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
     """Every subcommand's ``--help`` shows each option's default: where it has one (not None, not a
     flag's False) and its help does not already say it."""
 
@@ -78,8 +79,9 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     from ..bench.peers import PEERS
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
     sub = parser.add_subparsers(dest="command", required=True)
+    command = functools.partial(sub.add_parser, formatter_class=HelpWithDefaults)  # each command's parser
 
-    p = sub.add_parser("synth", formatter_class=HELP, help="write an ImageNet-like ImageFolder of real JPEGs")
+    p = command("synth", help="write an ImageNet-like ImageFolder of real JPEGs")
     p.add_argument("out")
     p.add_argument("--n", type=_positive, default=1000, help="number of images")
     p.add_argument("--classes", type=_positive, default=10)
@@ -89,8 +91,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("convert", formatter_class=HELP,
-                       help="convert an ImageFolder, a list file or a dataset into shards")
+    p = command("convert", help="convert an ImageFolder, a list file or a dataset into shards")
     p.add_argument("src", help="ImageFolder root, CSV/TSV list of 'path,label', or a ddpipe dataset")
     p.add_argument("out")
     p.add_argument("--format", choices=FORMAT_NAMES, default="wds")
@@ -110,22 +111,19 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("index", formatter_class=HELP,
-                       help="adopt tar shards, HDF5 files or an LMDB in place: write their index.json")
+    p = command("index", help="adopt tar shards, HDF5 files or an LMDB in place: write their index.json")
     from ..convert import index_command
 
     index_command.add_arguments(p)
     p.set_defaults(func=index_command.main)
 
-    p = sub.add_parser("plan", formatter_class=HELP,
-                       help="score each shuffle at a world size from the manifest, and choose Q")
+    p = command("plan", help="score each shuffle at a world size from the manifest, and choose Q")
     from .. import plan_command
 
     plan_command.add_arguments(p)
     p.set_defaults(func=plan_command.main)
 
-    p = sub.add_parser("stage", formatter_class=HELP,
-                       help="copy this node's shards to node-local storage ahead of a job")
+    p = command("stage", help="copy this node's shards to node-local storage ahead of a job")
     p.add_argument("dataset")
     p.add_argument("--local-dir", required=True,
                    help="node-local directory (an SSD, or memory); {node} gives each node its own, "
@@ -141,8 +139,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_stage)
 
-    p = sub.add_parser("train", formatter_class=HELP,
-                       help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
+    p = command("train", help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
     p.add_argument("dataset")
     p.add_argument("--model", default="resnet50", help="resnet18, resnet34, resnet50, resnet101 or smallcnn")
     p.add_argument("--epochs", type=_positive, default=1)
@@ -177,8 +174,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("bench", formatter_class=HELP,
-                       help="measure each stage and the data wait of a training step, on this dataset")
+    p = command("bench", help="measure each stage and the data wait of a training step, on this dataset")
     p.add_argument("dataset")
     p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
     p.add_argument("--step-time", type=_seconds, default=0.05, help="seconds of a simulated training step")
@@ -215,8 +211,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("serve", formatter_class=HELP,
-                       help="decode batches for trainers on other nodes (DecodeOptions(service=...))")
+    p = command("serve", help="decode batches for trainers on other nodes (DecodeOptions(service=...))")
     p.add_argument("--listen", default="127.0.0.1:5555",
                    help="HOST:PORT to listen on (0.0.0.0 for every interface; port 0: any free one)")
     p.add_argument("--workers", type=_positive, default=max(1, len(os.sched_getaffinity(0))),
@@ -227,14 +222,13 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--log-every", type=float, default=60.0, help="seconds between log lines")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("inspect", formatter_class=HELP, help="format, shards, samples, bytes, classes, per-field sizes")
+    p = command("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
     p.add_argument("dataset")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-scan", action="store_true", help="manifest only; skip per-field sizes")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("verify", formatter_class=HELP,
-                       help="check checksums and sample counts (and with --decode, every image)")
+    p = command("verify", help="check checksums and sample counts (and with --decode, every image)")
     p.add_argument("dataset")
     p.add_argument("--decode", action="store_true")
     p.add_argument("--stage-dir", default=None, help="check this dataset's copies staged in this directory instead")
