@@ -21,7 +21,8 @@ def epoch_rates(batches_of_epoch: Any, epochs: int, first: bool = False) -> list
         t0, n = time.perf_counter(), 0
         for b in batches_of_epoch():
             n += len(b)
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():  # else a smoke run of a row's code on the CPU (dali-cpu rows)
+            torch.cuda.synchronize()
         if e or first:
             rates.append(n / (time.perf_counter() - t0))
     return rates

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -123,3 +124,22 @@ def test_each_epochs_first_wait_is_told_apart_from_the_steady_ones() -> None:
     assert latency(felt) == ("; first batch 500.0 ms (later epochs 400.0 ms), then waits p50 20.0 ms, "
                              "p99 30.0 ms, max 30.0 ms")
     assert latency(rank_latency([0.25], 1)) == "; first batch 250.0 ms" and latency(rank_latency([], 1)) == ""
+
+
+@pytest.mark.parametrize("read_in", ["thread", "process"])
+def test_the_gpu_benchmarks_loader_rows_run_on_the_cpu(data: Path, tmp_path: Path, read_in: str) -> None:
+    """benchmarks/gpu.py runs only where a GPU is lent, a few minutes now and then: the code of its
+    Loader rows runs here with DALI's CPU decoder in place of its GPU one, so that a change that
+    breaks it is found before a lease is spent finding it."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "row.json"
+    script = Path(__file__).parents[2] / "benchmarks" / "gpu.py"
+    proc = subprocess.run([sys.executable, str(script), "--n", "16", "--epochs", "2", "--out", str(out), "--run",
+                           "ddpipe", str(data), "local", "float32", "dali-cpu", "cpu", read_in],
+                          env={**os.environ, "DDPIPE_BENCH_DATA": str(tmp_path)}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rates = json.loads(out.read_text())["rates"]
+    assert len(rates) == 1 and rates[0] > 0  # the epoch after the warm-up, timed
