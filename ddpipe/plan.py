@@ -82,11 +82,10 @@ class RankPlan:
     # with pad=False: True where ``order`` holds a padding copy of a sample yielded elsewhere (not yielded)
     copies: np.ndarray | None = None
 
-    def yields(self, start: int, stop: int) -> np.ndarray:
-        """Which of ``order[start:stop]`` are yielded (a boolean mask)."""
-        if self.copies is None:
-            return np.ones(len(self.order[start:stop]), dtype=bool)
-        return ~self.copies[start:stop]
+    def yielded(self, start: int, stop: int) -> np.ndarray:
+        """What this rank yields of ``order[start:stop]``: all of it, less the copies under pad=False."""
+        part = self.order[start:stop]
+        return part if self.copies is None else part[~self.copies[start:stop]]
 
 
 @dataclass(frozen=True)
@@ -108,14 +107,12 @@ class EpochPlan:
     def batch(self, rank: int, index: int) -> np.ndarray:
         """The global indices ``rank`` yields in its batch ``index``."""
         bs = self.options.batch_size
-        r = self.ranks[rank]
-        batch: np.ndarray = r.order[index * bs : (index + 1) * bs][r.yields(index * bs, (index + 1) * bs)]
-        return batch
+        return self.ranks[rank].yielded(index * bs, (index + 1) * bs)
 
     def yielded(self, batches: int) -> np.ndarray:
         """Global indices yielded by all ranks in their first ``batches`` batches."""
         bs = self.options.batch_size
-        return np.concatenate([r.order[: batches * bs][r.yields(0, batches * bs)] for r in self.ranks])
+        return np.concatenate([r.yielded(0, batches * bs) for r in self.ranks])
 
 
 def plan_epoch(

@@ -205,7 +205,7 @@ class EncodedStream:
         try:
             for number, (indices, samples) in enumerate(batches):
                 if mine.copies is not None:  # pad=False: padding copies were read (the plan's shape), not yielded
-                    keep = mine.yields(number * size, (number + 1) * size)
+                    keep = ~mine.copies[number * size : (number + 1) * size]
                     indices, samples = indices[keep], [s for s, k in zip(samples, keep.tolist(), strict=True) if k]
                 if skipping:  # placeholders come only from shards skipped as corrupt
                     indices, samples = self._without_placeholders(indices, samples)

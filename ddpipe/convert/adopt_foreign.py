@@ -65,13 +65,9 @@ def _keys(mdb: Path) -> list[str]:
     from ..formats.lmdb_env import lease_environment
     from ..formats.lmdb_values import META_KEY
 
-    lease = lease_environment(mdb)
-    try:
-        with lease.env.begin() as txn:
-            return [bytes(k).decode("utf-8", errors="replace")
-                    for k in txn.cursor().iternext(keys=True, values=False) if not META_KEY.match(k)]
-    finally:
-        lease.release()
+    with lease_environment(mdb) as lease, lease.env.begin() as txn:
+        return [bytes(k).decode("utf-8", errors="replace")
+                for k in txn.cursor().iternext(keys=True, values=False) if not META_KEY.match(k)]
 
 
 def _key_labels(pattern: str, keys: list[str], mdb: Path) -> set[str]:
@@ -223,12 +219,9 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
     classes = classes if explicit else _given_or_recorded(classes, data, out)
     mdb = data / "data.mdb"
     try:
-        lease = lease_environment(mdb)  # the process's one environment of the file (formats/lmdb_env.py)
-        try:
-            with lease.env.begin() as txn:
-                first = next(((bytes(k), bytes(v)) for k, v in txn.cursor() if not META_KEY.match(k)), None)
-        finally:
-            lease.release()
+        # the process's one environment of the file (formats/lmdb_env.py)
+        with lease_environment(mdb) as lease, lease.env.begin() as txn:
+            first = next(((bytes(k), bytes(v)) for k, v in txn.cursor() if not META_KEY.match(k)), None)
     except (lmdb.Error, OSError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).split(": ")[-1]
         raise DdpipeError(f"not a readable LMDB environment: {why}", path=mdb) from None

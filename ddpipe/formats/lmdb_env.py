@@ -167,6 +167,12 @@ class EnvironmentLease:
         or None where that mapping cannot be told apart from another of the file in this process."""
         return self._environments._mapping(self._entry)
 
+    def __enter__(self) -> EnvironmentLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
 
 # the process's: LMDB's one-environment-per-file rule is the process's
 _ENVIRONMENTS = Environments()
