@@ -9,8 +9,10 @@ Decoding: every pipeline does the training transform (random-resized crop to 224
 0.08-1, ratio 3/4-4/3, flip, ImageNet normalisation to float32 NCHW on the GPU) in batches of 256
 on the same synth ImageNet-like JPEGs. Each runs in a process of its own for ``--epochs`` epochs;
 the first is a warm-up and the median of the others, each ended by a device synchronisation, is
-its rate. References in the same run: the GPU's own JPEG decode rate (DALI's ``mixed`` decoder on
-the images held in memory, full images, nothing else done), DALI's own webdataset and file
+its rate; beside it, each epoch's wait for its first batch and its rate from that batch on (an epoch
+here is a few dozen batches, a training epoch thousands: the two tell an epoch's start from the
+rest). References in the same run: the GPU's own JPEG decode rate (DALI's ``mixed`` decoder on the
+images held in memory, full images, nothing else done), DALI's own webdataset and file
 readers with ``mixed`` region-of-interest decoding, and torchvision's GPU ``decode_jpeg`` with its
 v2 transforms over the same tars. Published anchor: an A100's hardware JPEG decoder does about
 5,000-7,000 img/s.
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import DATA, save, synth_images, synth_shards
-from gpu_timing import BATCH, CORES, SIZE, epoch_rates
+from gpu_timing import BATCH, CORES, SIZE, timed_epochs
 from gpu_train import PLAIN_FEEDS, run_plain, run_trainer
 
 from ddpipe.bench.harness import machine, median, table
@@ -47,7 +49,7 @@ def peak_mb() -> float:
 
 # ---- the pipelines ----------------------------------------------------------------------------
 
-def run_decoder_limit(images: Path, epochs: int) -> list[float]:
+def run_decoder_limit(images: Path, epochs: int) -> dict[str, list[float]]:
     """DALI's mixed decoder alone on the images held in memory: full decode, no transform."""
     import numpy as np
     from nvidia.dali import fn, pipeline_def, types
@@ -69,19 +71,19 @@ def run_decoder_limit(images: Path, epochs: int) -> list[float]:
             (out,) = p.run()
             yield range(len(out))  # decoded: its length is all that is counted
 
-    return epoch_rates(epoch, epochs)
+    return timed_epochs(epoch, epochs)
 
 
-def run_peer(name: str, images: Path, shards: Path, epochs: int) -> list[float]:
+def run_peer(name: str, images: Path, shards: Path, epochs: int) -> dict[str, list[float]]:
     from ddpipe.bench.peers import PeerInputs, PeerOptions, make_peer
 
     inputs = PeerInputs(images, sorted(shards.glob("*.tar")))
     options = PeerOptions(batch_size=BATCH, size=SIZE, dtype="float32", workers=CORES, device="cuda")
-    return epoch_rates(make_peer(name, inputs, options), epochs)
+    return timed_epochs(make_peer(name, inputs, options), epochs)
 
 
 def run_ddpipe(root: Path, shuffle: str, dtype: str, epochs: int, decoder: str = "dali-gpu",
-               device: str = "cuda", read_in: str = "thread") -> list[float]:
+               device: str = "cuda", read_in: str = "thread") -> dict[str, list[float]]:
     import ddpipe
 
     loader = ddpipe.Loader(root, BATCH, decoder=decoder, device=device, shuffle=shuffle, dtype=dtype, read_in=read_in)
@@ -92,7 +94,7 @@ def run_ddpipe(root: Path, shuffle: str, dtype: str, epochs: int, decoder: str =
         epoch[0] += 1
         return (x for x, _ in loader)
 
-    return epoch_rates(batches, epochs)
+    return timed_epochs(batches, epochs)
 
 
 def runs(data: Path) -> dict[str, list[str]]:
@@ -122,15 +124,15 @@ def child(args: list[str], images: Path, data: Path, epochs: int, out: Path) -> 
     kind = args[0]
     result: dict[str, Any]
     if kind == "limit":
-        result = {"rates": run_decoder_limit(images, epochs)}
+        result = {**run_decoder_limit(images, epochs)}
     elif kind in ("dali-wds", "dali-file", "torchvision"):
-        result = {"rates": run_peer(kind, images, data / "wds", epochs)}
+        result = {**run_peer(kind, images, data / "wds", epochs)}
     elif kind == "train":
         result = run_trainer(Path(args[1]), epochs, int(args[2]))
     elif kind == "plain":
         result = run_plain(args[1], Path(args[2]), epochs, int(args[3]))
     else:
-        result = {"rates": run_ddpipe(Path(args[1]), args[2], args[3], epochs, *args[4:])}
+        result = {**run_ddpipe(Path(args[1]), args[2], args[3], epochs, *args[4:])}
     result["peak_mb"] = peak_mb()
     out.write_text(json.dumps(result))
 
@@ -148,20 +150,27 @@ def run_child(args: argparse.Namespace, run_args: list[str], epochs: int) -> dic
     return result
 
 
-def decoding_doc(names: list[str], results: dict[str, list[float]], peaks: dict[str, float],
+def decoding_doc(names: list[str], figures: dict[str, dict[str, list[float]]], peaks: dict[str, float],
                  header: dict[str, Any]) -> dict[str, Any]:
-    """The result file (``header``: its command and machine) for the decoding runs so far: each
-    pipeline's median, against the best peer and the GPU's decode limit measured in the same run."""
-    rows: list[dict[str, Any]] = [{"pipeline": n, "img_s": median(results[n]), "peak_mb": peaks[n]}
-                                  for n in names if n in results]
+    """The result file (``header``: its command and machine) for the decoding runs so far (each
+    pipeline's :func:`~gpu_timing.timed_epochs` figures, every run's epochs together): each
+    pipeline's median, against the best peer and the GPU's decode limit measured in the same run;
+    its rate from each epoch's first batch on, and its wait for that batch."""
+    rows: list[dict[str, Any]] = [{"pipeline": n, "img_s": median(figures[n]["rates"]),
+                                   "steady_img_s": median(figures[n]["steady_rates"]),
+                                   "first_batch_ms": median(figures[n]["first_batch_ms"]), "peak_mb": peaks[n]}
+                                  for n in names if n in figures]
     limit = next((r["img_s"] for r in rows if r["pipeline"].startswith("GPU JPEG")), float("nan"))
     peer_rates = [r["img_s"] for r in rows if not r["pipeline"].startswith(("GPU JPEG", "ddpipe"))]
     best = max(peer_rates, default=float("nan"))
     for r in rows:
         r["vs_best_peer"], r["vs_limit"] = r["img_s"] / best, r["img_s"] / limit
     cols = [("pipeline", "pipeline", "s"), ("img_s", "img/s", ".0f"), ("vs_best_peer", "/ best peer", ".2f"),
-            ("vs_limit", "/ GPU decode alone", ".2f"), ("peak_mb", "host peak MB", ".0f")]
-    return {**header, "rows": rows, "runs": results, "table": table(rows, cols)}
+            ("vs_limit", "/ GPU decode alone", ".2f"),
+            ("steady_img_s", "img/s from each epoch's first batch on", ".0f"),
+            ("first_batch_ms", "first batch ms", ".0f"), ("peak_mb", "host peak MB", ".0f")]
+    return {**header, "rows": rows, "runs": {n: f["rates"] for n, f in figures.items()}, "run_figures": figures,
+            "table": table(rows, cols)}
 
 
 def training(args: argparse.Namespace, data: Path) -> dict[str, Any]:
@@ -185,21 +194,28 @@ def training(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         r = run_child(args, ["plain", feed, str(data / "wds"), str(args.classes)], epochs)
         if r is not None:
             plain[feed] = r
-            print(f"  plain loop, {feed}: {r['fed_img_s']:.0f} img/s, stall {100 * r['stall']:.1f}%", file=sys.stderr)
+            print(f"  plain loop, {feed}: {r['fed_img_s']:.0f} img/s, stall {100 * r['stall']:.1f}% "
+                  f"({100 * r['stall_steady']:.1f}% after each epoch's first batch)", file=sys.stderr)
     alone = train["alone_img_s"] if train is not None else float("nan")
     for feed, r in plain.items():
         r["vs_alone"] = r["fed_img_s"] / alone
         r["stall_over_dali"] = r["stall"] / plain["dali-wds"]["stall"] if "dali-wds" in plain else float("nan")
         rows.append({"run": f"ResNet-50, AMP, channels-last, {PLAIN_FEEDS[feed]}", "img_s": r["fed_img_s"],
-                     "stall": r["stall"], "vs": r["vs_alone"]})
+                     "stall": r["stall"], "vs": r["vs_alone"], "stall_steady": 100 * r["stall_steady"],
+                     **{key: r[key] for key in ("first_wait_ms", "wait_p50_ms", "wait_p99_ms")}})
     if plain:
         out["plain"] = plain
     if not rows:
         return out
     for row in rows:
         row["stall"] = None if row["stall"] is None else 100 * row["stall"]
+    # where a plain loop's waits fall: at each epoch's start (a benchmark's epochs are short) or between
+    # its batches (gpu_train.plain_loop)
     out["train_table"] = table(rows, [("run", "training", "s"), ("img_s", "img/s", ".0f"),
-                                      ("stall", "stall %", ".1f"), ("vs", "/ model alone", ".2f")])
+                                      ("stall", "stall %", ".1f"), ("vs", "/ model alone", ".2f"),
+                                      ("stall_steady", "stall after the first batch %", ".1f"),
+                                      ("first_wait_ms", "first batch ms", ".0f"),
+                                      ("wait_p50_ms", "wait p50 ms", ".1f"), ("wait_p99_ms", "wait p99 ms", ".1f")])
     return out
 
 
@@ -238,7 +254,7 @@ def main() -> None:
     # the whole command line: a run of some pipelines (--only, --skip-train) must say so
     header = {"benchmark": "gpu", "command": shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
               "machine": machine(), "batch": BATCH, "size": SIZE}
-    results: dict[str, list[float]] = {}
+    figures: dict[str, dict[str, list[float]]] = {}
     peaks: dict[str, float] = {}
     total = args.repeats * len(names) + (0 if args.skip_train else 1 + len(PLAIN_FEEDS))
     done = 0
@@ -248,14 +264,16 @@ def main() -> None:
             done += 1
             if r is None:
                 continue
-            results.setdefault(name, []).extend(r["rates"])
+            for key in ("rates", "steady_rates", "first_batch_ms"):
+                figures.setdefault(name, {}).setdefault(key, []).extend(r[key])
             peaks[name] = max(peaks.get(name, 0.0), r["peak_mb"])
-            print(f"  {name}: {median(r['rates']):.0f} img/s", file=sys.stderr)
+            print(f"  {name}: {median(r['rates']):.0f} img/s, first batch {median(r['first_batch_ms']):.0f} ms",
+                  file=sys.stderr)
             # written after every run: a run cut short (a GPU lease's time limit) keeps what it measured
-            doc = decoding_doc(names, results, peaks, header)
+            doc = decoding_doc(names, figures, peaks, header)
             doc["note"] = f"incomplete: cut short after {done} of {total} runs"
             save("gpu", doc)
-    doc = decoding_doc(names, results, peaks, header)
+    doc = decoding_doc(names, figures, peaks, header)
     text = doc["table"]
     print(text)
     if not args.skip_train:

@@ -11,7 +11,8 @@
   own being what a GPU pipeline with no Python between its stages reaches.
 
 A stall is the share of an epoch's time spent waiting for the next batch; each run's figures are the
-medians of its epochs after the first (cuDNN's choices, DALI's buffers).
+medians of its epochs after the first (cuDNN's choices, DALI's buffers). The plain loops also say
+where their waits fall: each epoch's first batch, and the median and 99th percentile of the others.
 """
 
 from __future__ import annotations
@@ -63,7 +64,12 @@ def run_trainer(root: Path, epochs: int, classes: int) -> dict[str, Any]:
 
 
 def plain_loop(batches_of_epoch: Callable[[], Iterable[tuple[Any, Any]]], epochs: int, classes: int) -> dict[str, Any]:
-    """ResNet-50 trained on each batch as it comes, for ``epochs`` epochs: images/s and stall."""
+    """ResNet-50 trained on each batch as it comes, for ``epochs`` epochs: images/s and stall, and
+    where the waits fall: each epoch's first batch's wait, the stall without it (``stall_steady``),
+    and the median and 99th percentile of the waits for the others. A benchmark's epoch is a few
+    dozen batches, a training epoch thousands: a stall spent at each epoch's start weighs a hundred
+    times more here than there, one spread over its batches as much."""
+    import numpy as np
     import torch
 
     from ddpipe.train.models import build_model
@@ -75,19 +81,23 @@ def plain_loop(batches_of_epoch: Callable[[], Iterable[tuple[Any, Any]]], epochs
     scaler = torch.amp.GradScaler("cuda")
     logs = []
     for _ in range(epochs):
-        n, wait = 0, 0.0
+        n, waits = 0, []
         t0 = t_wait = time.perf_counter()
         for images, labels in batches_of_epoch():
-            wait += time.perf_counter() - t_wait
+            waits.append(time.perf_counter() - t_wait)
             train_step(model, optimizer, images, labels, scaler, torch.float16)
             n += len(labels)
             t_wait = time.perf_counter()
         torch.cuda.synchronize()  # the epoch ends when its last step does
         seconds = time.perf_counter() - t0
-        logs.append({"images_per_s": n / seconds, "stall": wait / seconds})
-    later = logs[1:]
-    return {"fed_img_s": median([e["images_per_s"] for e in later]), "stall": median([e["stall"] for e in later]),
-            "epochs": later}
+        later = np.array(waits[1:] or [0.0]) * 1000
+        logs.append({"images_per_s": n / seconds, "stall": sum(waits) / seconds,
+                     "stall_steady": sum(waits[1:]) / (seconds - waits[0]), "first_wait_ms": 1000 * waits[0],
+                     "wait_p50_ms": float(np.percentile(later, 50)), "wait_p99_ms": float(np.percentile(later, 99))})
+    later_epochs = logs[1:]
+    out: dict[str, Any] = {key: median([e[key] for e in later_epochs]) for key in logs[0]}
+    out["fed_img_s"] = out.pop("images_per_s")
+    return {**out, "epochs": later_epochs}
 
 
 def loader_batches(root: Path, read_in: str = "thread") -> Callable[[], Iterable[tuple[Any, Any]]]:

@@ -126,8 +126,17 @@ def test_each_epochs_first_wait_is_told_apart_from_the_steady_ones() -> None:
     assert latency(rank_latency([0.25], 1)) == "; first batch 250.0 ms" and latency(rank_latency([], 1)) == ""
 
 
+@pytest.fixture(scope="module")
+def two_gpu_batches(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Enough samples for two of gpu.py's batches of 256 an epoch: a first one and one after it."""
+    root = tmp_path_factory.mktemp("gpu-rows") / "wds"
+    ddpipe.write_dataset(root, iter(labelled_samples(300, np.random.default_rng(3))), samples_per_shard=100,
+                         classes=[str(c) for c in range(6)])
+    return root
+
+
 @pytest.mark.parametrize("read_in", ["thread", "process"])
-def test_the_gpu_benchmarks_loader_rows_run_on_the_cpu(data: Path, tmp_path: Path, read_in: str) -> None:
+def test_the_gpu_benchmarks_loader_rows_run_on_the_cpu(two_gpu_batches: Path, tmp_path: Path, read_in: str) -> None:
     """benchmarks/gpu.py runs only where a GPU is lent, a few minutes now and then: the code of its
     Loader rows runs here with DALI's CPU decoder in place of its GPU one, so that a change that
     breaks it is found before a lease is spent finding it."""
@@ -137,9 +146,13 @@ def test_the_gpu_benchmarks_loader_rows_run_on_the_cpu(data: Path, tmp_path: Pat
     out = tmp_path / "row.json"
     script = Path(__file__).parents[2] / "benchmarks" / "gpu.py"
     proc = subprocess.run([sys.executable, str(script), "--n", "16", "--epochs", "2", "--out", str(out), "--run",
-                           "ddpipe", str(data), "local", "float32", "dali-cpu", "cpu", read_in],
+                           "ddpipe", str(two_gpu_batches), "local", "float32", "dali-cpu", "cpu", read_in],
                           env={**os.environ, "DDPIPE_BENCH_DATA": str(tmp_path)}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
-    rates = json.loads(out.read_text())["rates"]
+    figures = json.loads(out.read_text())
+    rates = figures["rates"]
     assert len(rates) == 1 and rates[0] > 0  # the epoch after the warm-up, timed
+    # and the same epoch's wait for its first batch, and its rate from that batch on
+    assert len(figures["first_batch_ms"]) == len(figures["steady_rates"]) == 1
+    assert figures["first_batch_ms"][0] > 0 and figures["steady_rates"][0] > 0
