@@ -12,7 +12,8 @@ import select
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
     from .decode.batches import EncodedBatch
     from .loader_stats import SkippedSample
     from .read_process import StreamSpec
+    from .stream import SampleBatch
+
+# an epoch's batches read before the parent asks for it, as the one before ends: the first waits for the
+# shuffle buffer to fill (a local shuffle's first batch needs five batches read), the next comes soon after
+READ_AHEAD_BATCHES = 2
 
 # how long a batch waits for room in the buffer, with no release arriving, before it goes through the
 # connection instead (releases arrive a batch's decoding apart)
@@ -65,6 +71,20 @@ def _when_closed(conn: Connection, then: Callable[[], None]) -> None:
     while not any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, events in watch.poll()):
         pass
     then()
+
+
+@dataclass
+class _Ahead:
+    """An epoch's first batches, read before the parent asks for it (:meth:`_Server.read_ahead`)."""
+
+    seed: int
+    epoch: int
+    batches: Generator[SampleBatch, None, None]  # the stream's, after those held
+    held: list[tuple[EncodedBatch, list[SkippedSample]]]  # prepared, each with the samples it left out
+    error: Exception | None  # what reading the next one raised
+
+    def serves(self, seed: int, epoch: int, pending: np.ndarray | None) -> bool:
+        return (seed, epoch) == (self.seed, self.epoch) and pending is None
 
 
 class _Stopped(Exception):
@@ -108,11 +128,19 @@ class _Server:
         self.ring_bytes = np.frombuffer(ring, dtype=np.uint8)
         self.seq = 0  # every batch sent, over every epoch: what releases count in
         self.skipped: list[SkippedSample] = []  # left out since the last batch sent
+        # the next epoch's first batches are read as the last one ends where that issues no collective (the
+        # other ranks would have to read ahead alike, and wind it down alike when not asked for) and waits on
+        # no staged copy (the parent stages an epoch only once asked for it)
+        self.may_read_ahead = spec.stage is None and (spec.plan.shuffle != "partial" or spec.world.size == 1)
+        self.ahead: _Ahead | None = None
+        self.asked: tuple[int | None, int | None] = (None, None)  # the last two epochs asked for
+        self.waiting: tuple[Any, ...] | None = None  # a message received while reading ahead
 
     def run(self) -> None:
         while True:
+            message, self.waiting = self.waiting, None
             try:
-                message = self.conn.recv()
+                message = message or self.conn.recv()
             except EOFError:
                 return
             if message[0] == "epoch":
@@ -140,15 +168,28 @@ class _Server:
         self.skipped.append(SkippedSample(str(sample.get(KEY)), self.stream.source_of(index), reason))
 
     def epoch(self, seed: int, epoch: int, pending: np.ndarray | None) -> None:
-        self.stream.go_to(seed, epoch, pending)
-        self.skipped.clear()
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead.serves(seed, epoch, pending):
+            batches, held, error = ahead.batches, ahead.held, ahead.error
+        else:
+            if ahead is not None:
+                ahead.batches.close()
+            self.stream.go_to(seed, epoch, pending)
+            self.skipped.clear()
+            batches, held, error = iter(self.stream), [], None
+        self.asked = (self.asked[1], epoch)
         stager = self.stream.stager
         fallbacks = stager.stats["fallbacks"] if stager is not None else 0
-        batches = iter(self.stream)
+        whole = False
         try:
+            for batch, skipped_in_it in held:
+                self.skipped = skipped_in_it
+                self.send(batch)
+            if error is not None:
+                raise error
             for b in batches:
                 self.send(self.prepared(b.indices, b.samples, seed, epoch))
-            skipped = self.skipped
+            skipped, whole = self.skipped, True
         except _Stopped:
             skipped = []
         except Exception as e:  # reaches the caller as it was raised, at once
@@ -161,6 +202,39 @@ class _Server:
         fell_back = stager.stats["fallbacks"] - fallbacks if stager is not None else 0
         self.places.send_news()
         self.conn.send(("end", self.stream.stats, skipped, fell_back))
+        if whole and self.may_read_ahead:  # not left early: the caller is likely to go on to the next
+            self.ahead = self.read_ahead(seed, epoch)
+
+    def read_ahead(self, seed: int, epoch: int) -> _Ahead:
+        """The first :data:`READ_AHEAD_BATCHES` of the epoch the parent is likely to ask for next: the
+        next, or this one again where it asked for the same one twice running (a caller that does not
+        set epochs). Read until that many are ready or the parent has something to say."""
+        following = epoch if self.asked[0] == epoch else epoch + 1
+        self.stream.go_to(seed, following, None)
+        self.skipped = []
+        ahead = _Ahead(seed, following, iter(self.stream), [], None)
+        try:
+            for b in ahead.batches:
+                ahead.held.append((self.prepared(b.indices, b.samples, seed, following), self.skipped))
+                self.skipped = []
+                if len(ahead.held) == READ_AHEAD_BATCHES or self.parent_spoke():
+                    break
+        except Exception as e:  # raised if that epoch is asked for, after the batches before it
+            ahead.error = e
+        return ahead
+
+    def parent_spoke(self) -> bool:
+        """Whether the parent has asked for something (kept for :meth:`run`), its releases taken in."""
+        while self.waiting is None and self.conn.poll():
+            try:
+                message = self.conn.recv()
+            except EOFError:  # gone: run() finds out
+                return True
+            if message[0] == "release":
+                self.handle(message)
+            else:
+                self.waiting = message
+        return self.waiting is not None
 
     def prepared(self, indices: np.ndarray, samples: list[Any], seed: int, epoch: int) -> EncodedBatch:
         """The batch less its unreadable samples, with each one's label and crop window."""
