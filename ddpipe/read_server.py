@@ -184,7 +184,8 @@ class _Server:
         try:
             for batch, skipped_in_it in held:
                 self.skipped = skipped_in_it
-                self.send(batch)
+                # the files the last epoch read are forgotten after these, which the epoch's start waits for
+                self.send(batch, forget=False)
             if error is not None:
                 raise error
             for b in batches:
@@ -247,7 +248,7 @@ class _Server:
             return with_crops(batch, seed, epoch, self.decode, self.on_bad)
         return checked_headers(batch, self.decode, self.on_bad)[0]
 
-    def send(self, batch: EncodedBatch) -> None:
+    def send(self, batch: EncodedBatch, forget: bool = True) -> None:
         """Send the batch: each image that is a view of a shard file the parent can map, or of a round
         received, as its place there (shard_places.py), the others written into the buffer once there
         is room. A batch that finds no room for :data:`WAIT_FOR_ROOM_S` (or never could: larger than
@@ -277,7 +278,7 @@ class _Server:
         c = batch.crops
         crops = None if c is None else (c.left, c.top, c.width, c.height, c.flip)
         keys = [s.get(KEY) for s in batch.samples]
-        self.places.send_news()
+        self.places.send_news(forget)
         self.conn.send(("batch", self.seq, start, sizes, places, batch.indices, batch.labels, crops, keys,
                         self.skipped, inline))
         self.skipped = []

@@ -115,16 +115,22 @@ class PlaceFinder:
         if number != IN_BUFFER:
             self._news.append(("forget", number))
 
-    def send_news(self) -> None:
+    def send_news(self, forget: bool = True) -> None:
         """Tell the parent of the rounds received, before any batch that names them, and which files
-        and rounds it may forget (no batch to come names them)."""
+        and rounds it may forget (no batch to come names them); with ``forget`` False, not yet: its
+        mappings are unmapped as it forgets them, which waits for the kernel to tear down each page
+        read through them (~20 ms a GB)."""
         forgotten = []
+        kept: list[tuple[str, int]] = []
         while self._news:  # a round's forgetting comes after its news: told after it, below
             news = self._news.popleft()
             if news[0] == "round":
                 self.conn.send(news)
-            else:
+            elif forget:
                 forgotten.append(news[1])
+            else:
+                kept.append(("forget", news[1]))
+        self._news.extendleft(reversed(kept))  # before any news that came meanwhile, in order
         if forgotten:
             self.conn.send(("forget", forgotten))
 

@@ -526,3 +526,27 @@ def test_what_reading_ahead_raised_is_raised_when_that_epoch_is_asked_for(tmp_pa
     batches, end = here.epoch(1)
     assert batches == [] and end[0] == "error" and isinstance(end[1], CorruptShardError)
     assert end[1].path == str(shard)
+
+
+def mappings_here(root: Path) -> int:
+    """How many mappings of files under ``root`` this process holds (a file mapped twice counts twice)."""
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if len(line.split(maxsplit=5)) == 6
+                   and line.split(maxsplit=5)[5].startswith(str(root)))
+
+
+def test_the_files_of_past_epochs_are_forgotten(tmp_path: Path) -> None:
+    """Each epoch the reading process maps the shards again, and the training process with it; it tells
+    the training process to forget the last epoch's mappings after the next epoch's first batches (the
+    unmapping would hold them up), but it does tell it: the mappings here do not pile up."""
+    root = tmp_path / "wds"
+    ddpipe.write_dataset(root, iter(natural_samples(60)), samples_per_shard=8, classes=["a", "b", "c"])
+    shards = len(list(root.glob("*.tar")))
+    loader = make(root, "process")
+    held = []
+    for epoch in range(6):
+        epoch_of(loader, epoch)
+        held.append(mappings_here(root))
+    assert max(held) <= 2 * shards  # at most the files of two epochs: the last one's and the next's
+    loader.close()
+    assert mappings_here(root) == 0
