@@ -17,12 +17,13 @@ from .decode.spec import DecodeOptions
 from .loader_stats import DecodeStats, ReadStats, SkippedSample
 from .plan import EpochPlan
 from .sample import KEY, Sample
-from .stream import EncodedStream, unreadable
+from .stream import EncodedStream, SampleBatch, unreadable
 
 if TYPE_CHECKING:  # torch loads only when something decodes
     import torch
 
     from .decode.output import Batch, Decoder
+    from .epoch_ahead import EpochAhead
     from .read_process import ProcessReader
     from .service.client import ServiceStats
 
@@ -69,6 +70,8 @@ class DecodeStage:
         self.stats = DecodeStats()
         self._decoder: Decoder | None = None
         self._reader: ProcessReader | None = None  # read_in="process"
+        self._ahead: EpochAhead | None = None  # the next epoch's first batches, read by threads (epoch_ahead.py)
+        self._asked: int | None = None  # the last epoch asked for
         self._delivered = 0
         closing = weakref.WeakMethod(self.close)  # the job may end while this stage is alive
         stream.comm.at_end(lambda: (close := closing()) is not None and close())
@@ -92,6 +95,9 @@ class DecodeStage:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
 
     def __enter__(self) -> DecodeStage:
         return self
@@ -126,7 +132,7 @@ class DecodeStage:
         if self.options.read_in == "process":
             batches = encoded = self._read_apart()
         else:
-            batches = iter(self.stream)
+            batches = self._read_here()
             encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad) for b in batches)
         decoded = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
         if self.skipping and plan.options.pad:  # batches keep their size (pad=False: they shrink, nothing repeated)
@@ -142,6 +148,30 @@ class DecodeStage:
             if close is not None:
                 close()
             batches.close()
+
+    def _read_here(self) -> Generator[SampleBatch, None, None]:
+        """The epoch's batches read by threads: those read ahead, if they are this epoch's; then, the
+        epoch read whole, the next one's first batches read ahead (epoch_ahead.py)."""
+        from .epoch_ahead import EpochAhead, likely_next, may_read_ahead
+
+        seed, epoch, pending = self.stream.position()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not ahead.serves(seed, epoch, pending):
+            ahead.close()
+            ahead = None
+        previous, self._asked = self._asked, epoch
+        batches = ahead if ahead is not None else iter(self.stream)
+        if ahead is not None:  # the copy that reads them counts them
+            self.stream.stats = ahead.stream.stats
+        try:
+            yield from batches
+        finally:
+            batches.close()
+            if ahead is not None:  # its figures object, made as it started reading
+                self.stream.stats = ahead.stream.stats
+        stream = self.stream
+        if may_read_ahead(stream.options, stream.comm.world.size, stream.stager is not None):
+            self._ahead = EpochAhead(stream, seed, likely_next(previous, epoch))
 
     def _read_apart(self) -> Generator[EncodedBatch, None, None]:
         """The epoch's batches from the reading process (read_process.py), prepared for DALI."""

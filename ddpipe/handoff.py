@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import weakref
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -29,33 +30,56 @@ def put_unless_stopped(q: queue.Queue[Any], item: Any, stop: threading.Event) ->
     return False
 
 
-def ahead(items: Iterator[T], depth: int, name: str) -> Generator[T, None, None]:
-    """``items`` produced by a thread of its own (``name``), at most ``depth`` ahead of the caller,
-    until the caller closes this generator; an exception ``items`` raise reaches the caller after
-    the items before it. Closing waits for the item being produced, then leaves ``items`` to the
-    caller (to close, now that no thread runs it)."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
+class Ahead(Iterator[T]):
+    """``items`` produced by a thread of its own (``name``), started at once, at most ``depth`` ahead of
+    the caller, until the caller closes this (or lets go of it); an exception ``items`` raise reaches
+    the caller after the items before it. Closing waits for the item being produced, then leaves
+    ``items`` to the caller (to close, now that no thread runs it)."""
 
-    def fill() -> None:
-        try:
-            for item in items:
-                if not put_unless_stopped(q, item, stop):
-                    return
-            put_unless_stopped(q, END, stop)
-        except BaseException as e:  # reaches the consumer intact
-            put_unless_stopped(q, e, stop)
+    def __init__(self, items: Iterator[T], depth: int, name: str) -> None:
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._done = False
+        # the thread holds the queue and the event, not this object: one let go of stops it
+        self._thread = threading.Thread(target=_fill, args=(items, self._q, self._stop), daemon=True, name=name)
+        self._thread.start()
+        weakref.finalize(self, self._stop.set)
 
-    thread = threading.Thread(target=fill, daemon=True, name=name)
-    thread.start()
+    def __iter__(self) -> Ahead[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item = self._q.get()
+        if item is END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        result: T = item
+        return result
+
+    def close(self) -> None:
+        self._done = True
+        self._stop.set()
+        self._thread.join()
+
+
+def _fill(items: Iterator[Any], q: queue.Queue[Any], stop: threading.Event) -> None:
     try:
-        while (item := q.get()) is not END:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join()
+        for item in items:
+            if not put_unless_stopped(q, item, stop):
+                return
+        put_unless_stopped(q, END, stop)
+    except BaseException as e:  # reaches the consumer intact
+        put_unless_stopped(q, e, stop)
+
+
+def ahead(items: Iterator[T], depth: int, name: str) -> Ahead[T]:
+    """``items`` run ahead of the caller on a thread of their own: :class:`Ahead`."""
+    return Ahead(items, depth, name)
 
 
 def read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Generator[Sample, None, None]:

@@ -30,7 +30,7 @@ number)`` followed by the file's descriptor, ``("round", number, start)`` (a rou
 received at ``start`` of its area), and ``("forget", numbers)``. ``("release", seq)``: the
 parent is done with every batch up to ``seq`` (DALI has read them); ``("stop",)``: the parent left
 the epoch early. As an epoch read whole ends, the child reads the first batches of the one likely to
-be asked for next (``read_server.READ_AHEAD_BATCHES``), and sends them if it is: an epoch's start
+be asked for next (``epoch_ahead.py``), and sends them if it is: an epoch's start
 then waits neither for the plan's shuffle buffer to fill nor for its first shards to be checked.
 """
 

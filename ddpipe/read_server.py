@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .comm.base import pack_parts
+from .epoch_ahead import READ_AHEAD_BATCHES, likely_next, may_read_ahead
 from .errors import DdpipeError
 from .shard_places import IN_BUFFER, PlaceFinder
 
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
     from .loader_stats import SkippedSample
     from .read_process import StreamSpec
     from .stream import SampleBatch
-
-# an epoch's batches read before the parent asks for it, as the one before ends: the first waits for the
-# shuffle buffer to fill (a local shuffle's first batch needs five batches read), the next comes soon after
-READ_AHEAD_BATCHES = 2
 
 # how long a batch waits for room in the buffer, with no release arriving, before it goes through the
 # connection instead (releases arrive a batch's decoding apart)
@@ -74,7 +71,7 @@ def _when_closed(conn: Connection, then: Callable[[], None]) -> None:
 
 
 @dataclass
-class _Ahead:
+class _ReadAhead:
     """An epoch's first batches, read before the parent asks for it (:meth:`_Server.read_ahead`)."""
 
     seed: int
@@ -128,12 +125,10 @@ class _Server:
         self.ring_bytes = np.frombuffer(ring, dtype=np.uint8)
         self.seq = 0  # every batch sent, over every epoch: what releases count in
         self.skipped: list[SkippedSample] = []  # left out since the last batch sent
-        # the next epoch's first batches are read as the last one ends where that issues no collective (the
-        # other ranks would have to read ahead alike, and wind it down alike when not asked for) and waits on
-        # no staged copy (the parent stages an epoch only once asked for it)
-        self.may_read_ahead = spec.stage is None and (spec.plan.shuffle != "partial" or spec.world.size == 1)
-        self.ahead: _Ahead | None = None
-        self.asked: tuple[int | None, int | None] = (None, None)  # the last two epochs asked for
+        # the next epoch's first batches read as the last one ends (epoch_ahead.py)
+        self.may_read_ahead = may_read_ahead(spec.plan, spec.world.size, spec.stage is not None)
+        self.ahead: _ReadAhead | None = None
+        self.asked: int | None = None  # the last epoch asked for
         self.waiting: tuple[Any, ...] | None = None  # a message received while reading ahead
 
     def run(self) -> None:
@@ -177,7 +172,7 @@ class _Server:
             self.stream.go_to(seed, epoch, pending)
             self.skipped.clear()
             batches, held, error = iter(self.stream), [], None
-        self.asked = (self.asked[1], epoch)
+        previous, self.asked = self.asked, epoch
         stager = self.stream.stager
         fallbacks = stager.stats["fallbacks"] if stager is not None else 0
         whole = False
@@ -204,16 +199,14 @@ class _Server:
         self.places.send_news()
         self.conn.send(("end", self.stream.stats, skipped, fell_back))
         if whole and self.may_read_ahead:  # not left early: the caller is likely to go on to the next
-            self.ahead = self.read_ahead(seed, epoch)
+            self.ahead = self.read_ahead(seed, likely_next(previous, epoch))
 
-    def read_ahead(self, seed: int, epoch: int) -> _Ahead:
-        """The first :data:`READ_AHEAD_BATCHES` of the epoch the parent is likely to ask for next: the
-        next, or this one again where it asked for the same one twice running (a caller that does not
-        set epochs). Read until that many are ready or the parent has something to say."""
-        following = epoch if self.asked[0] == epoch else epoch + 1
+    def read_ahead(self, seed: int, following: int) -> _ReadAhead:
+        """The first :data:`~ddpipe.epoch_ahead.READ_AHEAD_BATCHES` of epoch ``following``, read until
+        that many are ready or the parent has something to say."""
         self.stream.go_to(seed, following, None)
         self.skipped = []
-        ahead = _Ahead(seed, following, iter(self.stream), [], None)
+        ahead = _ReadAhead(seed, following, iter(self.stream), [], None)
         try:
             for b in ahead.batches:
                 ahead.held.append((self.prepared(b.indices, b.samples, seed, following), self.skipped))

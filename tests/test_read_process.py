@@ -408,27 +408,6 @@ def test_the_buffer_never_places_a_batch_over_a_live_one(steps: list[tuple[int, 
     assert ring.place(100) == 0
 
 
-def test_the_epoch_read_ahead_is_the_epoch_asked_for(images: Path) -> None:
-    """As an epoch ends, the reading process reads the first batches of the one likely to follow (the
-    next; the same again for a caller that asked for one epoch twice running). Whichever epoch is then
-    asked for, resumed ones too, comes as threads give it."""
-    threads, apart = make(images, "thread"), make(images, "process")
-    for epoch in (0, 1, 2, 2, 2, 5, 3):  # read ahead as asked for, then not (1 after 2 twice, 6 after 5)
-        assert same(epoch_of(apart, epoch), epoch_of(threads, epoch)), epoch
-    threads.set_epoch(4)
-    it = iter(threads)
-    for _ in range(3):
-        next(it)
-    state = threads.state_dict()  # where the reading process read epoch 4's first batches ahead
-    it.close()  # type: ignore[attr-defined]
-    for loader in (threads, apart):
-        loader.load_state_dict(state)
-    want, got = list(threads), list(apart)
-    assert same(got, want) and sum(len(y) for _, y in got) == 60 - 3 * BATCH
-    threads.close()
-    apart.close()
-
-
 def test_samples_left_out_of_an_epoch_read_ahead_count_in_that_epoch(tmp_path: Path) -> None:
     """Under on_error="skip", a read-ahead epoch's skipped samples are told with its own batches."""
     root = tmp_path / "wds"
@@ -487,7 +466,7 @@ def test_an_epoch_read_ahead_was_read_before_it_was_asked_for(tmp_path: Path) ->
     """Epoch 1's first batches are held as epoch 0 ends: with the shards gone by the time it is asked
     for, epoch 1 still comes whole (a local shuffle's first batch needs all 60 samples read into its
     buffer), where a server that does not read ahead finds them missing."""
-    from ddpipe.read_server import READ_AHEAD_BATCHES
+    from ddpipe.epoch_ahead import READ_AHEAD_BATCHES
 
     for reads_ahead in (True, False):
         root = tmp_path / f"wds-{reads_ahead}"
@@ -521,7 +500,7 @@ def test_what_reading_ahead_raised_is_raised_when_that_epoch_is_asked_for(tmp_pa
     data = bytearray(shard.read_bytes())
     data[-2000] ^= 0xFF
     shard.write_bytes(bytes(data))
-    here.server.ahead = here.server.read_ahead(5, 0)
+    here.server.ahead = here.server.read_ahead(5, 1)
     assert not here.conn.poll()  # nothing told yet
     batches, end = here.epoch(1)
     assert batches == [] and end[0] == "error" and isinstance(end[1], CorruptShardError)

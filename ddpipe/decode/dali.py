@@ -24,7 +24,7 @@ import torch
 import torch.utils.dlpack
 
 from ..errors import DdpipeError
-from ..handoff import ahead
+from ..handoff import Ahead, ahead
 from .batches import EncodedBatch, OnBad, checked_headers, with_crops
 from .resample import Resampler
 from .ring import TORCH_DTYPES
@@ -64,7 +64,7 @@ class _Feed:
         self.gpu = gpu
         self.inflight: deque[EncodedBatch] = deque()
         self.error: BaseException | None = None
-        self._batches: Generator[EncodedBatch, None, None] | None = None
+        self._batches: Ahead[EncodedBatch] | Generator[EncodedBatch, None, None] | None = None
         self._front: deque[EncodedBatch] = deque()  # fed again before the rest, after a failed pipeline
         self._seed = self._epoch = 0
         self._on_bad: OnBad | None = None
