@@ -17,7 +17,9 @@ does (read_server.py).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import weakref
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
@@ -52,6 +54,10 @@ class EpochAhead:
         self.stream.go_to(seed, epoch, None)
         self._batches: Generator[SampleBatch, None, None] = iter(self.stream)
         self._ahead = Ahead(self._batches, READ_AHEAD_BATCHES, "ddpipe-epoch-ahead")
+        # closed when let go of, and at the latest as the interpreter exits (a finalizer's default): after
+        # a job's last epoch this reads on, and a daemon thread stopped inside h5py's lock as the interpreter
+        # ends hung or crashed the exit (a loader left open by its script: 3 runs in 6 here)
+        self._close = weakref.finalize(self, _close, self._ahead, self._batches)
 
     def serves(self, seed: int, epoch: int, pending: np.ndarray | None) -> bool:
         """Whether these are the batches of the epoch at (``seed``, ``epoch``, ``pending``)."""
@@ -65,5 +71,10 @@ class EpochAhead:
 
     def close(self) -> None:
         """Stop reading (after the batch being read), and let the stream's producer go."""
-        self._ahead.close()
-        self._batches.close()
+        self._close()
+
+
+def _close(ahead: Ahead[SampleBatch], batches: Generator[SampleBatch, None, None]) -> None:
+    ahead.close()
+    with contextlib.suppress(ValueError):  # collected on the thread that reads: it stops by itself
+        batches.close()

@@ -64,7 +64,8 @@ class Ahead(Iterator[T]):
     def close(self) -> None:
         self._done = True
         self._stop.set()
-        self._thread.join()
+        if self._thread is not threading.current_thread():  # else collected there: it stops by itself
+            self._thread.join()
 
 
 def _fill(items: Iterator[Any], q: queue.Queue[Any], stop: threading.Event) -> None:

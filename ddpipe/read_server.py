@@ -132,6 +132,13 @@ class _Server:
         self.waiting: tuple[Any, ...] | None = None  # a message received while reading ahead
 
     def run(self) -> None:
+        try:
+            self.serve()
+        finally:  # its producer thread stopped before this process ends, not left inside h5py's lock
+            if self.ahead is not None:
+                self.ahead.batches.close()
+
+    def serve(self) -> None:
         while True:
             message, self.waiting = self.waiting, None
             try:

@@ -117,3 +117,4 @@ def test_the_thread_ahead_ends_when_its_holder_lets_go_of_it_unread() -> None:
         thread.join(timeout=60)  # a hang bound: it sees the stop within a put's timeout
         assert not thread.is_alive()
     assert not [t for t in threading.enumerate() if t.name == "test-ahead-unread"]
+
