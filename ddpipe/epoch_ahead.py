@@ -17,9 +17,7 @@ does (read_server.py).
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import weakref
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
@@ -53,11 +51,11 @@ class EpochAhead:
         self.stream = copy.copy(stream)  # its own epoch, plan and figures; the dataset and comm shared
         self.stream.go_to(seed, epoch, None)
         self._batches: Generator[SampleBatch, None, None] = iter(self.stream)
+        # let go of unclosed (a loader dropped), its thread is told to stop (Ahead), and no more: a collection
+        # runs that on whichever thread it happens on, and one that waited there for the thread to end waited on
+        # itself when it was the stream's own producer (the test suite hung so). At exit the producer is
+        # stopped before the libraries it reads with go (stream.py)
         self._ahead = Ahead(self._batches, READ_AHEAD_BATCHES, "ddpipe-epoch-ahead")
-        # closed when let go of, and at the latest as the interpreter exits (a finalizer's default): after
-        # a job's last epoch this reads on, and a daemon thread stopped inside h5py's lock as the interpreter
-        # ends hung or crashed the exit (a loader left open by its script: 3 runs in 6 here)
-        self._close = weakref.finalize(self, _close, self._ahead, self._batches)
 
     def serves(self, seed: int, epoch: int, pending: np.ndarray | None) -> bool:
         """Whether these are the batches of the epoch at (``seed``, ``epoch``, ``pending``)."""
@@ -71,10 +69,5 @@ class EpochAhead:
 
     def close(self) -> None:
         """Stop reading (after the batch being read), and let the stream's producer go."""
-        self._close()
-
-
-def _close(ahead: Ahead[SampleBatch], batches: Generator[SampleBatch, None, None]) -> None:
-    ahead.close()
-    with contextlib.suppress(ValueError):  # collected on the thread that reads: it stops by itself
-        batches.close()
+        self._ahead.close()
+        self._batches.close()
