@@ -38,6 +38,12 @@ def may_read_ahead(plan: PlanOptions, world_size: int, staged: bool) -> bool:
     return not staged and (plan.shuffle != "partial" or world_size == 1)
 
 
+def serves(ahead: tuple[int, int], seed: int, epoch: int, pending: np.ndarray | None) -> bool:
+    """Whether batches read ahead for (seed, epoch) ``ahead`` are those of the epoch at (``seed``,
+    ``epoch``, ``pending``): a resumed epoch (``pending``) is another."""
+    return pending is None and ahead == (seed, epoch)
+
+
 def likely_next(previous: int | None, last: int) -> int:
     """The epoch a caller that asked for ``previous``, then ``last``, is likely to ask for next."""
     return last if previous == last else last + 1
@@ -59,7 +65,7 @@ class EpochAhead:
 
     def serves(self, seed: int, epoch: int, pending: np.ndarray | None) -> bool:
         """Whether these are the batches of the epoch at (``seed``, ``epoch``, ``pending``)."""
-        return pending is None and (seed, epoch) == (self.stream.seed, self.stream.epoch)
+        return serves((self.stream.seed, self.stream.epoch), seed, epoch, pending)
 
     def __iter__(self) -> EpochAhead:
         return self

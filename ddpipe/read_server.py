@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .comm.base import pack_parts
-from .epoch_ahead import READ_AHEAD_BATCHES, likely_next, may_read_ahead
+from .epoch_ahead import READ_AHEAD_BATCHES, likely_next, may_read_ahead, serves
 from .errors import DdpipeError
 from .shard_places import IN_BUFFER, PlaceFinder
 
@@ -81,7 +81,7 @@ class _ReadAhead:
     error: Exception | None  # what reading the next one raised
 
     def serves(self, seed: int, epoch: int, pending: np.ndarray | None) -> bool:
-        return (seed, epoch) == (self.seed, self.epoch) and pending is None
+        return serves((self.seed, self.epoch), seed, epoch, pending)
 
 
 class _Stopped(Exception):
