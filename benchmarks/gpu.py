@@ -169,8 +169,7 @@ def decoding_doc(names: list[str], figures: dict[str, dict[str, list[float]]], p
             ("vs_limit", "/ GPU decode alone", ".2f"),
             ("steady_img_s", "img/s from each epoch's first batch on", ".0f"),
             ("first_batch_ms", "first batch ms", ".0f"), ("peak_mb", "host peak MB", ".0f")]
-    return {**header, "rows": rows, "runs": {n: f["rates"] for n, f in figures.items()}, "run_figures": figures,
-            "table": table(rows, cols)}
+    return {**header, "rows": rows, "runs": figures, "table": table(rows, cols)}
 
 
 def training(args: argparse.Namespace, data: Path) -> dict[str, Any]:

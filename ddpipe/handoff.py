@@ -78,18 +78,13 @@ def _fill(items: Iterator[Any], q: queue.Queue[Any], stop: threading.Event) -> N
         put_unless_stopped(q, e, stop)
 
 
-def ahead(items: Iterator[T], depth: int, name: str) -> Ahead[T]:
-    """``items`` run ahead of the caller on a thread of their own: :class:`Ahead`."""
-    return Ahead(items, depth, name)
-
-
 def read_ahead(samples: Iterator[Sample], depth: int, group: int = 32) -> Generator[Sample, None, None]:
     """``samples`` produced by a thread of its own, at most about ``depth`` ahead of the caller,
     until the caller closes this generator: reading that goes on while the caller waits (for an
     exchange round). Not stopped by the loader's stop: a rank that stops iterating still completes
     the exchange round in progress, which the other ranks are waiting in. Samples cross between the
     threads ``group`` at a time: a queue's put and get cost more than reading a small sample does."""
-    chunks = ahead(in_groups(samples, group), max(1, depth // group), "ddpipe-reader")
+    chunks = Ahead(in_groups(samples, group), max(1, depth // group), "ddpipe-reader")
     try:
         for chunk in chunks:
             yield from chunk

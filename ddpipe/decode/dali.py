@@ -24,7 +24,7 @@ import torch
 import torch.utils.dlpack
 
 from ..errors import DdpipeError
-from ..handoff import Ahead, ahead
+from ..handoff import Ahead
 from .batches import EncodedBatch, OnBad, checked_headers, with_crops
 from .resample import Resampler
 from .ring import TORCH_DTYPES
@@ -77,7 +77,7 @@ class _Feed:
         self._front.clear()
         self.error = None
         prepared = (self._prepared(b) for b in batches)
-        self._batches = ahead(prepared, self.AHEAD, "ddpipe-feed") if self.gpu else prepared
+        self._batches = Ahead(prepared, self.AHEAD, "ddpipe-feed") if self.gpu else prepared
 
     def detach(self) -> None:
         """Stop preparing (after the batch being prepared ahead): the batches are the caller's again."""
