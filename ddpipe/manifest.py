@@ -67,10 +67,52 @@ class ShardInfo:
         return doc
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> ShardInfo:
-        """The inverse of :meth:`to_dict` (KeyError, TypeError or ValueError if ``doc`` is not one)."""
-        return cls(str(doc["file"]), int(doc["samples"]), int(doc["bytes"]), str(doc["checksum"]),
-                   tuple((int(c), int(n)) for c, n in doc.get("labels", ())), str(doc.get("digests", "")))
+    def from_dict(cls, doc: object, number: int = 0) -> ShardInfo:
+        """The inverse of :meth:`to_dict`; a ValueError saying which field is wrong if ``doc`` (shard entry
+        ``number``) is not one."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"shard entry {number} must be an object, not {_kind(doc)}")
+        name = _field(doc, "file", str)
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            raise ValueError(f"shard file {name!r} must be a file name inside the dataset (no '/', not hidden)")
+        try:
+            labels = doc.get("labels", [])
+            if not isinstance(labels, list) or not all(isinstance(r, list) and len(r) == 2 for r in labels):
+                raise ValueError("'labels' must be a list of [class, count] runs")
+            runs = tuple((_count(c, "a label run's class"), _count(n, "a label run's count")) for c, n in labels)
+            return cls(name, _count(doc.get("samples"), "'samples'"), _count(doc.get("bytes"), "'bytes'"),
+                       _field(doc, "checksum", str), runs, _field(doc, "digests", str, ""))
+        except ValueError as e:
+            raise ValueError(f"shard {name!r}: {e}") from None
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _count(value: object, what: str) -> int:
+    """``value`` if it is a whole number, not negative (JSON's booleans and fractions are not)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a whole number of at least 0, not {value!r}")
+    return value
+
+
+def _field(doc: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    """``doc[key]``, which must be a ``kind`` (or absent, where a default is given)."""
+    if key not in doc and default is not None:
+        return default
+    if key not in doc:
+        raise ValueError(f"no {key!r}")
+    if not isinstance(doc[key], kind):
+        raise ValueError(f"{key!r} must be a {kind.__name__}, not {_kind(doc[key])}")
+    return doc[key]
+
+
+def _names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
+    names = _field(doc, key, list, [])
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{key!r} must be a list of names")
+    return tuple(names)
 
 
 def label_runs(labels: Iterable[int]) -> tuple[tuple[int, int], ...]:
@@ -159,26 +201,26 @@ class Manifest:
         if doc["ddpipe"] != MANIFEST_VERSION:
             raise ManifestError(f"manifest version {doc['ddpipe']!r} is not supported", path=path)
         try:
-            shards = tuple(ShardInfo.from_dict(s) for s in doc["shards"])
-            manifest = cls(
-                format=str(doc["format"]),
-                fields=tuple(str(f) for f in doc["fields"]),
-                classes=tuple(str(c) for c in doc["classes"]),
-                shards=shards,
-                skipped=tuple(SkippedItem(str(s["path"]), str(s["error"])) for s in doc.get("skipped", [])),
-                origin={str(k): str(v) for k, v in doc.get("origin", {}).items()},
-                layout=dict(doc.get("layout", {})),
-                data_dir=None if doc.get("data_dir") is None else str(doc["data_dir"]),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ManifestError(f"malformed manifest: {type(e).__name__}: {e}", path=path) from None
+            shards = tuple(ShardInfo.from_dict(s, i) for i, s in enumerate(_field(doc, "shards", list)))
+            skipped = _field(doc, "skipped", list, [])
+            if not all(isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("error"), str)
+                       for s in skipped):
+                raise ValueError("'skipped' must be a list of {\"path\": ..., \"error\": ...} entries")
+            origin, layout = _field(doc, "origin", dict, {}), _field(doc, "layout", dict, {})
+            data_dir = doc.get("data_dir")
+            if data_dir is not None and not isinstance(data_dir, str):
+                raise ValueError(f"'data_dir' must be a str, not {_kind(data_dir)}")
+            manifest = cls(format=_field(doc, "format", str), fields=_names(doc, "fields"),
+                           classes=_names(doc, "classes"), shards=shards,
+                           skipped=tuple(SkippedItem(s["path"], s["error"]) for s in skipped),
+                           origin={str(k): str(v) for k, v in origin.items()}, layout=dict(layout), data_dir=data_dir)
+        except ValueError as e:
+            raise ManifestError(f"malformed manifest: {e}", path=path) from None
         for s in shards:
-            if s.samples < 0 or s.bytes < 0 or "/" in s.file or s.file.startswith("."):
-                raise ManifestError(f"bad shard entry {s.file!r}", path=path)
             if s.samples > s.bytes:  # before any array is sized from the count (its digests, its labels)
                 raise ManifestError(f"shard {s.file!r}: {s.samples} samples in {s.bytes} bytes (a sample takes at "
                                     "least one)", path=path)
-            if s.labels and (sum(n for _, n in s.labels) != s.samples or min(min(r) for r in s.labels) < 0):
+            if s.labels and sum(n for _, n in s.labels) != s.samples:
                 raise ManifestError(f"shard {s.file!r}: its label runs do not add up to its {s.samples} samples",
                                     path=path)
             if s.digests:
