@@ -12,6 +12,7 @@ wrong; a missing object is a :class:`~ddpipe.errors.MissingShardError`.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -30,7 +31,13 @@ class StorageError(DdpipeError, OSError):
 
 
 def _first_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
+    """``error``'s message on one line. obstore appends its Rust error chain ("Debug source: ..."),
+    dozens of lines whose last message is the cause ("Connection refused"): only that is kept."""
+    text, _, chain = str(error).partition("Debug source:")
+    text = " ".join(text.split())
+    causes = re.findall(r'message: "([^"]+)"', chain)
+    if causes and causes[-1] not in text:
+        text += f" ({causes[-1]})"
     return text if len(text) <= 300 else text[:297] + "..."
 
 

@@ -4,6 +4,7 @@ files, in every format, on several ranks, staged, resumed, and faults that lose 
 from __future__ import annotations
 
 import shutil
+import socket
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,19 @@ def test_refused_credentials_are_one_line(http_root: RangeServer, tmp_path: Path
     refused = run_cli("inspect", f"{http_root.url}/wds")
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "access refused" in refused.stderr and f"{http_root.url}/wds/index.json" in refused.stderr
+
+
+def test_an_endpoint_that_refuses_connections_is_one_line_saying_so() -> None:
+    with socket.socket() as s:  # a port nothing listens on: bound, then let go
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/ds"
+    with pytest.raises(StorageError) as raised:
+        ddpipe.open_dataset(url, FAST_FAIL)
+    message = str(raised.value)
+    assert f"{url}/index.json" in message and "Connection refused" in message, message
+    assert "\n" not in message and "Debug source" not in message, message
+    proc = run_cli("inspect", url, timeout=120)  # a hang bound: the default retries take seconds
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Connection refused" in proc.stderr, proc.stderr
 
 
 def test_a_stopped_upload_shows_no_dataset_and_resumes(raw_images: Path, bucket: str,
