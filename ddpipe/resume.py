@@ -19,6 +19,7 @@ from .plan import PlanOptions, plan_epoch
 STATE_VERSION = 1
 # a field's name in states written before it was renamed
 _RENAMED = {"assignment": "shard_assignment"}
+_KEYS = ("epoch", "seed", "batches", "world_size", "options", "pending", "num_samples")
 
 
 def epoch_state(*, epoch: int, seed: int, batches: int, world_size: int, options: PlanOptions,
@@ -31,8 +32,13 @@ def epoch_state(*, epoch: int, seed: int, batches: int, world_size: int, options
 
 def remaining(state: dict[str, Any], manifest: Manifest) -> tuple[int, int, np.ndarray]:
     """(seed, epoch, the samples not yet yielded) of ``state``, for a loader over ``manifest``."""
+    if not isinstance(state, dict):
+        raise DdpipeError(f"a loader state is the dict that state_dict() gives, not {type(state).__name__}")
     if state.get("version") != STATE_VERSION:
         raise DdpipeError(f"loader state version {state.get('version')!r} is not supported")
+    lacking = [k for k in _KEYS if k not in state]
+    if lacking:
+        raise DdpipeError(f"the loader state lacks {', '.join(map(repr, lacking))}: not one state_dict() gave")
     n = manifest.num_samples
     if state["num_samples"] != n:
         raise DdpipeError(f"the state is of a dataset of {state['num_samples']} samples; this one has {n}")

@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import operator
 import os
 import queue
 import sys
@@ -28,7 +29,7 @@ import numpy as np
 
 from .comm import Comm, init_comm
 from .dataset import Dataset, open_dataset
-from .errors import CorruptShardError, DdpipeError, DigestMismatchError, SampleError
+from .errors import CorruptShardError, DdpipeError, DigestMismatchError, OptionError, SampleError
 from .handoff import END, groups
 from .loader_stats import ReadStats, SkippedSample
 from .options import STREAM_STAGES, ReadOptions, apply_keywords
@@ -155,6 +156,12 @@ class EncodedStream:
         return self.comm.world.rank
 
     def set_epoch(self, epoch: int) -> None:
+        try:
+            epoch = operator.index(epoch)
+        except TypeError:
+            epoch = -1
+        if epoch < 0:
+            raise OptionError(f"epoch must be a whole number of at least 0, not {epoch!r}")
         if epoch != self.epoch:
             self._pending = None
         self.epoch = epoch

@@ -137,7 +137,9 @@ def test_on_error_as_a_keyword_is_reading_and_decoding(data: Path) -> None:
 
 @pytest.mark.parametrize("bad", [{"shuffle": "random"}, {"exchange_fraction": 1.5}, {"on_error": "ignore"},
                                  {"shard_assignment": "spread"}, {"prefetch": 0}, {"source_limits": "fast"},
-                                 {"stage_capacity": 5}, {"decoder": "opencv"}, {"decoder": "none"}])
+                                 {"stage_capacity": 5}, {"decoder": "opencv"}, {"decoder": "none"},
+                                 {"scale": (0.5, 0.1)}, {"scale": (0.0, 1.0)}, {"ratio": (2.0, 1.0)}, {"flip": 1.5},
+                                 {"threads": -1}, {"std": (0.0, 1.0, 1.0)}, {"mean": (0.5, 0.5)}])
 def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[str, object]) -> None:
     name = next(iter(bad))
     with pytest.raises(OptionError, match=name if name != "stage_capacity" else "needs stage_dir"):
@@ -198,3 +200,18 @@ def test_no_stage_dir_is_no_staging(data: Path) -> None:
     assert ddpipe.EncodedStream(data, 4, stage_dir=None, stage_capacity=None).stager is None
     with pytest.raises(OptionError, match="stage_dir=None stages nothing"):
         ddpipe.EncodedStream(data, 4, stage_dir=None, stage_capacity=10**9)
+
+
+@pytest.mark.parametrize("epoch", [-1, 2.5, "3", None])
+def test_an_epoch_that_is_no_whole_number_is_refused_when_set(data: Path, epoch: Any) -> None:
+    stream = ddpipe.EncodedStream(data, 4)
+    with pytest.raises(OptionError, match="epoch must be a whole number"):
+        stream.set_epoch(epoch)
+    stream.set_epoch(np.int64(1))  # type: ignore[arg-type]  # a script's numpy integers are whole numbers too
+    assert stream.epoch == 1 and sum(len(b.indices) for b in stream) == 30
+
+
+@pytest.mark.parametrize("state", [None, [], {"version": 1}, {"version": 1, "epoch": 0, "seed": 0}])
+def test_a_state_that_is_not_one_state_dict_gave_is_refused(data: Path, state: Any) -> None:
+    with pytest.raises(ddpipe.DdpipeError, match="loader state"):
+        ddpipe.EncodedStream(data, 4).load_state_dict(state)

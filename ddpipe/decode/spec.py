@@ -90,6 +90,23 @@ class DecodeOptions:
             raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
         if self.size < 1 or self.resize_shorter < self.size:
             raise OptionError("size must be positive and resize_shorter at least size")
+        if self.threads < 0:
+            raise OptionError(f"threads must be at least 0 (0: the node's cores over its ranks), not {self.threads}")
+        self._check_transform()
+
+    def _check_transform(self) -> None:
+        """The random-resized crop's ranges, the flip's odds and the normalisation, as torchvision takes them."""
+        lo, hi = self.scale
+        if not 0 < lo <= hi <= 1:
+            raise OptionError(f"scale must be (low, high) with 0 < low <= high <= 1, not {self.scale!r}")
+        lo, hi = self.ratio
+        if not 0 < lo <= hi:
+            raise OptionError(f"ratio must be (low, high) with 0 < low <= high, not {self.ratio!r}")
+        if not 0 <= self.flip <= 1:
+            raise OptionError(f"flip is a probability, in [0, 1], not {self.flip!r}")
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise OptionError(f"mean and std must be three numbers each (R, G, B), std positive, not {self.mean!r} "
+                              f"and {self.std!r}")
 
     @property
     def workers(self) -> int:
