@@ -157,11 +157,12 @@ class EncodedStream:
 
     def set_epoch(self, epoch: int) -> None:
         try:
-            epoch = operator.index(epoch)
+            whole = operator.index(epoch)
         except TypeError:
-            epoch = -1
-        if epoch < 0:
+            whole = -1
+        if whole < 0:
             raise OptionError(f"epoch must be a whole number of at least 0, not {epoch!r}")
+        epoch = whole
         if epoch != self.epoch:
             self._pending = None
         self.epoch = epoch
