@@ -14,6 +14,7 @@ import numpy as np
 from .checksum import digest_mismatch, unpack_digests
 from .errors import CorruptShardError, ManifestError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
+from .formats.base import LayoutError
 from .formats.mapped import HashedFile, advise_willneed
 from .manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_from_text
 from .sample import BAD, KEY, Sample
@@ -82,7 +83,11 @@ class Dataset:
             self.where = str(self._root)
             # the shard files: beside index.json, or where an adopted dataset's manifest says
             self._data_root = self._root / manifest.data_dir if manifest.data_dir is not None else self._root
-        self.format: ShardFormat = get_format(manifest.format).configured(manifest.layout, self.data_root)
+        try:
+            self.format: ShardFormat = get_format(manifest.format).configured(manifest.layout, self.data_root)
+        except LayoutError as e:
+            where = storage.url(MANIFEST_NAME) if storage is not None else self._root / MANIFEST_NAME
+            raise ManifestError(f"malformed manifest: 'layout': {e}", path=where) from None
         self._digests: dict[int, np.ndarray] = {}  # unpacked on first use
 
     @property

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, sanitize_key
-from .base import AdoptedFormat, ShardReader
+from .base import AdoptedFormat, ShardReader, layout_value
 from .hdf5_heap import HeapFormatError, open_vlen_heap
 from .mapped import MappedFile
 
@@ -133,3 +133,9 @@ class ForeignHDF5Format(AdoptedFormat):
 
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return ForeignHDF5Reader(path, self.layout)
+
+    @staticmethod
+    def check_layout(layout: dict[str, Any]) -> None:
+        layout_value(layout, "images", str, "the name of an HDF5 dataset", required=True)
+        for key in ("labels", "label_attr", "field"):
+            layout_value(layout, key, str, "a name")
