@@ -75,7 +75,7 @@ class ForeignHDF5Reader(ShardReader):
             self._heap = open_vlen_heap(self._file, self._images, self._mapped) if self._kind == "vlen" else None
         except CorruptShardError:
             raise
-        except (OSError, KeyError, ValueError) as e:
+        except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:  # h5py: RuntimeError for some damage
             raise self._corrupt(f"unreadable HDF5 file or not the recorded layout: {e}") from None
 
     def __len__(self) -> int:
@@ -97,7 +97,7 @@ class ForeignHDF5Reader(ShardReader):
         i = self._check_index(index)
         try:
             return self._sample(i, self._images[i])
-        except OSError as e:
+        except (OSError, RuntimeError) as e:
             raise self._corrupt(f"cannot read image {i}: {e}") from None
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
@@ -114,7 +114,7 @@ class ForeignHDF5Reader(ShardReader):
             hi = min(lo + _BLOCK_ROWS, self._n)
             try:
                 block = heap.read(lo, hi, from_start=start == 0) if heap is not None else self._images[lo:hi]
-            except (OSError, HeapFormatError) as e:
+            except (OSError, RuntimeError, HeapFormatError) as e:
                 raise self._corrupt(f"cannot read images {lo}-{hi - 1}: {e}") from None
             for i, data in enumerate(block, start=lo):
                 yield self._sample(i, data, views)

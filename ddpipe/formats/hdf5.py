@@ -57,20 +57,23 @@ class HDF5Reader(ShardReader):
                 for name in fields:
                     g = fields[name]
                     self._base[name] = self._data_place(name, g["data"])
-                    self._offsets[name] = g["offsets"][()].tolist()
+                    offsets = np.asarray(g["offsets"][()])
                     self._present[name] = g["present"][()].astype(bool).tolist()
-                    if len(self._offsets[name]) != self._n + 1 or self._offsets[name][-1] != g["data"].shape[0]:
+                    if offsets.shape != (self._n + 1,) or offsets[0] != 0 or offsets[-1] != g["data"].shape[0] \
+                            or (np.diff(offsets) < 0).any() or len(self._present[name]) != self._n:
                         raise self._corrupt(f"field {name!r}: offsets disagree with its data")
+                    self._offsets[name] = offsets.tolist()
         except CorruptShardError:
             raise
-        except (OSError, KeyError, ValueError) as e:
+        except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:  # h5py: RuntimeError for some damage
             raise self._corrupt(f"unreadable or truncated HDF5 shard: {e}") from None
         if KEY not in self._offsets:
             raise self._corrupt("no keys stored")
 
     def _data_place(self, name: str, data: Any) -> int:
         """Where a field's bytes start in the file: ddpipe writes them contiguous and unfiltered."""
-        if data.chunks is not None or data.compression is not None or data.ndim != 1:
+        if not isinstance(data, h5py.Dataset) or data.chunks is not None or data.compression is not None \
+                or data.ndim != 1:
             raise self._corrupt(f"field {name!r}: its data is not stored as one contiguous run")
         size = int(data.shape[0])
         place = data.id.get_offset()
@@ -90,8 +93,14 @@ class HDF5Reader(ShardReader):
             if self._present[name][i]:
                 base = self._base[name]
                 value = content[base + off[i] : base + off[i + 1]]
-                sample[name] = bytes(value).decode() if name == KEY else value
+                sample[name] = self._key(value, i) if name == KEY else value
         return sample
+
+    def _key(self, stored: memoryview, i: int) -> str:
+        try:
+            return str(stored, "utf-8")
+        except UnicodeDecodeError:
+            raise self._corrupt(f"sample {i}: its key is not UTF-8") from None
 
     def __getitem__(self, index: int) -> Sample:
         return owned(self._sample(self._mapped.for_scan(from_start=False), self._check_index(index)))

@@ -22,18 +22,28 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from ..errors import CorruptShardError
+from .lmdb_tree import TreeError, check_tree
 from .mapped import address_of
 
 
 def open_whole(path: Path) -> lmdb.Environment:
     """The LMDB file ``path``, read-only and without a lock file, once it is known to hold every page it
-    names: pages are read through mmap, and a truncated file would kill the process with SIGBUS
-    rather than raise. Open it through :func:`lease_environment`, which opens it once."""
+    names and its tree to hold together (:mod:`.lmdb_tree`): pages are read through mmap, and LMDB
+    follows a damaged page's numbers anywhere, killing the process (SIGBUS, SIGABRT) rather than
+    raising. Open it through :func:`lease_environment`, which opens it once."""
     env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=512)
-    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    if path.stat().st_size < needed:
+    try:
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        if path.stat().st_size < needed:
+            raise CorruptShardError(f"truncated LMDB: {path.stat().st_size} bytes, its pages need {needed}",
+                                    path=path)
+        check_tree(path)
+    except TreeError as e:
         env.close()
-        raise CorruptShardError(f"truncated LMDB: {path.stat().st_size} bytes, its pages need {needed}", path=path)
+        raise CorruptShardError(f"damaged LMDB: {e}", path=path) from None
+    except BaseException:
+        env.close()
+        raise
     return env
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -371,3 +373,25 @@ def test_an_explicit_label_regex_replaces_the_class_names_an_earlier_index_recor
     again = run_cli("index", root, "--label-regex", r"_(?P<label>\d+)$")
     assert again.returncode == 0, again.stderr
     assert ddpipe.open_dataset(root).manifest.classes == tuple(str(c) for c in range(fd.CLASSES))
+
+
+def test_an_adopted_lmdb_damaged_where_lmdb_looks_for_records_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    """An adopted LMDB is checked record by record, after LMDB has found each record: one flipped bit
+    in the flags of a leaf page LMDB moves on to (a 16-bit word 10 bytes into its header) failed an
+    assertion in LMDB and killed the reader (SIGABRT) under the default checks. In a process of its
+    own, the damage must be one CorruptShardError naming the file."""
+    root = adopt("lmdb-msgpack", tmp_path)
+    mdb = root / "data.mdb"
+    data = bytearray(mdb.read_bytes())
+    leaf = data.index(b"%08d" % 20) // 4096 * 4096  # a page holding later records
+    assert leaf > data.index(b"%08d" % 0)  # not the first LMDB reaches
+    data[leaf + 10] ^= 0x02  # no longer marked a leaf
+    mdb.write_bytes(bytes(data))
+    script = ("import sys, ddpipe\n"
+              "try:\n"
+              "    print(sum(len(b.indices) for b in ddpipe.EncodedStream(sys.argv[1], 4, shuffle='none')))\n"
+              "except ddpipe.CorruptShardError as e:\n"
+              "    print('refused:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"the reader died ({proc.returncode}): {proc.stderr[-500:]}"
+    assert proc.stdout.startswith("refused:") and str(mdb) in proc.stdout, proc.stdout

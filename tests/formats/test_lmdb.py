@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import lmdb
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -166,3 +170,70 @@ def test_a_record_parsed_in_place_is_the_one_msgpack_unpacks(record: dict[str, o
     if other is not None:  # a field that is no bytes
         odd = msgpack.packb({**record, "odd": other}, use_bin_type=True)
         assert record_views(memoryview(odd + pad), 0, len(odd)) is None
+
+
+def test_a_node_pointer_damaged_after_conversion_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    """LMDB follows what its pages hold without bounds: one flipped bit in a leaf page's array of node
+    offsets (after its 16-byte header) made it read a node from the next pages and a value past the
+    file's end, killing the reader with SIGBUS. Read unchecked (``verify=False``; the shard's checksum
+    would catch it first), in a process of its own, the damage must be one CorruptShardError naming
+    the shard."""
+    from ..helpers import make_dataset
+
+    root = make_dataset(tmp_path / "ds", "lmdb", [10, 10])
+    shard = sorted(root.glob("*.lmdb"))[0]
+    data = bytearray(shard.read_bytes())
+    leaf = data.index(b"%012d" % 0) // 4096 * 4096  # the page holding the records
+    data[leaf + 16 + 2 * 3 + 1] ^= 0x20  # the fourth record's node offset, 8 KB further on
+    shard.write_bytes(bytes(data))
+    script = ("import sys, ddpipe\n"
+              "try:\n"
+              "    stream = ddpipe.EncodedStream(sys.argv[1], 4, shuffle='none', verify=False)\n"
+              "    print(sum(len(b.indices) for b in stream))\n"
+              "except ddpipe.CorruptShardError as e:\n"
+              "    print('refused:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"the reader died ({proc.returncode}): {proc.stderr[-500:]}"
+    assert proc.stdout.startswith("refused:") and str(shard) in proc.stdout, proc.stdout
+
+
+def _many_records(path: Path, n: int) -> None:
+    env = lmdb.open(str(path), subdir=False, map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for i in range(n):  # small values inline in leaf pages, large ones in overflow pages
+            txn.put(b"%08d" % i, bytes([i % 251]) * (50 if i % 3 else 5000))
+    env.close()
+
+
+def test_the_tree_walk_finds_the_pages_lmdb_counts(tmp_path: Path) -> None:
+    from ddpipe.formats.lmdb_tree import tree_pages
+
+    path = tmp_path / "many.mdb"
+    _many_records(path, 20_000)
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    stat = env.stat()
+    env.close()
+    assert stat["depth"] >= 3  # branch pages under branch pages
+    assert len(tree_pages(path.read_bytes())) == stat["branch_pages"] + stat["leaf_pages"]
+
+
+@pytest.fixture(scope="module")
+def small_tree(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    path = tmp_path_factory.mktemp("tree") / "t.mdb"
+    _many_records(path, 400)
+    return path.read_bytes()
+
+
+@settings(max_examples=300, deadline=None)
+@given(flips=st.lists(st.tuples(st.integers(0, 2**31), st.integers(0, 7)), min_size=1, max_size=4))
+def test_the_tree_walk_of_any_damaged_file_holds_or_is_a_tree_error(small_tree: bytes,
+                                                                    flips: list[tuple[int, int]]) -> None:
+    """The walk reads nothing outside the file whatever its bytes say: struct's and Python's own
+    errors (an offset past the end) would show here."""
+    from ddpipe.formats.lmdb_tree import TreeError, tree_pages
+
+    damaged = bytearray(small_tree)
+    for at, bit in flips:
+        damaged[at % (4096 * 8)] ^= 1 << bit  # the meta, branch and first leaf pages
+    with contextlib.suppress(TreeError):
+        tree_pages(bytes(damaged))
