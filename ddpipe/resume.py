@@ -7,6 +7,7 @@ samples not yet yielded afresh, over however many ranks the job now has: pure, l
 
 from __future__ import annotations
 
+import operator
 from dataclasses import asdict
 from typing import Any
 
@@ -19,6 +20,7 @@ from .plan import PlanOptions, plan_epoch
 STATE_VERSION = 1
 # a field's name in states written before it was renamed
 _RENAMED = {"assignment": "shard_assignment"}
+MAX_WORLD = 1 << 20  # ranks: more than any job has had
 _KEYS = ("epoch", "seed", "batches", "world_size", "options", "pending", "num_samples")
 
 
@@ -42,13 +44,40 @@ def remaining(state: dict[str, Any], manifest: Manifest) -> tuple[int, int, np.n
     n = manifest.num_samples
     if state["num_samples"] != n:
         raise DdpipeError(f"the state is of a dataset of {state['num_samples']} samples; this one has {n}")
+    seed, epoch = _whole(state, "seed", None), _whole(state, "epoch", 0)
+    batches, world_size = _whole(state, "batches", 0), _whole(state, "world_size", 1)
+    if world_size > MAX_WORLD:  # the old epoch is planned again over the old world, rank by rank
+        raise DdpipeError(f"the loader state's 'world_size' must be at most {MAX_WORLD}, not {world_size}")
     old_pending = None
     if state["pending"] is not None:
+        if not isinstance(state["pending"], bytes) or len(state["pending"]) != (n + 7) // 8:
+            raise DdpipeError(f"the loader state's 'pending' must be {(n + 7) // 8} bytes (a bit a sample) or None")
         old_pending = np.unpackbits(np.frombuffer(state["pending"], dtype=np.uint8), count=n).astype(bool)
-    options = PlanOptions(**{_RENAMED.get(k, k): v for k, v in state["options"].items()})
-    old = plan_epoch(manifest, state["world_size"], state["seed"], state["epoch"], options, old_pending)
+    try:
+        options = PlanOptions(**{_RENAMED.get(k, k): v for k, v in dict(state["options"]).items()})
+    except (TypeError, ValueError) as e:  # an OptionError, for a value no plan takes, is raised as it is
+        if isinstance(e, DdpipeError):
+            raise
+        raise DdpipeError(f"the loader state's 'options' are not a plan's options: {e}") from None
+    old = plan_epoch(manifest, world_size, seed, epoch, options, old_pending)
+    if batches > old.num_batches:
+        raise DdpipeError(f"the loader state is {batches} batches into an epoch of {old.num_batches}")
     left = np.zeros(n, dtype=bool)
     for r in old.ranks:
         left[r.order] = True
-    left[old.yielded(state["batches"])] = False
-    return int(state["seed"]), int(state["epoch"]), left
+    left[old.yielded(batches)] = False
+    return seed, epoch, left
+
+
+def _whole(state: dict[str, Any], key: str, least: int | None) -> int:
+    """``state[key]``, a whole number (numpy's too, as a state saved and loaded again may hold) of at
+    least ``least``; else a DdpipeError naming the key."""
+    value = state[key]
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or (least is not None and number < least):
+        at_least = f" of at least {least}" if least is not None else ""
+        raise DdpipeError(f"the loader state's {key!r} must be a whole number{at_least}, not {value!r}")
+    return number

@@ -215,3 +215,38 @@ def test_an_epoch_that_is_no_whole_number_is_refused_when_set(data: Path, epoch:
 def test_a_state_that_is_not_one_state_dict_gave_is_refused(data: Path, state: Any) -> None:
     with pytest.raises(ddpipe.DdpipeError, match="loader state"):
         ddpipe.EncodedStream(data, 4).load_state_dict(state)
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from(["epoch", "seed", "batches", "world_size", "options", "pending", "num_samples"]),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-5, 2**70), st.floats(), st.text(max_size=4),
+                       st.binary(max_size=9), st.lists(st.integers(), max_size=2),
+                       st.dictionaries(st.sampled_from(["shuffle", "batch_size", "nope"]), st.integers(-1, 9))))
+def test_a_damaged_state_resumes_or_is_one_error(state_data: tuple[Path, dict[str, Any], int], key: str,
+                                                   value: Any) -> None:
+    """A checkpoint's loader state with any field replaced: it resumes, or is refused with a DdpipeError
+    naming what is wrong, never another exception or an unbounded plan (a world of 2**70 ranks). One
+    batch into an epoch of 30 samples, another seed, epoch or plan leaves samples to read (a byte
+    of junk as 'pending' gave an empty rest); more batches, ranks or pending bits can leave none."""
+    root, state, epoch_batches = state_data
+    damaged = {**state, key: value}
+    stream = ddpipe.EncodedStream(root, 4)
+    try:
+        stream.load_state_dict(damaged)
+    except ddpipe.DdpipeError:
+        return
+    rest = sum(len(b.indices) for b in stream)
+    assert rest <= 30 + 4 * 8 and (rest > 0 or key in ("batches", "world_size", "pending"))
+    if key == "batches":
+        assert (rest == 0) == (value == epoch_batches)
+
+
+@pytest.fixture(scope="module")
+def state_data(data: Path) -> tuple[Path, dict[str, Any], int]:
+    """A dataset, a state one batch into its first epoch, and that epoch's batches."""
+    stream = ddpipe.EncodedStream(data, 4)
+    batches = iter(stream)
+    next(batches)
+    state = stream.state_dict()
+    batches.close()
+    return data, state, stream.plan().num_batches
