@@ -10,7 +10,7 @@ So every LMDB file is walked first, with bounds on everything (:func:`tree_pages
 number within the file, every node within its page, every value within the file, the counts the
 meta page records): a damaged file is then an error naming it, and what LMDB reads after is where
 the walk found it. It reads the tree's pages, a few percent of a file of images (the values live in
-overflow pages, which it does not read), at about a microsecond a record.
+overflow pages, which it does not read); its cost beside the read it guards: benchmarks/lmdb_tree.py.
 
 The on-disk layout read here is LMDB 0.9's (``mdb.c``: ``MDB_page``, ``MDB_meta``, ``MDB_db``,
 ``MDB_node``), on a 64-bit little-endian machine, which is how every LMDB file it maps is laid out.

@@ -1,0 +1,96 @@
+"""What walking an LMDB file's tree before LMDB reads it costs (ddpipe/formats/lmdb_tree.py).
+
+    python benchmarks/lmdb_tree.py [--n 3000] [--repeats 7]
+
+LMDB follows the page numbers its file holds without bounds, so every LMDB file ddpipe opens is
+walked first, bounded (a damaged one is then an error, not a crash). The walk reads the tree's
+pages; the reference is the read it guards, measured beside it on the same files: every record
+read in order, unchecked, the files in the page cache (``read_samples(verify=False)``, which walks
+each file once too). Three kinds of file: ddpipe's own LMDB shards of the synth images; one LMDB of
+the same images, as ``folder2lmdb``-style scripts write a whole dataset, adopted in place; and one
+of small records (a few hundred bytes each), the walk's worst case (most records to a page). Medians
+of ``--repeats``, walks and reads alternated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+from _common import DATA, save, synth_images, synth_shards
+
+import ddpipe
+from ddpipe.bench.harness import machine, median, table
+from ddpipe.convert.adopt_foreign import index_lmdb
+from ddpipe.formats.lmdb_tree import check_tree, tree_pages
+from ddpipe.reading import read_samples
+
+
+def whole_dataset_lmdb(images: Path, out: Path, small: bool) -> Path:
+    """One LMDB environment of every image under ``images`` (or of small records), then adopted."""
+    if not (out / "index.json").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        env = lmdb.open(str(out), map_size=1 << 36)
+        with env.begin(write=True) as txn:
+            for i, path in enumerate(sorted(images.rglob("*.jpg"))):
+                for copy in range(30 if small else 1):  # small records: many to a page
+                    value = path.read_bytes()[:200] if small else path.read_bytes()
+                    txn.put(f"{path.parent.name}/{i:07d}_{copy:02d}".encode(), value)
+        env.close()
+        classes = sorted({p.parent.name for p in images.rglob("*.jpg")})
+        index_lmdb(out, label_regex=r"^(?P<label>[^/]+)/", classes=classes)
+    return out
+
+
+def measure(dataset: Path, repeats: int) -> dict[str, Any]:
+    ds = ddpipe.open_dataset(dataset)
+    files = [ds.data_root / s.file for s in ds.manifest.shards]
+    everything = np.arange(len(ds))
+    sum(1 for _ in read_samples(ds, everything, verify=False))  # warm: the files in the page cache
+    walks, reads = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for f in files:
+            check_tree(f)
+        walks.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        sum(1 for _ in read_samples(ds, everything, verify=False))
+        reads.append(time.perf_counter() - t)
+    walk, read = median(walks), median(reads)
+    pages = sum(len(tree_pages(f.read_bytes())) for f in files)
+    size = sum(f.stat().st_size for f in files)
+    return {"files": len(files), "records": len(ds), "tree_pages": pages, "file_mb": size / 1e6,
+            "walk_ms": walk * 1e3, "walk_us_record": walk / len(ds) * 1e6, "read_ms": read * 1e3,
+            "walk_over_read": median([w / r for w, r in zip(walks, reads, strict=True)])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    images = synth_images(args.n)
+    sets = {"ddpipe's LMDB shards": synth_shards(args.n, "loader", "lmdb"),  # feed.py's
+            "one LMDB of the images, adopted": whole_dataset_lmdb(images, DATA / f"lmdb-whole-{args.n}", small=False),
+            "one LMDB of small records, adopted": whole_dataset_lmdb(images, DATA / f"lmdb-small-{args.n}", small=True)}
+    rows = []
+    for name, path in sets.items():
+        row = {"data": name, **measure(path, args.repeats)}
+        rows.append(row)
+        print(row, flush=True)
+    text = table(rows, [("data", "data", "s"), ("files", "files", "d"), ("records", "records", ",d"),
+                        ("file_mb", "MB", ".0f"), ("tree_pages", "tree pages", ",d"), ("walk_ms", "walk ms", ".1f"),
+                        ("walk_us_record", "walk us a record", ".2f"), ("read_ms", "unchecked warm read ms", ".1f"),
+                        ("walk_over_read", "walk / read", ".3f")])
+    print(text)
+    doc = {"benchmark": "lmdb_tree", "command": f"python benchmarks/lmdb_tree.py --n {args.n} --repeats {args.repeats}",
+           "machine": machine(), "rows": rows, "table": text}
+    print(f"wrote {save('lmdb_tree', doc)}")
+
+
+if __name__ == "__main__":
+    main()
