@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import ddpipe
 
 from .conftest import run_cli
@@ -109,3 +111,23 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     assert "ddpipe convert: error: unrecognized arguments: --shard-bytes 3MB" in proc.stderr
     assert "usage: ddpipe convert" in proc.stderr and "--shard-size" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["train", "ds", "--lr", "-1"], "argument --lr: must be more than 0, not -1"),
+    (["train", "ds", "--lr", "nan"], "argument --lr: must be a finite number, not nan"),
+    (["train", "ds", "--lr", "0"], "argument --lr: must be more than 0"),
+    (["train", "ds", "--warmup-epochs", "-2"], "argument --warmup-epochs: must be 0 or more"),
+    (["bench", "ds", "--decode-rate", "inf"], "argument --decode-rate: must be a finite number"),
+    (["bench", "ds", "--link-latency", "-1"], "argument --link-latency: must be 0 or more seconds"),
+    (["serve", "--log-every", "0"], "argument --log-every: must be more than 0"),
+])
+def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], says: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative or non-finite learning rate reached torch's SGD, which raised a traceback (--lr -1),
+    or trained on NaN without a word (--lr nan)."""
+    from ddpipe.cli.parser import parse_command_line
+
+    with pytest.raises(SystemExit) as ended:
+        parse_command_line(args)
+    assert ended.value.code == 2 and says in capsys.readouterr().err

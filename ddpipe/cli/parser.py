@@ -46,6 +46,32 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not -float("inf") < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number, not {text}")
+    return value
+
+
+def _at_least_zero(text: str) -> float:
+    """A finite number, 0 or more (a learning rate's warm-up, a rate where 0 means "measure it")."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def _above_zero(text: str) -> float:
+    """A finite number more than 0 (a learning rate, seconds between log lines)."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -145,8 +171,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--epochs", type=_positive, default=1)
     p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
     p.add_argument("--allreduce", choices=["ddp", "mpi"], default="ddp")
-    p.add_argument("--lr", type=float, default=0.1, help="for a global batch of 256, scaled linearly")
-    p.add_argument("--warmup-epochs", type=float, default=0.0)
+    p.add_argument("--lr", type=_above_zero, default=0.1, help="for a global batch of 256, scaled linearly")
+    p.add_argument("--warmup-epochs", type=_at_least_zero, default=0.0)
     p.add_argument("--eval", help="a held-out dataset: top-1 accuracy after each epoch")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--dtype", choices=DTYPES, default="uint8",
@@ -204,9 +230,9 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--local-bandwidth", type=_size, default=3 * 10**9, help="node-local storage, per second")
     p.add_argument("--local-capacity", type=_size, default=3800 * 10**9)
     p.add_argument("--link-bandwidth", type=_size, default=25 * 10**9, help="per node, per second")
-    p.add_argument("--link-latency", type=float, default=5e-6, help="seconds per message")
+    p.add_argument("--link-latency", type=_seconds, default=5e-6, help="seconds per message")
     p.add_argument("--model-step-time", type=_seconds, default=0.0, help="the real model's step (default: --step-time)")
-    p.add_argument("--decode-rate", type=float, default=0.0,
+    p.add_argument("--decode-rate", type=_at_least_zero, default=0.0,
                    help="images/s one rank decodes on the cluster (default: measured here)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_bench)
@@ -219,7 +245,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--queue", type=int, default=0, help="requests waiting for a worker (default: 2 per worker); "
                    "past it, trainers are told the server is busy")
     p.add_argument("--max-request", type=_size, default=512 << 20, help="largest request taken, e.g. 512MB")
-    p.add_argument("--log-every", type=float, default=60.0, help="seconds between log lines")
+    p.add_argument("--log-every", type=_above_zero, default=60.0, help="seconds between log lines")
     p.set_defaults(func=cmd_serve)
 
     p = command("inspect", help="format, shards, samples, bytes, classes, per-field sizes")

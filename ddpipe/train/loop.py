@@ -9,6 +9,7 @@ state, so training resumes mid-epoch with exactly the samples the epoch had not 
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from ..decode import normalize
-from ..errors import DdpipeError
+from ..errors import DdpipeError, OptionError
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
 from .distributed import DataParallel, Job, wrap
@@ -45,6 +46,19 @@ class TrainOptions:
     max_steps: int = 0  # stop after this many steps in total (0: no limit), saving a checkpoint first
     log_every: int = 0  # a progress line every this many steps (0: at epoch ends only)
     progress_bar: bool = True  # a bar on rank 0, when it writes to a terminal
+
+    def __post_init__(self) -> None:
+        if self.allreduce not in ("ddp", "mpi"):
+            raise OptionError(f"allreduce must be 'ddp' or 'mpi', not {self.allreduce!r}")
+        if not (0 < self.lr < math.inf and 0 <= self.warmup_epochs < math.inf and 0 <= self.momentum < 1
+                and 0 <= self.weight_decay < math.inf):  # NaN fails every comparison
+            raise OptionError(f"lr must be a finite number more than 0, warmup_epochs and weight_decay finite and 0 "
+                              f"or more, momentum in [0, 1): not {self.lr}, {self.warmup_epochs}, "
+                              f"{self.weight_decay} and {self.momentum}")
+        if min(self.epochs, self.reference_batch, self.bucket_bytes) < 1 \
+                or min(self.checkpoint_every, self.max_steps, self.log_every) < 0:
+            raise OptionError("epochs, reference_batch and bucket_bytes must be at least 1; checkpoint_every, "
+                              "max_steps and log_every at least 0")
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -76,3 +77,13 @@ def test_warm_up_continues_where_a_resumed_epoch_stopped(data: Path, tmp_path: P
     resumed.fit()
     opt = resumed.opt
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(scaled_lr(opt, 8, 3 / 6))  # 3 of 6 done
+
+
+@pytest.mark.parametrize("bad", [{"lr": -1.0}, {"lr": 0.0}, {"lr": float("nan")}, {"lr": float("inf")},
+                                 {"warmup_epochs": -1.0}, {"momentum": 1.0}, {"weight_decay": float("nan")},
+                                 {"epochs": 0}, {"reference_batch": 0}, {"allreduce": "nccl"}, {"max_steps": -1}])
+def test_training_options_a_step_cannot_use_are_refused_when_made(bad: dict[str, Any]) -> None:
+    """A negative learning rate reached torch's SGD (a traceback from ddpipe train --lr -1); NaN trained
+    on NaN without a word."""
+    with pytest.raises(ddpipe.OptionError, match=next(iter(bad))):
+        TrainOptions(**bad)
