@@ -9,11 +9,13 @@ by every reader in the process, as a node shares its link).
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 
+from .errors import OptionError
 from .units import parse_size
 
 ENV_VAR = "DDPIPE_SOURCE_THROTTLE"  # read at the edge (the CLI), e.g. "100MB/s,5ms"
@@ -41,6 +43,12 @@ class SourceLimits:
             else:
                 raise ValueError(f"cannot parse {part!r} in {text!r}: use e.g. '100MB/s,5ms'")
         return limits
+
+    def __post_init__(self) -> None:
+        if not (self.bandwidth is None or 0 < self.bandwidth < math.inf) or not 0 <= self.latency < math.inf \
+                or not 0 <= self.burst < math.inf:
+            raise OptionError(f"source limits must be a bandwidth more than 0 (or None), a latency and a burst 0 or "
+                              f"more, all finite: not {self.bandwidth}, {self.latency} and {self.burst}")
 
     def __reduce__(self) -> tuple[object, ...]:
         # another process (a reading process) models the same link afresh: its own lock and credit

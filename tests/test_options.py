@@ -139,7 +139,9 @@ def test_on_error_as_a_keyword_is_reading_and_decoding(data: Path) -> None:
                                  {"shard_assignment": "spread"}, {"prefetch": 0}, {"source_limits": "fast"},
                                  {"stage_capacity": 5}, {"decoder": "opencv"}, {"decoder": "none"},
                                  {"scale": (0.5, 0.1)}, {"scale": (0.0, 1.0)}, {"ratio": (2.0, 1.0)}, {"flip": 1.5},
-                                 {"threads": -1}, {"std": (0.0, 1.0, 1.0)}, {"mean": (0.5, 0.5)}])
+                                 {"threads": -1}, {"std": (0.0, 1.0, 1.0)}, {"mean": (0.5, 0.5)},
+                                 {"mean": (float("nan"), 0.5, 0.5)}, {"std": (float("inf"), 0.2, 0.2)},
+                                 {"service_timeout": float("nan")}, {"stage_wait_timeout": float("nan")}])
 def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[str, object]) -> None:
     name = next(iter(bad))
     with pytest.raises(OptionError, match=name if name != "stage_capacity" else "needs stage_dir"):
@@ -250,3 +252,11 @@ def state_data(data: Path) -> tuple[Path, dict[str, Any], int]:
     state = stream.state_dict()
     batches.close()
     return data, state, stream.plan().num_batches
+
+
+@pytest.mark.parametrize("limits", [(float("nan"), 0.0), (-5.0, 0.0), (1e9, -1.0), (1e9, float("inf"))])
+def test_source_limits_no_link_has_are_refused(limits: tuple[float, float]) -> None:
+    """A negative latency reached time.sleep (ValueError at the first open); NaN passed every check
+    written as ``x <= 0``."""
+    with pytest.raises(OptionError, match="source limits"):
+        SourceLimits(*limits)

@@ -75,7 +75,7 @@ class DecodeOptions:
             raise OptionError(f"max_pixels must be positive, not {self.max_pixels}")
         if self.read_in not in ("thread", "process"):
             raise OptionError(f"read_in must be 'thread' or 'process', not {self.read_in!r}")
-        if self.service_timeout <= 0:
+        if not self.service_timeout > 0:  # NaN too
             raise OptionError(f"service_timeout must be positive, not {self.service_timeout}")
         if self.service and self.decoder == "dali-gpu":
             raise OptionError("a decode service decodes on the CPU: decoder 'auto', 'dali-cpu' or 'pil' with service")
@@ -104,9 +104,10 @@ class DecodeOptions:
             raise OptionError(f"ratio must be (low, high) with 0 < low <= high, not {self.ratio!r}")
         if not 0 <= self.flip <= 1:
             raise OptionError(f"flip is a probability, in [0, 1], not {self.flip!r}")
-        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
-            raise OptionError(f"mean and std must be three numbers each (R, G, B), std positive, not {self.mean!r} "
-                              f"and {self.std!r}")
+        if len(self.mean) != 3 or len(self.std) != 3 or not all(0 < s < math.inf for s in self.std) \
+                or not all(math.isfinite(m) for m in self.mean):
+            raise OptionError(f"mean and std must be three finite numbers each (R, G, B), std positive, not "
+                              f"{self.mean!r} and {self.std!r}")
 
     @property
     def workers(self) -> int:

@@ -42,7 +42,7 @@ class ServeOptions:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise OptionError(f"workers must be at least 1, not {self.workers}")
-        if self.queue < 0 or self.max_request_bytes < 1 or self.max_samples < 1 or self.log_every <= 0:
+        if self.queue < 0 or self.max_request_bytes < 1 or self.max_samples < 1 or not self.log_every > 0:
             raise OptionError("queue must be at least 0; max_request_bytes, max_samples and log_every positive")
 
     @property

@@ -50,7 +50,7 @@ class StageOptions:
         object.__setattr__(self, "stage_dir", Path(self.stage_dir))  # a str given is kept as a Path
         if self.capacity is not None and self.capacity < 1:
             raise OptionError(f"stage_capacity must be a positive number of bytes, not {self.capacity}")
-        if self.wait_timeout <= 0:
+        if not self.wait_timeout > 0:  # NaN too
             raise OptionError(f"stage_wait_timeout must be positive, not {self.wait_timeout}")
 
 

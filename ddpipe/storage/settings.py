@@ -43,7 +43,7 @@ class StorageOptions:
         if self.max_retries < 0:
             raise OptionError(f"max_retries must be 0 or more, not {self.max_retries}")
         for name in ("retry_seconds", "timeout_seconds"):
-            if getattr(self, name) <= 0:
+            if not getattr(self, name) > 0:  # NaN too
                 raise OptionError(f"{name} must be positive, not {getattr(self, name)}")
 
 
