@@ -83,7 +83,7 @@ def test_the_error_names_the_entry_and_the_field(place: tuple[Any, ...], value: 
     assert says in str(raised.value)
 
 
-def test_a_missing_field_is_named(tmp_path: Path) -> None:
+def test_a_missing_field_is_named() -> None:
     doc = copy.deepcopy(VALID)
     del doc["shards"][0]["checksum"]
     with pytest.raises(ddpipe.ManifestError, match=r"shard 'shard-000000\.tar': no 'checksum'"):
