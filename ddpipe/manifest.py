@@ -38,6 +38,7 @@ import numpy as np
 
 from .checksum import unpack_digests
 from .errors import ManifestError
+from .fields import checked, kind_of, whole_number
 from .formats.atomic import atomic_write_bytes
 
 MANIFEST_NAME = "index.json"
@@ -71,45 +72,24 @@ class ShardInfo:
         """The inverse of :meth:`to_dict`; a ValueError saying which field is wrong if ``doc`` (shard entry
         ``number``) is not one."""
         if not isinstance(doc, dict):
-            raise ValueError(f"shard entry {number} must be an object, not {_kind(doc)}")
-        name = _field(doc, "file", str)
+            raise ValueError(f"shard entry {number} must be an object, not {kind_of(doc)}")
+        name = checked(doc, "file", str)
         if not name or "/" in name or "\\" in name or name.startswith("."):
             raise ValueError(f"shard file {name!r} must be a file name inside the dataset (no '/', not hidden)")
         try:
             labels = doc.get("labels", [])
             if not isinstance(labels, list) or not all(isinstance(r, list) and len(r) == 2 for r in labels):
                 raise ValueError("'labels' must be a list of [class, count] runs")
-            runs = tuple((_count(c, "a label run's class"), _count(n, "a label run's count")) for c, n in labels)
-            return cls(name, _count(doc.get("samples"), "'samples'"), _count(doc.get("bytes"), "'bytes'"),
-                       _field(doc, "checksum", str), runs, _field(doc, "digests", str, ""))
+            runs = tuple((whole_number(c, "a label run's class"), whole_number(n, "a label run's count"))
+                         for c, n in labels)
+            return cls(name, whole_number(doc.get("samples"), "'samples'"), whole_number(doc.get("bytes"), "'bytes'"),
+                       checked(doc, "checksum", str), runs, checked(doc, "digests", str, default=""))
         except ValueError as e:
             raise ValueError(f"shard {name!r}: {e}") from None
 
 
-def _kind(value: object) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _count(value: object, what: str) -> int:
-    """``value`` if it is a whole number, not negative (JSON's booleans and fractions are not)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{what} must be a whole number of at least 0, not {value!r}")
-    return value
-
-
-def _field(doc: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
-    """``doc[key]``, which must be a ``kind`` (or absent, where a default is given)."""
-    if key not in doc and default is not None:
-        return default
-    if key not in doc:
-        raise ValueError(f"no {key!r}")
-    if not isinstance(doc[key], kind):
-        raise ValueError(f"{key!r} must be a {kind.__name__}, not {_kind(doc[key])}")
-    return doc[key]
-
-
 def _names(doc: dict[str, Any], key: str) -> tuple[str, ...]:
-    names = _field(doc, key, list, [])
+    names = checked(doc, key, list, default=[])
     if not all(isinstance(n, str) for n in names):
         raise ValueError(f"{key!r} must be a list of names")
     return tuple(names)
@@ -201,16 +181,14 @@ class Manifest:
         if doc["ddpipe"] != MANIFEST_VERSION:
             raise ManifestError(f"manifest version {doc['ddpipe']!r} is not supported", path=path)
         try:
-            shards = tuple(ShardInfo.from_dict(s, i) for i, s in enumerate(_field(doc, "shards", list)))
-            skipped = _field(doc, "skipped", list, [])
+            shards = tuple(ShardInfo.from_dict(s, i) for i, s in enumerate(checked(doc, "shards", list)))
+            skipped = checked(doc, "skipped", list, default=[])
             if not all(isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("error"), str)
                        for s in skipped):
                 raise ValueError("'skipped' must be a list of {\"path\": ..., \"error\": ...} entries")
-            origin, layout = _field(doc, "origin", dict, {}), _field(doc, "layout", dict, {})
-            data_dir = doc.get("data_dir")
-            if data_dir is not None and not isinstance(data_dir, str):
-                raise ValueError(f"'data_dir' must be a str, not {_kind(data_dir)}")
-            manifest = cls(format=_field(doc, "format", str), fields=_names(doc, "fields"),
+            origin, layout = checked(doc, "origin", dict, default={}), checked(doc, "layout", dict, default={})
+            data_dir = None if doc.get("data_dir") is None else checked(doc, "data_dir", str)
+            manifest = cls(format=checked(doc, "format", str), fields=_names(doc, "fields"),
                            classes=_names(doc, "classes"), shards=shards,
                            skipped=tuple(SkippedItem(s["path"], s["error"]) for s in skipped),
                            origin={str(k): str(v) for k, v in origin.items()}, layout=dict(layout), data_dir=data_dir)

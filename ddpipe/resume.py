@@ -7,13 +7,13 @@ samples not yet yielded afresh, over however many ranks the job now has: pure, l
 
 from __future__ import annotations
 
-import operator
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from .errors import DdpipeError
+from .fields import whole_number
 from .manifest import Manifest
 from .plan import PlanOptions, plan_epoch
 
@@ -70,14 +70,8 @@ def remaining(state: dict[str, Any], manifest: Manifest) -> tuple[int, int, np.n
 
 
 def _whole(state: dict[str, Any], key: str, least: int | None) -> int:
-    """``state[key]``, a whole number (numpy's too, as a state saved and loaded again may hold) of at
-    least ``least``; else a DdpipeError naming the key."""
-    value = state[key]
+    """``state[key]``, a whole number of at least ``least``; else a DdpipeError naming the key."""
     try:
-        number = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or (least is not None and number < least):
-        at_least = f" of at least {least}" if least is not None else ""
-        raise DdpipeError(f"the loader state's {key!r} must be a whole number{at_least}, not {value!r}")
-    return number
+        return whole_number(state[key], f"the loader state's {key!r}", least)
+    except ValueError as e:
+        raise DdpipeError(str(e)) from None

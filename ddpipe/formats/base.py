@@ -227,20 +227,6 @@ class LayoutError(ValueError):
     """A manifest's ``layout`` that its adopted format cannot follow (a value of the wrong kind)."""
 
 
-def layout_value(layout: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str,
-                 required: bool = False) -> Any:
-    """``layout[key]`` (None where absent and not ``required``), or a LayoutError saying it must be
-    ``what``: a value of ``kind``, not a boolean (JSON's booleans are no numbers here)."""
-    if key not in layout:
-        if required:
-            raise LayoutError(f"no {key!r}")
-        return None
-    value = layout[key]
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise LayoutError(f"{key!r} must be {what}, not {value!r}")
-    return value
-
-
 class AdoptedFormat(ShardFormat):
     """Files another tool wrote, read in place (``ddpipe index`` adopts them) and never written. Each
     dataset's manifest gives the ``layout`` its reader follows; ``layout["source_dir"]`` is where the
@@ -251,13 +237,16 @@ class AdoptedFormat(ShardFormat):
 
     def configured(self, layout: dict[str, Any], data_root: Path) -> ShardFormat:
         """LayoutError for a layout the reader cannot follow, before any file is opened."""
-        self.check_layout(layout)
+        try:
+            self.check_layout(layout)
+        except ValueError as e:
+            raise LayoutError(str(e)) from None
         return type(self)({**layout, "source_dir": str(data_root)})
 
     @staticmethod
     @abc.abstractmethod
     def check_layout(layout: dict[str, Any]) -> None:
-        """Raise LayoutError naming the first key whose value the reader cannot use."""
+        """Raise ValueError naming the first key whose value the reader cannot use (:mod:`ddpipe.fields`)."""
 
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         raise DdpipeError(f"{self.name} files are read in place, never written: convert them to write ddpipe shards")

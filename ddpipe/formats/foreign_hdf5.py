@@ -18,8 +18,9 @@ import h5py
 import numpy as np
 
 from ..errors import CorruptShardError
+from ..fields import checked
 from ..sample import KEY, Sample, sanitize_key
-from .base import AdoptedFormat, ShardReader, layout_value
+from .base import AdoptedFormat, ShardReader
 from .hdf5_heap import HeapFormatError, open_vlen_heap
 from .mapped import MappedFile
 
@@ -136,6 +137,6 @@ class ForeignHDF5Format(AdoptedFormat):
 
     @staticmethod
     def check_layout(layout: dict[str, Any]) -> None:
-        layout_value(layout, "images", str, "the name of an HDF5 dataset", required=True)
+        checked(layout, "images", str, "the name of an HDF5 dataset")
         for key in ("labels", "label_attr", "field"):
-            layout_value(layout, key, str, "a name")
+            checked(layout, key, str, "a name", default=None)

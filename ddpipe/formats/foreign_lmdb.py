@@ -19,8 +19,9 @@ from typing import Any
 import lmdb
 
 from ..errors import CorruptShardError, DdpipeError
+from ..fields import checked, whole_number
 from ..sample import KEY, Sample, sanitize_key
-from .base import AdoptedFormat, LayoutError, ShardReader, layout_value
+from .base import AdoptedFormat, ShardReader
 from .lmdb_env import MappedRecords, lease_environment
 from .lmdb_values import META_KEY, VALUE_KINDS, RecordError, read_value
 
@@ -202,25 +203,24 @@ class ForeignLMDBFormat(AdoptedFormat):
     @staticmethod
     def check_layout(layout: dict[str, Any]) -> None:
         if layout.get("values", "image") not in VALUE_KINDS:
-            raise LayoutError(f"'values' must be one of {', '.join(VALUE_KINDS)}, not {layout['values']!r}")
+            raise ValueError(f"'values' must be one of {', '.join(VALUE_KINDS)}, not {layout['values']!r}")
         if layout.get("digests", "records") != "records":
-            raise LayoutError(f"'digests' must be 'records', not {layout['digests']!r}")
+            raise ValueError(f"'digests' must be 'records', not {layout['digests']!r}")
         for key in ("field", "labels_file"):
-            layout_value(layout, key, str, "a name")
+            checked(layout, key, str, "a name", default=None)
         for key in ("samples", "seek_every"):
-            if not 0 <= (layout_value(layout, key, int, "a whole number of at least 0") or 0) < 2**63:
-                raise LayoutError(f"{key!r} must be a whole number of at least 0, not {layout[key]!r}")
-        for key, what in (("label_names", "class names"), ("seek_keys", "keys in base64")):
-            if not all(isinstance(v, str) for v in layout_value(layout, key, list, f"a list of {what}") or ()):
-                raise LayoutError(f"{key!r} must be a list of {what}")
-        try:
-            for key in layout.get("seek_keys", ()):
+            whole_number(layout.get(key, 0), repr(key), below=2**63)
+        if not all(isinstance(name, str) for name in checked(layout, "label_names", list, "a list of class names",
+                                                             default=())):
+            raise ValueError("'label_names' must be a list of class names")
+        for key in checked(layout, "seek_keys", list, "a list of keys in base64", default=()):
+            try:
                 base64.b64decode(key, validate=True)
-        except ValueError:
-            raise LayoutError(f"'seek_keys' must be keys in base64, not {key!r}") from None
-        pattern = layout_value(layout, "label_regex", str, "a regular expression")
+            except (TypeError, ValueError):
+                raise ValueError(f"'seek_keys' must be keys in base64, not {key!r}") from None
+        pattern = checked(layout, "label_regex", str, "a regular expression", default=None)
         try:
             if pattern is not None and "label" not in re.compile(pattern).groupindex:
-                raise LayoutError(f"'label_regex' {pattern!r} has no group (?P<label>...)")
+                raise ValueError(f"'label_regex' {pattern!r} has no group (?P<label>...)")
         except re.error as e:
-            raise LayoutError(f"'label_regex' {pattern!r} is no regular expression: {e}") from None
+            raise ValueError(f"'label_regex' {pattern!r} is no regular expression: {e}") from None

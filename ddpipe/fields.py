@@ -1,0 +1,43 @@
+"""Fields of plain documents that reach ddpipe from files (``index.json``, an adopted dataset's
+``layout``, a loader state in a checkpoint), each checked to be what it must be before it is used:
+a ValueError naming the field otherwise, which each reader turns into its own error."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+MISSING: Any = object()  # no default: the field must be there
+
+
+def kind_of(value: object) -> str:
+    """JSON's name for ``value``'s kind where it has one (null), else Python's."""
+    return "null" if value is None else type(value).__name__
+
+
+def checked(doc: dict[str, Any], key: str, kind: type, what: str | None = None, default: Any = MISSING) -> Any:
+    """``doc[key]``, which must be a ``kind`` and not a boolean (JSON's booleans are no numbers or
+    names here); ``default`` where it is absent, if given. The error says it must be ``what``,
+    quoting the value, or, without ``what``, a ``kind``, naming the value's kind."""
+    if key not in doc:
+        if default is MISSING:
+            raise ValueError(f"no {key!r}")
+        return default
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        must = what if what is not None else f"a {kind.__name__}"
+        raise ValueError(f"{key!r} must be {must}, not {repr(value) if what is not None else kind_of(value)}")
+    return value
+
+
+def whole_number(value: Any, what: str, least: int | None = 0, below: int | None = None) -> int:
+    """``value`` as an int: a whole number (numpy's integers too, as a document loaded again may hold;
+    not a boolean or a fraction) of at least ``least`` (None: any) and below ``below`` (None: any)."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or (least is not None and number < least) or (below is not None and number >= below):
+        at_least = f" of at least {least}" if least is not None else ""
+        raise ValueError(f"{what} must be a whole number{at_least}, not {value!r}")
+    return number
