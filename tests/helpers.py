@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,3 +66,20 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+_READ_ALL = """import sys, ddpipe
+try:
+    stream = ddpipe.EncodedStream(sys.argv[1], 4, shuffle="none", verify=sys.argv[2] == "checked")
+    print(sum(len(b.indices) for b in stream))
+except ddpipe.CorruptShardError as e:
+    print("refused:", e)
+"""
+
+
+def read_in_own_process(root: Path, verify: bool = True) -> subprocess.CompletedProcess[str]:
+    """Every sample of the dataset at ``root`` read in a fresh Python process, which prints how many, or
+    ``refused: <the CorruptShardError>``: a damaged file that crashes the reader (SIGBUS, SIGABRT)
+    shows as its exit status instead of ending the test run."""
+    return subprocess.run([sys.executable, "-c", _READ_ALL, str(root), "checked" if verify else "unchecked"],
+                          capture_output=True, text=True, timeout=120)

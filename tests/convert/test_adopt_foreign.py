@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import ddpipe
 from ddpipe.sample import BAD
 
 from ..conftest import run_cli
+from ..helpers import read_in_own_process
 from . import foreign_data as fd
 
 LAYOUTS: dict[str, tuple[Callable[[Path], Path], list[str], int]] = {
@@ -387,11 +386,6 @@ def test_an_adopted_lmdb_damaged_where_lmdb_looks_for_records_is_an_error_not_a_
     assert leaf > data.index(b"%08d" % 0)  # not the first LMDB reaches
     data[leaf + 10] ^= 0x02  # no longer marked a leaf
     mdb.write_bytes(bytes(data))
-    script = ("import sys, ddpipe\n"
-              "try:\n"
-              "    print(sum(len(b.indices) for b in ddpipe.EncodedStream(sys.argv[1], 4, shuffle='none')))\n"
-              "except ddpipe.CorruptShardError as e:\n"
-              "    print('refused:', e)\n")
-    proc = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=120)
+    proc = read_in_own_process(root)
     assert proc.returncode == 0, f"the reader died ({proc.returncode}): {proc.stderr[-500:]}"
     assert proc.stdout.startswith("refused:") and str(mdb) in proc.stdout, proc.stdout
