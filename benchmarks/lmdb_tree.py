@@ -4,28 +4,39 @@
 
 LMDB follows the page numbers its file holds without bounds, so every LMDB file ddpipe opens is
 walked first, bounded (a damaged one is then an error, not a crash). The walk reads the tree's
-pages; the reference is the read it guards, measured beside it on the same files: every record
-read in order, unchecked, the files in the page cache (``read_samples(verify=False)``, which walks
-each file once too). Three kinds of file: ddpipe's own LMDB shards of the synth images; one LMDB of
-the same images, as ``folder2lmdb``-style scripts write a whole dataset, adopted in place; and one
-of small records (a few hundred bytes each), the walk's worst case (most records to a page). Medians
-of ``--repeats``, walks and reads alternated.
+pages; the reference is the read it guards, measured beside it on the same files. Warm: every
+record read in order, unchecked, the files in the page cache (``read_samples(verify=False)``, which
+walks each file once too). Cold (the files evicted from the page cache first): the walk of every
+file, as ddpipe walks it (each level's pages asked for at once, each read alone) and a page at a
+time through a plain mapping (as it walked before: each fault read the kernel's read-ahead window
+around its page), with the megabytes each read from the disk; and an epoch's first batch of 64
+read unchecked, with the walk and with no walk (the read it guards, unguarded). Three kinds of
+file: ddpipe's own LMDB shards of the synth images; one LMDB of the same images, as
+``folder2lmdb``-style scripts write a whole dataset, adopted in place; and one of small records (a
+few hundred bytes each), the walk's worst case (most records to a page). Medians of ``--repeats``,
+the ways alternated.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import mmap
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import lmdb
 import numpy as np
 from _common import DATA, save, synth_images, synth_shards
 
 import ddpipe
-from ddpipe.bench.harness import machine, median, table
+from ddpipe.bench.harness import evict_page_cache, machine, median, table
 from ddpipe.convert.adopt_foreign import index_lmdb
+from ddpipe.formats import lmdb_env
 from ddpipe.formats.lmdb_tree import check_tree, tree_pages
 from ddpipe.reading import read_samples
 
@@ -46,6 +57,50 @@ def whole_dataset_lmdb(images: Path, out: Path, small: bool) -> Path:
     return out
 
 
+def read_ahead_kb(path: Path) -> int | None:
+    """The kernel's read-ahead window for the disk holding ``path`` (what one fault on a mapped file
+    may read around its page), where /sys tells it."""
+    dev = path.stat().st_dev
+    block = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    for queue in (block / "queue", block / ".." / "queue"):  # a whole disk's, or a partition's disk's
+        if (queue / "read_ahead_kb").exists():
+            return int((queue / "read_ahead_kb").read_text())
+    return None
+
+
+def disk_read() -> int:
+    """Bytes this process has had read from storage (the kernel's count, read-ahead included)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
+def walk_a_page_at_a_time(path: Path) -> list[int]:
+    """The walk as it was: through a plain mapping, each page faulted in as the walk reaches it (a
+    memoryview, so that no page is asked for ahead)."""
+    with open(path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(data)
+    pages = tree_pages(view)
+    view.release()
+    data.close()
+    return pages
+
+
+def cold(files: list[Path], work: Callable[[], object]) -> tuple[float, int]:
+    """Seconds and bytes read from the disk for ``work`` with ``files`` out of the page cache."""
+    gc.collect()  # a mapping of the files still alive would keep its pages in the cache
+    evict_page_cache(files)
+    before, t = disk_read(), time.perf_counter()
+    work()
+    return time.perf_counter() - t, disk_read() - before
+
+
+def first_batch(dataset: Path) -> None:
+    batches = iter(ddpipe.EncodedStream(dataset, 64, shuffle="none", verify=False))
+    next(batches)
+    batches.close()
+
+
 def measure(dataset: Path, repeats: int) -> dict[str, Any]:
     ds = ddpipe.open_dataset(dataset)
     files = [ds.data_root / s.file for s in ds.manifest.shards]
@@ -60,12 +115,25 @@ def measure(dataset: Path, repeats: int) -> dict[str, Any]:
         t = time.perf_counter()
         sum(1 for _ in read_samples(ds, everything, verify=False))
         reads.append(time.perf_counter() - t)
+    ways: dict[str, list[tuple[float, int]]] = {"walk": [], "walk_page": [], "first": [], "first_unwalked": []}
+    for _ in range(repeats):
+        ways["walk"].append(cold(files, lambda: [check_tree(f) for f in files]))
+        ways["walk_page"].append(cold(files, lambda: [walk_a_page_at_a_time(f) for f in files]))
+        ways["first"].append(cold(files, lambda: first_batch(dataset)))
+        with patch.object(lmdb_env, "check_tree", lambda path: []):  # the reference: the same read, unguarded
+            ways["first_unwalked"].append(cold(files, lambda: first_batch(dataset)))
     walk, read = median(walks), median(reads)
     pages = sum(len(tree_pages(f.read_bytes())) for f in files)
     size = sum(f.stat().st_size for f in files)
-    return {"files": len(files), "records": len(ds), "tree_pages": pages, "file_mb": size / 1e6,
-            "walk_ms": walk * 1e3, "walk_us_record": walk / len(ds) * 1e6, "read_ms": read * 1e3,
-            "walk_over_read": median([w / r for w, r in zip(walks, reads, strict=True)])}
+    row = {"files": len(files), "records": len(ds), "tree_pages": pages, "file_mb": size / 1e6,
+           "walk_ms": walk * 1e3, "walk_us_record": walk / len(ds) * 1e6, "read_ms": read * 1e3,
+           "walk_over_read": median([w / r for w, r in zip(walks, reads, strict=True)])}
+    for way, runs in ways.items():
+        row[f"cold_{way}_ms"] = median([s for s, _ in runs]) * 1e3
+        row[f"cold_{way}_mb"] = median([float(b) for _, b in runs]) / 1e6
+    row["cold_first_over_unwalked"] = median([w[0] / u[0] for w, u in zip(ways["first"], ways["first_unwalked"],
+                                                                           strict=True)])
+    return row
 
 
 def main() -> None:
@@ -86,9 +154,17 @@ def main() -> None:
                         ("file_mb", "MB", ".0f"), ("tree_pages", "tree pages", ",d"), ("walk_ms", "walk ms", ".1f"),
                         ("walk_us_record", "walk us a record", ".2f"), ("read_ms", "unchecked warm read ms", ".1f"),
                         ("walk_over_read", "walk / read", ".3f")])
+    cold_text = table(rows, [("data", "data", "s"), ("cold_walk_ms", "cold walk ms", ".1f"),
+                             ("cold_walk_mb", "MB it reads", ".1f"),
+                             ("cold_walk_page_ms", "a page at a time: ms", ".1f"),
+                             ("cold_walk_page_mb", "MB it reads", ".1f"),
+                             ("cold_first_ms", "cold first batch ms", ".1f"),
+                             ("cold_first_unwalked_ms", "no walk: ms", ".1f"),
+                             ("cold_first_over_unwalked", "walked / not", ".2f")])
+    text = f"{text}\n\nCold:\n\n{cold_text}"
     print(text)
     doc = {"benchmark": "lmdb_tree", "command": f"python benchmarks/lmdb_tree.py --n {args.n} --repeats {args.repeats}",
-           "machine": machine(), "rows": rows, "table": text}
+           "machine": machine(), "read_ahead_kb": read_ahead_kb(DATA), "rows": rows, "table": text}
     print(f"wrote {save('lmdb_tree', doc)}")
 
 

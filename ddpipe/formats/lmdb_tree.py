@@ -40,7 +40,7 @@ class TreeError(ValueError):
     """An LMDB file whose pages do not hold together (or hold what ddpipe does not adopt)."""
 
 
-def page_size(data: bytes | mmap.mmap) -> int:
+def page_size(data: bytes | memoryview | mmap.mmap) -> int:
     """The page size the file's first meta page records (the free database's ``md_pad``)."""
     if len(data) < PAGE_HEADER + 8 + 8 + 8 + 4:
         raise TreeError("shorter than an LMDB meta page")
@@ -50,7 +50,7 @@ def page_size(data: bytes | mmap.mmap) -> int:
     return psize
 
 
-def tree_pages(data: bytes | mmap.mmap) -> list[int]:
+def tree_pages(data: bytes | memoryview | mmap.mmap) -> list[int]:
     """The branch and leaf pages of the main database of the LMDB file ``data``, found from its newer
     meta page, every read bounded; TreeError for anything that does not hold together."""
     psize = page_size(data)
@@ -68,42 +68,43 @@ def tree_pages(data: bytes | mmap.mmap) -> list[int]:
     _, db_flags, depth, branches, leaves, overflows, entries, root = _DB.unpack_from(data, meta + _MAIN_DB_AT)
     if db_flags & 0x04:  # MDB_DUPSORT
         raise TreeError("a database of duplicate keys, not one value a key")
+    if entries and not 1 <= depth <= 64:
+        raise TreeError(f"a tree of depth {depth}")
     branch_pages: list[int] = []
-    leaf_pages: list[int] = []
     seen: set[int] = set()
-
-    def walk(page: int, level: int) -> None:
-        """Branch pages one by one (a few in a thousand pages), collecting the leaves they point to."""
-        if level == depth:
-            if len(leaf_pages) >= pages:
-                raise TreeError("more leaf pages than the file holds")
-            leaf_pages.append(page)
-            return
-        if not 2 <= page < pages or page in seen:
-            raise TreeError(f"page {page} is outside the file or reached twice")
-        seen.add(page)
-        branch_pages.append(page)
-        at = page * psize
-        number, _, flags, lower, upper = _HEADER.unpack_from(data, at)
-        count = (lower - PAGE_HEADER) // 2
-        if number != page or lower < PAGE_HEADER or lower > upper or upper > psize or count < 1:
-            raise TreeError(f"page {page}: its header does not hold together")
-        if flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META) != P_BRANCH:
-            raise TreeError(f"page {page}: a branch page was expected at depth {level}")
-        for slot in range(count):
-            node = struct.unpack_from("<H", data, at + PAGE_HEADER + 2 * slot)[0]
-            if not upper <= node <= psize - _NODE.size:
-                raise TreeError(f"page {page}: node {slot} lies outside the page")
-            lo, hi, node_flags, key_size = _NODE.unpack_from(data, at + node)
-            if node + _NODE.size + key_size > psize:
-                raise TreeError(f"page {page}: node {slot} runs past the page")
-            walk(lo | hi << 16 | node_flags << 32, level + 1)
-
+    level_pages = [root] if entries else []
+    # level by level, each level's pages asked for at once (_will_need): a page at a time, a cold file's
+    # walk waited on the disk once a page
+    for level in range(1, depth if entries else 1):
+        _will_need(data, level_pages, psize)
+        children: list[int] = []
+        for page in level_pages:  # branch pages one by one (a few in a thousand pages)
+            if not 2 <= page < pages or page in seen:
+                raise TreeError(f"page {page} is outside the file or reached twice")
+            seen.add(page)
+            branch_pages.append(page)
+            at = page * psize
+            number, _, flags, lower, upper = _HEADER.unpack_from(data, at)
+            count = (lower - PAGE_HEADER) // 2
+            if number != page or lower < PAGE_HEADER or lower > upper or upper > psize or count < 1:
+                raise TreeError(f"page {page}: its header does not hold together")
+            if flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META) != P_BRANCH:
+                raise TreeError(f"page {page}: a branch page was expected at depth {level}")
+            for slot in range(count):
+                node = struct.unpack_from("<H", data, at + PAGE_HEADER + 2 * slot)[0]
+                if not upper <= node <= psize - _NODE.size:
+                    raise TreeError(f"page {page}: node {slot} lies outside the page")
+                lo, hi, node_flags, key_size = _NODE.unpack_from(data, at + node)
+                if node + _NODE.size + key_size > psize:
+                    raise TreeError(f"page {page}: node {slot} runs past the page")
+                children.append(lo | hi << 16 | node_flags << 32)
+            if len(children) > pages:
+                raise TreeError(f"more pages at depth {level + 1} than the file holds")
+        level_pages = children
+    leaf_pages = level_pages
     records = runs = 0
     if entries:
-        if not 1 <= depth <= 64:
-            raise TreeError(f"a tree of depth {depth}")
-        walk(root, 1)
+        _will_need(data, leaf_pages, psize)
         whole = np.frombuffer(data, np.uint8, pages * psize)
         records, runs = _leaf_records(whole, np.asarray(leaf_pages, dtype=np.int64), psize)
     tree = branch_pages + leaf_pages
@@ -114,6 +115,25 @@ def tree_pages(data: bytes | mmap.mmap) -> list[int]:
                         f"overflow pages and {records} records; its meta page says {branches}, {leaves}, "
                         f"{overflows} and {entries}")
     return sorted(tree)
+
+
+def _will_need(data: bytes | memoryview | mmap.mmap, pages: list[int], psize: int) -> None:
+    """Ask the kernel for the mapped file's ``pages`` at once, each run of consecutive ones in one call, so
+    that the disk serves them together (pages outside the file are left to the walk's checks). Runs
+    only: asked for whole, a span of a file of small records with gaps between its runs walked 7
+    times slower here than its runs asked for one by one."""
+    if not isinstance(data, mmap.mmap):
+        return
+    runs: list[list[int]] = []  # [first, last] of each run
+    for page in sorted({page for page in pages if 0 <= page < len(data) // psize}):
+        if runs and page == runs[-1][1] + 1:
+            runs[-1][1] = page
+        else:
+            runs.append([page, page])
+    for first, last in runs:
+        start = first * psize
+        aligned = start - start % mmap.PAGESIZE  # madvise takes whole memory pages
+        data.madvise(mmap.MADV_WILLNEED, aligned, (last + 1) * psize - aligned)
 
 
 def _gather(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
@@ -158,15 +178,19 @@ def _leaf_records(data: np.ndarray, leaves: np.ndarray, psize: int) -> tuple[int
     return len(page_of), int(runs.sum())
 
 
-def check_tree(path: Path) -> None:
-    """TreeError unless the LMDB file at ``path`` holds together (:func:`tree_pages`), read through a
-    mapping of its own, bounded: a file cut short is a TreeError, never a fault."""
+def check_tree(path: Path) -> list[int]:
+    """The tree's pages (:func:`tree_pages`) of the LMDB file at ``path``, read through a mapping of its
+    own, bounded: TreeError unless it holds together (a file cut short too, never a fault)."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             raise TreeError("an empty file")
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    # each page read alone: a fault on a page otherwise reads the kernel's read-ahead window around it
+    # (8 MB here), and the tree's pages lie all through the file: a cold walk of an LMDB of images read
+    # most of the file (benchmarks/lmdb_tree.py)
+    data.madvise(mmap.MADV_RANDOM)
     try:
-        tree_pages(data)
+        pages = tree_pages(data)
     except TreeError as e:  # raised again once the mapping is closed: its traceback holds views of it
         error: TreeError | None = TreeError(str(e))
     else:
@@ -174,3 +198,4 @@ def check_tree(path: Path) -> None:
     data.close()
     if error is not None:
         raise error
+    return pages

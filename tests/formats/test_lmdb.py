@@ -197,7 +197,7 @@ def _many_records(path: Path, n: int) -> None:
 
 
 def test_the_tree_walk_finds_the_pages_lmdb_counts(tmp_path: Path) -> None:
-    from ddpipe.formats.lmdb_tree import tree_pages
+    from ddpipe.formats.lmdb_tree import check_tree, tree_pages
 
     path = tmp_path / "many.mdb"
     _many_records(path, 20_000)
@@ -206,29 +206,33 @@ def test_the_tree_walk_finds_the_pages_lmdb_counts(tmp_path: Path) -> None:
     env.close()
     assert stat["depth"] >= 3  # branch pages under branch pages
     assert len(tree_pages(path.read_bytes())) == stat["branch_pages"] + stat["leaf_pages"]
+    assert check_tree(path) == tree_pages(path.read_bytes())  # the file's own mapping, its pages asked for ahead
 
 
 @pytest.fixture(scope="module")
-def small_tree(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+def small_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tree") / "t.mdb"
     _many_records(path, 400)
-    return path.read_bytes()
+    return path
 
 
 @settings(max_examples=300, deadline=None)
 @given(flips=st.lists(st.tuples(st.integers(0, 2**31), st.integers(0, 7)), min_size=1, max_size=4))
-def test_the_tree_walk_of_any_damaged_file_holds_or_is_a_tree_error(small_tree: bytes,
+def test_the_tree_walk_of_any_damaged_file_holds_or_is_a_tree_error(small_tree: Path,
                                                                     flips: list[tuple[int, int]]) -> None:
-    """The walk reads nothing outside the file whatever its bytes say (struct's and Python's own errors,
-    an offset past the end, would show here), and what it lets through names only pages within the
-    file, each once: the pages LMDB will then follow."""
-    from ddpipe.formats.lmdb_tree import TreeError, tree_pages
+    """The walk reads nothing outside the file whatever its bytes say (struct's, numpy's, mmap's and
+    Python's own errors, an offset past the end, would show here), and what it lets through names only
+    pages within the file, each once: the pages LMDB will then follow. Walked from a file, as ddpipe
+    walks it: through a mapping whose pages are asked for ahead."""
+    from ddpipe.formats.lmdb_tree import TreeError, check_tree
 
-    damaged = bytearray(small_tree)
+    damaged = bytearray(small_tree.read_bytes())
     for at, bit in flips:
         damaged[at % (4096 * 8)] ^= 1 << bit  # the meta, branch and first leaf pages
+    path = small_tree.with_name("damaged.mdb")
+    path.write_bytes(damaged)
     try:
-        pages = tree_pages(bytes(damaged))
+        pages = check_tree(path)
     except TreeError:
         return
     assert pages == sorted(set(pages)) and all(2 <= page < len(damaged) // 4096 for page in pages), pages
