@@ -47,6 +47,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/formats.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/lmdb_tree.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/random_access.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_quality.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/exchange.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/loader.py

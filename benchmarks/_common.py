@@ -4,11 +4,12 @@ and launching a script on MPI ranks."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,29 @@ def mpiexec(ranks: int, *args: str | os.PathLike[str], timeout: float = 1800, no
     proc = subprocess.run([exe, "-n", str(ranks), sys.executable, *map(str, args)], timeout=timeout, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"mpiexec -n {ranks} {' '.join(map(str, args))} failed with {proc.returncode}")
+
+
+def read_ahead_kb(path: Path) -> int | None:
+    """The kernel's read-ahead window for the disk holding ``path`` (what one fault on a mapped file
+    may read around its page), where /sys tells it."""
+    dev = path.stat().st_dev
+    block = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    for queue in (block / "queue", block / ".." / "queue"):  # a whole disk's, or a partition's disk's
+        if (queue / "read_ahead_kb").exists():
+            return int((queue / "read_ahead_kb").read_text())
+    return None
+
+
+def disk_read() -> int:
+    """Bytes this process has had read from storage (the kernel's count, read-ahead included)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
+def cold(files: list[Path], work: Callable[[], object]) -> tuple[float, int]:
+    """Seconds and bytes read from the disk for ``work`` with ``files`` out of the page cache."""
+    gc.collect()  # a mapping of the files still alive would keep its pages in the cache
+    evict_page_cache(files)
+    before, t = disk_read(), time.perf_counter()
+    work()
+    return time.perf_counter() - t, disk_read() - before

@@ -20,21 +20,18 @@ the ways alternated.
 from __future__ import annotations
 
 import argparse
-import gc
 import mmap
-import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
 import lmdb
 import numpy as np
-from _common import DATA, save, synth_images, synth_shards
+from _common import DATA, cold, read_ahead_kb, save, synth_images, synth_shards
 
 import ddpipe
-from ddpipe.bench.harness import evict_page_cache, machine, median, table
+from ddpipe.bench.harness import machine, median, table
 from ddpipe.convert.adopt_foreign import index_lmdb
 from ddpipe.formats import lmdb_env
 from ddpipe.formats.lmdb_tree import check_tree, tree_pages
@@ -57,23 +54,6 @@ def whole_dataset_lmdb(images: Path, out: Path, small: bool) -> Path:
     return out
 
 
-def read_ahead_kb(path: Path) -> int | None:
-    """The kernel's read-ahead window for the disk holding ``path`` (what one fault on a mapped file
-    may read around its page), where /sys tells it."""
-    dev = path.stat().st_dev
-    block = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
-    for queue in (block / "queue", block / ".." / "queue"):  # a whole disk's, or a partition's disk's
-        if (queue / "read_ahead_kb").exists():
-            return int((queue / "read_ahead_kb").read_text())
-    return None
-
-
-def disk_read() -> int:
-    """Bytes this process has had read from storage (the kernel's count, read-ahead included)."""
-    with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
-
-
 def walk_a_page_at_a_time(path: Path) -> list[int]:
     """The walk as it was: through a plain mapping, each page faulted in as the walk reaches it (a
     memoryview, so that no page is asked for ahead)."""
@@ -84,15 +64,6 @@ def walk_a_page_at_a_time(path: Path) -> list[int]:
     view.release()
     data.close()
     return pages
-
-
-def cold(files: list[Path], work: Callable[[], object]) -> tuple[float, int]:
-    """Seconds and bytes read from the disk for ``work`` with ``files`` out of the page cache."""
-    gc.collect()  # a mapping of the files still alive would keep its pages in the cache
-    evict_page_cache(files)
-    before, t = disk_read(), time.perf_counter()
-    work()
-    return time.perf_counter() - t, disk_read() - before
 
 
 def first_batch(dataset: Path) -> None:

@@ -103,7 +103,12 @@ class HDF5Reader(ShardReader):
             raise self._corrupt(f"sample {i}: its key is not UTF-8") from None
 
     def __getitem__(self, index: int) -> Sample:
-        return owned(self._sample(self._mapped.for_scan(from_start=False), self._check_index(index)))
+        i = self._check_index(index)
+        content = self._mapped.for_scan(from_start=False)
+        for name, off in self._offsets.items():  # this sample's bytes alone
+            if self._present[name][i]:
+                self._mapped.ask(self._base[name] + off[i], self._base[name] + off[i + 1])
+        return owned(self._sample(content, i))
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return map(owned, self.scan_views(start))

@@ -7,7 +7,9 @@ way through it here (64 MB tar shards, unchecked: 2,570 MB/s cold, against 1,234
 a time); so does a scan from the file's start, where the file is no larger than a shard ddpipe
 writes. A scan that starts mid-file (a rank's share can), or of a larger file (a rank may read a
 small part of an adopted one), instead asks the kernel to read ahead of itself, ``AHEAD`` at a time
-(``madvise(MADV_WILLNEED)``), so that it does not read what it will not use. A shard hashed ahead
+(``madvise(MADV_WILLNEED)``), so that it does not read what it will not use. A read of one sample
+(random access) asks for that sample's bytes alone, and the mapping's faults then read their own
+page only (:meth:`MappedFile.ask`). A shard hashed ahead
 (reading.py) is hashed on a thread of its own through a mapping whose pages come in as the hash
 reaches them, and its reader then reads through that same mapping: nothing is paged in on the
 reading thread.
@@ -85,6 +87,7 @@ class MappedFile:
         self._mapping: FileMapping | None = None
         self._whole = False  # the mapping was paged in whole
         self._asked = 0  # the file up to here has been asked for (see ask_ahead)
+        self._random = False  # the mapping's faults read their own page only (see ask)
 
     @property
     def fits_whole(self) -> bool:
@@ -105,7 +108,7 @@ class MappedFile:
                 flags = mmap.MAP_SHARED | (_POPULATE if whole else 0)
                 self._mapping = FileMapping(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
                 self._mapping.path, self._mapping.identity = self.path, (stat.st_dev, stat.st_ino)
-            self._whole = whole
+            self._whole, self._random = whole, False
             self._asked = len(self._mapping) if whole else 0
         return memoryview(self._mapping)
 
@@ -141,6 +144,23 @@ class MappedFile:
         stop = min(-(-(position + AHEAD) // mmap.PAGESIZE) * mmap.PAGESIZE, size)
         mapping.madvise(_WILLNEED, start, stop - start)
         self._asked = stop
+
+    def ask(self, start: int, stop: int) -> None:
+        """Read the file's bytes from ``start`` to ``stop`` alone, for a read of one sample (random
+        access), unless the mapping was paged in whole. Left to faults, a page not yet in would read the
+        kernel's read-ahead window around it (``benchmarks/lmdb_tree.py`` records its size), and one
+        marked by an earlier read (h5py's, opening the file) the window after it: on the benchmarks'
+        machine a random read of an eighth of a dataset's samples read all of it. So the mapping's
+        faults read their own page only, and the sample's pages are asked for together."""
+        mapping = self._mapping
+        if mapping is None or _WILLNEED is None or self._whole:
+            return
+        if not self._random:
+            mapping.madvise(mmap.MADV_RANDOM)
+            self._random = True
+        first, stop = max(start, 0) - max(start, 0) % mmap.PAGESIZE, min(stop, len(mapping))
+        if first < stop:
+            mapping.madvise(_WILLNEED, first, stop - first)
 
     def close(self) -> None:
         # dropped, not closed: a scan left suspended may still hold a view of it, and the mapping

@@ -247,7 +247,9 @@ class TarReader(ShardReader):
 
     def __getitem__(self, index: int) -> Sample:
         group = self._groups[self._check_index(index)]
-        return owned(self._sample(self.content(), group))
+        content = self.content()
+        self._file.ask(min(m[1] for m in group), max(m[1] + m[2] for m in group))  # this sample's bytes alone
+        return owned(self._sample(content, group))
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return map(owned, self.scan_views(start))
