@@ -32,6 +32,7 @@ from ..errors import CorruptShardError
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: page the whole mapping in with one call
 _WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
+_RANDOM = getattr(mmap, "MADV_RANDOM", None)
 AHEAD = 8 << 20
 # Files adopted in place (HDF5, LMDB) can hold a whole dataset: paged in with one call, such a file
 # would be read in full before its first sample and its first pages evicted by its last.
@@ -148,15 +149,15 @@ class MappedFile:
     def ask(self, start: int, stop: int) -> None:
         """Read the file's bytes from ``start`` to ``stop`` alone, for a read of one sample (random
         access), unless the mapping was paged in whole. Left to faults, a page not yet in would read the
-        kernel's read-ahead window around it (``benchmarks/lmdb_tree.py`` records its size), and one
-        marked by an earlier read (h5py's, opening the file) the window after it: on the benchmarks'
-        machine a random read of an eighth of a dataset's samples read all of it. So the mapping's
-        faults read their own page only, and the sample's pages are asked for together."""
+        kernel's read-ahead window around it, and one marked by an earlier read (h5py's, opening the
+        file) the window after it: on the benchmarks' machine a random eighth of a dataset's samples
+        read all of it (``benchmarks/random_access.py``). So the mapping's faults read their own page
+        only, and the sample's pages are asked for together."""
         mapping = self._mapping
         if mapping is None or _WILLNEED is None or self._whole:
             return
-        if not self._random:
-            mapping.madvise(mmap.MADV_RANDOM)
+        if not self._random and _RANDOM is not None:
+            mapping.madvise(_RANDOM)
             self._random = True
         first, stop = max(start, 0) - max(start, 0) % mmap.PAGESIZE, min(stop, len(mapping))
         if first < stop:
