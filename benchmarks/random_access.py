@@ -9,7 +9,8 @@ checks by default and unchecked (``verify=False``); the reference, in the same r
 samples, read in shard order (a sequential scan that skips the samples between them). Each way's
 time and the megabytes it had read from the disk (the kernel's count: read-ahead included), against
 the megabytes the samples hold. A checked read of a ddpipe shard hashes all of it first, so reads
-it whole either way; an adopted LMDB is checked record by record against its digests. Medians of
+it whole either way; adopted HDF5 files (h5py's variable-length rows) and an adopted LMDB are checked
+sample by sample against their digests. Medians of
 ``--repeats``, the ways alternated.
 """
 
@@ -17,17 +18,30 @@ from __future__ import annotations
 
 import argparse
 import collections
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import DATA, cold, read_ahead_kb, save, synth_images, synth_shards
+from formats import foreign_datasets
 from lmdb_tree import whole_dataset_lmdb
 
 import ddpipe
 from ddpipe.bench.harness import machine, median, table
 from ddpipe.reading import read_samples
 from ddpipe.sample import KEY
+
+
+def adopted_hdf5(n: int) -> Path:
+    """HDF5 files of the synth images as plain h5py writes them (variable-length rows), adopted in
+    place: formats.py's, made once."""
+    work = DATA / f"foreign-{n}"
+    if not (work / "hdf5-foreign" / "index.json").exists():
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        foreign_datasets(synth_images(n), work, 16_000_000)
+    return work / "hdf5-foreign"
 
 
 def sample_bytes(dataset: Any, indices: np.ndarray) -> int:
@@ -63,6 +77,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     sets = {f"ddpipe {fmt}": synth_shards(args.n, "loader", fmt) for fmt in ("wds", "hdf5", "lmdb")}
+    sets["HDF5 files of the images, adopted"] = adopted_hdf5(args.n)
     sets["one LMDB of the images, adopted"] = whole_dataset_lmdb(synth_images(args.n), DATA / f"lmdb-whole-{args.n}",
                                                                  small=False)
     rows = []

@@ -97,8 +97,8 @@ class ForeignHDF5Reader(ShardReader):
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
         try:
-            return self._sample(i, self._images[i])
-        except (OSError, RuntimeError) as e:
+            return self._sample(i, self._heap.element(i) if self._heap is not None else self._images[i])
+        except (OSError, RuntimeError, HeapFormatError) as e:
             raise self._corrupt(f"cannot read image {i}: {e}") from None
 
     def scan(self, start: int = 0) -> Iterator[Sample]:

@@ -30,6 +30,7 @@ ELEMENT = np.dtype([("length", "<u4"), ("collection", "<u8"), ("index", "<u4")])
 _COLLECTION = struct.Struct("<4sB3xQ")
 _OBJECT = struct.Struct("<HH4xQ")
 _CACHED = 64  # collections kept: several small objects share one, large ones have one each
+_ONE_PAGE = 4096
 
 
 class HeapFormatError(ValueError):
@@ -46,6 +47,7 @@ class VlenHeap:
         self._count = count
         # address -> {object index: (data offset, length)}, offsets in the file
         self._collections: OrderedDict[int, dict[int, tuple[int, int]]] = OrderedDict()
+        self._table_asked = False  # the table of elements asked for (see element)
 
     def _collection(self, content: memoryview, address: int) -> dict[int, tuple[int, int]]:
         cached = self._collections.get(address)
@@ -93,6 +95,29 @@ class VlenHeap:
                 raise HeapFormatError(f"object {index} of the collection at {address} is missing or short")
             out.append(content[where[0] : where[0] + length])
         return out
+
+
+    def element(self, i: int) -> memoryview:
+        """A view of the bytes of element ``i`` alone (random access), what it reads asked for first and
+        read alone (:meth:`MappedFile.ask`): the dataset's table of elements once, whole (16 bytes an
+        element), then the element's collection and bytes together."""
+        content = self._file.content()
+        if not self._table_asked:
+            self._file.ask(self._offset, self._offset + self._count * ELEMENT.itemsize)
+            self._table_asked = True
+        at = self._offset + i * ELEMENT.itemsize
+        entry = content[at : at + ELEMENT.itemsize]
+        if len(entry) != ELEMENT.itemsize:
+            raise HeapFormatError("the dataset's elements lie past the end of the file")
+        length, address, index = (int(v) for v in np.frombuffer(entry, dtype=ELEMENT)[0])
+        if length == 0:
+            return content[0:0]
+        if address not in self._collections:  # its header, the object's, its bytes, and what ends a collection
+            self._file.ask(address, address + _COLLECTION.size + _OBJECT.size + length + _ONE_PAGE)
+        where = self._collection(content, address).get(index)
+        if where is None or where[1] < length or where[0] + length > len(content):
+            raise HeapFormatError(f"object {index} of the collection at {address} is missing or short")
+        return content[where[0] : where[0] + length]
 
 
 def open_vlen_heap(file: Any, dataset: Any, mapped: MappedFile) -> VlenHeap | None:

@@ -12,6 +12,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 import ddpipe
@@ -180,26 +182,82 @@ def test_adopted_datasets_load_on_two_ranks_exactly_once(tmp_path: Path) -> None
         assert sum(report[f"{root} decoded"]) == 2 * -(-n // 2), name
 
 
-def test_vlen_images_read_from_the_file_match_h5py(tmp_path: Path) -> None:
-    """The direct read of a vlen dataset (formats/hdf5_heap.py) gives h5py's bytes: small objects that
-    share a heap collection, large ones, empty ones, and elements rewritten after the first write."""
+def _mixed_vlen_file(path: Path) -> list[bytes]:
+    """A vlen dataset of small objects that share a heap collection, large ones, empty ones, and an
+    element rewritten after the first write; the bytes h5py reads of each."""
     import h5py
-
-    from ddpipe.formats.foreign_hdf5 import ForeignHDF5Reader
 
     rng = np.random.default_rng(0)
     sizes = [0, 1, 7, 8, 9, 500, 4000, 5000, 70000, 3, 0, 123456, 16, 2]
-    path = tmp_path / "mixed.h5"
     with h5py.File(path, "w") as f:
         ds = f.create_dataset("images", (len(sizes),), dtype=h5py.vlen_dtype(np.uint8))
         for i, n in enumerate(sizes):
             ds[i] = rng.integers(0, 256, n, dtype=np.uint8)
         ds[5] = rng.integers(0, 256, 900, dtype=np.uint8)  # rewritten: a new heap object
-        expected = [bytes(x.tobytes()) for x in ds[()]]
+        return [bytes(x.tobytes()) for x in ds[()]]
+
+
+def test_vlen_images_read_from_the_file_match_h5py(tmp_path: Path) -> None:
+    """The direct read of a vlen dataset (formats/hdf5_heap.py) gives h5py's bytes, scanned and one
+    element at a time in any order (random access)."""
+    from ddpipe.formats.foreign_hdf5 import ForeignHDF5Reader
+
+    path = tmp_path / "mixed.h5"
+    expected = _mixed_vlen_file(path)
     with ForeignHDF5Reader(path, {"images": "images"}) as reader:
         assert reader._heap is not None  # the direct path, not h5py's
         assert [s["jpg"] for s in reader.scan()] == expected
         assert [s["jpg"] for s in reader.scan(9)] == expected[9:]
+    order = np.random.default_rng(1).permutation(len(expected)).tolist()
+    with ForeignHDF5Reader(path, {"images": "images"}) as reader:  # a fresh mapping: nothing read before
+        assert [reader[i]["jpg"] for i in order] == [expected[i] for i in order]
+
+
+@pytest.fixture(scope="module")
+def mixed_vlen(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    """The mixed file, and the places of what a read of one element follows: the dataset's table of
+    elements and the first bytes of each heap collection (headers, object headers)."""
+    import h5py
+
+    from ddpipe.formats.hdf5_heap import ELEMENT
+
+    path = tmp_path_factory.mktemp("vlen") / "mixed.h5"
+    _mixed_vlen_file(path)
+    with h5py.File(path, "r") as f:
+        start, count = int(f["images"].id.get_offset()), f["images"].shape[0]
+    table = np.frombuffer(path.read_bytes()[start : start + count * ELEMENT.itemsize], dtype=ELEMENT)
+    places = list(range(start, start + count * ELEMENT.itemsize))
+    for address in set(table["collection"].tolist()) - {0}:
+        places += range(address, address + 48)
+    return path, places
+
+
+@settings(max_examples=150, deadline=None)
+@given(flips=st.lists(st.tuples(st.integers(0, 2**31), st.integers(0, 7)), min_size=1, max_size=4),
+       order=st.permutations(range(14)))
+def test_a_damaged_vlen_file_read_one_element_at_a_time_gives_bytes_or_a_shard_error(
+        mixed_vlen: tuple[Path, list[int]], flips: list[tuple[int, int]], order: list[int]) -> None:
+    """Elements read one at a time from the file (their table, collections and bytes at places the
+    file gives) come out as bytes or as one CorruptShardError naming the file, never another error,
+    whatever bits of the table and the collections' headers are flipped."""
+    from ddpipe.errors import CorruptShardError
+    from ddpipe.formats.foreign_hdf5 import ForeignHDF5Reader
+
+    original, places = mixed_vlen
+    damaged = bytearray(original.read_bytes())
+    for at, bit in flips:
+        damaged[places[at % len(places)]] ^= 1 << bit
+    path = original.with_name("damaged.h5")
+    path.write_bytes(damaged)
+    try:
+        with ForeignHDF5Reader(path, {"images": "images"}) as reader:
+            for i in order:
+                try:
+                    assert isinstance(reader[i]["jpg"], bytes)
+                except CorruptShardError as e:
+                    assert e.path == str(path)
+    except CorruptShardError as e:  # the file does not open
+        assert e.path == str(path)
 
 
 @pytest.mark.parametrize("name", ["h5-vlen", "caffe-encoded"])
