@@ -5,9 +5,12 @@ are skipped) and asks for the next shard while one is read; random access (``glo
 keeps a few shards open. Either way every sample is checked against the manifest before it is
 used (invariant 7): a damaged one is an error naming it, or under ``on_corrupt`` a placeholder.
 
-A shard checked whole against its checksum is hashed ahead (:class:`CheckedAhead`): the next
+A shard checked whole against its checksum is hashed ahead (:class:`ShardsAhead`): the next
 shard's bytes are read and hashed on a thread of their own while this one's samples are parsed, so
-the check neither stalls reading nor comes after any of the shard's values are used.
+the check neither stalls reading nor comes after any of the shard's values are used. Read
+unchecked, the next tar or HDF5 shard is paged in on that thread all the same, by the same hash, its
+checksum then unused: without it an unchecked read paged its shards in on the reading thread, and
+ran slower cold than a checked one (``ShardFormat.pages_in_ahead``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .checksum import digest_mismatch
 from .dataset import OPEN_SHARDS, Dataset, OnCorrupt, ShardStore
 from .errors import CorruptShardError
 from .formats import ShardFormat, ShardReader
-from .formats.mapped import HashedFile, hash_mapped
+from .formats.mapped import SCAN_WHOLE_LIMIT, HashedFile, hash_mapped
 from .sample import Sample, owned
 from .throttle import SourceLimits
 
@@ -52,7 +55,7 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
         if on_corrupt is not None:
             on_corrupt(shard, error)
 
-    ahead = CheckedAhead(dataset, store) if verify and limits is None and not dataset.is_remote else None
+    ahead = ShardsAhead(dataset, store, verify) if limits is None and not dataset.is_remote else None
     # views, copied out only where wanted (samples skipped between wanted ones cost no copy), unless the
     # format copies a sample out for less than its views cost
     scan_views = views or not dataset.format.copies_cheaply
@@ -64,7 +67,7 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
             wanted = positions[i:j].tolist()
             if j < n and shards[j] != shards[i]:
                 for later in _shards_ahead(dataset, shards, j):
-                    if later not in corrupt and (ahead is None or not ahead.start(later)):
+                    if later not in corrupt and (ahead is None or not ahead.start(later, positions[j] == 0)):
                         dataset.prefetch(later, store, limits)
             k = 0
             shard = int(shards[i])
@@ -91,25 +94,35 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
             ahead.close()
 
 
-class CheckedAhead:
-    """Shards hashed on a thread of their own, one ahead of the reader: the file is read (cold) and
-    hashed in one call into xxhash, which lets go of the interpreter for it, while the shard before
-    is parsed. The shard is opened, and its checksum compared, when its turn comes, on the reader's
-    thread, so no value of it is used before its bytes are known to be the manifest's and a
-    mismatch is the same error, raised at the same point, as without the look ahead. Not for a
-    shard checked sample by sample (adopted files), nor a staged copy not complete yet (waiting
-    for it would wait on the node's stager, which may itself wait for this reader)."""
+class ShardsAhead:
+    """Shards made ready on a thread of their own, one ahead of the reader. Checked (``verify``): the
+    file is read (cold) and hashed in one call into xxhash, which lets go of the interpreter for it,
+    while the shard before is parsed; the shard is opened, and its checksum compared, when its turn
+    comes, on the reader's thread, so no value of it is used before its bytes are known to be the
+    manifest's and a mismatch is the same error, raised at the same point, as without the look
+    ahead. Unchecked: the file is hashed all the same, its checksum unused, where the format pages
+    in ahead (``ShardFormat.pages_in_ahead``) and its scan would page it in whole (from its first
+    sample, a file of a shard's size at most: mapped.py): the hash touching its pages in order, from
+    C, was the fastest way to page a cold file in (the kernel's read-ahead runs ahead of it; paged in
+    with one call, ``MAP_POPULATE``, even after asking for the whole file, the read was no faster
+    than the reading thread paging it in itself). Not for a
+    shard checked sample by sample (adopted files), nor a staged copy not complete yet (waiting for
+    it would wait on the node's stager, which may itself wait for this reader)."""
 
-    def __init__(self, dataset: Dataset, store: ShardStore | None) -> None:
-        self.dataset, self.store = dataset, store
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-check-ahead")
+    def __init__(self, dataset: Dataset, store: ShardStore | None, verify: bool) -> None:
+        self.dataset, self.store, self.verify = dataset, store, verify
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-check-ahead" if verify else "ddpipe-page-ahead")
         self._hashing: dict[int, Future[HashedFile | None]] = {}
 
-    def start(self, shard: int) -> bool:
-        """Hash ``shard`` in the background; False where that is not for this shard."""
+    def start(self, shard: int, from_start: bool) -> bool:
+        """Hash ``shard`` in the background; False where that is not for this shard. ``from_start``: its
+        reader starts at its first sample."""
         if shard in self._hashing:
             return True
-        if self.dataset.sample_digests(shard) is not None:
+        if self.verify and self.dataset.sample_digests(shard) is not None:
+            return False
+        if not self.verify and not (from_start and self.dataset.format.pages_in_ahead
+                                    and self.dataset.manifest.shards[shard].bytes <= SCAN_WHOLE_LIMIT):
             return False
         path = self.store.ready_path(shard) if self.store is not None else self.dataset.shard_path(shard)
         if path is None:
@@ -118,8 +131,8 @@ class CheckedAhead:
         return True
 
     def take(self, shard: int) -> HashedFile | None:
-        """``shard``'s file hashed ahead (waiting for it), if a hash was started and the file could
-        be read: :meth:`Dataset.open_shard` compares its checksum and reads through its mapping."""
+        """``shard``'s file hashed ahead (waiting for it), if a hash was started and the file could be
+        read: :meth:`Dataset.open_shard` compares its checksum (checked) and reads through its mapping."""
         hashing = self._hashing.pop(shard, None)
         return hashing.result() if hashing is not None else None
 
@@ -128,6 +141,11 @@ class CheckedAhead:
         for hashing in self._hashing.values():
             hashing.cancel()
         self._pool.shutdown(wait=True)
+        for hashing in self._hashing.values():  # let go of mappings made ahead that no reader took
+            if not hashing.cancelled() and hashing.exception() is None:
+                done = hashing.result()
+                if done is not None and done.mapped is not None:
+                    done.mapped.close()
         self._hashing.clear()
 
 

@@ -63,16 +63,20 @@ def test_reading_with_views_gives_the_same_samples_and_they_outlive_the_read(dat
     assert all(isinstance(v, memoryview) for s in viewed for k, v in s.items() if k != "__key__")
 
 
-def test_sequential_reads_advise_the_next_shard_while_reading_one(dataset: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """While one shard is read unchecked, the kernel is asked to start reading the next one (so that
-    a cold shard's I/O overlaps the work on the one before): each later shard is advised once,
-    before its first sample, and none while a slow-source model counts the reads. (A checked read
-    reads the next shard itself, to check it: below.)"""
+def test_unchecked_reads_page_the_next_shard_in_while_reading_one(dataset: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read unchecked, a later tar or HDF5 shard read from its first sample is paged in whole on a
+    thread of its own (by hashing it, as a checked read would), before its first sample, and its
+    reader reads through that mapping. Any other later shard (LMDB's, or one read from a later
+    sample) is advised to the kernel instead, so that a cold shard's I/O overlaps the work on the one
+    before. Neither while a slow-source model counts the reads. (A checked read: below.)"""
     import os
+    import threading
 
     import numpy as np
 
+    from ddpipe import reading
+    from ddpipe.formats.mapped import HashedFile, ShardMapping, hash_mapped
     from ddpipe.throttle import SourceLimits
 
     advised: list[str] = []
@@ -83,18 +87,43 @@ def test_sequential_reads_advise_the_next_shard_while_reading_one(dataset: Path,
             advised.append(os.readlink(f"/proc/self/fd/{fd}"))
         advise(fd, offset, length, advice)
 
-    monkeypatch.setattr(os, "posix_fadvise", recording_advise)
     ds = ddpipe.open_dataset(dataset)
-    files = [str(shard_file(dataset, k).resolve()) for k in range(4)]
-    order = np.concatenate([np.arange(12, 18), np.arange(0, 6), np.arange(18, 24)])  # shards 2, 0, 3
-    seen_at_first_sample = {}
+    events: list[tuple[str, str, str]] = []
+    opened = ds.open_shard
+
+    def recording_page(mapping: ShardMapping, keep: bool) -> HashedFile:
+        events.append(("paged", mapping.path.name, threading.current_thread().name))
+        return hash_mapped(mapping, keep)
+
+    def recording_open(shard: int, store: object = None, *, verify: bool = False,
+                       hashed: HashedFile | None = None) -> object:
+        reader = opened(shard, store, verify=verify, hashed=hashed)  # type: ignore[arg-type]
+        through = "here" if hashed is None else "ahead" if reader.mapped_file() is hashed.mapped else "mapped again"
+        events.append(("opened", ds.manifest.shards[shard].file, through))
+        return reader
+
+    monkeypatch.setattr(os, "posix_fadvise", recording_advise)
+    monkeypatch.setattr(reading, "hash_mapped", recording_page)
+    monkeypatch.setattr(ds, "open_shard", recording_open)
+    names = [ds.manifest.shards[k].file for k in (2, 0, 3)]
+    files = [str(shard_file(dataset, k).resolve()) for k in (0, 3)]
+    order = np.concatenate([np.arange(12, 18), np.arange(0, 6), np.arange(20, 24)])  # shards 2, 0, 3 from its 3rd
     for i, _ in enumerate(read_samples(ds, order, verify=False)):
-        if i % 6 == 0:
-            seen_at_first_sample[i // 6] = list(advised)
-    assert advised == [files[0], files[3]]
-    assert seen_at_first_sample == {0: [files[0]], 1: [files[0], files[3]], 2: [files[0], files[3]]}
+        events.append(("sample", str(min(i // 6, 2)), ""))
+    paged = [(name, thread) for kind, name, thread in events if kind == "paged"]
+    through = [e[1:] for e in events if e[0] == "opened"]
+    if ds.format.pages_in_ahead:
+        assert through == [(names[0], "here"), (names[1], "ahead"), (names[2], "here")]
+        assert [name for name, _ in paged] == [names[1]] and paged[0][1].startswith("ddpipe-page-ahead")
+        assert events.index(("opened", names[1], "ahead")) < events.index(("sample", "1", ""))
+        assert advised == files[1:]
+    else:
+        assert through == [(name, "here") for name in names] and paged == []
+        assert advised == files
     advised.clear()
-    assert len(list(read_samples(ds, order, verify=False, limits=SourceLimits()))) == 18 and advised == []
+    events.clear()
+    assert len(list(read_samples(ds, order, verify=False, limits=SourceLimits()))) == 16
+    assert advised == [] and not [e for e in events if e[0] == "paged"]
 
 
 def test_checked_reads_check_the_next_shard_while_reading_one(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -183,6 +183,10 @@ class ShardFormat(abc.ABC):
     # then copy: a reader that wants copies scans for copies (unchecked warm LMDB reads: ~6,000 MB/s
     # against ~4,600 through views copied out)
     copies_cheaply: bool = False
+    # read unchecked, its next shard is paged in ahead, on another thread, by the hash a checked read
+    # takes (reading.ShardsAhead): cold tar and HDF5 reads ran ~6-10% faster so; an LMDB shard hashed
+    # ahead through LMDB's mapping was scanned slower, warm (on 2 cores the two threads contend)
+    pages_in_ahead: bool = False
 
     @abc.abstractmethod
     def reader(self, path: str | os.PathLike[str]) -> ShardReader: ...

@@ -183,6 +183,7 @@ class HDF5Writer(ShardWriter):
 
 class HDF5Format(ShardFormat):
     reads_mapped = True
+    pages_in_ahead = True
     name = "hdf5"
     suffix = ".h5"
 

@@ -301,6 +301,7 @@ class TarWriter(ShardWriter):
 class TarFormat(ShardFormat):
     min_sample_bytes = 512  # a sample is at least one member: a 512-byte header
     reads_mapped = True
+    pages_in_ahead = True
 
     name = "wds"
     suffix = ".tar"
