@@ -105,9 +105,9 @@ class ShardsAhead:
     sample, a file of a shard's size at most: mapped.py): the hash touching its pages in order, from
     C, was the fastest way to page a cold file in (the kernel's read-ahead runs ahead of it; paged in
     with one call, ``MAP_POPULATE``, even after asking for the whole file, the read was no faster
-    than the reading thread paging it in itself). Not for a
-    shard checked sample by sample (adopted files), nor a staged copy not complete yet (waiting for
-    it would wait on the node's stager, which may itself wait for this reader)."""
+    than the reading thread paging it in itself). Not for a shard checked sample by sample (adopted
+    files), nor a staged copy not complete yet (waiting for it would wait on the node's stager,
+    which may itself wait for this reader)."""
 
     def __init__(self, dataset: Dataset, store: ShardStore | None, verify: bool) -> None:
         self.dataset, self.store, self.verify = dataset, store, verify
