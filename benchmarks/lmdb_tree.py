@@ -10,7 +10,9 @@ walks each file once too). Cold (the files evicted from the page cache first): t
 file, as ddpipe walks it (each level's pages asked for at once, each read alone) and a page at a
 time through a plain mapping (as it walked before: each fault read the kernel's read-ahead window
 around its page), with the megabytes each read from the disk; and an epoch's first batch of 64
-read unchecked, with the walk and with no walk (the read it guards, unguarded). Three kinds of
+read unchecked, with the walk and with no walk (the read it guards, unguarded); and every key
+listed from the leaf pages the walk reads (``tree_keys``, what an adopted LMDB's random reads
+start from) against LMDB's own cursor listing them. Three kinds of
 file: ddpipe's own LMDB shards of the synth images; one LMDB of the same images, as
 ``folder2lmdb``-style scripts write a whole dataset, adopted in place; and one of small records (a
 few hundred bytes each), the walk's worst case (most records to a page). Medians of ``--repeats``,
@@ -34,7 +36,7 @@ import ddpipe
 from ddpipe.bench.harness import machine, median, table
 from ddpipe.convert.adopt_foreign import index_lmdb
 from ddpipe.formats import lmdb_env
-from ddpipe.formats.lmdb_tree import check_tree, tree_pages
+from ddpipe.formats.lmdb_tree import check_tree, tree_keys, tree_pages
 from ddpipe.reading import read_samples
 
 
@@ -66,6 +68,15 @@ def walk_a_page_at_a_time(path: Path) -> list[int]:
     return pages
 
 
+def cursor_keys(path: Path) -> list[bytes]:
+    """Every key of the LMDB file at ``path`` as LMDB's cursor lists them (without values)."""
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        keys = [bytes(key) for key in txn.cursor().iternext(keys=True, values=False)]
+    env.close()
+    return keys
+
+
 def first_batch(dataset: Path) -> None:
     batches = iter(ddpipe.EncodedStream(dataset, 64, shuffle="none", verify=False))
     next(batches)
@@ -86,13 +97,16 @@ def measure(dataset: Path, repeats: int) -> dict[str, Any]:
         t = time.perf_counter()
         sum(1 for _ in read_samples(ds, everything, verify=False))
         reads.append(time.perf_counter() - t)
-    ways: dict[str, list[tuple[float, int]]] = {"walk": [], "walk_page": [], "first": [], "first_unwalked": []}
+    ways: dict[str, list[tuple[float, int]]] = {"walk": [], "walk_page": [], "first": [], "first_unwalked": [],
+                                                 "keys": [], "cursor_keys": []}
     for _ in range(repeats):
         ways["walk"].append(cold(files, lambda: [check_tree(f) for f in files]))
         ways["walk_page"].append(cold(files, lambda: [walk_a_page_at_a_time(f) for f in files]))
         ways["first"].append(cold(files, lambda: first_batch(dataset)))
         with patch.object(lmdb_env, "check_tree", lambda path: []):  # the reference: the same read, unguarded
             ways["first_unwalked"].append(cold(files, lambda: first_batch(dataset)))
+        ways["keys"].append(cold(files, lambda: [tree_keys(f) for f in files]))
+        ways["cursor_keys"].append(cold(files, lambda: [cursor_keys(f) for f in files]))
     walk, read = median(walks), median(reads)
     pages = sum(len(tree_pages(f.read_bytes())) for f in files)
     size = sum(f.stat().st_size for f in files)
@@ -131,7 +145,10 @@ def main() -> None:
                              ("cold_walk_page_mb", "MB it reads", ".1f"),
                              ("cold_first_ms", "cold first batch ms", ".1f"),
                              ("cold_first_unwalked_ms", "no walk: ms", ".1f"),
-                             ("cold_first_over_unwalked", "walked / not", ".2f")])
+                             ("cold_first_over_unwalked", "walked / not", ".2f"),
+                             ("cold_keys_ms", "keys listed: ms", ".1f"), ("cold_keys_mb", "MB it reads", ".1f"),
+                             ("cold_cursor_keys_ms", "by LMDB's cursor: ms", ".1f"),
+                             ("cold_cursor_keys_mb", "MB it reads", ".1f")])
     text = f"{text}\n\nCold:\n\n{cold_text}"
     print(text)
     doc = {"benchmark": "lmdb_tree", "command": f"python benchmarks/lmdb_tree.py --n {args.n} --repeats {args.repeats}",

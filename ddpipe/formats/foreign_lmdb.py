@@ -23,6 +23,7 @@ from ..fields import checked, whole_number
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .lmdb_env import MappedRecords, lease_environment
+from .lmdb_tree import TreeError, tree_keys
 from .lmdb_values import META_KEY, VALUE_KINDS, RecordError, read_value
 
 # an unparsed record's fields (see ShardReader.parse): the key as stored and the value
@@ -95,16 +96,19 @@ class ForeignLMDBReader(ShardReader):
         except (lmdb.Error, OSError, re.error, KeyError) as e:
             raise self._corrupt(f"unreadable LMDB environment: {e}") from None
         if self._n < 0:
-            self._n = sum(1 for _ in self._sample_keys())
+            self._n = len(self._sample_keys())
 
     def __len__(self) -> int:
         return self._n
 
-    def _sample_keys(self) -> Iterator[bytes]:
-        with self._lease.env.begin() as txn:
-            for key in txn.cursor().iternext(keys=True, values=False):
-                if not META_KEY.match(key):
-                    yield bytes(key)
+    def _sample_keys(self) -> list[bytes]:
+        """The samples' keys in LMDB's order, from the file's leaf pages (lmdb_tree.tree_keys: LMDB's
+        cursor would read every record's first page)."""
+        try:
+            keys = tree_keys(self.path)
+        except (TreeError, OSError) as e:
+            raise self._corrupt(f"unreadable LMDB environment: {e}") from None
+        return [key for key in keys if not META_KEY.match(key)]
 
     def _sample(self, key: bytes, value: bytes | memoryview) -> Sample:
         if self._records_checked:
@@ -134,7 +138,7 @@ class ForeignLMDBReader(ShardReader):
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
         if self._keys is None:
-            self._keys = list(self._sample_keys())
+            self._keys = self._sample_keys()
         key = self._keys[i]
         with self._lease.env.begin(buffers=False) as txn:
             value = txn.get(key)

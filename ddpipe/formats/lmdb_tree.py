@@ -21,7 +21,10 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -34,6 +37,7 @@ P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_LEAF2 = 0x01, 0x02, 0x04, 0x08, 0x20
 F_BIGDATA, F_SUBDATA, F_DUPDATA = 0x01, 0x02, 0x04
 _MAIN_DB_AT = PAGE_HEADER + 8 + 8 + 8 + _DB.size  # after magic, version, address, map size and the free DB
 _TXNID_AT = _MAIN_DB_AT + _DB.size + 8
+_T = TypeVar("_T")
 
 
 class TreeError(ValueError):
@@ -50,9 +54,24 @@ def page_size(data: bytes | memoryview | mmap.mmap) -> int:
     return psize
 
 
+@dataclass(frozen=True)
+class Tree:
+    """What a walk found: the tree's pages (sorted) and, in key order, where each record's key lies in
+    the file and its length."""
+
+    pages: list[int]
+    key_at: np.ndarray
+    key_size: np.ndarray
+
+
 def tree_pages(data: bytes | memoryview | mmap.mmap) -> list[int]:
     """The branch and leaf pages of the main database of the LMDB file ``data``, found from its newer
     meta page, every read bounded; TreeError for anything that does not hold together."""
+    return walk_tree(data).pages
+
+
+def walk_tree(data: bytes | memoryview | mmap.mmap) -> Tree:
+    """The walk of :func:`tree_pages`, and where the records' keys lie."""
     psize = page_size(data)
     pages = len(data) // psize
     metas = []
@@ -103,10 +122,12 @@ def tree_pages(data: bytes | memoryview | mmap.mmap) -> list[int]:
         level_pages = children
     leaf_pages = level_pages
     records = runs = 0
+    key_at = key_size = np.zeros(0, dtype=np.int64)
     if entries:
         _will_need(data, leaf_pages, psize)
         whole = np.frombuffer(data, np.uint8, pages * psize)
-        records, runs = _leaf_records(whole, np.asarray(leaf_pages, dtype=np.int64), psize)
+        runs, key_at, key_size = _leaf_records(whole, np.asarray(leaf_pages, dtype=np.int64), psize)
+        records = len(key_at)
     tree = branch_pages + leaf_pages
     if len(set(tree)) != len(tree):
         raise TreeError("a page is reached twice")
@@ -114,7 +135,7 @@ def tree_pages(data: bytes | memoryview | mmap.mmap) -> list[int]:
         raise TreeError(f"its tree holds {len(branch_pages)} branch pages, {len(leaf_pages)} leaf pages, {runs} "
                         f"overflow pages and {records} records; its meta page says {branches}, {leaves}, "
                         f"{overflows} and {entries}")
-    return sorted(tree)
+    return Tree(sorted(tree), key_at, key_size)
 
 
 def _will_need(data: bytes | memoryview | mmap.mmap, pages: list[int], psize: int) -> None:
@@ -141,10 +162,10 @@ def _gather(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     return data[at[:, None] + np.arange(width)]
 
 
-def _leaf_records(data: np.ndarray, leaves: np.ndarray, psize: int) -> tuple[int, int]:
-    """(records, overflow pages) of the leaf pages ``leaves`` of the file's bytes ``data``, every
-    header, node and value bounded, all pages' nodes at once (a node at a time in Python cost about
-    a microsecond a record)."""
+def _leaf_records(data: np.ndarray, leaves: np.ndarray, psize: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """(overflow pages, where each record's key starts in the file, its length) of the leaf pages
+    ``leaves`` of the file's bytes ``data``, records in key order, every header, node and value
+    bounded, all pages' nodes at once (a node at a time in Python cost about a microsecond a record)."""
     if ((leaves < 2) | (leaves >= len(data) // psize)).any():
         raise TreeError("a leaf page is outside the file")
     starts = leaves.astype(np.int64) * psize
@@ -175,12 +196,25 @@ def _leaf_records(data: np.ndarray, leaves: np.ndarray, psize: int) -> tuple[int
     pages = np.uint64(len(data) // psize)
     if ((firsts < 2) | (firsts >= pages) | (firsts + runs > pages)).any():  # no wrapping past 2**64
         raise TreeError("a record's value lies outside the file")
-    return len(page_of), int(runs.sum())
+    return int(runs.sum()), starts[page_of] + nodes + _NODE.size, key_size
 
 
 def check_tree(path: Path) -> list[int]:
     """The tree's pages (:func:`tree_pages`) of the LMDB file at ``path``, read through a mapping of its
     own, bounded: TreeError unless it holds together (a file cut short too, never a fault)."""
+    return _walk_file(path, lambda data, tree: tree.pages)
+
+
+def tree_keys(path: Path) -> list[bytes]:
+    """Every record's key of the LMDB file at ``path``, in LMDB's order, read from its leaf pages by the
+    walk of :func:`check_tree`. LMDB's own cursor, listing keys, also reads each record's first
+    page, which reads the kernel's read-ahead window around it: the whole file, for a list of keys."""
+    return _walk_file(path, lambda data, tree: [data[at : at + size] for at, size in
+                                                zip(tree.key_at.tolist(), tree.key_size.tolist(), strict=True)])
+
+
+def _walk_file(path: Path, result: Callable[[mmap.mmap, Tree], _T]) -> _T:
+    """``result`` of the walk of the file at ``path``, through a mapping of its own."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             raise TreeError("an empty file")
@@ -190,7 +224,7 @@ def check_tree(path: Path) -> list[int]:
     # most of the file (benchmarks/lmdb_tree.py)
     data.madvise(mmap.MADV_RANDOM)
     try:
-        pages = tree_pages(data)
+        out = result(data, walk_tree(data))
     except TreeError as e:  # raised again once the mapping is closed: its traceback holds views of it
         error: TreeError | None = TreeError(str(e))
     else:
@@ -198,4 +232,4 @@ def check_tree(path: Path) -> list[int]:
     data.close()
     if error is not None:
         raise error
-    return pages
+    return out

@@ -196,17 +196,20 @@ def _many_records(path: Path, n: int) -> None:
     env.close()
 
 
-def test_the_tree_walk_finds_the_pages_lmdb_counts(tmp_path: Path) -> None:
-    from ddpipe.formats.lmdb_tree import check_tree, tree_pages
+def test_the_tree_walk_finds_the_pages_and_keys_lmdb_has(tmp_path: Path) -> None:
+    from ddpipe.formats.lmdb_tree import check_tree, tree_keys, tree_pages
 
     path = tmp_path / "many.mdb"
     _many_records(path, 20_000)
     env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
     stat = env.stat()
+    with env.begin() as txn:
+        keys = [bytes(key) for key in txn.cursor().iternext(keys=True, values=False)]
     env.close()
     assert stat["depth"] >= 3  # branch pages under branch pages
     assert len(tree_pages(path.read_bytes())) == stat["branch_pages"] + stat["leaf_pages"]
     assert check_tree(path) == tree_pages(path.read_bytes())  # the file's own mapping, its pages asked for ahead
+    assert tree_keys(path) == keys  # read from the leaf pages, in LMDB's order
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +227,7 @@ def test_the_tree_walk_of_any_damaged_file_holds_or_is_a_tree_error(small_tree: 
     Python's own errors, an offset past the end, would show here), and what it lets through names only
     pages within the file, each once: the pages LMDB will then follow. Walked from a file, as ddpipe
     walks it: through a mapping whose pages are asked for ahead."""
-    from ddpipe.formats.lmdb_tree import TreeError, check_tree
+    from ddpipe.formats.lmdb_tree import TreeError, check_tree, tree_keys
 
     damaged = bytearray(small_tree.read_bytes())
     for at, bit in flips:
@@ -233,6 +236,8 @@ def test_the_tree_walk_of_any_damaged_file_holds_or_is_a_tree_error(small_tree: 
     path.write_bytes(damaged)
     try:
         pages = check_tree(path)
+        keys = tree_keys(path)
     except TreeError:
         return
+    assert all(isinstance(key, bytes) for key in keys)
     assert pages == sorted(set(pages)) and all(2 <= page < len(damaged) // 4096 for page in pages), pages
