@@ -23,7 +23,7 @@ from ..fields import checked, whole_number
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .lmdb_env import MappedRecords, lease_environment
-from .lmdb_tree import TreeError, tree_keys
+from .lmdb_tree import PlacedRecords, TreeError, tree_keys
 from .lmdb_values import META_KEY, VALUE_KINDS, RecordError, read_value
 
 # an unparsed record's fields (see ShardReader.parse): the key as stored and the value
@@ -83,7 +83,8 @@ class ForeignLMDBReader(ShardReader):
         # the manifest's digests are over each record as stored: scans give records unparsed, for the
         # dataset to check before it parses them (a changed value is refused before it is read)
         self._records_checked = layout.get("digests") == "records" and self._kind != "image"
-        self._keys: list[bytes] | None = None  # built on first random access
+        self._placed: PlacedRecords | None = None  # made on the first random read
+        self._samples: list[int] = []  # the records that are samples, by position (not the metadata)
         # where a scan may start: every seek_every-th sample's key (recorded by ddpipe index)
         self._seek_every = int(layout.get("seek_every", 0))
         self._seek_keys = [base64.b64decode(k) for k in layout.get("seek_keys", ())]
@@ -137,14 +138,19 @@ class ForeignLMDBReader(ShardReader):
 
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
-        if self._keys is None:
-            self._keys = self._sample_keys()
-        key = self._keys[i]
-        with self._lease.env.begin(buffers=False) as txn:
-            value = txn.get(key)
-        if value is None:
-            raise self._corrupt(f"record {key!r} is missing")
-        return self._sample(key, value)
+        if self._placed is None:  # the keys and where each value lies, from the tree's pages
+            try:
+                self._placed = PlacedRecords(self.path)
+            except (TreeError, OSError) as e:
+                raise self._corrupt(f"unreadable LMDB environment: {e}") from None
+            self._samples = [j for j, key in enumerate(self._placed.keys) if not META_KEY.match(key)]
+        if i >= len(self._samples):
+            raise self._corrupt(f"holds {len(self._samples)} records, not {self._n}")
+        record = self._samples[i]
+        try:
+            return self._sample(self._placed.keys[record], self._placed.value(record))
+        except (TreeError, OSError) as e:
+            raise self._corrupt(f"cannot read record {i}: {e}") from None
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return (sample for _, sample in self.records(start))
@@ -194,6 +200,9 @@ class ForeignLMDBReader(ShardReader):
             raise self._corrupt(f"cannot read: {e}") from None
 
     def close(self) -> None:
+        if self._placed is not None:
+            self._placed.close()
+            self._placed = None
         self._lease.release()
 
 

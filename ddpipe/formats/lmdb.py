@@ -34,6 +34,7 @@ from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
 from .lmdb_env import EnvironmentLease, LMDBMapping, MappedRecords, lease_environment
+from .lmdb_tree import PlacedRecords, TreeError
 from .mapped import POPULATE_LIMIT, MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
@@ -147,6 +148,8 @@ class LMDBReader(ShardReader):
         super().__init__(path)
         self._file = LMDBFile(self.path)
         self._samples: int | None = None
+        self._placed: PlacedRecords | None = None  # made on the first random read
+        self._records_at: dict[bytes, int] = {}
 
     @property
     def _env(self) -> lmdb.Environment:
@@ -194,11 +197,19 @@ class LMDBReader(ShardReader):
 
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
+        if self._placed is None:  # where each record lies, from the tree's pages (lmdb_tree.PlacedRecords)
+            self._open()
+            try:
+                self._placed = PlacedRecords(self.path)
+            except (TreeError, OSError) as e:
+                raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
+            self._records_at = {key: j for j, key in enumerate(self._placed.keys)}
+        record = self._records_at.get(sample_key(i))
         try:
-            with self._env.begin(buffers=False) as txn:
-                return self._unpack(txn.get(sample_key(i)), i)
-        except lmdb.Error as e:
+            raw = self._placed.value(record) if record is not None else None
+        except (TreeError, OSError) as e:
             raise self._corrupt(f"cannot read sample {i}: {e}") from None
+        return self._unpack(raw, i)
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return (self._unpack(raw, i) for i, raw in self._records(start))
@@ -243,6 +254,9 @@ class LMDBReader(ShardReader):
             raise self._corrupt(f"cannot read: {e}") from None
 
     def close(self) -> None:
+        if self._placed is not None:
+            self._placed.close()
+            self._placed = None
         self._file.close()
 
 

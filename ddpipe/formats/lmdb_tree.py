@@ -21,6 +21,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,12 +57,15 @@ def page_size(data: bytes | memoryview | mmap.mmap) -> int:
 
 @dataclass(frozen=True)
 class Tree:
-    """What a walk found: the tree's pages (sorted) and, in key order, where each record's key lies in
-    the file and its length."""
+    """What a walk found: the tree's pages (sorted) and, in key order, where each record's key and
+    value lie in the file and their lengths (a value in overflow pages where its first page's data
+    starts), every one within the file."""
 
     pages: list[int]
     key_at: np.ndarray
     key_size: np.ndarray
+    value_at: np.ndarray
+    value_size: np.ndarray
 
 
 def tree_pages(data: bytes | memoryview | mmap.mmap) -> list[int]:
@@ -122,11 +126,12 @@ def walk_tree(data: bytes | memoryview | mmap.mmap) -> Tree:
         level_pages = children
     leaf_pages = level_pages
     records = runs = 0
-    key_at = key_size = np.zeros(0, dtype=np.int64)
+    key_at = key_size = value_at = value_size = np.zeros(0, dtype=np.int64)
     if entries:
         _will_need(data, leaf_pages, psize)
         whole = np.frombuffer(data, np.uint8, pages * psize)
-        runs, key_at, key_size = _leaf_records(whole, np.asarray(leaf_pages, dtype=np.int64), psize)
+        runs, key_at, key_size, value_at, value_size = _leaf_records(whole, np.asarray(leaf_pages, dtype=np.int64),
+                                                                     psize)
         records = len(key_at)
     tree = branch_pages + leaf_pages
     if len(set(tree)) != len(tree):
@@ -135,7 +140,7 @@ def walk_tree(data: bytes | memoryview | mmap.mmap) -> Tree:
         raise TreeError(f"its tree holds {len(branch_pages)} branch pages, {len(leaf_pages)} leaf pages, {runs} "
                         f"overflow pages and {records} records; its meta page says {branches}, {leaves}, "
                         f"{overflows} and {entries}")
-    return Tree(sorted(tree), key_at, key_size)
+    return Tree(sorted(tree), key_at, key_size, value_at, value_size)
 
 
 def _will_need(data: bytes | memoryview | mmap.mmap, pages: list[int], psize: int) -> None:
@@ -162,10 +167,12 @@ def _gather(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     return data[at[:, None] + np.arange(width)]
 
 
-def _leaf_records(data: np.ndarray, leaves: np.ndarray, psize: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """(overflow pages, where each record's key starts in the file, its length) of the leaf pages
-    ``leaves`` of the file's bytes ``data``, records in key order, every header, node and value
-    bounded, all pages' nodes at once (a node at a time in Python cost about a microsecond a record)."""
+def _leaf_records(data: np.ndarray, leaves: np.ndarray,
+                  psize: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(overflow pages, then where each record's key and value start in the file and their lengths) of
+    the leaf pages ``leaves`` of the file's bytes ``data``, records in key order, every header, node
+    and value bounded, all pages' nodes at once (a node at a time in Python cost about a microsecond
+    a record)."""
     if ((leaves < 2) | (leaves >= len(data) // psize)).any():
         raise TreeError("a leaf page is outside the file")
     starts = leaves.astype(np.int64) * psize
@@ -196,7 +203,9 @@ def _leaf_records(data: np.ndarray, leaves: np.ndarray, psize: int) -> tuple[int
     pages = np.uint64(len(data) // psize)
     if ((firsts < 2) | (firsts >= pages) | (firsts + runs > pages)).any():  # no wrapping past 2**64
         raise TreeError("a record's value lies outside the file")
-    return int(runs.sum()), starts[page_of] + nodes + _NODE.size, key_size
+    inline = starts[page_of] + ends
+    inline[big] = firsts.astype(np.int64) * psize + PAGE_HEADER
+    return int(runs.sum()), starts[page_of] + nodes + _NODE.size, key_size, inline, sizes
 
 
 def check_tree(path: Path) -> list[int]:
@@ -209,13 +218,44 @@ def tree_keys(path: Path) -> list[bytes]:
     """Every record's key of the LMDB file at ``path``, in LMDB's order, read from its leaf pages by the
     walk of :func:`check_tree`. LMDB's own cursor, listing keys, also reads each record's first
     page, which reads the kernel's read-ahead window around it: the whole file, for a list of keys."""
-    return _walk_file(path, lambda data, tree: [data[at : at + size] for at, size in
-                                                zip(tree.key_at.tolist(), tree.key_size.tolist(), strict=True)])
+    return _walk_file(path, _keys)
 
 
-def _walk_file(path: Path, result: Callable[[mmap.mmap, Tree], _T]) -> _T:
-    """``result`` of the walk of the file at ``path``, through a mapping of its own."""
-    with open(path, "rb") as f:
+def _keys(data: mmap.mmap, tree: Tree) -> list[bytes]:
+    return [data[at : at + size] for at, size in zip(tree.key_at.tolist(), tree.key_size.tolist(), strict=True)]
+
+
+class PlacedRecords:
+    """An LMDB file's records read one at a time (random access) from their places in the file, as
+    the tree walk found them (:func:`walk_tree`: every place within the file), with ``pread`` on a
+    descriptor advised ``POSIX_FADV_RANDOM``: one read of a record's own bytes. Found by LMDB, a
+    record's first page is read through LMDB's mapping, with the kernel's read-ahead window around
+    it (benchmarks/random_access.py). The file read is the file walked, whatever its path names later.
+    TreeError where the file does not hold together."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self.close = weakref.finalize(self, os.close, self._fd)
+        try:
+            self.keys, self._at, self._size = _walk_file(
+                path, lambda data, tree: (_keys(data, tree), tree.value_at.tolist(), tree.value_size.tolist()),
+                fd=self._fd)
+        except BaseException:
+            self.close()
+            raise
+        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+    def value(self, record: int) -> bytes:
+        """The value of the ``record``-th record (in key order, as :attr:`keys`)."""
+        data = os.pread(self._fd, self._size[record], self._at[record])
+        if len(data) != self._size[record]:
+            raise TreeError(f"record {record}'s value is cut short")
+        return data
+
+
+def _walk_file(path: Path, result: Callable[[mmap.mmap, Tree], _T], fd: int | None = None) -> _T:
+    """``result`` of the walk of the file at ``path`` (or open as ``fd``), through a mapping of its own."""
+    with open(path, "rb") if fd is None else open(os.dup(fd), "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             raise TreeError("an empty file")
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

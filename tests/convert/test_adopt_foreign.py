@@ -67,6 +67,19 @@ def test_adopted_in_place_reads_every_sample_with_its_label(name: str, tmp_path:
     assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
 
 
+@pytest.mark.parametrize("name", [name for name in LAYOUTS if "lmdb" in name or "caffe" in name])
+def test_an_adopted_lmdb_read_one_record_at_a_time_gives_what_a_scan_gives(name: str, tmp_path: Path) -> None:
+    """Random reads (a global shuffle's) find each record where the tree walk found it, not through
+    LMDB: the same samples, in any order, as a scan."""
+    root = adopt(name, tmp_path)
+    ds = ddpipe.open_dataset(root)
+    with ds.open_shard(0) as reader:
+        scanned = [reader.parse(sample) for sample in reader.scan()]
+    order = np.random.default_rng(0).permutation(len(scanned)).tolist()
+    with ds.open_shard(0) as reader:
+        assert [reader.parse(reader[i]) for i in order] == [scanned[i] for i in order]
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_adopted_data_read_as_views_gives_what_a_read_copies(name: str, tmp_path: Path) -> None:
     """Read for DALI (views), adopted data gives the samples a plain read copies, each checked

@@ -26,16 +26,17 @@ def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flips=st.lists(st.tuples(st.integers(0, 2**31), st.integers(0, 7)), min_size=1, max_size=3),
-       in_head=st.booleans())
+       in_head=st.booleans(), shuffle=st.sampled_from(["none", "global"]))
 def test_a_damaged_shard_read_unchecked_is_samples_or_a_corrupt_shard_error(
-        shard: tuple[Path, Path, bytes], flips: list[tuple[int, int]], in_head: bool) -> None:
+        shard: tuple[Path, Path, bytes], flips: list[tuple[int, int]], in_head: bool, shuffle: str) -> None:
+    """In order (a scan) or one sample at a time in any order (a global shuffle's random reads)."""
     root, path, intact = shard
     damaged = bytearray(intact)
     for at, bit in flips:  # the first 4 KB hold HDF5's, tar's and LMDB's structure: half the examples hit them
         damaged[at % (4096 if in_head else len(damaged))] ^= 1 << bit
     path.write_bytes(bytes(damaged))
     try:
-        stream = ddpipe.EncodedStream(root, 4, shuffle="none", verify=False)
+        stream = ddpipe.EncodedStream(root, 4, shuffle=shuffle, verify=False)
         assert sum(len(batch.indices) for batch in stream) == 20
     except ddpipe.CorruptShardError as e:
         assert str(path) in str(e) and "\n" not in str(e)
