@@ -12,6 +12,11 @@ meta page records): a damaged file is then an error naming it, and what LMDB rea
 the walk found it. It reads the tree's pages, a few percent of a file of images (the values live in
 overflow pages, which it does not read); its cost beside the read it guards: benchmarks/lmdb_tree.py.
 
+The walk also finds where each record's key and value lie (:func:`walk_tree`), every place bounded
+within the file: random reads read a record there (:class:`PlacedRecords`), and an adopted LMDB's
+keys come from there (:func:`tree_keys`), where LMDB, finding a record or listing keys, touches each
+record's first page through its mapping, and with it the kernel's read-ahead window around it.
+
 The on-disk layout read here is LMDB 0.9's (``mdb.c``: ``MDB_page``, ``MDB_meta``, ``MDB_db``,
 ``MDB_node``), on a 64-bit little-endian machine, which is how every LMDB file it maps is laid out.
 """
@@ -228,10 +233,10 @@ def _keys(data: mmap.mmap, tree: Tree) -> list[bytes]:
 class PlacedRecords:
     """An LMDB file's records read one at a time (random access) from their places in the file, as
     the tree walk found them (:func:`walk_tree`: every place within the file), with ``pread`` on a
-    descriptor advised ``POSIX_FADV_RANDOM``: one read of a record's own bytes. Found by LMDB, a
-    record's first page is read through LMDB's mapping, with the kernel's read-ahead window around
-    it (benchmarks/random_access.py). The file read is the file walked, whatever its path names later.
-    TreeError where the file does not hold together."""
+    descriptor advised ``POSIX_FADV_RANDOM``: one read of a record's own bytes. (Found by LMDB
+    instead, a record's first page is read through LMDB's mapping, and with it the kernel's
+    read-ahead window around it: benchmarks/random_access.py.) The file read is the file walked,
+    whatever its path names later. TreeError where the file does not hold together."""
 
     def __init__(self, path: Path) -> None:
         self._fd = os.open(path, os.O_RDONLY)
