@@ -63,6 +63,34 @@ def test_reading_with_views_gives_the_same_samples_and_they_outlive_the_read(dat
     assert all(isinstance(v, memoryview) for s in viewed for k, v in s.items() if k != "__key__")
 
 
+def record_reads_ahead(ds: ddpipe.Dataset, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
+    """The events of reads of ``ds``, as they come: ("hashed", file, thread) for each shard hashed
+    (ahead or not), ("opened", file, how) for each shard opened, how being "here" (nothing made
+    ahead), "ahead" (read through the mapping made ahead) or "mapped again"; the caller adds its own."""
+    import threading
+
+    from ddpipe import reading
+    from ddpipe.formats.mapped import HashedFile, ShardMapping, hash_mapped
+
+    events: list[tuple[str, str, str]] = []
+    opened = ds.open_shard
+
+    def recording_hash(mapping: ShardMapping, keep: bool) -> HashedFile:
+        events.append(("hashed", mapping.path.name, threading.current_thread().name))
+        return hash_mapped(mapping, keep)
+
+    def recording_open(shard: int, store: object = None, *, verify: bool = False,
+                       hashed: HashedFile | None = None) -> object:
+        reader = opened(shard, store, verify=verify, hashed=hashed)  # type: ignore[arg-type]
+        through = "here" if hashed is None else "ahead" if reader.mapped_file() is hashed.mapped else "mapped again"
+        events.append(("opened", ds.manifest.shards[shard].file, through))
+        return reader
+
+    monkeypatch.setattr(reading, "hash_mapped", recording_hash)
+    monkeypatch.setattr(ds, "open_shard", recording_open)
+    return events
+
+
 def test_unchecked_reads_page_the_next_shard_in_while_reading_one(dataset: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Read unchecked, a later tar or HDF5 shard read from its first sample is paged in whole on a
@@ -71,12 +99,9 @@ def test_unchecked_reads_page_the_next_shard_in_while_reading_one(dataset: Path,
     sample) is advised to the kernel instead, so that a cold shard's I/O overlaps the work on the one
     before. Neither while a slow-source model counts the reads. (A checked read: below.)"""
     import os
-    import threading
 
     import numpy as np
 
-    from ddpipe import reading
-    from ddpipe.formats.mapped import HashedFile, ShardMapping, hash_mapped
     from ddpipe.throttle import SourceLimits
 
     advised: list[str] = []
@@ -88,29 +113,14 @@ def test_unchecked_reads_page_the_next_shard_in_while_reading_one(dataset: Path,
         advise(fd, offset, length, advice)
 
     ds = ddpipe.open_dataset(dataset)
-    events: list[tuple[str, str, str]] = []
-    opened = ds.open_shard
-
-    def recording_page(mapping: ShardMapping, keep: bool) -> HashedFile:
-        events.append(("paged", mapping.path.name, threading.current_thread().name))
-        return hash_mapped(mapping, keep)
-
-    def recording_open(shard: int, store: object = None, *, verify: bool = False,
-                       hashed: HashedFile | None = None) -> object:
-        reader = opened(shard, store, verify=verify, hashed=hashed)  # type: ignore[arg-type]
-        through = "here" if hashed is None else "ahead" if reader.mapped_file() is hashed.mapped else "mapped again"
-        events.append(("opened", ds.manifest.shards[shard].file, through))
-        return reader
-
+    events = record_reads_ahead(ds, monkeypatch)
     monkeypatch.setattr(os, "posix_fadvise", recording_advise)
-    monkeypatch.setattr(reading, "hash_mapped", recording_page)
-    monkeypatch.setattr(ds, "open_shard", recording_open)
     names = [ds.manifest.shards[k].file for k in (2, 0, 3)]
     files = [str(shard_file(dataset, k).resolve()) for k in (0, 3)]
     order = np.concatenate([np.arange(12, 18), np.arange(0, 6), np.arange(20, 24)])  # shards 2, 0, 3 from its 3rd
     for i, _ in enumerate(read_samples(ds, order, verify=False)):
         events.append(("sample", str(min(i // 6, 2)), ""))
-    paged = [(name, thread) for kind, name, thread in events if kind == "paged"]
+    paged = [(name, thread) for kind, name, thread in events if kind == "hashed"]
     through = [e[1:] for e in events if e[0] == "opened"]
     if ds.format.pages_in_ahead:
         assert through == [(names[0], "here"), (names[1], "ahead"), (names[2], "here")]
@@ -123,7 +133,7 @@ def test_unchecked_reads_page_the_next_shard_in_while_reading_one(dataset: Path,
     advised.clear()
     events.clear()
     assert len(list(read_samples(ds, order, verify=False, limits=SourceLimits()))) == 16
-    assert advised == [] and not [e for e in events if e[0] == "paged"]
+    assert advised == [] and not [e for e in events if e[0] == "hashed"]
 
 
 def test_checked_reads_check_the_next_shard_while_reading_one(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,32 +141,10 @@ def test_checked_reads_check_the_next_shard_while_reading_one(dataset: Path, mon
     before starts (when it runs is the scheduler's), and opens the shard with that hash, checked,
     before any of its own samples is handed out, reading through the mapping that was hashed (the
     reading thread pages nothing in again)."""
-    import threading
-
     import numpy as np
 
-    from ddpipe import reading
-    from ddpipe.formats.mapped import HashedFile, ShardMapping
-    from ddpipe.formats.mapped import hash_mapped as hash_file
-
     ds = ddpipe.open_dataset(dataset)
-    events: list[tuple[str, str, str]] = []
-    opened = ds.open_shard
-
-    def recording_hash(mapping: ShardMapping, keep: bool) -> HashedFile:
-        events.append(("hashed", mapping.path.name, threading.current_thread().name))
-        return hash_file(mapping, keep)
-
-    def recording_open(shard: int, store: object = None, *, verify: bool = False,
-                       hashed: HashedFile | None = None) -> object:
-        name = ds.manifest.shards[shard].file
-        reader = opened(shard, store, verify=verify, hashed=hashed)  # type: ignore[arg-type]
-        through = "here" if hashed is None else "ahead" if reader.mapped_file() is hashed.mapped else "mapped again"
-        events.append(("opened", name, through))
-        return reader
-
-    monkeypatch.setattr(reading, "hash_mapped", recording_hash)
-    monkeypatch.setattr(ds, "open_shard", recording_open)
+    events = record_reads_ahead(ds, monkeypatch)
     order = np.concatenate([np.arange(12, 18), np.arange(0, 6), np.arange(18, 24)])  # shards 2, 0, 3
     for i, _ in enumerate(read_samples(ds, order)):
         events.append(("sample", str(i // 6), ""))
