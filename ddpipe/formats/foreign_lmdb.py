@@ -140,7 +140,7 @@ class ForeignLMDBReader(ShardReader):
         i = self._check_index(index)
         if self._placed is None:  # the keys and where each value lies, from the tree's pages
             try:
-                self._placed = PlacedRecords(self.path)
+                self._placed = PlacedRecords(self.path, self._lease.identity)
             except (TreeError, OSError) as e:
                 raise self._corrupt(f"unreadable LMDB environment: {e}") from None
             self._samples = [j for j, key in enumerate(self._placed.keys) if not META_KEY.match(key)]

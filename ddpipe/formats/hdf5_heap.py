@@ -96,7 +96,6 @@ class VlenHeap:
             out.append(content[where[0] : where[0] + length])
         return out
 
-
     def element(self, i: int) -> memoryview:
         """A view of the bytes of element ``i`` alone (random access), what it reads asked for first and
         read alone (:meth:`MappedFile.ask`): the dataset's table of elements once, whole (16 bytes an

@@ -79,6 +79,12 @@ class LMDBFile:
         assert self._lease is not None
         return self._lease.mapping()
 
+    def identity(self) -> tuple[int, int]:
+        """The (device, inode) of the file the environment maps."""
+        self.env()
+        assert self._lease is not None
+        return self._lease.identity
+
     def checksum(self) -> str:
         try:
             mapping = self.mapping()
@@ -200,7 +206,7 @@ class LMDBReader(ShardReader):
         if self._placed is None:  # where each record lies, from the tree's pages (lmdb_tree.PlacedRecords)
             self._open()
             try:
-                self._placed = PlacedRecords(self.path)
+                self._placed = PlacedRecords(self.path, self._file.identity())
             except (TreeError, OSError) as e:
                 raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
             self._records_at = {key: j for j, key in enumerate(self._placed.keys)}

@@ -170,6 +170,7 @@ class EnvironmentLease:
         self._environments = environments
         self._entry = entry
         self.env: lmdb.Environment = entry.env
+        self.identity = entry.identity  # the file's (st_dev, st_ino) when it was opened
         self.release = weakref.finalize(self, environments._release, entry)
 
     def mapping(self) -> LMDBMapping | None:

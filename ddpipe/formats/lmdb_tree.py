@@ -235,13 +235,17 @@ class PlacedRecords:
     the tree walk found them (:func:`walk_tree`: every place within the file), with ``pread`` on a
     descriptor advised ``POSIX_FADV_RANDOM``: one read of a record's own bytes. (Found by LMDB
     instead, a record's first page is read through LMDB's mapping, and with it the kernel's
-    read-ahead window around it: benchmarks/random_access.py.) The file read is the file walked,
-    whatever its path names later. TreeError where the file does not hold together."""
+    read-ahead window around it: benchmarks/random_access.py.) The file read is the file walked, and
+    must be ``identity`` (device, inode): the one its reader's environment maps, checked as a whole,
+    whatever its path names now. TreeError where the file does not hold together or is another."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, identity: tuple[int, int]) -> None:
         self._fd = os.open(path, os.O_RDONLY)
         self.close = weakref.finalize(self, os.close, self._fd)
         try:
+            st = os.fstat(self._fd)
+            if (st.st_dev, st.st_ino) != identity:
+                raise TreeError("replaced since it was opened")
             self.keys, self._at, self._size = _walk_file(
                 path, lambda data, tree: (_keys(data, tree), tree.value_at.tolist(), tree.value_size.tolist()),
                 fd=self._fd)

@@ -241,3 +241,27 @@ def test_the_tree_walk_of_any_damaged_file_holds_or_is_a_tree_error(small_tree: 
         return
     assert all(isinstance(key, bytes) for key in keys)
     assert pages == sorted(set(pages)) and all(2 <= page < len(damaged) // 4096 for page in pages), pages
+
+
+def test_random_reads_read_the_file_the_reader_opened_or_say_it_was_replaced(tmp_path: Path) -> None:
+    """A random read finds a record where the tree walk found it, reading the file by its path: a file
+    renamed over the shard after its reader opened it (and checked it) is not read in its place."""
+    import ddpipe
+
+    from ..helpers import make_dataset
+
+    root = make_dataset(tmp_path / "ds", "lmdb", [10, 10])
+    ds = ddpipe.open_dataset(root)
+    with ds.open_shard(0, verify=True) as reader:
+        first = reader.parse(reader[3])
+        other = tmp_path / "other.lmdb"
+        other.write_bytes(ds.shard_path(1).read_bytes())
+        os.replace(other, ds.shard_path(0))
+        assert reader.parse(reader[3]) == first  # the records' places were found before the rename
+    with ds.open_shard(0) as reader:  # the replacement, opened now: its own records
+        assert reader.parse(reader[3]) != first
+    with pytest.raises(ddpipe.CorruptShardError, match="replaced since it was opened"):
+        with ds.open_shard(0) as reader:
+            next(reader.scan())  # the environment opens on the file now there
+            os.replace(tmp_path / "ds" / ds.manifest.shards[1].file, ds.shard_path(0))
+            reader[3]
