@@ -8,9 +8,9 @@ used (invariant 7): a damaged one is an error naming it, or under ``on_corrupt``
 A shard checked whole against its checksum is hashed ahead (:class:`ShardsAhead`): the next
 shard's bytes are read and hashed on a thread of their own while this one's samples are parsed, so
 the check neither stalls reading nor comes after any of the shard's values are used. Read
-unchecked, the next tar or HDF5 shard is paged in on that thread all the same, by the same hash, its
-checksum then unused: without it an unchecked read paged its shards in on the reading thread, and
-ran slower cold than a checked one (``ShardFormat.pages_in_ahead``).
+unchecked, the next shard is paged in on that thread all the same, by the same hash, its checksum
+then unused: without it an unchecked read paged its shards in on the reading thread, and ran slower
+cold than a checked one (``ShardFormat.pages_in_ahead``).
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
 from .checksum import digest_mismatch
 from .dataset import OPEN_SHARDS, Dataset, OnCorrupt, ShardStore
 from .errors import CorruptShardError
-from .formats import ShardFormat, ShardReader
-from .formats.mapped import SCAN_WHOLE_LIMIT, HashedFile, hash_mapped
+from .formats import ShardReader
+from .formats.mapped import SCAN_WHOLE_LIMIT, HashedFile, ShardMapping, hash_mapped
 from .sample import Sample, owned
 from .throttle import SourceLimits
 
@@ -100,7 +99,9 @@ class ShardsAhead:
     while the shard before is parsed; the shard is opened, and its checksum compared, when its turn
     comes, on the reader's thread, so no value of it is used before its bytes are known to be the
     manifest's and a mismatch is the same error, raised at the same point, as without the look
-    ahead. Unchecked: the file is hashed all the same, its checksum unused, where the format pages
+    ahead. The file is opened (an LMDB shard's environment too) on the reader's thread when its hash
+    is asked for, and the hash's thread makes one call (``ShardMapping.prepare``). Unchecked: the
+    file is hashed all the same, its checksum unused, where the format pages
     in ahead (``ShardFormat.pages_in_ahead``) and its scan would page it in whole (from its first
     sample, a file of a shard's size at most: mapped.py): the hash touching its pages in order, from
     C, was the fastest way to page a cold file in (the kernel's read-ahead runs ahead of it; paged in
@@ -112,7 +113,7 @@ class ShardsAhead:
     def __init__(self, dataset: Dataset, store: ShardStore | None, verify: bool) -> None:
         self.dataset, self.store, self.verify = dataset, store, verify
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-check-ahead" if verify else "ddpipe-page-ahead")
-        self._hashing: dict[int, Future[HashedFile | None]] = {}
+        self._hashing: dict[int, tuple[ShardMapping, Future[HashedFile | None]]] = {}
 
     def start(self, shard: int, from_start: bool) -> bool:
         """Hash ``shard`` in the background; False where that is not for this shard. ``from_start``: its
@@ -127,34 +128,38 @@ class ShardsAhead:
         path = self.store.ready_path(shard) if self.store is not None else self.dataset.shard_path(shard)
         if path is None:
             return False
-        self._hashing[shard] = self._pool.submit(_hashed, self.dataset.format, path)
+        try:
+            mapping = self.dataset.format.mapping(path)
+        except OSError:  # opening the shard then says why
+            return False
+        mapping.prepare()  # here, not on the hash's thread: ShardMapping.prepare
+        self._hashing[shard] = mapping, self._pool.submit(_hashed, mapping, self.dataset.format.reads_mapped)
         return True
 
     def take(self, shard: int) -> HashedFile | None:
         """``shard``'s file hashed ahead (waiting for it), if a hash was started and the file could be
         read: :meth:`Dataset.open_shard` compares its checksum (checked) and reads through its mapping."""
         hashing = self._hashing.pop(shard, None)
-        return hashing.result() if hashing is not None else None
+        return hashing[1].result() if hashing is not None else None
 
     def close(self) -> None:
-        """Stop: a hash under way is waited for (it is one call), one not started is dropped."""
-        for hashing in self._hashing.values():
+        """Stop: a hash under way is waited for (it is one call), one not started is dropped, and the
+        mappings made ahead that no reader took are let go of (an LMDB shard's holds its environment
+        open)."""
+        for _, hashing in self._hashing.values():
             hashing.cancel()
         self._pool.shutdown(wait=True)
-        for hashing in self._hashing.values():  # let go of mappings made ahead that no reader took
-            if not hashing.cancelled() and hashing.exception() is None:
-                done = hashing.result()
-                if done is not None and done.mapped is not None:
-                    done.mapped.close()
+        for mapping, _ in self._hashing.values():
+            mapping.close()
         self._hashing.clear()
 
 
-def _hashed(shard_format: ShardFormat, path: Path) -> HashedFile | None:
-    """``path`` hashed through the mapping its reader reads through, paged in and kept for the reader
-    where the format reads mapped (which then pages in nothing on the reading thread), or None where
-    it cannot be read (opening it then says why)."""
+def _hashed(mapping: ShardMapping, keep: bool) -> HashedFile | None:
+    """The file of ``mapping`` hashed through it, paged in and kept for the reader where the format
+    reads mapped (``keep``: its reader then pages in nothing on the reading thread), or None where it
+    cannot be read (opening it then says why)."""
     try:
-        return hash_mapped(shard_format.mapping(path), shard_format.reads_mapped)
+        return hash_mapped(mapping, keep)
     except (OSError, ValueError):  # a CorruptShardError (an empty file) is a ValueError
         return None
 

@@ -85,6 +85,11 @@ class LMDBFile:
         assert self._lease is not None
         return self._lease.identity
 
+    def prepare(self) -> None:
+        """Open the environment and find its mapping (see :meth:`ShardMapping.prepare`)."""
+        with contextlib.suppress(OSError, lmdb.Error, CorruptShardError):  # said again by checksum() or the reader
+            self.mapping()
+
     def checksum(self) -> str:
         try:
             mapping = self.mapping()
