@@ -93,11 +93,11 @@ def record_reads_ahead(ds: ddpipe.Dataset, monkeypatch: pytest.MonkeyPatch) -> l
 
 def test_unchecked_reads_page_the_next_shard_in_while_reading_one(dataset: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Read unchecked, a later tar or HDF5 shard read from its first sample is paged in whole on a
-    thread of its own (by hashing it, as a checked read would), before its first sample, and its
-    reader reads through that mapping. Any other later shard (LMDB's, or one read from a later
-    sample) is advised to the kernel instead, so that a cold shard's I/O overlaps the work on the one
-    before. Neither while a slow-source model counts the reads. (A checked read: below.)"""
+    """Read unchecked, a later shard read from its first sample is paged in whole on a thread of its
+    own (by hashing it, as a checked read would), before its first sample, and its reader reads
+    through that mapping (LMDB's: LMDB's own). A later shard read from a later sample is advised to
+    the kernel instead, so that a cold shard's I/O overlaps the work on the one before. Neither while
+    a slow-source model counts the reads. (A checked read: below.)"""
     import os
 
     import numpy as np
@@ -122,14 +122,10 @@ def test_unchecked_reads_page_the_next_shard_in_while_reading_one(dataset: Path,
         events.append(("sample", str(min(i // 6, 2)), ""))
     paged = [(name, thread) for kind, name, thread in events if kind == "hashed"]
     through = [e[1:] for e in events if e[0] == "opened"]
-    if ds.format.pages_in_ahead:
-        assert through == [(names[0], "here"), (names[1], "ahead"), (names[2], "here")]
-        assert [name for name, _ in paged] == [names[1]] and paged[0][1].startswith("ddpipe-page-ahead")
-        assert events.index(("opened", names[1], "ahead")) < events.index(("sample", "1", ""))
-        assert advised == files[1:]
-    else:
-        assert through == [(name, "here") for name in names] and paged == []
-        assert advised == files
+    assert through == [(names[0], "here"), (names[1], "ahead"), (names[2], "here")]
+    assert [name for name, _ in paged] == [names[1]] and paged[0][1].startswith("ddpipe-page-ahead")
+    assert events.index(("opened", names[1], "ahead")) < events.index(("sample", "1", ""))
+    assert advised == files[1:]
     advised.clear()
     events.clear()
     assert len(list(read_samples(ds, order, verify=False, limits=SourceLimits()))) == 16

@@ -184,8 +184,9 @@ class ShardFormat(abc.ABC):
     # against ~4,600 through views copied out)
     copies_cheaply: bool = False
     # read unchecked, its next shard is paged in ahead, on another thread, by the hash a checked read
-    # takes (reading.ShardsAhead): cold tar and HDF5 reads ran ~6-10% faster so; an LMDB shard hashed
-    # ahead through LMDB's mapping was scanned slower, warm (on 2 cores the two threads contend)
+    # takes (reading.ShardsAhead): cold tar and HDF5 reads ran ~6-10% faster so, and LMDB's once its
+    # environment was opened on the reading thread (ShardMapping.prepare). Not adopted files: one
+    # may hold a whole dataset, of which a rank reads a part
     pages_in_ahead: bool = False
 
     @abc.abstractmethod

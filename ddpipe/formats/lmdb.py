@@ -321,6 +321,7 @@ class LMDBFormat(ShardFormat):
     suffix = ".lmdb"
     reads_mapped = True
     copies_cheaply = True
+    pages_in_ahead = True
 
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return LMDBReader(path)
