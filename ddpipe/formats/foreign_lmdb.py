@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import numpy as np
 
 from ..errors import CorruptShardError, DdpipeError
 from ..fields import checked, whole_number
@@ -84,7 +85,7 @@ class ForeignLMDBReader(ShardReader):
         # dataset to check before it parses them (a changed value is refused before it is read)
         self._records_checked = layout.get("digests") == "records" and self._kind != "image"
         self._placed: PlacedRecords | None = None  # made on the first random read
-        self._samples: list[int] = []  # the records that are samples, by position (not the metadata)
+        self._samples = np.zeros(0, dtype=np.int64)  # the records that are samples, by position (not the metadata)
         # where a scan may start: every seek_every-th sample's key (recorded by ddpipe index)
         self._seek_every = int(layout.get("seek_every", 0))
         self._seek_keys = [base64.b64decode(k) for k in layout.get("seek_keys", ())]
@@ -143,10 +144,11 @@ class ForeignLMDBReader(ShardReader):
                 self._placed = PlacedRecords(self.path, self._lease.identity)
             except (TreeError, OSError) as e:
                 raise self._corrupt(f"unreadable LMDB environment: {e}") from None
-            self._samples = [j for j, key in enumerate(self._placed.keys) if not META_KEY.match(key)]
+            self._samples = np.fromiter((j for j, key in enumerate(self._placed.keys) if not META_KEY.match(key)),
+                                        dtype=np.int64)
         if i >= len(self._samples):
             raise self._corrupt(f"holds {len(self._samples)} records, not {self._n}")
-        record = self._samples[i]
+        record = int(self._samples[i])
         try:
             return self._sample(self._placed.keys[record], self._placed.value(record))
         except (TreeError, OSError) as e:

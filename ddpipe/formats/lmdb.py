@@ -160,7 +160,6 @@ class LMDBReader(ShardReader):
         self._file = LMDBFile(self.path)
         self._samples: int | None = None
         self._placed: PlacedRecords | None = None  # made on the first random read
-        self._records_at: dict[bytes, int] = {}
 
     @property
     def _env(self) -> lmdb.Environment:
@@ -214,8 +213,7 @@ class LMDBReader(ShardReader):
                 self._placed = PlacedRecords(self.path, self._file.identity())
             except (TreeError, OSError) as e:
                 raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
-            self._records_at = {key: j for j, key in enumerate(self._placed.keys)}
-        record = self._records_at.get(sample_key(i))
+        record = self._placed.keys.find(sample_key(i))
         try:
             raw = self._placed.value(record) if record is not None else None
         except (TreeError, OSError) as e:

@@ -212,6 +212,35 @@ def test_the_tree_walk_finds_the_pages_and_keys_lmdb_has(tmp_path: Path) -> None
     assert tree_keys(path) == keys  # read from the leaf pages, in LMDB's order
 
 
+def test_placed_records_hold_each_key_and_value_where_lmdb_finds_them(tmp_path: Path) -> None:
+    """Random reads find every record's key and value (inline, and in overflow pages) as LMDB's own
+    cursor gives them, in its order, and look a key up (LMDB's default order) or say it is not there."""
+    import random
+
+    from ddpipe.formats.lmdb_tree import PlacedRecords
+
+    path = tmp_path / "many.mdb"
+    _many_records(path, 20_000)
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        records = [(bytes(key), bytes(value)) for key, value in txn.cursor()]
+    env.close()
+    st = path.stat()
+    placed = PlacedRecords(path, (st.st_dev, st.st_ino))
+    keys = placed.keys
+    assert len(keys) == len(records) and list(keys) == [key for key, _ in records]
+    for j in [0, 1, len(records) - 1, *random.Random(0).sample(range(len(records)), 300)]:
+        key, value = records[j]
+        assert keys[j] == key and keys[j - len(records)] == key and placed.value(j) == value
+        assert keys.find(key) == j
+    assert keys[5:8] == [key for key, _ in records[5:8]]
+    for absent in (b"", b"%08d" % len(records), b"00000001x", b"0000000", b"\xff"):
+        assert keys.find(absent) is None
+    with pytest.raises(IndexError):
+        keys[len(records)]
+    placed.close()
+
+
 @pytest.fixture(scope="module")
 def small_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tree") / "t.mdb"
