@@ -33,8 +33,8 @@ from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
-from .lmdb_env import EnvironmentLease, LMDBMapping, MappedRecords, lease_environment
-from .lmdb_tree import PlacedRecords, TreeError
+from .lmdb_env import EnvironmentLease, LMDBMapping, lease_environment
+from .lmdb_tree import MappedKeys, PlacedRecords, Tree, TreeError
 from .mapped import POPULATE_LIMIT, MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
@@ -68,8 +68,15 @@ class LMDBFile:
 
     def env(self) -> lmdb.Environment:
         if self._lease is None:
-            self._lease = lease_environment(self.path)
+            self._lease = lease_environment(self.path, places=True)
         return self._lease.env
+
+    def places(self) -> Tree:
+        """Where each record's key and value lie in the file, as the walk before LMDB opened it found
+        them (:mod:`.lmdb_tree`), in key order."""
+        self.env()
+        assert self._lease is not None and self._lease.places is not None
+        return self._lease.places
 
     def mapping(self) -> LMDBMapping | None:
         """The file's bytes where LMDB maps them, or None where that mapping cannot be told apart. It is
@@ -221,26 +228,59 @@ class LMDBReader(ShardReader):
         return self._unpack(raw, i)
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
-        return (self._unpack(raw, i) for i, raw in self._records(start))
+        placed = self._placed_records(start)
+        if placed is None:
+            return (self._unpack(raw, i) for i, raw in self._cursor_records(start))
+        whole, records = placed
+        return (self._unpack(whole[at:end], i) for i, at, end in records)
 
     def scan_views(self, start: int = 0) -> Iterator[Sample]:
         """:meth:`scan`, each field a view of the file where LMDB maps it (:class:`LMDBMapping`), which
         keeps the environment open while any view of it lives; where that mapping cannot be told
         apart, copies as :meth:`scan` gives."""
-        self._open()
-        mapping = self._file.mapping()
-        if mapping is None:
+        placed = self._placed_records(start)
+        if placed is None:
             yield from self.scan(start)
             return
-        records = MappedRecords(mapping)
-        for i, raw in self._records(start):
-            at = records.place(raw)
-            sample = record_views(records.whole, at, at + len(raw)) if at is not None else None
-            yield sample if sample is not None else self._unpack(raw, i)
+        whole, records = placed
+        for i, at, end in records:
+            sample = record_views(whole, at, end)
+            yield sample if sample is not None else self._unpack(whole[at:end], i)
 
-    def _records(self, start: int) -> Iterator[tuple[int, memoryview]]:
-        """Each sample's position and record from ``start`` on, the record a view of LMDB's mapping
-        valid until the next (buffers: unpacked straight from the map, a copy fewer than bytes)."""
+    def _placed_records(self, start: int) -> tuple[memoryview, Iterator[tuple[int, int, int]]] | None:
+        """LMDB's mapping of the file, and each sample's position and where its record starts and ends
+        there, from ``start`` on, as the tree walk found them (every place within the file): no call
+        into LMDB a record. A cursor's every step let go of the interpreter lock, and took it back only
+        once the thread holding it let go: beside a thread running Python a scan took tens of times as
+        long as alone. None where the mapping cannot be told apart (:meth:`_cursor_records` then)."""
+        _, n = self._open()
+        mapping = self._file.mapping()
+        if mapping is None:
+            return None
+        tree = self._file.places()
+        whole = memoryview(mapping).cast("B")
+
+        def records() -> Iterator[tuple[int, int, int]]:
+            if start >= n:
+                return
+            first = MappedKeys(whole, tree).find(sample_key(start), guess=start)  # not start if one before is missing
+            if first is None:
+                raise self._corrupt(f"sample {start} is missing")
+            stop = min(first + n - start, len(tree.key_at))  # records past the last: a sample missing, said below
+            key_at, key_size = tree.key_at[first:stop].tolist(), tree.key_size[first:stop].tolist()
+            value_at, value_size = tree.value_at[first:stop].tolist(), tree.value_size[first:stop].tolist()
+            for i in range(start, n):
+                j = i - start
+                if j >= len(key_at) or whole[key_at[j] : key_at[j] + key_size[j]] != sample_key(i):
+                    raise self._corrupt(f"sample {i} is missing")
+                yield i, value_at[j], value_at[j] + value_size[j]
+
+        return whole, records()
+
+    def _cursor_records(self, start: int) -> Iterator[tuple[int, memoryview]]:
+        """Each sample's position and record from ``start`` on, found by LMDB's cursor, the record a view
+        of LMDB's mapping valid until the next (buffers: unpacked straight from the map, a copy fewer
+        than bytes)."""
         env, n = self._open()
         try:
             with env.begin(buffers=True) as txn:

@@ -22,29 +22,30 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from ..errors import CorruptShardError
-from .lmdb_tree import TreeError, check_tree
+from .lmdb_tree import Tree, TreeError, file_tree
 from .mapped import address_of
 
 
-def open_whole(path: Path) -> lmdb.Environment:
+def open_whole(path: Path, identity: tuple[int, int]) -> tuple[lmdb.Environment, Tree]:
     """The LMDB file ``path``, read-only and without a lock file, once it is known to hold every page it
     names and its tree to hold together (:mod:`.lmdb_tree`): pages are read through mmap, and LMDB
     follows a damaged page's numbers anywhere, killing the process (SIGBUS, SIGABRT) rather than
-    raising. Open it through :func:`lease_environment`, which opens it once."""
+    raising; and the walk that found that out. Open it through :func:`lease_environment`, which
+    opens it once."""
     env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=512)
     try:
         needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
         if path.stat().st_size < needed:
             raise CorruptShardError(f"truncated LMDB: {path.stat().st_size} bytes, its pages need {needed}",
                                     path=path)
-        check_tree(path)
+        tree = file_tree(path, identity)
     except TreeError as e:
         env.close()
         raise CorruptShardError(f"damaged LMDB: {e}", path=path) from None
     except BaseException:
         env.close()
         raise
-    return env
+    return env, tree
 
 
 def lmdb_mapping_start(path: Path, size: int) -> int | None:
@@ -107,11 +108,13 @@ class MappedRecords:
 
 
 class _Environment:
-    """One file's environment and what is known of its mapping, with the count of its users."""
+    """One file's environment and what is known of its mapping, with the count of its users, and where
+    its records lie where a user asked for that (:meth:`Environments.lease`)."""
 
-    def __init__(self, path: Path, identity: tuple[int, int], size: int) -> None:
+    def __init__(self, path: Path, identity: tuple[int, int], size: int, places: bool) -> None:
         self.path, self.identity, self.size = path, identity, size
-        self.env = open_whole(path)
+        self.env, tree = open_whole(path, identity)
+        self.places: Tree | None = tree if places else None
         self.users = 0
         self.start: int | None = None  # where its mapping starts, once found
         self.mapping: weakref.ref[Any] | None = None
@@ -125,15 +128,21 @@ class Environments:
         self._lock = threading.RLock()  # a mapping's finalizer may release its lease while this is held
         self._open: dict[tuple[int, int], _Environment] = {}
 
-    def lease(self, path: Path) -> EnvironmentLease:
-        """A hold on ``path``'s environment, opened now unless it is open already. CorruptShardError for
-        a truncated file; lmdb.Error or OSError where it cannot be opened."""
+    def lease(self, path: Path, places: bool) -> EnvironmentLease:
+        """A hold on ``path``'s environment, opened now unless it is open already; ``places``: where its
+        records lie kept with it (the walk's, made before LMDB opened the file, or again). CorruptShardError
+        for a truncated or damaged file; lmdb.Error or OSError where it cannot be opened."""
         st = path.stat()
         identity = (st.st_dev, st.st_ino)
         with self._lock:
             entry = self._open.get(identity)
             if entry is None:
-                entry = self._open[identity] = _Environment(path, identity, st.st_size)
+                entry = self._open[identity] = _Environment(path, identity, st.st_size, places)
+            elif places and entry.places is None:  # opened by a user that did not keep them
+                try:
+                    entry.places = file_tree(path, identity)
+                except TreeError as e:
+                    raise CorruptShardError(f"damaged LMDB: {e}", path=path) from None
             entry.users += 1
         return EnvironmentLease(self, entry)
 
@@ -171,6 +180,7 @@ class EnvironmentLease:
         self._entry = entry
         self.env: lmdb.Environment = entry.env
         self.identity = entry.identity  # the file's (st_dev, st_ino) when it was opened
+        self.places = entry.places  # where its records lie, if asked for (Environments.lease)
         self.release = weakref.finalize(self, environments._release, entry)
 
     def mapping(self) -> LMDBMapping | None:
@@ -189,7 +199,8 @@ class EnvironmentLease:
 _ENVIRONMENTS = Environments()
 
 
-def lease_environment(path: Path) -> EnvironmentLease:
+def lease_environment(path: Path, *, places: bool = False) -> EnvironmentLease:
     """A hold on the environment of the LMDB file ``path``, shared with every other reader of the file
-    in this process (see the module)."""
-    return _ENVIRONMENTS.lease(path)
+    in this process (see the module); ``places``: with where its records lie (``lease.places``, a
+    :class:`~.lmdb_tree.Tree`), for a reader that scans them from LMDB's mapping."""
+    return _ENVIRONMENTS.lease(path, places)

@@ -23,6 +23,7 @@ The on-disk layout read here is LMDB 0.9's (``mdb.c``: ``MDB_page``, ``MDB_meta`
 
 from __future__ import annotations
 
+import abc
 import bisect
 import itertools
 import mmap
@@ -219,7 +220,20 @@ def _leaf_records(data: np.ndarray, leaves: np.ndarray,
 def check_tree(path: Path) -> list[int]:
     """The tree's pages (:func:`tree_pages`) of the LMDB file at ``path``, read through a mapping of its
     own, bounded: TreeError unless it holds together (a file cut short too, never a fault)."""
-    return _walk_file(path, lambda data, tree: tree.pages)
+    return file_tree(path).pages
+
+
+def file_tree(path: Path, identity: tuple[int, int] | None = None) -> Tree:
+    """The walk of :func:`check_tree`, whole: where each record lies too. ``identity``: the (device,
+    inode) the file must be (the one an environment maps), else TreeError."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if identity is not None and (st.st_dev, st.st_ino) != identity:
+            raise TreeError("replaced since it was opened")
+        return _walk_file(path, lambda data, tree: tree, fd=fd)
+    finally:
+        os.close(fd)
 
 
 def tree_keys(path: Path) -> list[bytes]:
@@ -233,16 +247,16 @@ def _keys(data: mmap.mmap, tree: Tree) -> list[bytes]:
     return [data[at : at + size] for at, size in zip(tree.key_at.tolist(), tree.key_size.tolist(), strict=True)]
 
 
-class PackedKeys(Sequence[bytes]):
-    """Keys in one bytes object, with where each starts: a random reader of an adopted ImageNet holds
-    1.28M keys, each a bytes object of its own in a list cost about three times their bytes. Records
-    are in LMDB's order, by default byte order (Python's for bytes): :meth:`find` looks a key up."""
+class Keys(Sequence[bytes]):
+    """An LMDB file's keys, in key order: by default byte order (Python's for bytes), where
+    :meth:`find` looks one up."""
 
-    def __init__(self, packed: bytes, starts: np.ndarray) -> None:
-        self._packed, self._starts = packed, starts  # starts: one more than keys, the last the end
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
 
-    def __len__(self) -> int:
-        return len(self._starts) - 1
+    @abc.abstractmethod
+    def _key(self, index: int) -> bytes:
+        """The ``index``-th key, ``index`` within ``range(len(self))``."""
 
     @overload
     def __getitem__(self, index: int) -> bytes: ...
@@ -252,10 +266,31 @@ class PackedKeys(Sequence[bytes]):
 
     def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+            return [self._key(i) for i in range(*index.indices(len(self)))]
         if not -len(self) <= index < len(self):
             raise IndexError("key index out of range")
-        index %= len(self)
+        return self._key(index % len(self))
+
+    def find(self, key: bytes, guess: int | None = None) -> int | None:
+        """Where ``key`` is (``guess`` first, where given), or None; for a database in LMDB's default
+        order (ddpipe's shards)."""
+        if guess is not None and 0 <= guess < len(self) and self._key(guess) == key:
+            return guess
+        at = bisect.bisect_left(self, key)
+        return at if at < len(self) and self._key(at) == key else None
+
+
+class PackedKeys(Keys):
+    """Keys in one bytes object, with where each starts: a random reader of an adopted ImageNet holds
+    1.28M keys, each a bytes object of its own in a list cost about three times their bytes."""
+
+    def __init__(self, packed: bytes, starts: np.ndarray) -> None:
+        self._packed, self._starts = packed, starts  # starts: one more than keys, the last the end
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    def _key(self, index: int) -> bytes:
         return self._packed[self._starts[index] : self._starts[index + 1]]
 
     def __iter__(self) -> Iterator[bytes]:
@@ -263,10 +298,20 @@ class PackedKeys(Sequence[bytes]):
             starts = self._starts[c : c + _KEYS_CHUNK + 1].tolist()
             yield from (self._packed[a:b] for a, b in itertools.pairwise(starts))
 
-    def find(self, key: bytes) -> int | None:
-        """Where ``key`` is, or None; for a database in LMDB's default order (ddpipe's shards)."""
-        at = bisect.bisect_left(self, key)
-        return at if at < len(self) and self[at] == key else None
+
+class MappedKeys(Keys):
+    """The keys a walk placed (``tree``), read from the file's bytes (LMDB's own mapping, say) as
+    they are asked for."""
+
+    def __init__(self, data: memoryview, tree: Tree) -> None:
+        self._data, self._at, self._size = data, tree.key_at, tree.key_size
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def _key(self, index: int) -> bytes:
+        at = int(self._at[index])
+        return bytes(self._data[at : at + int(self._size[index])])
 
 
 def _packed_keys(data: mmap.mmap, tree: Tree) -> PackedKeys:

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ddpipe.sample import KEY
+
 from .conformance import FormatConformance, example_samples
 
 
@@ -26,6 +28,38 @@ def test_one_file_per_shard_readable_with_plain_lmdb(tmp_path: Path) -> None:
         assert msgpack.unpackb(txn.get(b"%012d" % 5)) == items[5]
         assert txn.stat()["entries"] == len(items) + 1  # the samples and the __ddpipe__ record
     env.close()
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_a_scan_finds_its_start_past_a_missing_sample_and_stops_at_one(tmp_path: Path, views: bool) -> None:
+    """A shard whose sample 4 is gone (its record deleted, the count left at 10): a scan from sample 5
+    finds it where it now lies and reads it to the end; one from sample 0 gives samples 0-3 and then
+    an error naming the shard and sample 4; random reads of the others still read them."""
+    from ddpipe.errors import CorruptShardError
+    from ddpipe.formats.lmdb import LMDBReader, sample_key
+
+    items = example_samples(10)
+    path = TestLMDBConformance().write(tmp_path / "s.lmdb", items)
+    env = lmdb.open(str(path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        assert txn.delete(sample_key(4))
+    env.close()
+
+    def scanned(reader: LMDBReader, start: int) -> list[dict[str, object]]:
+        scan = reader.scan_views(start) if views else reader.scan(start)
+        return [{name: value if isinstance(value, str) else bytes(value) for name, value in sample.items()}
+                for sample in scan]
+
+    with LMDBReader(path) as reader:
+        assert scanned(reader, 5) == items[5:]
+        got = []
+        with pytest.raises(CorruptShardError, match=r"s\.lmdb.*sample 4 is missing"):
+            for sample in (reader.scan_views(0) if views else reader.scan(0)):
+                got.append(sample[KEY])
+        assert got == [item[KEY] for item in items[:4]]
+        assert reader.parse(reader[7]) == items[7]
+        with pytest.raises(CorruptShardError, match="sample 4 is missing"):
+            reader[4]
 
 
 def test_a_shard_hashed_through_lmdbs_own_mapping_is_then_scanned_without_a_page_fault(tmp_path: Path) -> None:
