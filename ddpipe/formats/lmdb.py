@@ -10,9 +10,12 @@ Layout (version 1)::
     with env.begin() as txn:
         sample = msgpack.unpackb(txn.get(b"%012d" % i))
 
-Why: zero-padded decimal keys sort in sample order, so a cursor walk is a sequential read of
+Why: zero-padded decimal keys sort in sample order, so a walk in key order is a sequential read of
 pages written in that order (one transaction, append mode), and random access is one B-tree
 lookup. One record per sample keeps a sample's fields together on disk.
+
+ddpipe reads them where the walk of the file's tree that guards LMDB found them (:mod:`.lmdb_tree`):
+a scan from LMDB's mapping, a random read with ``pread``; LMDB itself only opens the file.
 """
 
 from __future__ import annotations
