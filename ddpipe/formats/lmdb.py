@@ -15,7 +15,8 @@ pages written in that order (one transaction, append mode), and random access is
 lookup. One record per sample keeps a sample's fields together on disk.
 
 ddpipe reads them where the walk of the file's tree that guards LMDB found them (:mod:`.lmdb_tree`):
-a scan from LMDB's mapping, a random read with ``pread``; LMDB itself only opens the file.
+a scan (and the ``__ddpipe__`` record) from LMDB's mapping, a random read with ``pread``; LMDB itself
+only opens the file, unless its mapping cannot be told apart from another of the file.
 """
 
 from __future__ import annotations
@@ -188,8 +189,7 @@ class LMDBReader(ShardReader):
             return self._file.env(), self._samples
         try:
             env = self._file.env()
-            with env.begin() as txn:
-                meta = txn.get(META_KEY)
+            meta = self._meta_record(env)
             if meta is None:
                 raise self._corrupt("not a ddpipe LMDB shard (no __ddpipe__ record)")
             doc = json.loads(meta)
@@ -202,6 +202,22 @@ class LMDBReader(ShardReader):
                 raise
             raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
         return env, self._samples
+
+    def _meta_record(self, env: lmdb.Environment) -> bytes | None:
+        """The ``__ddpipe__`` record (the last, in key order) where the walk found it, as a scan reads
+        its records (:meth:`_placed_records`); LMDB's, where its mapping cannot be told apart."""
+        mapping = self._file.mapping()
+        if mapping is None:
+            with env.begin() as txn:
+                meta: bytes | None = txn.get(META_KEY)
+                return meta
+        tree = self._file.places()
+        whole = memoryview(mapping).cast("B")
+        record = MappedKeys(whole, tree).find(META_KEY, guess=len(tree.key_at) - 1)
+        if record is None:
+            return None
+        at = int(tree.value_at[record])
+        return bytes(whole[at : at + int(tree.value_size[record])])
 
     def __len__(self) -> int:
         return self._open()[1]

@@ -30,6 +30,28 @@ def test_one_file_per_shard_readable_with_plain_lmdb(tmp_path: Path) -> None:
     env.close()
 
 
+@pytest.mark.parametrize(("meta", "error"), [(None, "not a ddpipe LMDB shard"),
+                                           (b'{"layout": 2, "samples": 3}', "unsupported LMDB layout 2"),
+                                           (b"{not json", "unreadable or truncated LMDB shard")])
+def test_an_lmdb_file_without_ddpipes_record_is_an_error_naming_it(tmp_path: Path, meta: bytes | None,
+                                                                    error: str) -> None:
+    """An LMDB file whose ``__ddpipe__`` record is missing, of another layout, or not JSON: an error
+    naming the file and what is wrong with it, before any sample is read."""
+    from ddpipe.errors import CorruptShardError
+    from ddpipe.formats.lmdb import META_KEY, LMDBReader, sample_key
+
+    path = tmp_path / "other.lmdb"
+    env = lmdb.open(str(path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        for i in range(3):
+            txn.put(sample_key(i), msgpack.packb({KEY: f"k{i}", "jpg": b"x"}))
+        if meta is not None:
+            txn.put(META_KEY, meta)
+    env.close()
+    with LMDBReader(path) as reader, pytest.raises(CorruptShardError, match=rf"other\.lmdb.*{error}"):
+        len(reader)
+
+
 @pytest.mark.parametrize("views", [False, True])
 def test_a_scan_finds_its_start_past_a_missing_sample_and_stops_at_one(tmp_path: Path, views: bool) -> None:
     """A shard whose sample 4 is gone (its record deleted, the count left at 10): a scan from sample 5
