@@ -75,11 +75,12 @@ class LMDBFile:
             self._lease = lease_environment(self.path, places=True)
         return self._lease.env
 
-    def places(self) -> Tree:
+    def places(self) -> Tree | None:
         """Where each record's key and value lie in the file, as the walk before LMDB opened it found
-        them (:mod:`.lmdb_tree`), in key order."""
+        them (:mod:`.lmdb_tree`), in key order; None only where the walk was left out (a benchmark's
+        reference)."""
         self.env()
-        assert self._lease is not None and self._lease.places is not None
+        assert self._lease is not None
         return self._lease.places
 
     def mapping(self) -> LMDBMapping | None:
@@ -206,12 +207,11 @@ class LMDBReader(ShardReader):
     def _meta_record(self, env: lmdb.Environment) -> bytes | None:
         """The ``__ddpipe__`` record (the last, in key order) where the walk found it, as a scan reads
         its records (:meth:`_placed_records`); LMDB's, where its mapping cannot be told apart."""
-        mapping = self._file.mapping()
-        if mapping is None:
+        mapping, tree = self._file.mapping(), self._file.places()
+        if mapping is None or tree is None:
             with env.begin() as txn:
                 meta: bytes | None = txn.get(META_KEY)
                 return meta
-        tree = self._file.places()
         whole = memoryview(mapping).cast("B")
         record = MappedKeys(whole, tree).find(META_KEY, guess=len(tree.key_at) - 1)
         if record is None:
@@ -273,10 +273,9 @@ class LMDBReader(ShardReader):
         once the thread holding it let go: beside a thread running Python a scan took tens of times as
         long as alone. None where the mapping cannot be told apart (:meth:`_cursor_records` then)."""
         _, n = self._open()
-        mapping = self._file.mapping()
-        if mapping is None:
+        mapping, tree = self._file.mapping(), self._file.places()
+        if mapping is None or tree is None:
             return None
-        tree = self._file.places()
         whole = memoryview(mapping).cast("B")
 
         def records() -> Iterator[tuple[int, int, int]]:
