@@ -24,7 +24,7 @@ from ..fields import checked, whole_number
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .lmdb_env import MappedRecords, lease_environment
-from .lmdb_tree import PlacedRecords, TreeError, tree_keys
+from .lmdb_tree import MappedKeys, PlacedRecords, Tree, TreeError, tree_keys
 from .lmdb_values import META_KEY, VALUE_KINDS, RecordError, read_value
 
 # an unparsed record's fields (see ShardReader.parse): the key as stored and the value
@@ -75,6 +75,10 @@ class LabelSource:
         return None
 
 
+# records' places turned into ints a chunk at a time, not a whole adopted dataset's at once
+_PLACES_CHUNK = 1 << 16
+
+
 class ForeignLMDBReader(ShardReader):
     def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any]) -> None:
         super().__init__(path)
@@ -92,7 +96,7 @@ class ForeignLMDBReader(ShardReader):
         try:
             # the label side file lives with the source data, not with a staged copy of data.mdb
             self._labels = LabelSource(layout, Path(layout.get("source_dir", self.path.parent)))
-            self._lease = lease_environment(self.path)
+            self._lease = lease_environment(self.path, places=True)
         except CorruptShardError:
             raise
         except (lmdb.Error, OSError, re.error, KeyError) as e:
@@ -177,8 +181,53 @@ class ForeignLMDBReader(ShardReader):
             yield stored, self._sample(stored, bytes(value))
 
     def _walk(self, start: int, buffers: bool) -> Iterator[tuple[Any, Any]]:
-        """Each sample's stored key and value from ``start`` on; with ``buffers``, views of LMDB's
-        mapping valid until the next."""
+        """Each sample's stored key and value from ``start`` on: views of LMDB's mapping where the tree
+        walk found them (:meth:`_placed_walk`), else LMDB's cursor's (with ``buffers``, views valid
+        until the next)."""
+        mapping = self._lease.mapping()
+        places = self._lease.places
+        if mapping is not None and places is not None:
+            whole = memoryview(mapping).cast("B")
+            first = self._first_record(MappedKeys(whole, places), start)
+            if first is not None:
+                yield from self._placed_walk(whole, places, start, *first)
+                return
+        yield from self._cursor_walk(start, buffers)
+
+    def _first_record(self, keys: MappedKeys, start: int) -> tuple[int, int] | None:
+        """(record, sample position) to walk from toward ``start``: the nearest seek key's, else the
+        first; None where the seek key is not where byte order puts it (a database in another order:
+        LMDB's cursor then seeks)."""
+        seek = start // self._seek_every if self._seek_every else 0
+        if 0 < seek < len(self._seek_keys):
+            record = keys.find(self._seek_keys[seek])
+            return None if record is None else (record, seek * self._seek_every)
+        return 0, 0
+
+    def _placed_walk(self, whole: memoryview, places: Tree, start: int, record: int,
+                     position: int) -> Iterator[tuple[memoryview, memoryview]]:
+        """:meth:`_walk` from ``record`` (sample ``position``), each key and value sliced from LMDB's
+        mapping where the walk of the file's tree found it: no call into LMDB a record, each of which
+        let go of the interpreter lock and waited to take it back (formats/lmdb.py)."""
+        i = position
+        if not len(places.key_at):
+            raise self._corrupt("holds no records")
+        for c in range(record, len(places.key_at), _PLACES_CHUNK):
+            chunk = slice(c, c + _PLACES_CHUNK)
+            for key_at, key_size, value_at, value_size in zip(places.key_at[chunk].tolist(),
+                                                              places.key_size[chunk].tolist(),
+                                                              places.value_at[chunk].tolist(),
+                                                              places.value_size[chunk].tolist(), strict=True):
+                key = whole[key_at : key_at + key_size]
+                if META_KEY.match(key):
+                    continue
+                if i >= start:
+                    yield key, whole[value_at : value_at + value_size]
+                i += 1
+        if i != self._n:
+            raise self._corrupt(f"holds {i} records, index.json says {self._n}")
+
+    def _cursor_walk(self, start: int, buffers: bool) -> Iterator[tuple[Any, Any]]:
         try:
             with self._lease.env.begin(buffers=True) if buffers else self._lease.env.begin() as txn:
                 cursor = txn.cursor()
