@@ -307,6 +307,33 @@ def test_an_adopted_lmdb_scans_from_any_sample_by_the_keys_it_recorded(every: in
             assert [s["__key__"] for s in reader.scan(start)] == whole[start:], start
 
 
+def test_an_adopted_lmdb_that_lost_a_record_is_an_error_naming_it(tmp_path: Path) -> None:
+    """A record deleted after indexing: a scan from the start finds one record fewer than the manifest
+    says, and one from a sample whose recorded seek key is the deleted one says that key is missing;
+    both errors name the file."""
+    import base64
+
+    import lmdb
+
+    from ddpipe.convert.adopt_foreign import index_lmdb
+    from ddpipe.errors import CorruptShardError
+
+    root = fd.lmdb_caffe(tmp_path / "caffe")
+    index_lmdb(root, seek_every=4)
+    dataset = ddpipe.open_dataset(root)
+    gone = base64.b64decode(dataset.manifest.layout["seek_keys"][2])  # sample 8's
+    env = lmdb.open(str(root / "data.mdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        assert txn.delete(gone)
+    env.close()
+    with dataset.format.reader(root / "data.mdb") as reader:
+        with pytest.raises(CorruptShardError, match=rf"data\.mdb.*holds {len(dataset) - 1} records, "
+                                                     rf"index\.json says {len(dataset)}"):
+            list(reader.scan(0))
+        with pytest.raises(CorruptShardError, match=r"data\.mdb.*is missing"):
+            list(reader.scan(9))
+
+
 class _Planted:
     """A pickle that creates a file when unpickled (as a changed value of an adopted LMDB could)."""
 
