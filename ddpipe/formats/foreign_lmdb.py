@@ -164,7 +164,7 @@ class ForeignLMDBReader(ShardReader):
     def scan_views(self, start: int = 0) -> Iterator[Sample]:
         """:meth:`scan`, each record a view of the file where LMDB maps it (held open by the view), so
         that an image stored whole, or in an encoded ``Datum``, reaches DALI uncopied; where that
-        mapping cannot be told apart, copies as :meth:`scan` gives."""
+        mapping is not found (a file without records), copies as :meth:`scan` gives."""
         mapping = self._lease.mapping()
         if mapping is None:
             yield from self.scan(start)

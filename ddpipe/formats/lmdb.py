@@ -16,7 +16,7 @@ lookup. One record per sample keeps a sample's fields together on disk.
 
 ddpipe reads them where the walk of the file's tree that guards LMDB found them (:mod:`.lmdb_tree`):
 a scan (and the ``__ddpipe__`` record) from LMDB's mapping, a random read with ``pread``; LMDB itself
-only opens the file, unless its mapping cannot be told apart from another of the file.
+only opens the file (and reads a file without records).
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ class LMDBFile:
         return self._lease.places
 
     def mapping(self) -> LMDBMapping | None:
-        """The file's bytes where LMDB maps them, or None where that mapping cannot be told apart. It is
-        found among the process's mappings of the file, without reading a record: no page of the file
-        but its meta pages is parsed before the checksum has vouched for it."""
+        """The file's bytes where LMDB maps them, or None for a file without records. Where the mapping
+        starts is found from the address LMDB gives the first record's value (:func:`lmdb_mapping_start`):
+        no record is read before the checksum has vouched for the file."""
         self.env()
         assert self._lease is not None
         return self._lease.mapping()
@@ -206,7 +206,7 @@ class LMDBReader(ShardReader):
 
     def _meta_record(self, env: lmdb.Environment) -> bytes | None:
         """The ``__ddpipe__`` record (the last, in key order) where the walk found it, as a scan reads
-        its records (:meth:`_placed_records`); LMDB's, where its mapping cannot be told apart."""
+        its records (:meth:`_placed_records`); LMDB's, where its mapping is not found."""
         mapping, tree = self._file.mapping(), self._file.places()
         if mapping is None or tree is None:
             with env.begin() as txn:
@@ -255,8 +255,8 @@ class LMDBReader(ShardReader):
 
     def scan_views(self, start: int = 0) -> Iterator[Sample]:
         """:meth:`scan`, each field a view of the file where LMDB maps it (:class:`LMDBMapping`), which
-        keeps the environment open while any view of it lives; where that mapping cannot be told
-        apart, copies as :meth:`scan` gives."""
+        keeps the environment open while any view of it lives; where that mapping is not found (a
+        file without records), copies as :meth:`scan` gives."""
         placed = self._placed_records(start)
         if placed is None:
             yield from self.scan(start)
@@ -271,7 +271,7 @@ class LMDBReader(ShardReader):
         there, from ``start`` on, as the tree walk found them (every place within the file): no call
         into LMDB a record. A cursor's every step let go of the interpreter lock, and took it back only
         once the thread holding it let go: beside a thread running Python a scan took tens of times as
-        long as alone. None where the mapping cannot be told apart (:meth:`_cursor_records` then)."""
+        long as alone. None where the mapping is not found (:meth:`_cursor_records` then)."""
         _, n = self._open()
         mapping, tree = self._file.mapping(), self._file.places()
         if mapping is None or tree is None:

@@ -119,26 +119,31 @@ def test_a_shard_hashed_through_lmdbs_own_mapping_is_then_scanned_without_a_page
     assert LMDBFile(other).checksum() == file_checksum(other)
 
 
-def test_lmdbs_mapping_is_taken_only_where_it_is_the_files_one_mapping(tmp_path: Path) -> None:
-    """The environment's mapping is told apart from the process's other mappings of the file: with a
-    plain mapping of the same file beside it, neither is taken for LMDB's (the hash then goes through
-    a mapping of its own, and is still the file's)."""
+@pytest.mark.parametrize("kind", ["shard", "no samples", "no records"])
+def test_lmdbs_mapping_is_found_where_lmdb_maps_the_file(tmp_path: Path, kind: str) -> None:
+    """The environment's mapping is found where LMDB maps the file, another mapping of the file beside
+    it or not: its bytes are the file's, and the hash through it is the file's checksum. A file
+    without records has none found, and is hashed through a mapping of its own."""
     from ddpipe.checksum import file_checksum
     from ddpipe.formats.lmdb import LMDBFile
-    from ddpipe.formats.lmdb_env import lmdb_mapping_start
     from ddpipe.formats.mapped import MappedFile
 
-    path = TestLMDBConformance().write(tmp_path / "s.lmdb", example_samples(40))
-    size = path.stat().st_size
-    assert lmdb_mapping_start(path, size) is None  # nothing maps it yet
-    shard = LMDBFile(path)
-    shard.env()
-    assert lmdb_mapping_start(path, size) is not None
+    path = tmp_path / "s.lmdb"
+    if kind == "no records":
+        lmdb.open(str(path), subdir=False, lock=False).close()
+    else:
+        TestLMDBConformance().write(path, example_samples(40 if kind == "shard" else 0))
     beside = MappedFile(path)
-    with beside.content():
-        assert lmdb_mapping_start(path, size) is None
+    with beside.content():  # a plain mapping of the same file, made first
+        shard = LMDBFile(path)
+        mapping = shard.mapping()
+        if kind == "no records":
+            assert mapping is None
+        else:
+            assert mapping is not None and bytes(memoryview(mapping).cast("B")) == path.read_bytes()
         assert shard.checksum() == file_checksum(path)
-    shard.close()
+        del mapping
+        shard.close()
 
 
 def test_two_readers_of_one_shard_at_once_share_its_environment(tmp_path: Path) -> None:
