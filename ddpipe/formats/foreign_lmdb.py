@@ -96,7 +96,7 @@ class ForeignLMDBReader(ShardReader):
         try:
             # the label side file lives with the source data, not with a staged copy of data.mdb
             self._labels = LabelSource(layout, Path(layout.get("source_dir", self.path.parent)))
-            self._lease = lease_environment(self.path, places=True)
+            self._lease = lease_environment(self.path)
         except CorruptShardError:
             raise
         except (lmdb.Error, OSError, re.error, KeyError) as e:
@@ -184,10 +184,9 @@ class ForeignLMDBReader(ShardReader):
         """Each sample's stored key and value from ``start`` on: views of LMDB's mapping where the tree
         walk found them (:meth:`_placed_walk`), else LMDB's cursor's (with ``buffers``, views valid
         until the next)."""
-        mapping = self._lease.mapping()
-        places = self._lease.places
-        if mapping is not None and places is not None:
-            whole = memoryview(mapping).cast("B")
+        placed = self._lease.placed()
+        if placed is not None:
+            whole, places = placed
             first = self._first_record(MappedKeys(whole, places), start)
             if first is not None:
                 yield from self._placed_walk(whole, places, start, *first)

@@ -72,16 +72,17 @@ class LMDBFile:
 
     def env(self) -> lmdb.Environment:
         if self._lease is None:
-            self._lease = lease_environment(self.path, places=True)
+            self._lease = lease_environment(self.path)
         return self._lease.env
 
-    def places(self) -> Tree | None:
-        """Where each record's key and value lie in the file, as the walk before LMDB opened it found
-        them (:mod:`.lmdb_tree`), in key order; None only where the walk was left out (a benchmark's
-        reference)."""
+    def placed(self) -> tuple[memoryview, Tree] | None:
+        """The file's bytes where LMDB maps them (:meth:`mapping`), and where each record's key and
+        value lie there, as the walk before LMDB opened the file found them (:mod:`.lmdb_tree`), in
+        key order; None where the mapping is not found (a file without records) or the walk was
+        left out (a benchmark's reference)."""
         self.env()
         assert self._lease is not None
-        return self._lease.places
+        return self._lease.placed()
 
     def mapping(self) -> LMDBMapping | None:
         """The file's bytes where LMDB maps them, or None for a file without records. Where the mapping
@@ -207,12 +208,12 @@ class LMDBReader(ShardReader):
     def _meta_record(self, env: lmdb.Environment) -> bytes | None:
         """The ``__ddpipe__`` record (the last, in key order) where the walk found it, as a scan reads
         its records (:meth:`_placed_records`); LMDB's, where its mapping is not found."""
-        mapping, tree = self._file.mapping(), self._file.places()
-        if mapping is None or tree is None:
+        placed = self._file.placed()
+        if placed is None:
             with env.begin() as txn:
                 meta: bytes | None = txn.get(META_KEY)
                 return meta
-        whole = memoryview(mapping).cast("B")
+        whole, tree = placed
         record = MappedKeys(whole, tree).find(META_KEY, guess=len(tree.key_at) - 1)
         if record is None:
             return None
@@ -273,10 +274,10 @@ class LMDBReader(ShardReader):
         once the thread holding it let go: beside a thread running Python a scan took tens of times as
         long as alone. None where the mapping is not found (:meth:`_cursor_records` then)."""
         _, n = self._open()
-        mapping, tree = self._file.mapping(), self._file.places()
-        if mapping is None or tree is None:
+        placed = self._file.placed()
+        if placed is None:
             return None
-        whole = memoryview(mapping).cast("B")
+        whole, tree = placed
 
         def records() -> Iterator[tuple[int, int, int]]:
             if start >= n:

@@ -47,18 +47,18 @@ def open_whole(path: Path, identity: tuple[int, int]) -> tuple[lmdb.Environment,
     return env, tree
 
 
-def lmdb_mapping_start(env: lmdb.Environment, first_value: tuple[int, int] | None) -> int | None:
+def lmdb_mapping_start(env: lmdb.Environment, places: Tree | None) -> int | None:
     """Where ``env``'s mapping of its file starts: the address LMDB gives its first record's value,
-    less where the walk of the file's tree found that value in the file (``first_value``: its place
-    and length). None for a file without records, or where LMDB's record is not the one walked.
+    less where the walk of the file's tree found that value in the file (``places``). None for a
+    file without records (or not walked), or where LMDB's record is not the one walked.
     LMDB does not say where its mapping starts. Its cursor steps to that record through tree pages
     the bounded walk has checked, and only the value's address is used, not its bytes. Found among
     the process's mappings in ``/proc/self/maps``, it cost a ``read`` call for each page of that
     file (of a process with torch and DALI loaded), each letting go of the interpreter lock: beside
     a thread running Python, about 125 ms a shard here."""
-    if first_value is None:
+    if places is None or not len(places.value_at):
         return None
-    at, size = first_value
+    at, size = int(places.value_at[0]), int(places.value_size[0])
     try:
         with env.begin(buffers=True) as txn:
             cursor = txn.cursor()
@@ -98,16 +98,13 @@ class MappedRecords:
 
 
 class _Environment:
-    """One file's environment and what is known of its mapping, with the count of its users, and where
-    its records lie where a user asked for that (:meth:`Environments.lease`)."""
+    """One file's environment, where its records lie (the walk's, made before LMDB opened the file)
+    and what is known of its mapping, with the count of its users."""
 
-    def __init__(self, path: Path, identity: tuple[int, int], size: int, places: bool) -> None:
+    def __init__(self, path: Path, identity: tuple[int, int], size: int) -> None:
         self.path, self.identity, self.size = path, identity, size
         self.env, tree = open_whole(path, identity)
-        self.places: Tree | None = tree if places else None
-        # where the first record's value lies in the file: with LMDB's address of it, where its mapping starts
-        self.first_value = (int(tree.value_at[0]), int(tree.value_size[0])) \
-            if tree is not None and len(tree.value_at) else None
+        self.places: Tree | None = tree  # None only where a benchmark's reference leaves the walk out
         self.users = 0
         self.start: int | None = None  # where its mapping starts, once found
         self.mapping: weakref.ref[Any] | None = None
@@ -121,21 +118,15 @@ class Environments:
         self._lock = threading.RLock()  # a mapping's finalizer may release its lease while this is held
         self._open: dict[tuple[int, int], _Environment] = {}
 
-    def lease(self, path: Path, places: bool) -> EnvironmentLease:
-        """A hold on ``path``'s environment, opened now unless it is open already; ``places``: where its
-        records lie kept with it (the walk's, made before LMDB opened the file, or again). CorruptShardError
-        for a truncated or damaged file; lmdb.Error or OSError where it cannot be opened."""
+    def lease(self, path: Path) -> EnvironmentLease:
+        """A hold on ``path``'s environment, opened now unless it is open already. CorruptShardError for
+        a truncated or damaged file; lmdb.Error or OSError where it cannot be opened."""
         st = path.stat()
         identity = (st.st_dev, st.st_ino)
         with self._lock:
             entry = self._open.get(identity)
             if entry is None:
-                entry = self._open[identity] = _Environment(path, identity, st.st_size, places)
-            elif places and entry.places is None:  # opened by a user that did not keep them
-                try:
-                    entry.places = file_tree(path, identity)
-                except TreeError as e:
-                    raise CorruptShardError(f"damaged LMDB: {e}", path=path) from None
+                entry = self._open[identity] = _Environment(path, identity, st.st_size)
             entry.users += 1
         return EnvironmentLease(self, entry)
 
@@ -149,7 +140,7 @@ class Environments:
     def _mapping(self, entry: _Environment) -> LMDBMapping | None:
         with self._lock:
             if entry.start is None:
-                entry.start = lmdb_mapping_start(entry.env, entry.first_value)
+                entry.start = lmdb_mapping_start(entry.env, entry.places)
                 if entry.start is None:
                     return None
             mapping: LMDBMapping | None = entry.mapping() if entry.mapping is not None else None
@@ -173,13 +164,21 @@ class EnvironmentLease:
         self._entry = entry
         self.env: lmdb.Environment = entry.env
         self.identity = entry.identity  # the file's (st_dev, st_ino) when it was opened
-        self.places = entry.places  # where its records lie, if asked for (Environments.lease)
+        self.places: Tree | None = entry.places  # where its records lie (None only where not walked)
         self.release = weakref.finalize(self, environments._release, entry)
 
     def mapping(self) -> LMDBMapping | None:
         """The file's bytes where the environment maps them (one object while any view of it lives),
         or None for a file without records (:func:`lmdb_mapping_start`)."""
         return self._environments._mapping(self._entry)
+
+    def placed(self) -> tuple[memoryview, Tree] | None:
+        """The file's bytes where the environment maps them (:meth:`mapping`), and where each record's
+        key and value lie there (:attr:`places`); None where either is missing."""
+        mapping = self.mapping()
+        if mapping is None or self.places is None:
+            return None
+        return memoryview(mapping).cast("B"), self.places
 
     def __enter__(self) -> EnvironmentLease:
         return self
@@ -192,8 +191,8 @@ class EnvironmentLease:
 _ENVIRONMENTS = Environments()
 
 
-def lease_environment(path: Path, *, places: bool = False) -> EnvironmentLease:
+def lease_environment(path: Path) -> EnvironmentLease:
     """A hold on the environment of the LMDB file ``path``, shared with every other reader of the file
-    in this process (see the module); ``places``: with where its records lie (``lease.places``, a
-    :class:`~.lmdb_tree.Tree`), for a reader that scans them from LMDB's mapping."""
-    return _ENVIRONMENTS.lease(path, places)
+    in this process (see the module), with where its records lie (``lease.places``, a
+    :class:`~.lmdb_tree.Tree`): a reader scans them from LMDB's mapping."""
+    return _ENVIRONMENTS.lease(path)

@@ -226,14 +226,22 @@ def check_tree(path: Path) -> list[int]:
 def file_tree(path: Path, identity: tuple[int, int] | None = None) -> Tree:
     """The walk of :func:`check_tree`, whole: where each record lies too. ``identity``: the (device,
     inode) the file must be (the one an environment maps), else TreeError."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = _open_as(path, identity)
     try:
-        st = os.fstat(fd)
-        if identity is not None and (st.st_dev, st.st_ino) != identity:
-            raise TreeError("replaced since it was opened")
         return _walk_file(path, lambda data, tree: tree, fd=fd)
     finally:
         os.close(fd)
+
+
+def _open_as(path: Path, identity: tuple[int, int] | None) -> int:
+    """A descriptor of ``path``, which must be the file ``identity`` (device, inode) where given: the
+    one an environment maps, whatever the path names now. TreeError where it is another."""
+    fd = os.open(path, os.O_RDONLY)
+    st = os.fstat(fd)
+    if identity is not None and (st.st_dev, st.st_ino) != identity:
+        os.close(fd)
+        raise TreeError("replaced since it was opened")
+    return fd
 
 
 def tree_keys(path: Path) -> list[bytes]:
@@ -334,12 +342,9 @@ class PlacedRecords:
     whatever its path names now. TreeError where the file does not hold together or is another."""
 
     def __init__(self, path: Path, identity: tuple[int, int]) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
+        self._fd = _open_as(path, identity)
         self.close = weakref.finalize(self, os.close, self._fd)
         try:
-            st = os.fstat(self._fd)
-            if (st.st_dev, st.st_ino) != identity:
-                raise TreeError("replaced since it was opened")
             self.keys, self._at, self._size = _walk_file(
                 path, lambda data, tree: (_packed_keys(data, tree), tree.value_at, tree.value_size), fd=self._fd)
         except BaseException:
