@@ -32,19 +32,28 @@ def buffer_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.ndarr
     Fill the buffer; then for each new item emit a random buffered item and put the new one in
     its place; finally emit the rest in random order. Item ``k`` of the output entered the buffer
     no later than input position ``k + buffer_size``: memory stays bounded by the buffer.
+
+    Computed without stepping through the buffer (a loop of Python took 0.17 s for ImageNet's
+    1.28 M samples, on the thread that starts each epoch): step ``t`` emits what its slot holds,
+    which is the item the slot's previous step put there, or the slot's first item.
     """
     if buffer_size <= 1 or n <= 1:
         return np.arange(n)
     size = min(buffer_size, n)
-    buf = list(range(size))
-    out = []
-    picks = rng.integers(0, size, size=n - size).tolist()
-    for nxt, j in zip(range(size, n), picks, strict=True):
-        out.append(buf[j])
-        buf[j] = nxt
-    tail = rng.permutation(size).tolist()
-    out.extend(buf[k] for k in tail)
-    return np.asarray(out, dtype=np.int64)
+    picks = rng.integers(0, size, size=n - size)  # the slot each step empties; step t puts item size + t there
+    # each slot's steps together, in step order (a stable sort: radix, for slots that fit in 16 bits)
+    by_slot = np.argsort(picks.astype(np.uint16) if size <= 1 << 16 else picks, kind="stable")
+    slots = picks[by_slot]
+    follows = np.zeros(len(slots), dtype=bool)  # the same slot's step is just before it in by_slot
+    follows[1:] = slots[1:] == slots[:-1]
+    out = picks.copy()
+    out[by_slot[follows]] = size + by_slot[:-1][follows[1:]]
+    # what each slot holds after the last step, emitted at random at the end
+    last = np.ones(len(slots), dtype=bool)
+    last[:-1] = ~follows[1:]
+    held = np.arange(size, dtype=np.int64)
+    held[slots[last]] = size + by_slot[last]
+    return np.concatenate([out, held[rng.permutation(size)]]).astype(np.int64)
 
 
 class LocalShuffle(ShuffleMode):
