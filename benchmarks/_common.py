@@ -72,6 +72,14 @@ def raw_read(files: list[Path]) -> int:
     return n
 
 
+def commit_of(tree: Path) -> str | None:
+    """The short commit a checkout (a ``--reference``) stands at."""
+    import subprocess
+
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=tree).stdout.strip() or None
+
+
 def save(name: str, doc: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -69,7 +69,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import save, synth_shards
+from _common import commit_of, save, synth_shards
 
 from ddpipe.bench.harness import machine, median, table
 
@@ -321,11 +321,6 @@ def processor_seconds() -> float:
                 continue
             total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return total
-
-
-def commit_of(tree: Path) -> str | None:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=tree).stdout.strip() or None
 
 
 def main() -> None:
