@@ -34,8 +34,8 @@ def buffer_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.ndarr
     no later than input position ``k + buffer_size``: memory stays bounded by the buffer.
 
     Computed without stepping through the buffer (a loop of Python took 0.17 s for ImageNet's
-    1.28 M samples, on the thread that starts each epoch): step ``t`` emits what its slot holds,
-    which is the item the slot's previous step put there, or the slot's first item.
+    1.28 M samples, on the thread that starts each epoch: benchmarks/plan_time.py): step ``t`` emits
+    what its slot holds, which is the item the slot's previous step put there, or the slot's first item.
     """
     if buffer_size <= 1 or n <= 1:
         return np.arange(n)
