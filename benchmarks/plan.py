@@ -36,7 +36,9 @@ def imagenet_like_manifest() -> Manifest:
     sizes[short[0]] += SAMPLES - int(sizes.sum())  # exactly 1,281,167 in all
     labels = np.repeat(np.arange(CLASSES), sizes)
     bounds = [i * SAMPLES // SHARDS for i in range(SHARDS + 1)]
-    shards = tuple(ShardInfo(f"shard-{i:06d}.tar", bounds[i + 1] - bounds[i], 0, "xxh3_64:0",
+    # bytes as ImageNet's JPEGs take (110 KB on average): a manifest must say a size its samples fit in
+    shards = tuple(ShardInfo(f"shard-{i:06d}.tar", bounds[i + 1] - bounds[i], (bounds[i + 1] - bounds[i]) * 110_000,
+                             "xxh3_64:0",
                              label_runs(labels[bounds[i] : bounds[i + 1]].tolist())) for i in range(SHARDS))
     return Manifest("wds", ("cls", "jpg"), tuple(f"n{c:08d}" for c in range(CLASSES)), shards)
 
