@@ -83,7 +83,7 @@ def memory_decode_rate(comm: Comm, root: Path) -> float:
 
     options = DecodeOptions(decoder="dali-cpu", device="cpu", size=SIZE, resize_shorter=SIZE, dtype="uint8")
     batches = held_batches(ddpipe.EncodedStream(root, BATCH, shuffle="none", comm=comm))
-    images = sum(len(batch) for _, batch in batches)
+    images = sum(len(batch) for batch in batches)
     decoder = make_decoder("dali-cpu", options, BATCH, torch.device("cpu"))
     for _ in range(2):  # the first pass warms DALI's pipeline and the heap
         seconds, _ = decode_held(comm, batches, lambda batch: None, lambda: decoder)
@@ -97,17 +97,15 @@ def worker(root: Path, throttle: str, out: Path) -> None:
     files = [root / s.file for s in dataset.manifest.shards]
     figures: dict[str, float] = {}
 
-    def loader(**kw: object) -> ddpipe.Loader:
-        return ddpipe.Loader(root, BATCH, shuffle="partial", comm=comm, **kw)  # type: ignore[arg-type]
-
     # fetch-bound: cold through each node's slow link; the model is fed the link
-    unthrottled = loader(decode="none")
+    unthrottled = ddpipe.EncodedStream(root, BATCH, shuffle="partial", comm=comm)
     figures["read_epoch"] = timed_epoch(unthrottled, files)
     figures["read_rate_per_rank"] = len(dataset) / comm.world.size / figures["read_epoch"]
-    figures["fetch"] = timed_epoch(loader(decode="none", source_limits=throttle), files)
+    figures["fetch"] = timed_epoch(ddpipe.EncodedStream(root, BATCH, shuffle="partial", comm=comm,
+                                                        source_limits=throttle), files)
     # decode-bound, warm; fed the decoding rate measured from memory
-    decoding = loader(decode="dali-cpu", device="cpu",
-                      decode_options=DecodeOptions(size=SIZE, resize_shorter=SIZE, dtype="uint8"))
+    decoding = ddpipe.Loader(root, BATCH, shuffle="partial", comm=comm, decoder="dali-cpu", device="cpu", size=SIZE,
+                             resize_shorter=SIZE, dtype="uint8")
     drain(decoding)
     figures["decode"] = timed_epoch(decoding)
     decoding.close()
@@ -123,7 +121,7 @@ def worker(root: Path, throttle: str, out: Path) -> None:
         time.sleep(figures["step_time"])
     figures["step"] = max(comm.allgather(time.perf_counter() - t0))
     # exchange-bound, warm, Q = 0.9; fed raw exchange rounds and raw reads, each measured alone
-    exchanging = loader(decode="none", exchange_fraction=Q_EXCHANGE)
+    exchanging = ddpipe.EncodedStream(root, BATCH, shuffle="partial", comm=comm, exchange_fraction=Q_EXCHANGE)
     drain(exchanging)
     figures["exchange"] = timed_epoch(exchanging)
     per_rank = len(dataset) / comm.world.size
