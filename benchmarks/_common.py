@@ -16,7 +16,10 @@ from typing import Any
 from ddpipe.bench.harness import evict_page_cache
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+# a trial run (DDPIPE_BENCH_RESULTS) writes its results and plots there, not over the record the docs show
+TRIAL = os.environ.get("DDPIPE_BENCH_RESULTS")
+RESULTS = Path(TRIAL) if TRIAL else ROOT / "benchmarks" / "results"
+FIGURES = Path(TRIAL) if TRIAL else ROOT / "docs"
 DATA = Path(os.environ.get("DDPIPE_BENCH_DATA", ROOT / "bench-data"))
 
 

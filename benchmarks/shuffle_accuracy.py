@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import DATA, RESULTS, ROOT, mpiexec, save
+from _common import DATA, FIGURES, RESULTS, ROOT, mpiexec, save
 
 import ddpipe
 from ddpipe.bench import class_problem as cp
@@ -313,11 +313,13 @@ def report(data: Path, problem: cp.Problem, runs: list[dict[str, Any]], check: d
                                    ("global", "global %", ".2f"), ("local", "local %", ".2f"),
                                    ("gap", "gap (points)", ".2f"),
                                    ("q_recovering_90", "smallest Q recovering 90%", "g")])
-    png = ROOT / "docs" / "shuffle_accuracy.png"
+    png = FIGURES / "shuffle_accuracy.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
     plot(rows, worlds, png)
+    shown = png.relative_to(ROOT) if png.is_relative_to(ROOT) else png  # a trial run's is elsewhere
     doc = {"benchmark": "shuffle_accuracy", "command": command, "batch_per_rank": BATCH,
            "problem": dataclasses.asdict(problem.options), "rows": rows, "summary": summary, "real_check": check,
-           "runs": runs, "table": text, "summary_table": summary_text, "plot": str(png.relative_to(ROOT)), **extra}
+           "runs": runs, "table": text, "summary_table": summary_text, "plot": str(shown), **extra}
     if check:
         doc["note"] = real_check_note(check)
     path = save("shuffle_accuracy", doc)
