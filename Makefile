@@ -44,21 +44,24 @@ test-slurm: $(STAMP)
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m ddpipe.demo --out $(DEMO) --n $(DEMO_N)
 
+# each record's own command; feed.py and plan_time.py are set against an earlier checkout, so are run by hand
 bench: $(STAMP)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/formats.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/lmdb_tree.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/random_access.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_quality.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/exchange.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/loader.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/staging.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/projection.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/allreduce.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/decode_service.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/soak.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/peer_staging_soak.py
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_accuracy.py --ranks 4
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_accuracy.py --ranks 8
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/formats.py --n 3000 --repeats 9 --shard-size 64MB
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/lmdb_tree.py --n 3000 --repeats 7
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/random_access.py --n 3000 --share 8 --repeats 5
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_quality.py --ranks 4 --classes 100 --per-class 50
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/exchange.py --n 3000 --ranks 2 4 8 --repeats 31 --round-size 128 512 --torchrun-ranks 2 4 8 --slow-source 600MB/s
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/loader.py --n 3000 --repeats 3 --warmup 4
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/staging.py --n 3000 --ranks 2 --throttle 100MB/s,5ms --reshard-throttle 25MB/s,5ms --repeats 3
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/projection.py --n 3000 --throttle 50MB/s,5ms --repeats 3
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/allreduce.py --ranks 2 --repeats 7
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/decode_service.py --images 2000 --batch-size 64 --repeats 3
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/object_store.py --n 4000 --latency-ms 20 --bandwidth 100MB/s --repeats 3
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/soak.py --n 1000 --epochs 20 --ranks 2
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/peer_staging_soak.py --runs 30 --n 480
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/plan.py --world-size 2048 --batch-size 32
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_accuracy.py --worlds 16 64 256 1024 --seeds 3 --epochs 8
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/shuffle_accuracy.py --buffer-study 16 --seeds 3 --epochs 8
 	$(PY) benchmarks/report.py
 
 clean:
