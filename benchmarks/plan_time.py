@@ -5,7 +5,7 @@
 Every rank plans each epoch as it starts, on the thread that asks for the epoch's first batch, and
 for every rank (each needs the others' exchange rounds): the plan is on the path of every epoch's
 first batch. The manifest is benchmarks/plan.py's (1,281,167 samples with ImageNet's class sizes
-in 1,024 shards; index.json only). Each row plans one epoch of a shuffle on a world size, batches of
+in 1,024 shards; in memory, no file). Each row plans one epoch of a shuffle on a world size, batches of
 256, the default shuffle buffer (1,024) and exchange fraction (0.3). Each tree's plans run in a
 fresh process of their own (``PYTHONPATH``), the trees' order alternated; each figure is the median
 of ``--repeats`` plans after a first, untimed one. ``--reference`` (repeatable) plans with an earlier

@@ -51,8 +51,6 @@ def sample_labels(data: Dataset) -> np.ndarray:
         return labels
     from tqdm import tqdm
 
-    data.check_files()  # read only now: the manifest alone plans a dataset whose shards are elsewhere
-
     print(f"ddpipe: {data.where}/index.json records no labels (written by an older ddpipe, or adopted): "
           "reading every sample's label from the shards", file=sys.stderr)
     read = read_samples(data, np.arange(len(data)))
@@ -68,9 +66,11 @@ def main(args: argparse.Namespace) -> int:
         raise DdpipeError("--world-size and --batch-size must be at least 1")
     if any(not 0 < q <= 1 for q in args.exchange_fraction):
         raise DdpipeError("each --exchange-fraction must be in (0, 1]")
-    from .dataset import dataset_at
+    from .dataset import open_dataset
 
-    data = dataset_at(args.dataset)  # the manifest: no shard is looked at unless labels must be read
+    # every shard's size as recorded (a stat, no read): a manifest consistent with itself may still claim
+    # more samples than its files hold, and planning that many would run out of memory instead of failing
+    data = open_dataset(args.dataset)
     dataset, manifest = data.where, data.manifest
     labels = sample_labels(data)
     if len(labels) < args.world_size:

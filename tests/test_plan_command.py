@@ -52,17 +52,6 @@ def test_scores_are_those_of_what_the_loader_yields(tmp_path: Path) -> None:
     assert skews[0] > skews[1] > skews[2] > skews[3]
 
 
-def test_the_manifest_alone_is_planned(tmp_path: Path) -> None:
-    # index.json copied without its shards (a job planned before its data is where it will be read)
-    data = class_sorted(tmp_path / "d")
-    alone = tmp_path / "manifest-only"
-    alone.mkdir()
-    (alone / "index.json").write_bytes((data / "index.json").read_bytes())
-    scores = [{k: v for k, v in advice.items() if k != "dataset"} for advice in
-              (plan_json(d, "-W", "4", "--batch-size", "6", "--exchange-fraction", "0.3") for d in (data, alone))]
-    assert scores[0] == scores[1]
-
-
 def test_a_manifest_without_label_runs_is_scored_from_the_shards(tmp_path: Path) -> None:
     data = class_sorted(tmp_path / "d")
     with_runs = plan_json(data, "-W", "8", "--batch-size", "6")
