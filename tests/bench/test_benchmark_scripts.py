@@ -3,10 +3,10 @@
 A benchmark is run for the record now and then, so a script that an API change broke stays broken
 until the next person who wants its figures: benchmarks/projection.py asked the Loader for
 ``decode="none"`` for a day after the loader's two stages, hidden by a ``type: ignore``, and
-benchmarks/plan.py's manifest lacked the sizes a manifest must give. Here each runs at a size that
-measures nothing worth keeping, its data and results in a scratch directory. The GPU benchmarks
-need a GPU (tests/bench/test_bench.py runs their Loader rows on the CPU); benchmarks/report.py
-runs in ``make test`` itself.
+benchmarks/plan.py gave ``ddpipe plan`` neither the shard sizes a manifest must record nor the shard
+files whose sizes it checks. Here each runs at a size that measures nothing worth keeping, its data
+and results in a scratch directory. The GPU benchmarks need a GPU (tests/bench/test_bench.py runs
+their Loader rows on the CPU); benchmarks/report.py runs in ``make test`` itself.
 """
 
 from __future__ import annotations
