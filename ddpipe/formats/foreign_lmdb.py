@@ -165,12 +165,17 @@ class ForeignLMDBReader(ShardReader):
         """:meth:`scan`, each record a view of the file where LMDB maps it (held open by the view), so
         that an image stored whole, or in an encoded ``Datum``, reaches DALI uncopied; where that
         mapping is not found (a file without records), copies as :meth:`scan` gives."""
+        placed = self._placed_walk_from(start)
+        if placed is not None:  # its values are views of that mapping already
+            for key, value in placed:
+                yield self._sample(bytes(key), value)
+            return
         mapping = self._lease.mapping()
         if mapping is None:
             yield from self.scan(start)
             return
-        records = MappedRecords(mapping)
-        for key, value in self._walk(start, buffers=True):
+        records = MappedRecords(mapping)  # where the cursor's buffers, valid until it moves, lie in it
+        for key, value in self._cursor_walk(start, buffers=True):
             at = records.place(value)
             yield self._sample(bytes(key), records.whole[at : at + len(value)] if at is not None else bytes(value))
 
@@ -182,16 +187,20 @@ class ForeignLMDBReader(ShardReader):
 
     def _walk(self, start: int, buffers: bool) -> Iterator[tuple[Any, Any]]:
         """Each sample's stored key and value from ``start`` on: views of LMDB's mapping where the tree
-        walk found them (:meth:`_placed_walk`), else LMDB's cursor's (with ``buffers``, views valid
+        walk found them (:meth:`_placed_walk_from`), else LMDB's cursor's (with ``buffers``, views valid
         until the next)."""
+        placed = self._placed_walk_from(start)
+        yield from placed if placed is not None else self._cursor_walk(start, buffers)
+
+    def _placed_walk_from(self, start: int) -> Iterator[tuple[memoryview, memoryview]] | None:
+        """:meth:`_placed_walk` toward ``start``; None where LMDB's mapping is not found, or the seek key
+        is not where byte order puts it (LMDB's cursor then walks)."""
         placed = self._lease.placed()
-        if placed is not None:
-            whole, places = placed
-            first = self._first_record(MappedKeys(whole, places), start)
-            if first is not None:
-                yield from self._placed_walk(whole, places, start, *first)
-                return
-        yield from self._cursor_walk(start, buffers)
+        if placed is None:
+            return None
+        whole, places = placed
+        first = self._first_record(MappedKeys(whole, places), start)
+        return None if first is None else self._placed_walk(whole, places, start, *first)
 
     def _first_record(self, keys: MappedKeys, start: int) -> tuple[int, int] | None:
         """(record, sample position) to walk from toward ``start``: the nearest seek key's, else the
