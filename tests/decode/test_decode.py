@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -157,6 +159,47 @@ def test_one_dali_pipeline_serves_every_epoch_that_ends(natural: Path, monkeypat
     assert all(torch.equal(x, y) for x, y in zip([x for x, _ in ld], fresh[2], strict=True))
     assert len(built) == 2
     ld.close()
+
+
+def test_the_cpu_paths_first_batch_is_resampled_before_dali_takes_the_next(natural: Path) -> None:
+    """On the CPU path DALI decodes and the Resampler resizes, on the same cores. An epoch's first
+    batch is resampled before DALI is given the second (which would take half the cores from it),
+    on a new pipeline and on one reset for the next epoch; after that one batch is always given to
+    DALI before the caller's is resampled, so that decoding runs on while it is."""
+    from ddpipe.decode.batches import EncodedBatch
+    from ddpipe.decode.dali import DaliDecoder
+    from ddpipe.decode.resample import Resampler
+
+    events: list[str] = []
+
+    def on_bad(index: int, sample: object, reason: str) -> None:
+        raise AssertionError(reason)
+
+    def given(stream: ddpipe.EncodedStream) -> Iterator[EncodedBatch]:
+        for k, b in enumerate(stream):
+            events.append(f"given {k}")
+            yield EncodedBatch.of(b.indices, b.samples, on_bad)
+
+    stream = ddpipe.EncodedStream(natural, 4, shuffle="none")  # 6 batches
+    decoder = DaliDecoder(DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=2), 4,
+                          torch.device("cpu"), gpu_decode=False)
+    resample = Resampler.__call__
+
+    def recorded(self: Resampler, crops: Any, flips: Any) -> torch.Tensor:
+        events.append(f"resampled {len([e for e in events if e.startswith('resampled')])}")
+        return resample(self, crops, flips)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Resampler, "__call__", recorded)
+        for epoch in range(2):
+            events.clear()
+            decoded = decoder.decode(given(stream), 0, epoch, on_bad)
+            next(decoded)
+            assert events == ["given 0", "resampled 0", "given 1"]
+            next(decoded)
+            assert events[3:] == ["given 2", "resampled 1"]
+            assert len(list(decoded)) == 4
+    decoder.close()
 
 
 @pytest.mark.parametrize("decode", DECODERS)
