@@ -126,19 +126,18 @@ class DecodeStage:
         plan = self.stream.plan()
         self._delivered = 0
         self.stats = DecodeStats()
-        if self._decoder is None:  # one for every epoch: its pipeline, pools and buffers stay
-            self._decoder = make_decoder(self.decoder, self.options, plan.options.batch_size, self.device)
-        batches: Generator[Any, None, None]
-        if self.options.read_in == "process":
-            batches = encoded = self._read_apart()
-        else:
-            batches = self._read_here()
-            encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad) for b in batches)
-        decoded = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
-        if self.skipping and plan.options.pad:  # batches keep their size (pad=False: they shrink, nothing repeated)
-            rank = self.stream.rank
-            decoded = refilled(decoded, [len(plan.batch(rank, b)) for b in range(plan.num_batches)], self.stats)
+        here = self.options.read_in != "process"
+        # reading starts first (EncodedStream.__iter__): making the decoder (DALI's import and pipeline) overlaps it
+        batches: Generator[Any, None, None] = self._read_here() if here else self._read_apart()
+        decoded: Iterator[Batch] = iter(())
         try:
+            if self._decoder is None:  # one for every epoch: its pipeline, pools and buffers stay
+                self._decoder = make_decoder(self.decoder, self.options, plan.options.batch_size, self.device)
+            encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad) for b in batches) if here else batches
+            decoded = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
+            if self.skipping and plan.options.pad:  # batches keep their size (pad=False: they shrink, nothing repeated)
+                rank = self.stream.rank
+                decoded = refilled(decoded, [len(plan.batch(rank, b)) for b in range(plan.num_batches)], self.stats)
             for batch in decoded:
                 self._delivered += 1  # what the caller has received, not what decoding took ahead
                 yield batch
@@ -150,10 +149,8 @@ class DecodeStage:
             batches.close()
 
     def _read_here(self) -> Generator[SampleBatch, None, None]:
-        """The epoch's batches read by threads: those read ahead, if they are this epoch's; then, the
-        epoch read whole, the next one's first batches read ahead (epoch_ahead.py)."""
-        from .epoch_ahead import EpochAhead, likely_next, may_read_ahead
-
+        """The epoch's batches read by threads, from now on: those read ahead, if they are this epoch's;
+        then, the epoch read whole, the next one's first batches read ahead (epoch_ahead.py)."""
         seed, epoch, pending = self.stream.position()
         ahead, self._ahead = self._ahead, None
         if ahead is not None and not ahead.serves(seed, epoch, pending):
@@ -161,6 +158,12 @@ class DecodeStage:
             ahead = None
         previous, self._asked = self._asked, epoch
         batches = ahead if ahead is not None else iter(self.stream)
+        return self._read_then_ahead(batches, ahead, seed, (previous, epoch))
+
+    def _read_then_ahead(self, batches: EpochAhead | Generator[SampleBatch, None, None], ahead: EpochAhead | None,
+                         seed: int, asked: tuple[int | None, int]) -> Generator[SampleBatch, None, None]:
+        from .epoch_ahead import EpochAhead, likely_next, may_read_ahead
+
         if ahead is not None:  # the copy that reads them counts them
             self.stream.stats = ahead.stream.stats
         try:
@@ -171,7 +174,7 @@ class DecodeStage:
                 self.stream.stats = ahead.stream.stats
         stream = self.stream
         if may_read_ahead(stream.options, stream.comm.world.size, stream.stager is not None):
-            self._ahead = EpochAhead(stream, seed, likely_next(previous, epoch))
+            self._ahead = EpochAhead(stream, seed, likely_next(*asked))
 
     def _read_apart(self) -> Generator[EncodedBatch, None, None]:
         """The epoch's batches from the reading process (read_process.py), prepared for DALI."""

@@ -20,6 +20,7 @@ import os
 import queue
 import sys
 import threading
+import weakref
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,12 +205,18 @@ class EncodedStream:
         return self.dataset.source_name(self.dataset.shard_path(int(shard[0])))
 
     def __iter__(self) -> Generator[SampleBatch, None, None]:
+        """This epoch's batches. Reading starts here, not at the first ``next()``: what the caller does
+        before it takes the first batch (importing DALI and building its pipeline, ~0.5 s) overlaps
+        reading it from a cold disk (~0.4 s for 2 ranks' first batches on 2 cores)."""
         plan = self.plan()
         if self.stager is not None:
             self.start_staging(plan)
         self._batches_done = 0
         self.stats = ReadStats()
-        batches = self._in_order(plan)
+        return self._yielded(plan, self._in_order(plan))
+
+    def _yielded(self, plan: EpochPlan, batches: Generator[tuple[np.ndarray, list[Sample]], None, None]
+                 ) -> Generator[SampleBatch, None, None]:
         skipping = self.read_options.on_error == "skip"
         mine, size = plan.ranks[self.rank], plan.options.batch_size
         try:
@@ -267,7 +274,8 @@ class EncodedStream:
               flush=True)
 
     def _in_order(self, plan: EpochPlan) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
-        """This rank's batches of encoded samples, in the plan's order, with their global indices."""
+        """This rank's batches of encoded samples, in the plan's order, with their global indices: read
+        from now on by the producer, which stops when the batches are closed or let go of, taken or not."""
         rank_plan = plan.ranks[self.rank]
         # the exchange copies each sample once: a kept one out of its shard (unless the consumer takes
         # views), a sent one into its receiver's landing zone or a send slot (views until then)
@@ -290,14 +298,20 @@ class EncodedStream:
         # that left its loader mid-epoch (HDF5 shards: 4 runs in 6 here)
         stopped = functools.partial(_stop_producer, stop, thread, out)
         atexit.register(stopped)
-        arrivals = groups(out)
+        ordered = self._ordered(plan, producer, groups(out), stopped)
+        # a generator closed before its first next() never runs its body, so its finally neither
+        weakref.finalize(ordered, _unregistered, stopped).atexit = False  # the exit handler above does
+        return ordered
+
+    def _ordered(self, plan: EpochPlan, producer: Producer, arrivals: Generator[list[Any], None, None],
+                 stopped: functools.partial[None]) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
+        rank_plan = plan.ranks[self.rank]
         try:
             yield from batches_in_order(arrivals, rank_plan.stream, rank_plan.order, plan.options.batch_size,
                                         plan.num_batches, self.stats)
         finally:
             arrivals.close()
-            atexit.unregister(stopped)
-            stopped()
+            _unregistered(stopped)
         self.stats.exchange = producer.exchange  # the epoch was read whole: its figures are final
 
     def state_dict(self) -> dict[str, Any]:
@@ -314,6 +328,12 @@ class EncodedStream:
         self.seed, self.epoch, self._pending = remaining(state, self.dataset.manifest)
         self._batches_done = 0
         self._plan = None
+
+
+def _unregistered(stopped: functools.partial[None]) -> None:
+    """Stop a producer now, no longer at exit."""
+    atexit.unregister(stopped)
+    stopped()
 
 
 def _stop_producer(stop: threading.Event, thread: threading.Thread, out: queue.Queue[Any]) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -48,6 +50,57 @@ def test_breaking_early_stops_the_producer(data: Path) -> None:
     for _ in loader:
         break  # must not hang, and the loader stays usable
     assert len(keys(list(loader))) == 64
+
+
+def producers() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("ddpipe-producer")]
+
+
+@pytest.mark.parametrize("leave", ["close", "drop"])
+def test_reading_starts_when_the_epoch_is_asked_for_and_stops_when_left_before_its_first_batch(
+        data: Path, leave: str) -> None:
+    """iter() starts the epoch's reading, so what the caller does before taking the first batch
+    overlaps it; batches closed or let go of before any was taken stop it all the same."""
+    stream = ddpipe.EncodedStream(data, 4, shuffle="partial")
+    for _ in range(2):
+        batches = iter(stream)
+        assert producers() == ["ddpipe-producer-0"]
+        if leave == "close":
+            batches.close()
+        del batches
+        assert producers() == []
+    assert len(keys(list(stream))) == 64 and producers() == []
+
+
+def test_the_loader_reads_while_it_makes_its_decoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making the decoder (DALI's import and pipeline: half a second) overlaps reading the first batch,
+    and a decoder that cannot be made leaves no reading behind."""
+    import ddpipe.decoding
+    from ddpipe.synth import encode_jpeg, render_image
+
+    data = tmp_path / "wds"
+    ddpipe.write_dataset(data, ({"__key__": f"s/{i}", "jpg": encode_jpeg(render_image(i, seed=1, long_side=32)),
+                                 "cls": b"0"} for i in range(16)), samples_per_shard=8, classes=["a"])
+
+    make = ddpipe.decoding.make_decoder
+    reading: list[list[str]] = []
+
+    def seen(*args: Any) -> Any:
+        reading.append(producers())
+        return make(*args)
+
+    monkeypatch.setattr(ddpipe.decoding, "make_decoder", seen)
+    loader = ddpipe.Loader(data, 4, decoder="pil", device="cpu", decode=ddpipe.DecodeOptions(size=8, threads=1))
+    assert len(list(loader)) == 4 and reading == [["ddpipe-producer-0"]]
+    loader.close()
+
+    def fails(*args: Any) -> Any:
+        raise DdpipeError("no decoder here")
+
+    monkeypatch.setattr(ddpipe.decoding, "make_decoder", fails)
+    with pytest.raises(DdpipeError, match="no decoder here"):
+        next(iter(loader))
+    assert producers() == []
 
 
 def test_unknown_decoder_is_refused(data: Path) -> None:
