@@ -172,9 +172,11 @@ class DecodeStage:
             batches.close()
             if ahead is not None:  # its figures object, made as it started reading
                 self.stream.stats = ahead.stream.stats
-        stream = self.stream
+        stream, following = self.stream, likely_next(*asked)
         if may_read_ahead(stream.options, stream.comm.world.size, stream.stager is not None):
-            self._ahead = EpochAhead(stream, seed, likely_next(*asked))
+            self._ahead = EpochAhead(stream, seed, following)
+        else:  # its plan at least: no collective in it
+            stream.plan_ahead(following)
 
     def _read_apart(self) -> Generator[EncodedBatch, None, None]:
         """The epoch's batches from the reading process (read_process.py), prepared for DALI."""
@@ -184,9 +186,14 @@ class DecodeStage:
         stager = self.stream.stager
         if stager is not None:  # this process copies the node's shards (local rank 0), the reading process reads
             self.stream.start_staging(self.stream.plan())
+        previous, self._asked = self._asked, self.stream.epoch
         self.stream.stats = yield from self._reader.epoch(*self.stream.position(), self.stats.skip, stager)
         if stager is not None:  # as a stream read by threads does: its figures final, its errors raised
             stager.wait()
+        # the reading process reads the next epoch ahead, or plans it; this process needs its plan too
+        from .epoch_ahead import likely_next
+
+        self.stream.plan_ahead(likely_next(previous, self.stream.epoch))
 
     def _reading_process(self) -> ProcessReader:
         from .read_process import ProcessReader, check_can_read_apart, spec_of

@@ -207,6 +207,8 @@ class _Server:
         self.conn.send(("end", self.stream.stats, skipped, fell_back))
         if whole and self.may_read_ahead:  # not left early: the caller is likely to go on to the next
             self.ahead = self.read_ahead(seed, likely_next(previous, epoch))
+        elif whole:  # its plan at least: no collective in it
+            self.stream.plan_ahead(likely_next(previous, epoch))
 
     def read_ahead(self, seed: int, following: int) -> _ReadAhead:
         """The first :data:`~ddpipe.epoch_ahead.READ_AHEAD_BATCHES` of epoch ``following``, read until

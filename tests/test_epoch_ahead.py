@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,6 +83,51 @@ def test_an_epoch_read_ahead_by_threads_was_read_before_it_was_asked_for(
     else:
         with pytest.raises(FileNotFoundError):
             epoch_of(loader, 1)
+    loader.close()
+
+
+@pytest.mark.parametrize("read_in", ["thread", "process"])
+def test_where_no_epoch_is_read_ahead_the_next_ones_plan_is_made_ahead(
+        images: Path, monkeypatch: pytest.MonkeyPatch, read_in: str) -> None:
+    """Where nothing is read ahead (a partial shuffle on several ranks, or staging), the plan of the
+    epoch likely next is made as an epoch ends, on a thread of its own: asked for that epoch, the
+    loader plans nothing on the caller's thread; asked for another, or a resumed one, it plans
+    afresh. The batches are a fresh loader's either way."""
+    import ddpipe.stream
+    from ddpipe.plan import plan_epoch
+
+    whole = {}
+    for epoch in (0, 1, 3):
+        fresh = make(images, "thread")
+        whole[epoch] = epoch_of(fresh, epoch)
+        fresh.close()
+    monkeypatch.setattr(epoch_ahead, "may_read_ahead", lambda *_: False)
+    planned: dict[str, list[int]] = {}
+
+    def recorded(*args: Any) -> Any:
+        planned.setdefault(threading.current_thread().name, []).append(args[3])
+        return plan_epoch(*args)
+
+    monkeypatch.setattr(ddpipe.stream, "plan_epoch", recorded)
+    loader = make(images, read_in)
+    for epoch in (0, 1, 1, 3):
+        assert same(epoch_of(loader, epoch), whole[epoch]), epoch
+    assert planned.pop("MainThread") == [0, 1, 3]  # 1 again: its plan made ahead was 2's
+    ahead = planned.pop("ddpipe-plan-ahead")
+    assert ahead[:3] == [1, 2, 1] and ahead[3:] in ([], [4])  # 4 after 3: made by now, or being made
+    assert not planned
+    fresh = make(images, "thread")
+    fresh.set_epoch(4)
+    it = iter(fresh)
+    for _ in range(3):
+        next(it)
+    state = fresh.state_dict()  # of the epoch whose plan the loader has made ahead
+    it.close()  # type: ignore[attr-defined]
+    for each in (fresh, loader):
+        each.load_state_dict(state)
+    want, got = list(fresh), list(loader)
+    assert same(got, want) and sum(len(y) for _, y in got) == 60 - 3 * BATCH
+    fresh.close()
     loader.close()
 
 
