@@ -37,19 +37,24 @@ def test_the_epoch_read_ahead_is_the_epoch_asked_for(images: Path, read_in: str)
         fresh = make(images, "thread")
         assert same(epoch_of(loader, epoch), epoch_of(fresh, epoch)), epoch
         fresh.close()
+    resumes_epoch_4_as_a_new_loader_does(images, loader)  # the epoch it has read ahead
+    loader.close()
+
+
+def resumes_epoch_4_as_a_new_loader_does(images: Path, loader: ddpipe.Loader) -> None:
+    """Given a state three batches into epoch 4, ``loader`` gives the rest, as a new loader does."""
     fresh = make(images, "thread")
     fresh.set_epoch(4)
     it = iter(fresh)
     for _ in range(3):
         next(it)
-    state = fresh.state_dict()  # of the epoch the loader has read ahead
+    state = fresh.state_dict()
     it.close()  # type: ignore[attr-defined]
     for each in (fresh, loader):
         each.load_state_dict(state)
     want, got = list(fresh), list(loader)
     assert same(got, want) and sum(len(y) for _, y in got) == 60 - 3 * BATCH
     fresh.close()
-    loader.close()
 
 
 def held_ahead(loader: ddpipe.Loader) -> bool:
@@ -116,18 +121,7 @@ def test_where_no_epoch_is_read_ahead_the_next_ones_plan_is_made_ahead(
     ahead = planned.pop("ddpipe-plan-ahead")
     assert ahead[:3] == [1, 2, 1] and ahead[3:] in ([], [4])  # 4 after 3: made by now, or being made
     assert not planned
-    fresh = make(images, "thread")
-    fresh.set_epoch(4)
-    it = iter(fresh)
-    for _ in range(3):
-        next(it)
-    state = fresh.state_dict()  # of the epoch whose plan the loader has made ahead
-    it.close()  # type: ignore[attr-defined]
-    for each in (fresh, loader):
-        each.load_state_dict(state)
-    want, got = list(fresh), list(loader)
-    assert same(got, want) and sum(len(y) for _, y in got) == 60 - 3 * BATCH
-    fresh.close()
+    resumes_epoch_4_as_a_new_loader_does(images, loader)  # the epoch whose plan it has made ahead
     loader.close()
 
 
