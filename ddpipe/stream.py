@@ -192,12 +192,11 @@ class EncodedStream:
     def plan(self) -> EpochPlan:
         """This epoch's plan (the same on every rank)."""
         if self._plan is None:
+            # another epoch's plan made ahead is let go of, not waited for: its thread ends once it is made
             ahead, self._planned_ahead = self._planned_ahead, None
             if ahead is not None and ahead[0] == (self.seed, self.epoch) and self._pending is None:
                 self._plan = next(ahead[1])
             else:
-                if ahead is not None:  # another epoch's, asked for instead: let it finish, unused
-                    ahead[1].close()
                 self._plan = self._planned(self.seed, self.epoch, self._pending)
         return self._plan
 
@@ -206,9 +205,7 @@ class EncodedStream:
         :meth:`plan` to take when that epoch is asked for. At ImageNet scale a plan takes 0.06-0.16 s
         on one core (benchmarks/plan_time.py), which every epoch's first batch would otherwise wait for
         on every rank; it is pure, so it may be made while the last epoch's batches are decoded."""
-        if self._planned_ahead is not None:
-            self._planned_ahead[1].close()
-        seed = self.seed
+        seed = self.seed  # one made ahead already, for another epoch, is let go of (see plan())
         one = (self._planned(seed, epoch, None) for _ in range(1))
         self._planned_ahead = (seed, epoch), Ahead(one, 1, "ddpipe-plan-ahead")
 

@@ -280,7 +280,8 @@ class DaliDecoder:
 
     def _run(self, on_bad: OnBad) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         feed, inflight = self._feed, self._feed.inflight
-        deferred = self.QUEUE_DEPTH - self._prefetch_depth  # runs the pipeline's first batch holds back
+        held_back = self.QUEUE_DEPTH - self._prefetch_depth  # runs a new pipeline's first batch holds back
+        deferred = held_back
         while True:
             try:
                 # run() is these two; apart, the deferred runs can be scheduled after the first batch's resampling
@@ -305,7 +306,7 @@ class DaliDecoder:
                 # a pipeline that has failed is not run again: a new one takes over from the failing batch
                 feed.requeue(rest)
                 self._pipe = self._pipeline()
-                deferred = self.QUEUE_DEPTH - self._prefetch_depth
+                deferred = held_back
                 continue
             while inflight and not inflight[0].datas:
                 _done(inflight.popleft())
