@@ -1,4 +1,4 @@
-"""Worker processes that never outlive the process that started them.
+"""Worker processes that never outlive the process that started them, and leave Ctrl-C to it.
 
 A pool's workers wait on a pipe from their parent; a parent ended by SIGKILL (or by SIGTERM, whose
 default action skips every clean-up) left them waiting for ever, with the resource tracker beside
@@ -17,7 +17,12 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """Call first thing in a worker process (a pool's ``initializer``); a no-op off Linux."""
+    """Call first thing in a worker process (a pool's ``initializer``). The worker also ignores Ctrl-C:
+    a terminal or a launcher sends SIGINT to the whole process group, and only the parent may decide
+    what it means. Workers that took it as their own were left blocked on their pool's result queue,
+    their parent waiting for ever for a batch they would not send (a job under mpiexec, Ctrl-C'd). The
+    parent ends its workers, or they die with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not sys.platform.startswith("linux"):
         return
     import multiprocessing

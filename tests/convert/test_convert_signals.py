@@ -16,8 +16,10 @@ from ..helpers import alive, descendants
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_an_ended_conversion_leaves_nothing_running(tmp_path: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(("sig", "to_group"), [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False),
+                                               (signal.SIGKILL, False)])
+def test_an_ended_conversion_leaves_nothing_running(tmp_path: Path, sig: signal.Signals, to_group: bool) -> None:
+    """``to_group``: as a terminal's Ctrl-C, to every process of the command's group, workers included."""
     src = tmp_path / "src"
     src.mkdir()
     lines = []
@@ -30,14 +32,17 @@ def test_an_ended_conversion_leaves_nothing_running(tmp_path: Path, sig: signal.
     # children, and Python then never turns Ctrl-C into KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "ddpipe", "convert", tmp_path / "list.csv", tmp_path / "out",
                              "--workers", "2", "--samples-per-shard", "1"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=to_group,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(descendants(proc.pid)) < 3 and time.monotonic() < deadline:  # two workers and the tracker
         time.sleep(0.1)
     children = descendants(proc.pid)
     assert len(children) >= 3, proc.communicate(timeout=10)[0]
-    proc.send_signal(sig)
+    if to_group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     try:
         output, _ = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:

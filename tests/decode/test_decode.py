@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,8 @@ import ddpipe
 from ddpipe.decode import DecodeOptions, normalize
 from ddpipe.errors import SampleError
 from ddpipe.sample import Sample
+
+from ..helpers import alive, descendants
 
 COLORS = [(230, 20, 20), (20, 230, 20), (20, 20, 230), (230, 230, 20), (20, 230, 230), (230, 20, 230)]
 DECODERS = ["dali-cpu", "pil"]
@@ -223,6 +227,32 @@ def test_pil_without_room_in_shared_memory_pickles_images_back(labelled: Path,
         assert torch.equal(torch.cdist(means, torch.tensor(COLORS, dtype=torch.float32)).argmin(dim=1), labels)
         seen += len(labels)
     assert seen == 40
+
+
+def test_a_ctrl_c_to_the_process_group_leaves_the_pil_workers_decoding(labelled: Path) -> None:
+    """A terminal's Ctrl-C, or a launcher's, reaches a rank's decoding workers too, and only the rank
+    may decide what it means: workers that took it as their own died mid-batch or mid-reply, and under
+    mpiexec one run in a few had left the rank waiting for ever on a batch no worker would send."""
+    before = set(descendants(os.getpid()))
+    batches = iter(loader(labelled, "pil"))
+    seen = len(next(batches)[1])
+    workers = [pid for pid in set(descendants(os.getpid())) - before if "spawn_main" in _cmdline(pid)]
+    assert workers  # this loader's pool
+    for pid in workers:
+        os.kill(pid, signal.SIGINT)
+    for images, labels in batches:
+        means = images.float().mean(dim=(2, 3))
+        assert torch.equal(torch.cdist(means, torch.tensor(COLORS, dtype=torch.float32)).argmin(dim=1), labels)
+        seen += len(labels)
+    assert seen == 40
+    assert all(map(alive, workers))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_pil_and_dali_choose_the_same_crop_windows(tmp_path: Path) -> None:
