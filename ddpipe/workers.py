@@ -16,12 +16,12 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
-    """Call first thing in a worker process (a pool's ``initializer``). The worker also ignores Ctrl-C:
-    a terminal or a launcher sends SIGINT to the whole process group, and only the parent may decide
-    what it means. Workers that took it as their own were left blocked on their pool's result queue,
-    their parent waiting for ever for a batch they would not send (a job under mpiexec, Ctrl-C'd). The
-    parent ends its workers, or they die with it."""
+def bind_to_parent() -> None:
+    """Call first thing in a worker process (a pool's ``initializer``): the worker dies with its parent
+    and leaves Ctrl-C to it. A terminal or a launcher sends SIGINT to the whole process group, and only
+    the parent may decide what it means: workers that took it as their own were left blocked on their
+    pool's result queue, their parent waiting for ever for a batch they would not send (a job under
+    mpiexec, Ctrl-C'd). The parent ends its workers, or the kernel does as it goes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not sys.platform.startswith("linux"):
         return

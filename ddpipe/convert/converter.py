@@ -40,7 +40,7 @@ from ..manifest import (
 )
 from ..sample import label_of
 from ..storage import is_remote, open_storage
-from ..workers import die_with_parent, stop_workers
+from ..workers import bind_to_parent, stop_workers
 from . import to_objects
 from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
@@ -348,7 +348,7 @@ def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, sh
         # spawn, not fork: forking a process that may hold MPI or HDF5 state is unsafe
         ctx = multiprocessing.get_context("spawn")
         with cf.ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx,
-                                    initializer=die_with_parent) as pool:
+                                    initializer=bind_to_parent) as pool:
             try:  # from the first submit on: a Ctrl-C that lands while submitting is handled too
                 futures = {pool.submit(write_shard, jobs[i]): i for i in mine}
                 for fut in cf.as_completed(futures):

@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image
 
 from ..memory import shared_memory_left
-from ..workers import NameGuard, die_with_parent
+from ..workers import NameGuard, bind_to_parent
 from .augment import random_crops
 from .resample import resize_crop
 from .spec import DecodeOptions, check_pixels, open_image
@@ -103,12 +103,12 @@ def _started(pause: float) -> int:
 def _one_thread() -> None:
     """A worker is one of ``workers`` processes: torch's own threads would only oversubscribe the cores.
     PIL's arrays are read-only and torch only reads them: its warning about that is noise here. A
-    worker dies with its parent, however the parent ends (an aborted job kills ranks outright)."""
+    worker dies with its parent, however the parent ends (an aborted job kills ranks outright), and
+    leaves Ctrl-C to it: bound first, before torch's import (a second) leaves it open to either."""
+    bind_to_parent()
     import warnings
 
     import torch
-
-    die_with_parent()
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
