@@ -13,7 +13,6 @@ import io
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from .formats.atomic import atomic_write_bytes
-from .workers import bind_to_parent
+from .workers import bind_to_parent, worker_context
 
 # (width / height, weight): landscape 4:3 dominates photo collections, then portrait and others
 _ASPECTS = ((4 / 3, 0.55), (3 / 4, 0.15), (3 / 2, 0.1), (1.0, 0.1), (16 / 9, 0.05), (2 / 3, 0.05))
@@ -132,7 +131,7 @@ def synth(out: str | os.PathLike[str], options: SynthOptions | None = None) -> i
         else:
             # fresh interpreters, as convert's: a fork of a caller holding threads (a DALI pipeline, MPI)
             # inherits their objects, and a garbage collection there that finalises one hangs the worker
-            with ProcessPoolExecutor(opt.workers, mp_context=get_context("spawn"), initializer=bind_to_parent) as pool:
+            with ProcessPoolExecutor(opt.workers, mp_context=worker_context(), initializer=bind_to_parent) as pool:
                 for size in pool.map(_write_one, jobs, chunksize=8):
                     total += size
                     bar.update(1)

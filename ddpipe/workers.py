@@ -2,7 +2,13 @@
 
 A pool's workers wait on a pipe from their parent; a parent ended by SIGKILL (or by SIGTERM, whose
 default action skips every clean-up) left them waiting for ever, with the resource tracker beside
-them. Each worker asks the kernel to end it when its parent goes (Linux's PR_SET_PDEATHSIG)."""
+them. Each worker asks the kernel to end it when its parent goes (Linux's PR_SET_PDEATHSIG).
+
+A terminal's or a launcher's Ctrl-C reaches the whole process group, workers included, and only the
+parent may decide what it means: workers that took it as their own were left blocked on their pool's
+result queue, their parent waiting for ever for a batch they would not send (a job under mpiexec,
+Ctrl-C'd). Workers are started from :func:`worker_context` and ignore it from their first instruction
+on; the parent ends its workers, or the kernel does as it goes."""
 
 from __future__ import annotations
 
@@ -11,18 +17,40 @@ import ctypes
 import os
 import signal
 import sys
+from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
 
+class _CtrlCHeldProcess(SpawnProcess):
+    def start(self) -> None:
+        # the signal mask passes through fork and exec: the worker starts with Ctrl-C held back until
+        # bind_to_parent ignores it (one that came while its interpreter started had killed it with a
+        # traceback). CPython starts its resource tracker the same way (bpo-33613)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+class _CtrlCHeldContext(SpawnContext):
+    Process = _CtrlCHeldProcess
+
+
+def worker_context() -> SpawnContext:
+    """The ``mp_context`` of a pool whose initializer is :func:`bind_to_parent`: spawn (a fresh
+    interpreter: forking a process that may hold MPI, HDF5 or DALI threads is unsafe), each worker
+    started deaf to Ctrl-C."""
+    return _CtrlCHeldContext()
+
+
 def bind_to_parent() -> None:
     """Call first thing in a worker process (a pool's ``initializer``): the worker dies with its parent
-    and leaves Ctrl-C to it. A terminal or a launcher sends SIGINT to the whole process group, and only
-    the parent may decide what it means: workers that took it as their own were left blocked on their
-    pool's result queue, their parent waiting for ever for a batch they would not send (a job under
-    mpiexec, Ctrl-C'd). The parent ends its workers, or the kernel does as it goes."""
+    and leaves Ctrl-C to it (see the module)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one held back since the start is dropped
     if not sys.platform.startswith("linux"):
         return
     import multiprocessing

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import multiprocessing
 import os
 import shutil
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from ..manifest import (
 )
 from ..sample import label_of
 from ..storage import is_remote, open_storage
-from ..workers import bind_to_parent, stop_workers
+from ..workers import bind_to_parent, stop_workers, worker_context
 from . import to_objects
 from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
@@ -345,9 +344,7 @@ def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, sh
             for i in mine:
                 results[i] = write_shard(jobs[i], on_item=lambda: bar.update(1))
             return results
-        # spawn, not fork: forking a process that may hold MPI or HDF5 state is unsafe
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx,
+        with cf.ProcessPoolExecutor(max_workers=options.workers, mp_context=worker_context(),
                                     initializer=bind_to_parent) as pool:
             try:  # from the first submit on: a Ctrl-C that lands while submitting is handled too
                 futures = {pool.submit(write_shard, jobs[i]): i for i in mine}

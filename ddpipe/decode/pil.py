@@ -15,7 +15,6 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
-from multiprocessing import get_context
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
@@ -23,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from ..memory import shared_memory_left
-from ..workers import NameGuard, bind_to_parent
+from ..workers import NameGuard, bind_to_parent, worker_context
 from .augment import random_crops
 from .resample import resize_crop
 from .spec import DecodeOptions, check_pixels, open_image
@@ -133,7 +132,7 @@ class PilPool:
         self._ring = self._make_ring()
         self._guard.add(*(f"/dev/shm/{b.name.lstrip('/')}" for b in self._ring))
         self._blocks = list(self._ring)  # for the release below
-        self._pool = ProcessPoolExecutor(options.workers, mp_context=get_context("spawn"), initializer=_start_worker,
+        self._pool = ProcessPoolExecutor(options.workers, mp_context=worker_context(), initializer=_start_worker,
                                          initargs=([b.name for b in self._ring], options.size))
         self._guard.add(*(f"/dev/shm/sem.{name.lstrip('/')}" for name in _semaphore_names(self._pool)))
         self._turn = 0
