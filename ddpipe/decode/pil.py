@@ -103,7 +103,7 @@ def _one_thread() -> None:
     """A worker is one of ``workers`` processes: torch's own threads would only oversubscribe the cores.
     PIL's arrays are read-only and torch only reads them: its warning about that is noise here. A
     worker dies with its parent, however the parent ends (an aborted job kills ranks outright), and
-    leaves Ctrl-C to it: bound first, before torch's import (a second) leaves it open to either."""
+    leaves Ctrl-C to it: bound first, since the parent may go during torch's import (a second)."""
     bind_to_parent()
     import warnings
 

@@ -232,7 +232,7 @@ def test_pil_without_room_in_shared_memory_pickles_images_back(labelled: Path,
 def test_a_ctrl_c_to_the_process_group_leaves_the_pil_workers_decoding(labelled: Path) -> None:
     """A terminal's Ctrl-C, or a launcher's, reaches a rank's decoding workers too, and only the rank
     may decide what it means: workers that took it as their own died mid-batch or mid-reply, and under
-    mpiexec one run in a few had left the rank waiting for ever on a batch no worker would send."""
+    mpiexec, under load, some runs had left the rank waiting for ever on a batch no worker would send."""
     before = set(descendants(os.getpid()))
     batches = iter(loader(labelled, "pil"))
     seen = len(next(batches)[1])
