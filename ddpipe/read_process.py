@@ -17,9 +17,10 @@ Where: a DALI decoder, in every shuffle mode, with staging or without. What need
 processes stays in the training process: a ``partial`` shuffle's exchange rounds are carried out on
 the job's communicator by a thread of its own (:mod:`ddpipe.comm.relay`: a process the launcher did
 not start is no rank of the job), and the node's staged copies are made by local rank 0's training
-process, the reading processes reading them. The reading process (:mod:`ddpipe.read_server`) ends
-when its connection closes, which the kernel does when the parent goes; the memory both map is a
-``memfd``, named nowhere, so nothing is left behind however either ends. Errors raised there (a
+process, the reading processes reading them. The reading process (:mod:`ddpipe.read_server`) leaves
+Ctrl-C to the rank (a launcher's reaches it too) and ends when its connection closes, which the
+kernel does when the parent goes; the memory both map is a ``memfd``, named nowhere, so nothing is
+left behind however either ends. Errors raised there (a
 damaged shard, a sample that does not decode under ``on_error="fail"``) reach the caller as they
 were raised, at their batch's turn.
 
@@ -54,6 +55,7 @@ import numpy as np
 
 from .errors import DdpipeError, OptionError
 from .shard_places import IN_BUFFER, PlaceViews
+from .workers import ctrl_c_held
 
 if TYPE_CHECKING:
     from .comm import Comm, World
@@ -154,9 +156,10 @@ class ProcessReader:
             buf = mmap.mmap(fd, self.buffer_bytes + area + received)
             pairs = [socket.socketpair() for _ in range(2 if relayed else 1)]
             theirs = [b.fileno() for _, b in pairs]
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", _START_SERVER, _IMPORTED_FROM, str(fd), str(self.buffer_bytes), str(area),
-                 *map(str, theirs)], pass_fds=(fd, *theirs), stdin=subprocess.DEVNULL)
+            with ctrl_c_held():  # a Ctrl-C is the rank's to answer: the reading process ignores it
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-c", _START_SERVER, _IMPORTED_FROM, str(fd), str(self.buffer_bytes),
+                     str(area), *map(str, theirs)], pass_fds=(fd, *theirs), stdin=subprocess.DEVNULL)
             self._conn = Connection(os.dup(pairs[0][0].fileno()))
             whole = memoryview(buf)
             if relayed:

@@ -8,7 +8,8 @@ A terminal's or a launcher's Ctrl-C reaches the whole process group, workers inc
 parent may decide what it means: workers that took it as their own were left blocked on their pool's
 result queue, their parent waiting for ever for a batch they would not send (a job under mpiexec,
 Ctrl-C'd). Workers are started from :func:`worker_context` and ignore it from their first instruction
-on; the parent ends its workers, or the kernel does as it goes."""
+on; the parent ends its workers, or the kernel does as it goes. A child started otherwise (the
+loader's reading process) does the same with :func:`ctrl_c_held` and :func:`leave_ctrl_c_to_parent`."""
 
 from __future__ import annotations
 
@@ -17,22 +18,36 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
 
+@contextlib.contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Start child processes inside: they start with Ctrl-C held back until they call
+    :func:`leave_ctrl_c_to_parent`. The signal mask passes through fork and exec (one that came while a
+    child's interpreter started had killed it with a traceback); CPython starts its resource tracker
+    the same way (bpo-33613). Only this thread's mask changes, and only while inside."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def leave_ctrl_c_to_parent() -> None:
+    """Call first thing in a child started under :func:`ctrl_c_held`: it ignores Ctrl-C from now on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one held back since the start is dropped
+
+
 class _CtrlCHeldProcess(SpawnProcess):
     def start(self) -> None:
-        # the signal mask passes through fork and exec: the worker starts with Ctrl-C held back until
-        # bind_to_parent ignores it (one that came while its interpreter started had killed it with a
-        # traceback). CPython starts its resource tracker the same way (bpo-33613)
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        with ctrl_c_held():
             super().start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class _CtrlCHeldContext(SpawnContext):
@@ -49,8 +64,7 @@ def worker_context() -> SpawnContext:
 def bind_to_parent() -> None:
     """Call first thing in a worker process (a pool's ``initializer``): the worker dies with its parent
     and leaves Ctrl-C to it (see the module)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one held back since the start is dropped
+    leave_ctrl_c_to_parent()
     if not sys.platform.startswith("linux"):
         return
     import multiprocessing

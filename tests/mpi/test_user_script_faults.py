@@ -84,12 +84,15 @@ def _new_segments(before: set[str]) -> set[str]:
     return _shm() - before  # ours (psm_), the decoder pool's semaphores (sem.mp-), MPICH's (mpich_shm_)
 
 
-def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["wait", "wait-reading"])
+def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path, mode: str) -> None:
+    """With PIL's worker processes, and with reading processes (``read_in="process"``): each is
+    left running by the Ctrl-C, which is its rank's to answer, and ends with its rank."""
     exe = shutil.which("mpiexec", path=str(BIN))
     assert exe is not None
     before = _shm()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    launcher = subprocess.Popen([exe, "-n", "2", sys.executable, str(WORKER), str(data), str(tmp_path), "wait"],
+    launcher = subprocess.Popen([exe, "-n", "2", sys.executable, str(WORKER), str(data), str(tmp_path), mode],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     pid_files = [tmp_path / f"pids.{r}" for r in range(2)]
     deadline = time.monotonic() + 120
@@ -97,7 +100,7 @@ def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path
         time.sleep(0.2)  # polling for the ranks to get going, not a timing assertion
     assert all(f.exists() for f in pid_files), launcher.communicate(timeout=30)[0]
     pids = [pid for f in pid_files for pid in json.loads(f.read_text())]
-    assert len(pids) > 2  # the ranks and their decoders' worker processes
+    assert len(pids) > 2  # the ranks and their decoders' worker processes, or their reading processes
     launcher.send_signal(signal.SIGINT)
     output, _ = launcher.communicate(timeout=60)
     assert launcher.returncode != 0
@@ -111,6 +114,7 @@ def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path
         os.kill(pid, signal.SIGKILL)
     assert not left, output
     assert not _new_segments(before), output
+    assert "reading process ended" not in output and "read_server" not in output, output
 
 
 def test_a_pil_decoding_job_that_ends_on_a_damaged_shard_leaves_nothing_in_dev_shm(data: Path, tmp_path: Path) -> None:

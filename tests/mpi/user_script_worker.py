@@ -2,7 +2,8 @@
 
 argv: DATA OUT MODE [RANK]. ``raise``: rank RANK raises after its first batch, the others train on
 (and wait for it in the next collective). ``wait``: every rank writes its pid and its decoder's
-worker pids, then trains on until interrupted."""
+worker pids, then trains on until interrupted; ``wait-reading``: the same, DALI decoding what a
+reading process of each rank reads (``read_in="process"``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def main() -> None:
     data, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     job = ddpipe.distributed.init("cpu", timeout=300)
     decode = ddpipe.DecodeOptions(decoder="pil" if mode == "wait" else "dali-cpu", size=32, resize_shorter=32,
-                                  dtype="uint8", threads=2)
+                                  dtype="uint8", threads=2, read_in="process" if mode == "wait-reading" else "thread")
     loader = ddpipe.Loader(data, 4, decode=decode, shuffle="partial", drop_last=True, comm=job.comm)
     model = ddpipe.distributed.wrap(SmallCNN(3), job)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -39,7 +40,7 @@ def main() -> None:
             if mode == "raise" and job.rank == int(sys.argv[4]) and step == 1:
                 (out / "raised_at").write_text(str(time.time()))
                 raise RuntimeError(f"a bad thing on rank {job.rank}")
-            if mode == "wait" and epoch == 0 and step == 0:
+            if mode.startswith("wait") and epoch == 0 and step == 0:
                 (out / f"pids.{job.rank}").write_text(json.dumps([os.getpid(), *descendants(os.getpid())]))
 
 
