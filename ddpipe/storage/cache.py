@@ -33,9 +33,8 @@ class ObjectCache:
     def __init__(self, storage: ObjectStorage, keep: int = 4) -> None:
         self.storage = storage
         self.keep = max(keep, 2)
-        self._pid = -1
-        self._dir: Path | None = None
-        self._lock = threading.Lock()
+        self._made: tuple[int, Path] | None = None  # (the process, its scratch directory): see dir
+        self._lock = threading.RLock()  # dir's making, and the fetches (which ask for paths under it)
         self._fetches: dict[str, Future[Path]] = {}
         self._held: OrderedDict[str, None] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
@@ -50,15 +49,21 @@ class ObjectCache:
     @property
     def dir(self) -> Path:
         """This process's scratch directory (made on first use in each process, with fresh fetch
-        state, and removed when the cache goes)."""
-        if self._dir is None or self._pid != os.getpid():
-            self._dir = Path(tempfile.mkdtemp(prefix="ddpipe-objects-"))
-            weakref.finalize(self, shutil.rmtree, self._dir, True)
-            # and at the end of a multiprocessing child, which leaves by os._exit (no atexit hooks)
-            multiprocessing.util.Finalize(self, shutil.rmtree, args=(self._dir, True), exitpriority=0)
-            self._pid = os.getpid()
-            self._fetches, self._held, self._pool = {}, OrderedDict(), None
-        return self._dir
+        state, and removed when the cache goes). Made once, whichever threads ask at once: two made
+        it each, and the second forgot the first's fetches."""
+        made = self._made
+        if made is not None and made[0] == os.getpid():
+            return made[1]
+        with self._lock:
+            made = self._made
+            if made is None or made[0] != os.getpid():
+                scratch = Path(tempfile.mkdtemp(prefix="ddpipe-objects-"))
+                weakref.finalize(self, shutil.rmtree, scratch, True)
+                # and at the end of a multiprocessing child, which leaves by os._exit (no atexit hooks)
+                multiprocessing.util.Finalize(self, shutil.rmtree, args=(scratch, True), exitpriority=0)
+                self._fetches, self._held, self._pool = {}, OrderedDict(), None
+                made = self._made = (os.getpid(), scratch)
+            return made[1]
 
     def path(self, name: str) -> Path:
         return self.dir / name
@@ -121,7 +126,7 @@ class ObjectCache:
             raise
 
     def close(self) -> None:
-        if self._pool is not None and self._pid == os.getpid():
+        if self._pool is not None and self._made is not None and self._made[0] == os.getpid():
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 

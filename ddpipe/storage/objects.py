@@ -52,15 +52,17 @@ class ObjectStorage:
         self.location = location
         self.options = options
         self.s3 = s3
-        self._store: Any = None
-        self._pid = -1
+        # (the process it was made in, obstore's client): one attribute, set in one step, as threads
+        # ask for the client at once (two assignments, store then pid, let another thread see the store
+        # with no pid yet and take this process for a forked one)
+        self._made: tuple[int, Any] | None = None
 
     def at(self, location: Location) -> ObjectStorage:
         """The same store's settings, aimed at another location (a dataset's data prefix)."""
         return ObjectStorage(location, self.options, self.s3)
 
     def __getstate__(self) -> dict[str, Any]:  # a client never crosses a process boundary
-        return {**self.__dict__, "_store": None, "_pid": -1}
+        return {**self.__dict__, "_made": None}
 
     @property
     def where(self) -> str:
@@ -71,43 +73,47 @@ class ObjectStorage:
         return f"{self.location.scheme}://{self.location.bucket}"
 
     def _client(self) -> Any:
-        if self._store is not None and self._pid != os.getpid():
-            # the parent's runtime threads did not survive the fork: any request would hang
-            raise StorageError(f"this process was forked from one that had used {self.where}, and obstore's "
-                               "clients cannot cross a fork: open the dataset in this process (or start "
-                               "workers with the 'spawn' method)", path=self.url())
-        if self._store is None:
-            from obstore.store import HTTPStore, S3Store
+        made = self._made
+        if made is not None:
+            if made[0] != os.getpid():
+                # the parent's runtime threads did not survive the fork: any request would hang
+                raise StorageError(f"this process was forked from one that had used {self.where}, and obstore's "
+                                   "clients cannot cross a fork: open the dataset in this process (or start "
+                                   "workers with the 'spawn' method)", path=self.url())
+            return made[1]
+        # threads that ask at once may each make one: the last kept, the others used for their request
+        store = self._new_client()
+        self._made = (os.getpid(), store)
+        return store
 
-            o = self.options
-            retry: RetryConfig = {"max_retries": o.max_retries, "retry_timeout": timedelta(seconds=o.retry_seconds),
-                     "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=10),
-                                 "base": 2}}
-            client: ClientConfig = {"timeout": timedelta(seconds=o.timeout_seconds),
-                                      "connect_timeout": timedelta(seconds=min(10.0, o.timeout_seconds)),
-                                      "pool_max_idle_per_host": str(max(o.concurrency, 4))}
-            if self.location.scheme == "s3":
-                s3 = self.s3
-                assert s3 is not None
-                config: S3Config = {"region": s3.region, "virtual_hosted_style_request": False}
-                if s3.endpoint:
-                    config["endpoint"] = s3.endpoint
-                if s3.access_key_id:
-                    config["access_key_id"] = s3.access_key_id
-                    config["secret_access_key"] = s3.secret_access_key or ""
-                    if s3.session_token:
-                        config["session_token"] = s3.session_token
-                elif s3.anonymous:
-                    config["skip_signature"] = True
-                client["allow_http"] = s3.allow_http
-                self._store = S3Store(self.location.bucket, config=config, client_options=client,
-                                      retry_config=retry)
-            else:
-                client["allow_http"] = self.location.scheme == "http"
-                self._store = HTTPStore.from_url(f"{self.location.scheme}://{self.location.bucket}",
-                                                 client_options=client, retry_config=retry)
-            self._pid = os.getpid()
-        return self._store
+    def _new_client(self) -> Any:
+        from obstore.store import HTTPStore, S3Store
+
+        o = self.options
+        retry: RetryConfig = {"max_retries": o.max_retries, "retry_timeout": timedelta(seconds=o.retry_seconds),
+                              "backoff": {"init_backoff": timedelta(milliseconds=100),
+                                          "max_backoff": timedelta(seconds=10), "base": 2}}
+        client: ClientConfig = {"timeout": timedelta(seconds=o.timeout_seconds),
+                                "connect_timeout": timedelta(seconds=min(10.0, o.timeout_seconds)),
+                                "pool_max_idle_per_host": str(max(o.concurrency, 4))}
+        if self.location.scheme == "s3":
+            s3 = self.s3
+            assert s3 is not None
+            config: S3Config = {"region": s3.region, "virtual_hosted_style_request": False}
+            if s3.endpoint:
+                config["endpoint"] = s3.endpoint
+            if s3.access_key_id:
+                config["access_key_id"] = s3.access_key_id
+                config["secret_access_key"] = s3.secret_access_key or ""
+                if s3.session_token:
+                    config["session_token"] = s3.session_token
+            elif s3.anonymous:
+                config["skip_signature"] = True
+            client["allow_http"] = s3.allow_http
+            return S3Store(self.location.bucket, config=config, client_options=client, retry_config=retry)
+        client["allow_http"] = self.location.scheme == "http"
+        return HTTPStore.from_url(f"{self.location.scheme}://{self.location.bucket}", client_options=client,
+                                  retry_config=retry)
 
     def url(self, name: str = "") -> str:
         return self.location.url(name)
