@@ -20,9 +20,8 @@ not start is no rank of the job), and the node's staged copies are made by local
 process, the reading processes reading them. The reading process (:mod:`ddpipe.read_server`) leaves
 Ctrl-C to the rank (a launcher's reaches it too) and ends when its connection closes, which the
 kernel does when the parent goes; the memory both map is a ``memfd``, named nowhere, so nothing is
-left behind however either ends. Errors raised there (a
-damaged shard, a sample that does not decode under ``on_error="fail"``) reach the caller as they
-were raised, at their batch's turn.
+left behind however either ends. Errors raised there (a damaged shard, a sample that does not
+decode under ``on_error="fail"``) reach the caller as they were raised, at their batch's turn.
 
 Protocol (pickled messages over a socket pair): the parent sends the stream's description once,
 then ``("epoch", seed, epoch, pending)``; the child answers with ``("batch", ...)`` for each batch

@@ -51,19 +51,24 @@ class ObjectCache:
         """This process's scratch directory (made on first use in each process, with fresh fetch
         state, and removed when the cache goes). Made once, whichever threads ask at once: two made
         it each, and the second forgot the first's fetches."""
-        made = self._made
-        if made is not None and made[0] == os.getpid():
-            return made[1]
+        scratch = self._made_here()
+        if scratch is not None:
+            return scratch
         with self._lock:
-            made = self._made
-            if made is None or made[0] != os.getpid():
+            scratch = self._made_here()
+            if scratch is None:
                 scratch = Path(tempfile.mkdtemp(prefix="ddpipe-objects-"))
                 weakref.finalize(self, shutil.rmtree, scratch, True)
                 # and at the end of a multiprocessing child, which leaves by os._exit (no atexit hooks)
                 multiprocessing.util.Finalize(self, shutil.rmtree, args=(scratch, True), exitpriority=0)
                 self._fetches, self._held, self._pool = {}, OrderedDict(), None
-                made = self._made = (os.getpid(), scratch)
-            return made[1]
+                self._made = (os.getpid(), scratch)
+            return scratch
+
+    def _made_here(self) -> Path | None:
+        """The scratch directory, if this process made it."""
+        made = self._made
+        return made[1] if made is not None and made[0] == os.getpid() else None
 
     def path(self, name: str) -> Path:
         return self.dir / name
@@ -126,7 +131,7 @@ class ObjectCache:
             raise
 
     def close(self) -> None:
-        if self._pool is not None and self._made is not None and self._made[0] == os.getpid():
+        if self._pool is not None and self._made_here() is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 

@@ -3,11 +3,12 @@ files, in every format, on several ranks, staged, resumed, and faults that lose 
 
 from __future__ import annotations
 
+import functools
 import shutil
 import socket
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 import ddpipe
 from ddpipe.errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
 from ddpipe.reading import read_samples
-from ddpipe.storage import ObjectCache, ObjectStorage, StorageError, StorageOptions, open_storage
+from ddpipe.storage import ObjectCache, StorageError, StorageOptions, open_storage
 
 from ..conftest import mpiexec, run_cli
 from .servers import RangeServer
@@ -305,47 +306,49 @@ def _keys_in_child(dataset: ddpipe.Dataset, out: Any) -> None:
         out.put(str(e))
 
 
+AT_ONCE = 6
+
+
+def asked_at_once(rounds: int, fresh_question: Callable[[], Callable[[], Any]]) -> Iterator[list[Any]]:
+    """Each round, a fresh question (made by ``fresh_question``) asked by AT_ONCE threads released
+    together, threads taking turns as often as they can (the windows of these races were a few
+    bytecodes); the answers, a list a round."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(AT_ONCE) as pool:
+            for _ in range(rounds):
+                question, together = fresh_question(), threading.Barrier(AT_ONCE)
+
+                def ask(_: int, question: Callable[[], Any] = question, together: threading.Barrier = together) -> Any:
+                    together.wait()
+                    return question()
+
+                yield list(pool.map(ask, range(AT_ONCE)))
+    finally:
+        sys.setswitchinterval(switch)
+
+
 def test_threads_asking_at_once_for_a_new_client_are_each_served(http_root: RangeServer) -> None:
     """The client is made on first use, which a shard's fetches (the pool's threads, the reader's) can
     ask for at once: a thread that found it half made took its own process for a forked one, and the
     epoch failed with the fork's message (a run of the suite on one core)."""
     (http_root.root / "wds").mkdir()
     (http_root.root / "wds" / "x").write_bytes(b"0123456789")
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # threads take turns as often as they can: the window was a few bytecodes
-    try:
-        for _ in range(200):  # before the fix, 100 of these failed in 2 runs of 5
-            storage = open_storage(f"{http_root.url}/wds")
-            together = threading.Barrier(6)
-
-            def size_of_x(storage: ObjectStorage = storage, together: threading.Barrier = together) -> int:
-                together.wait()
-                return storage.size("x")
-
-            with ThreadPoolExecutor(6) as pool:
-                assert list(pool.map(lambda _: size_of_x(), range(6))) == [10] * 6
-    finally:
-        sys.setswitchinterval(switch)
+    # before the fix, 100 rounds failed in 2 runs of 5
+    for sizes in asked_at_once(200, lambda: functools.partial(open_storage(f"{http_root.url}/wds").size, "x")):
+        assert sizes == [10] * AT_ONCE
 
 
-def test_threads_asking_at_once_for_the_scratch_directory_share_one(tmp_path: Path) -> None:
+def test_threads_asking_at_once_for_the_scratch_directory_share_one() -> None:
     """A remote dataset's fetched shards go to a directory made on first use: threads that asked at
     once had each made one, and the second had forgotten the fetches under way in the first."""
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for _ in range(200):
-            cache = ObjectCache(open_storage("http://127.0.0.1:9/wds"))  # nothing is fetched: no server
-            together = threading.Barrier(6)
+    def fresh_cache_dir() -> Callable[[], Path]:
+        cache = ObjectCache(open_storage("http://127.0.0.1:9/wds"))  # nothing is fetched: no server
+        return lambda: cache.dir
 
-            def scratch(cache: ObjectCache = cache, together: threading.Barrier = together) -> Path:
-                together.wait()
-                return cache.dir
-
-            with ThreadPoolExecutor(6) as pool:
-                assert len(set(pool.map(lambda _: scratch(), range(6)))) == 1
-    finally:
-        sys.setswitchinterval(switch)
+    for dirs in asked_at_once(200, fresh_cache_dir):
+        assert len(set(dirs)) == 1
 
 
 def test_a_dataset_used_before_a_fork_is_refused_in_the_child_and_one_spawned_reads(
