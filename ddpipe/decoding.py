@@ -133,7 +133,9 @@ class DecodeStage:
         try:
             if self._decoder is None:  # one for every epoch: its pipeline, pools and buffers stay
                 self._decoder = make_decoder(self.decoder, self.options, plan.options.batch_size, self.device)
-            encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad) for b in batches) if here else batches
+            classes = len(self.stream.dataset.classes)
+            encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad, classes) for b in batches) if here \
+                else batches
             decoded = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
             if self.skipping and plan.options.pad:  # batches keep their size (pad=False: they shrink, nothing repeated)
                 rank = self.stream.rank

@@ -201,6 +201,10 @@ class Manifest:
             if s.labels and sum(n for _, n in s.labels) != s.samples:
                 raise ManifestError(f"shard {s.file!r}: its label runs do not add up to its {s.samples} samples",
                                     path=path)
+            unnamed = max((c for c, _ in s.labels), default=-1)
+            if manifest.classes and unnamed >= len(manifest.classes):  # a training loss would fail on it
+                raise ManifestError(f"shard {s.file!r}: a label run's class is {unnamed}, but the manifest names "
+                                    f"{len(manifest.classes)} classes", path=path)
             if s.digests:
                 try:
                     unpack_digests(s.digests, s.samples)

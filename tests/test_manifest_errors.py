@@ -71,6 +71,7 @@ def test_any_value_in_any_place_reads_or_is_a_manifest_error(place: tuple[Any, .
     (("shards", 0, "file"), ".hidden", "must be a file name inside the dataset"),
     (("shards", 0, "labels"), [[0]], "'labels' must be a list of [class, count] runs"),
     (("shards", 0, "labels", 0, 0), -1, "a label run's class must be a whole number"),
+    (("shards", 0, "labels", 1, 0), 2, "shard 'shard-000000.tar': a label run's class is 2, but the manifest names 2"),
     (("classes",), None, "'classes' must be a list, not null"),
     (("fields",), [1, 2], "'fields' must be a list of names"),
     (("format",), 3, "'format' must be a str, not int"),
@@ -81,6 +82,15 @@ def test_the_error_names_the_entry_and_the_field(place: tuple[Any, ...], value: 
     with pytest.raises(ddpipe.ManifestError) as raised:
         Manifest.from_dict(replaced(place, value))
     assert says in str(raised.value)
+
+
+def test_label_runs_need_names_only_where_the_manifest_names_classes() -> None:
+    unnamed = replaced(("classes",), [])
+    unnamed["shards"][0]["labels"] = [[0, 1], [7, 1]]
+    assert Manifest.from_dict(unnamed).shards[0].labels == ((0, 1), (7, 1))  # no names: any class reads
+    unnamed["classes"] = [str(c) for c in range(7)]
+    with pytest.raises(ddpipe.ManifestError, match="class is 7, but the manifest names 7 classes"):
+        Manifest.from_dict(unnamed)
 
 
 def test_a_missing_field_is_named() -> None:

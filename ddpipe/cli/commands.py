@@ -173,8 +173,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         if stats.skipped and job.is_main:
             corrupt = stats.read.corrupt_shards
             shards = f" (including every sample of corrupt shard(s) {', '.join(corrupt)})" if corrupt else ""
-            print(f"skipped {stats.skipped} images that do not decode in the last epoch{shards}, e.g. "
-                  f"{', '.join(s.key for s in stats.skipped_samples[:3])}", flush=True)
+            named = stats.skipped_samples
+            example = f", e.g. {named[0].key} in {named[0].shard}: {named[0].reason}" if named else ""
+            print(f"skipped {stats.skipped} samples in the last epoch{shards}{example}", flush=True)
     finally:
         loader.close()
         if evaluate is not None:

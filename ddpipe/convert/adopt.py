@@ -25,11 +25,23 @@ def recorded_classes(root: Path) -> list[str] | None:
         return None
     try:
         recorded = load_manifest(root)
-    except ManifestError:
+    except ManifestError as e:
         raise ConversionConflictError(
-            "index.json exists and is not a ddpipe manifest; move it away first", path=root / MANIFEST_NAME
+            f"index.json exists but cannot be kept: {e.message}; move it away first",
+            path=root / MANIFEST_NAME,
         ) from None
     return list(recorded.classes) or None
+
+
+def named_classes(max_label: int, classes: list[str] | None, where: Path) -> tuple[str, ...]:
+    """``classes`` if every label up to ``max_label`` has a name among them (else refused: a training
+    loss would fail on the rest); with none given, one per label, named by its number."""
+    if classes is None:
+        return tuple(str(i) for i in range(max_label + 1))
+    if max_label >= len(classes):
+        raise DdpipeError(f"a label is {max_label}, but there are {len(classes)} class names (given, or recorded "
+                          "by the manifest already there)", path=where)
+    return tuple(classes)
 
 
 def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
@@ -68,11 +80,11 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
         labels.extend(shard_labels)
         shards.append(ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar),
                                 label_runs(_as_int(v) for v in shard_labels)))
-    if classes is None:
-        known = [_as_int(v) for v in labels if v]
-        # non-integer labels: leave naming classes to the user
-        classes = [] if not known or min(known) < 0 else [str(i) for i in range(max(known) + 1)]
-    manifest = Manifest(format="wds", fields=tuple(sorted(fields)), classes=tuple(classes), shards=tuple(shards))
+    known = [_as_int(v) for v in labels if v]
+    # no labels, or some not integers: naming classes is left to the user
+    unnamed = not known or min(known) < 0
+    named = tuple(classes or ()) if unnamed else named_classes(max(known), classes, root)
+    manifest = Manifest(format="wds", fields=tuple(sorted(fields)), classes=named, shards=tuple(shards))
     save_manifest(root, manifest)
     return manifest
 

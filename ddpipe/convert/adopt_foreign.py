@@ -21,7 +21,7 @@ import numpy as np
 from ..checksum import file_checksum, pack_digests, sample_digest
 from ..errors import DdpipeError
 from ..manifest import Manifest, ShardInfo, label_runs, save_manifest
-from .adopt import recorded_classes
+from .adopt import named_classes, recorded_classes
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # an adopted LMDB's manifest records every SEEK_EVERY-th key, so that a rank whose share starts at
@@ -41,15 +41,6 @@ def _write(data: Path, out: Path | None, manifest: Manifest) -> Manifest:
         raise DdpipeError("the data directory is read-only: write the manifest elsewhere with --out DIR", path=data)
     save_manifest(target, manifest)
     return manifest
-
-
-def _classes(max_label: int, classes: list[str] | None, where: Path) -> tuple[str, ...]:
-    if classes is None:
-        return tuple(str(i) for i in range(max_label + 1))
-    if max_label >= len(classes):
-        raise DdpipeError(f"a label is {max_label}, but there are {len(classes)} class names (given, or recorded "
-                          "by the manifest already there)", path=where)
-    return tuple(classes)
 
 
 def _given_or_recorded(classes: list[str] | None, data: Path, out: Path | None) -> list[str] | None:
@@ -198,7 +189,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
             shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, checksum,
                                     label_runs(reader.labels or ()), digests))
     fields = tuple(sorted({field} | ({"cls"} if labels or label_attr else set())))
-    manifest = Manifest(format="hdf5-foreign", fields=fields, classes=_classes(max_label, classes, data),
+    manifest = Manifest(format="hdf5-foreign", fields=fields, classes=named_classes(max_label, classes, data),
                         shards=tuple(shards), layout=layout)
     return _write(data, out, manifest)
 
@@ -257,7 +248,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
         count = len(reader)
     layout.update(seek_every=seek_every, seek_keys=seek_keys)
     manifest = Manifest(format="lmdb-foreign", fields=tuple(sorted({layout["field"], "cls"})),
-                        classes=_classes(max(labels, default=-1), classes, data),
+                        classes=named_classes(max(labels, default=-1), classes, data),
                         shards=(ShardInfo(mdb.name, count, mdb.stat().st_size, file_checksum(mdb),
                                           label_runs(labels), pack_digests(digests)),),
                         layout={**layout, "samples": count})

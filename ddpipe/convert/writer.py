@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..checksum import file_checksum
-from ..errors import ConversionConflictError
+from ..errors import ConversionConflictError, SampleError
 from ..formats import ShardWriter, get_format
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, save_manifest
 from ..sample import KEY, Sample, label_of
@@ -27,7 +27,14 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     fields: set[str] = set()
     writer = None
     labels: list[int] = []
+    names = tuple(classes)
     for sample in samples:
+        try:
+            label = _label(sample, names)
+        except SampleError:  # refused before it is written
+            if writer is not None:
+                writer.abort()
+            raise
         if writer is None:
             writer = fmt.writer(root / f"shard-{len(shards):06d}{fmt.suffix}")
         try:
@@ -36,15 +43,26 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
             writer.abort()
             raise
         fields.update(k for k in sample if k != KEY)
-        labels.append(label_of(sample))
+        labels.append(label)
         if writer.count == samples_per_shard:
             shards.append(_commit(writer, labels))
             writer, labels = None, []
     if writer is not None:
         shards.append(_commit(writer, labels))
-    manifest = Manifest(format, tuple(sorted(fields)), tuple(classes), tuple(shards))
+    manifest = Manifest(format, tuple(sorted(fields)), names, tuple(shards))
     save_manifest(root, manifest)
     return manifest
+
+
+def _label(sample: Sample, names: tuple[str, ...]) -> int:
+    """The sample's class: an integer, with a name where names are given (a training loss fails on one without)."""
+    try:
+        label = label_of(sample)
+    except ValueError:
+        raise SampleError(f"cls {sample.get('cls')!r} is not an integer", key=str(sample.get(KEY))) from None
+    if names and label >= len(names):
+        raise SampleError(f"cls {label} has no name among the {len(names)} classes given", key=str(sample.get(KEY)))
+    return label
 
 
 def _commit(writer: ShardWriter, labels: list[int]) -> ShardInfo:

@@ -38,7 +38,10 @@ class EncodedBatch:
     release: Callable[[], None] | None = None
 
     @classmethod
-    def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad) -> EncodedBatch:
+    def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad, classes: int = 0) -> EncodedBatch:
+        """The batch of ``samples``, less those without an image or an integer ``cls`` (each reported). Where
+        the dataset names ``classes``, a sample's ``cls`` must be one of them (a training loss would fail on it,
+        on a GPU without saying which sample); ``-1`` is no label, as for a sample without ``cls``."""
         batch = cls([], [])
         for g, sample in zip(indices.tolist(), samples, strict=True):
             name = image_field(sample)
@@ -49,6 +52,10 @@ class EncodedBatch:
                 label = label_of(sample)
             except ValueError:
                 on_bad(g, sample, f"cls {sample.get('cls')!r} is not an integer")
+                continue
+            if label < -1 or (classes and label >= classes):
+                on_bad(g, sample, f"cls {label} is outside the dataset's {classes} classes (0 to {classes - 1})"
+                       if label >= 0 else f"cls {label} is not a class (0 or more; -1 is no label)")
                 continue
             batch.indices.append(g)
             batch.samples.append(sample)

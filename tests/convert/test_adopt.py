@@ -73,6 +73,16 @@ def test_refuses_foreign_index_json(tmp_path: Path) -> None:
     assert (tmp_path / "index.json").read_text() == '{"someone": "else"}'
 
 
+def test_class_names_too_few_for_the_labels_are_refused(tmp_path: Path) -> None:
+    with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=8, verbose=0) as sink:
+        for s in example_samples(9):  # classes 0, 1 and 2
+            sink.write(dict(s))
+    with pytest.raises(ddpipe.DdpipeError, match="a label is 2, but there are 2 class names"):
+        index_tars(tmp_path, classes=["cat", "dog"])
+    assert not (tmp_path / "index.json").exists()
+    assert index_tars(tmp_path, classes=["cat", "dog", "eel"]).classes == ("cat", "dog", "eel")
+
+
 def test_truncated_tar_is_refused(tmp_path: Path) -> None:
     with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=8, verbose=0) as sink:
         for s in example_samples(3):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -329,6 +330,38 @@ def test_corrupt_images_skipped_and_counted_batches_stay_equal(tmp_path: Path, d
     assert [len(labels) for _, labels in batches] == [4] * 5  # refilled: every batch keeps its size
     assert ld.stats.skipped == 2 and sorted(k for k, _, _ in ld.stats.skipped_samples) == ["img/0005", "img/0013"]
     assert ld.stats.decode.repeated == 2  # the stream ran 2 short: the last batch repeats 2 of its samples
+
+
+def fewer_names_than_labels(root: Path, names: int) -> tuple[Path, set[str]]:
+    """20 images of classes 0-5 under a manifest that names only the first ``names`` classes and records
+    no label runs (which it would refuse): the keys of the samples whose class has no name."""
+    samples = labelled_samples(20, np.random.default_rng(1))
+    ddpipe.write_dataset(root, iter(samples), samples_per_shard=8)
+    doc = json.loads((root / "index.json").read_text())
+    doc["classes"] = [str(c) for c in range(names)]
+    for shard in doc["shards"]:
+        del shard["labels"]
+    (root / "index.json").write_text(json.dumps(doc))
+    return root, {str(s["__key__"]) for s in samples if int(s["cls"]) >= names}
+
+
+@pytest.mark.parametrize(("decode", "read_in"), [("pil", "thread"), ("dali-cpu", "thread"), ("dali-cpu", "process")])
+def test_a_label_outside_the_named_classes_is_a_bad_sample(tmp_path: Path, decode: str, read_in: str) -> None:
+    """A training loss fails on such a label (on a GPU, a device-side assert that names no sample)."""
+    root, unnamed = fewer_names_than_labels(tmp_path / "d", 3)
+    assert 0 < len(unnamed) < 20
+
+    def loader(on_error: str) -> ddpipe.Loader:
+        options = DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1, read_in=read_in)
+        return ddpipe.Loader(root, 4, decoder=decode, device="cpu", shuffle="none", on_error=on_error, decode=options)
+
+    with loader("fail") as ld, pytest.raises(SampleError, match=r"cls [3-5] is outside the dataset's 3 ") as info:
+        list(ld)
+    assert info.value.key in unnamed and "shard-00000" in str(info.value)
+    with loader("skip") as ld:
+        labels = torch.cat([y for _, y in ld])
+    assert len(labels) == 20 and int(labels.max()) < 3  # refilled with named samples
+    assert ld.stats.skipped == len(unnamed) and {k for k, _, _ in ld.stats.skipped_samples} == unnamed
 
 
 def stops_dali(root: Path) -> Path:

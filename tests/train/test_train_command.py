@@ -11,7 +11,7 @@ import pytest
 import ddpipe
 
 from ..conftest import run_cli
-from ..decode.test_decode import labelled_samples
+from ..decode.test_decode import fewer_names_than_labels, labelled_samples
 
 TRAIN = ["--model", "smallcnn", "--batch-size", "4", "--image-size", "32", "--decode", "dali-cpu", "--dtype", "uint8"]
 
@@ -46,7 +46,19 @@ def test_a_bad_image_stops_training_naming_it_unless_skipped(data: Path) -> None
     assert proc.returncode == 1 and "img/0007" in proc.stderr and "Traceback" not in proc.stderr
     skipped = run_cli("train", data, *TRAIN, "--on-error", "skip", timeout=300)
     assert skipped.returncode == 0, skipped.stderr
-    assert "skipped 1 images that do not decode" in skipped.stdout and "img/0007" in skipped.stdout
+    assert "skipped 1 samples in the last epoch, e.g. img/0007 in " in skipped.stdout, skipped.stdout
+    assert ": does not decode" in skipped.stdout
+
+
+def test_a_label_the_model_has_no_class_for_stops_training_naming_it_unless_skipped(tmp_path: Path) -> None:
+    """Left to the loss, it was a traceback here, and a device-side assert naming no sample on a GPU."""
+    root, unnamed = fewer_names_than_labels(tmp_path / "d", 3)
+    proc = run_cli("train", root, *TRAIN, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "is outside the dataset's 3 classes" in proc.stderr and any(k in proc.stderr for k in unnamed)
+    skipped = run_cli("train", root, *TRAIN, "--on-error", "skip", timeout=300)
+    assert skipped.returncode == 0, skipped.stderr
+    assert f"skipped {len(unnamed)} samples in the last epoch" in skipped.stdout, skipped.stdout
 
 
 def test_a_corrupt_shard_stops_training_naming_it_unless_skipped(data: Path, tmp_path: Path) -> None:
