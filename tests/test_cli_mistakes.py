@@ -121,6 +121,8 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["bench", "ds", "--decode-rate", "inf"], "argument --decode-rate: must be a finite number"),
     (["bench", "ds", "--link-latency", "-1"], "argument --link-latency: must be 0 or more seconds"),
     (["serve", "--log-every", "0"], "argument --log-every: must be more than 0"),
+    (["synth", "out", "--quality", "101"], "argument --quality: must be 1 to 100, not 101"),  # was written as 100
+    (["synth", "out", "--n", "x"], "argument --n: not a whole number: 'x'"),  # was "invalid _positive value"
 ])
 def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], says: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -72,10 +72,24 @@ def _above_zero(text: str) -> float:
     return value
 
 
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _jpeg_quality(text: str) -> int:
+    value = _whole(text)
+    if not 1 <= value <= 100:  # PIL takes more, and writes what 100 writes
+        raise argparse.ArgumentTypeError(f"must be 1 to 100, not {text}")
     return value
 
 
@@ -112,7 +126,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--n", type=_positive, default=1000, help="number of images")
     p.add_argument("--classes", type=_positive, default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    p.add_argument("--quality", type=_jpeg_quality, default=90, help="JPEG quality, 1 to 100")
     p.add_argument("--workers", type=_positive, default=1)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_synth)

@@ -71,6 +71,11 @@ class DecodeOptions:
         if isinstance(self.service, str) or not all(isinstance(s, str) for s in self.service):
             raise OptionError(f"service must be a list of addresses such as 'tcp://host:5555', not {self.service!r}")
         object.__setattr__(self, "service", tuple(self.service))  # a list given is kept as a tuple
+        if self.service:  # refused now, not at the first batch
+            from ..service.transport import endpoint
+
+            for address in self.service:
+                endpoint(address)
         if self.max_pixels < 1:
             raise OptionError(f"max_pixels must be positive, not {self.max_pixels}")
         if self.read_in not in ("thread", "process"):

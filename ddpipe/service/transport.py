@@ -31,15 +31,20 @@ def _zmq() -> Any:
     return zmq
 
 
-def endpoint(address: str) -> str:
-    """``HOST:PORT`` or ``tcp://HOST:PORT`` (or ``ipc://PATH``) as a ZeroMQ endpoint."""
-    if address.startswith(("tcp://", "ipc://")):
+def endpoint(address: str, listening: bool = False) -> str:
+    """``HOST:PORT`` or ``tcp://HOST:PORT`` (or ``ipc://PATH``) as a ZeroMQ endpoint; port 0 or ``*``
+    (any free one) only to listen on."""
+    if address.startswith("ipc://"):
         return address
-    if "://" in address:
+    where = address.removeprefix("tcp://")
+    host, sep, port = where.rpartition(":")
+    if "://" in where or not sep or not host or not (port.isdigit() or port == "*"):
         raise OptionError(f"decode service address {address!r}: use HOST:PORT, tcp://HOST:PORT or ipc://PATH")
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not (port.isdigit() or port == "*"):
-        raise OptionError(f"decode service address {address!r}: use HOST:PORT, tcp://HOST:PORT or ipc://PATH")
+    lowest = 0 if listening else 1
+    if (port == "*" and not listening) or (port.isdigit() and not lowest <= int(port) <= 65535):
+        # ZeroMQ would take a port past 65535 modulo 65536: another one, silently
+        raise OptionError(f"decode service address {address!r}: port {port} is not one to "
+                          f"{'listen on' if listening else 'connect to'} ({lowest} to 65535)")
     return f"tcp://{host}:{port}"
 
 
@@ -68,7 +73,7 @@ class ZmqListener:
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self._socket.setsockopt(zmq.RCVHWM, queue_per_client)  # back-pressure: a client's pipe holds this many
         self._socket.setsockopt(zmq.SNDHWM, queue_per_client)
-        where = endpoint(address)
+        where = endpoint(address, listening=True)
         if where.startswith("tcp://") and where.endswith(":0"):
             where = where[:-2] + ":*"  # any free port: endpoint says which
         try:

@@ -245,14 +245,22 @@ def test_service_options_are_checked() -> None:
         from ddpipe.service.transport import endpoint
 
         endpoint("http://x:1")
+    # checked as the options are made, not at the first batch
+    for address, says in [("nonsense", "HOST:PORT"), ("tcp://x", "HOST:PORT"), ("tcp://x:65536", "port 65536"),
+                          ("x:0", "port 0 is not one to connect to"), ("x:*", "port \\* is not one to connect to")]:
+        with pytest.raises(DdpipeError, match=says):
+            DecodeOptions(service=(address,))
 
 
-def test_serve_refuses_a_bad_address_in_one_line() -> None:
+@pytest.mark.parametrize(("address", "says"), [("nonsense", "nonsense"),
+                                               # ZeroMQ took it as port 34463 (99999 modulo 65536)
+                                               ("tcp://127.0.0.1:99999", "port 99999 is not one to listen on")])
+def test_serve_refuses_a_bad_address_in_one_line(address: str, says: str) -> None:
     from ..conftest import run_cli
 
-    proc = run_cli("serve", "--listen", "nonsense", timeout=60)
+    proc = run_cli("serve", "--listen", address, timeout=60)  # a hang bound
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().count("\n") == 0 and "nonsense" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and says in proc.stderr, proc.stderr
 
 
 def test_wire_round_trip_keeps_every_byte() -> None:
