@@ -43,6 +43,10 @@ from .formats.atomic import atomic_write_bytes
 
 MANIFEST_NAME = "index.json"
 MANIFEST_VERSION = 1
+# where a manifest names no classes, a label past both this and one class per sample is refused: a label
+# that large is more likely an identifier than a class index, and what counts samples per class (plan
+# scoring) or names each class (conversion) would take memory out of all proportion to the dataset
+MOST_NUMBERED_CLASSES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -201,10 +205,13 @@ class Manifest:
             if s.labels and sum(n for _, n in s.labels) != s.samples:
                 raise ManifestError(f"shard {s.file!r}: its label runs do not add up to its {s.samples} samples",
                                     path=path)
-            unnamed = max((c for c, _ in s.labels), default=-1)
-            if manifest.classes and unnamed >= len(manifest.classes):  # a training loss would fail on it
-                raise ManifestError(f"shard {s.file!r}: a label run's class is {unnamed}, but the manifest names "
+            top = max((c for c, _ in s.labels), default=-1)
+            if manifest.classes and top >= len(manifest.classes):  # a training loss would fail on it
+                raise ManifestError(f"shard {s.file!r}: a label run's class is {top}, but the manifest names "
                                     f"{len(manifest.classes)} classes", path=path)
+            if top >= max(MOST_NUMBERED_CLASSES, manifest.num_samples):  # before counts per class are sized from it
+                raise ManifestError(f"shard {s.file!r}: a label run's class is {top}, more classes than a dataset of "
+                                    f"{manifest.num_samples} samples is taken to have", path=path)
             if s.digests:
                 try:
                     unpack_digests(s.digests, s.samples)

@@ -88,6 +88,10 @@ def test_label_runs_need_names_only_where_the_manifest_names_classes() -> None:
     unnamed = replaced(("classes",), [])
     unnamed["shards"][0]["labels"] = [[0, 1], [7, 1]]
     assert Manifest.from_dict(unnamed).shards[0].labels == ((0, 1), (7, 1))  # no names: any class reads
+    unnamed["shards"][0]["labels"] = [[0, 1], [3_000_000_000, 1]]  # no class index: counting per class took 22 GiB
+    with pytest.raises(ddpipe.ManifestError, match="class is 3000000000, more classes than a dataset of 3 samples"):
+        Manifest.from_dict(unnamed)
+    unnamed["shards"][0]["labels"] = [[0, 1], [7, 1]]
     unnamed["classes"] = [str(c) for c in range(7)]
     with pytest.raises(ddpipe.ManifestError, match="class is 7, but the manifest names 7 classes"):
         Manifest.from_dict(unnamed)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ddpipe
+from ddpipe.checksum import file_checksum
 from ddpipe.manifest import label_runs, load_manifest, save_manifest
 from ddpipe.quality import score_epoch
 
@@ -60,6 +61,27 @@ def test_a_manifest_without_label_runs_is_scored_from_the_shards(tmp_path: Path)
     save_manifest(data, dataclasses.replace(manifest, shards=tuple(dataclasses.replace(s, labels=())
                                                                     for s in manifest.shards)))
     assert plan_json(data, "-W", "8", "--batch-size", "6") == with_runs
+
+
+@pytest.mark.parametrize(("cls", "says"), [(b"3000000000", "a sample's label is 3000000000, not one of the dataset's "
+                                                           "numbered classes (0 to 1048575)"),
+                                          (b"cat", "a sample's 'cls' label is not an integer")])
+def test_labels_read_from_the_shards_that_are_no_class_index_get_one_line(tmp_path: Path, cls: bytes,
+                                                                          says: str) -> None:
+    """Counting samples per class sized an array from the label: 22 GiB for 3,000,000,000."""
+    # as long as the label under test (which write_dataset refuses), and no tar header's octal field holds a 9
+    stand_in = b"9".rjust(len(cls), b"0")
+    samples = [{"__key__": f"k/{i}", "bin": b"x", "cls": stand_in if i == 13 else b"%d" % (i % 2)} for i in range(40)]
+    data = tmp_path / "d"
+    ddpipe.write_dataset(data, iter(samples), samples_per_shard=10)
+    shard = ddpipe.open_dataset(data).shard_path(1)
+    shard.write_bytes(shard.read_bytes().replace(stand_in, cls))  # a tar member's bytes: no header changes
+    manifest = load_manifest(data)  # as an older ddpipe wrote it: no label runs, so labels are read from the shards
+    save_manifest(data, dataclasses.replace(manifest, shards=tuple(
+        dataclasses.replace(s, labels=(), checksum=file_checksum(shard) if s.file == shard.name else s.checksum)
+        for s in manifest.shards)))
+    proc = run_cli("plan", data, "-W", "2", "--batch-size", "4", timeout=120)  # a hang bound
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and says in proc.stderr, proc.stderr
 
 
 def test_the_choice_is_the_smallest_q_that_closes_enough_of_the_gap(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from ..formats.atomic import atomic_write_bytes
 from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, load_manifest, save_manifest
 from ..sample import label_of
+from .classes import named_classes
 
 
 def recorded_classes(root: Path) -> list[str] | None:
@@ -31,17 +32,6 @@ def recorded_classes(root: Path) -> list[str] | None:
             path=root / MANIFEST_NAME,
         ) from None
     return list(recorded.classes) or None
-
-
-def named_classes(max_label: int, classes: list[str] | None, where: Path) -> tuple[str, ...]:
-    """``classes`` if every label up to ``max_label`` has a name among them (else refused: a training
-    loss would fail on the rest); with none given, one per label, named by its number."""
-    if classes is None:
-        return tuple(str(i) for i in range(max_label + 1))
-    if max_label >= len(classes):
-        raise DdpipeError(f"a label is {max_label}, but there are {len(classes)} class names (given, or recorded "
-                          "by the manifest already there)", path=where)
-    return tuple(classes)
 
 
 def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
@@ -81,9 +71,10 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
         shards.append(ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar),
                                 label_runs(_as_int(v) for v in shard_labels)))
     known = [_as_int(v) for v in labels if v]
+    samples = sum(s.samples for s in shards)
     # no labels, or some not integers: naming classes is left to the user
     unnamed = not known or min(known) < 0
-    named = tuple(classes or ()) if unnamed else named_classes(max(known), classes, root)
+    named = tuple(classes or ()) if unnamed else named_classes(max(known), samples, classes, root)
     manifest = Manifest(format="wds", fields=tuple(sorted(fields)), classes=named, shards=tuple(shards))
     save_manifest(root, manifest)
     return manifest

@@ -21,7 +21,8 @@ import numpy as np
 from ..checksum import file_checksum, pack_digests, sample_digest
 from ..errors import DdpipeError
 from ..manifest import Manifest, ShardInfo, label_runs, save_manifest
-from .adopt import named_classes, recorded_classes
+from .adopt import recorded_classes
+from .classes import named_classes
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # an adopted LMDB's manifest records every SEEK_EVERY-th key, so that a rank whose share starts at
@@ -189,8 +190,8 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
             shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, checksum,
                                     label_runs(reader.labels or ()), digests))
     fields = tuple(sorted({field} | ({"cls"} if labels or label_attr else set())))
-    manifest = Manifest(format="hdf5-foreign", fields=fields, classes=named_classes(max_label, classes, data),
-                        shards=tuple(shards), layout=layout)
+    named = named_classes(max_label, sum(s.samples for s in shards), classes, data)
+    manifest = Manifest(format="hdf5-foreign", fields=fields, classes=named, shards=tuple(shards), layout=layout)
     return _write(data, out, manifest)
 
 
@@ -248,7 +249,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
         count = len(reader)
     layout.update(seek_every=seek_every, seek_keys=seek_keys)
     manifest = Manifest(format="lmdb-foreign", fields=tuple(sorted({layout["field"], "cls"})),
-                        classes=named_classes(max(labels, default=-1), classes, data),
+                        classes=named_classes(max(labels, default=-1), count, classes, data),
                         shards=(ShardInfo(mdb.name, count, mdb.stat().st_size, file_checksum(mdb),
                                           label_runs(labels), pack_digests(digests)),),
                         layout={**layout, "samples": count})

@@ -21,6 +21,7 @@ from ..formats import ShardReader
 from ..manifest import MANIFEST_NAME, SkippedItem
 from ..sample import KEY, Sample, sanitize_key
 from ..storage import is_remote
+from .classes import numbered_classes
 
 # PIL's format name -> the WebDataset field an image is stored under
 _FIELD_OF_FORMAT = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp", "TIFF": "tiff"}
@@ -122,7 +123,7 @@ def _list_source(list_file: Path) -> Source:
         numbers = [int(lbl) for lbl in labels]
         if min(numbers) < 0:
             raise SourceError("labels must be non-negative integers or class names", path=list_file)
-        classes = [str(i) for i in range(max(numbers) + 1)]
+        classes = list(numbered_classes(max(numbers), len(rows), list_file))
         label_of = {lbl: int(lbl) for lbl in labels}
     else:
         classes = sorted(set(labels))

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..checksum import file_checksum
 from ..errors import ConversionConflictError, SampleError
 from ..formats import ShardWriter, get_format
-from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, save_manifest
+from ..manifest import MANIFEST_NAME, MOST_NUMBERED_CLASSES, Manifest, ShardInfo, label_runs, save_manifest
 from ..sample import KEY, Sample, label_of
 
 
@@ -30,7 +30,7 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     names = tuple(classes)
     for sample in samples:
         try:
-            label = _label(sample, names)
+            label = _label(sample, names, sum(s.samples for s in shards) + (writer.count if writer else 0) + 1)
         except SampleError:  # refused before it is written
             if writer is not None:
                 writer.abort()
@@ -54,14 +54,19 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     return manifest
 
 
-def _label(sample: Sample, names: tuple[str, ...]) -> int:
-    """The sample's class: an integer, with a name where names are given (a training loss fails on one without)."""
+def _label(sample: Sample, names: tuple[str, ...], samples: int) -> int:
+    """The sample's class: an integer, with a name where names are given (a training loss fails on one
+    without); where none are, no more than the manifest takes unnamed, counting the ``samples`` so far."""
+    key = str(sample.get(KEY))
     try:
         label = label_of(sample)
     except ValueError:
-        raise SampleError(f"cls {sample.get('cls')!r} is not an integer", key=str(sample.get(KEY))) from None
+        raise SampleError(f"cls {sample.get('cls')!r} is not an integer", key=key) from None
     if names and label >= len(names):
-        raise SampleError(f"cls {label} has no name among the {len(names)} classes given", key=str(sample.get(KEY)))
+        raise SampleError(f"cls {label} has no name among the {len(names)} classes given", key=key)
+    if label >= max(MOST_NUMBERED_CLASSES, samples):
+        raise SampleError(f"cls {label} is too large to be a class index (the dataset is {samples} samples so far)",
+                          key=key)
     return label
 
 

@@ -83,6 +83,15 @@ def test_class_names_too_few_for_the_labels_are_refused(tmp_path: Path) -> None:
     assert index_tars(tmp_path, classes=["cat", "dog", "eel"]).classes == ("cat", "dog", "eel")
 
 
+def test_a_label_that_is_no_class_index_is_refused(tmp_path: Path) -> None:
+    with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=8, verbose=0) as sink:
+        for s in [*example_samples(3), {"__key__": "big", "jpg": b"x", "cls": b"3000000000"}]:
+            sink.write(dict(s))
+    with pytest.raises(ddpipe.DdpipeError, match="a label is 3000000000: as a class index, that makes 3,000,000,001"):
+        index_tars(tmp_path)  # its classes were numbered up to it, until memory ran out
+    assert not (tmp_path / "index.json").exists()
+
+
 def test_truncated_tar_is_refused(tmp_path: Path) -> None:
     with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=8, verbose=0) as sink:
         for s in example_samples(3):

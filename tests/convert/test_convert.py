@@ -278,3 +278,19 @@ def test_write_dataset_refuses_a_class_without_a_name_and_writes_nothing(tmp_pat
     with pytest.raises(ddpipe.SampleError, match=r"sample 'k/5': cls 5 has no name among the 5 classes given"):
         ddpipe.write_dataset(tmp_path / "d", iter(items), samples_per_shard=4, classes="abcde")
     assert not (tmp_path / "d" / "index.json").exists() and not list((tmp_path / "d").glob("shard-000001*"))
+    items[5]["cls"] = b"3000000000"  # with no names given, no class index: the manifest would be refused
+    with pytest.raises(ddpipe.SampleError, match=r"sample 'k/5': cls 3000000000 is too large to be a class index"):
+        ddpipe.write_dataset(tmp_path / "e", iter(items), samples_per_shard=4)
+    assert not (tmp_path / "e" / "index.json").exists()
+
+
+def test_a_list_files_label_that_is_no_class_index_is_one_line_and_writes_nothing(raw_images: Path,
+                                                                                 tmp_path: Path) -> None:
+    """Its classes were numbered up to it: 3,000,000,001 names, until memory ran out."""
+    files = sorted(raw_images.rglob("*.jpg"))[:3]
+    listed = tmp_path / "list.csv"
+    listed.write_text(f"{files[0]},0\n{files[1]},1\n{files[2]},3000000000\n")
+    proc = run_cli("convert", listed, tmp_path / "out", "--quiet", timeout=120)  # a hang bound
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "list.csv: a label is 3000000000: as a class index, that makes 3,000,000,001 classes" in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -1,0 +1,31 @@
+"""Class names for a conversion's or an adoption's integer labels: those given, or each label's number."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import DdpipeError
+from ..manifest import MOST_NUMBERED_CLASSES
+
+
+def numbered_classes(max_label: int, samples: int, where: str | os.PathLike[str]) -> tuple[str, ...]:
+    """One class per number from 0 to ``max_label``, named by its number; refused past
+    :data:`~ddpipe.manifest.MOST_NUMBERED_CLASSES` and one class per sample (a label of 3,000,000,000
+    ran a conversion out of memory)."""
+    if max_label >= max(MOST_NUMBERED_CLASSES, samples):
+        raise DdpipeError(f"a label is {max_label}: as a class index, that makes {max_label + 1:,} classes for "
+                          f"{samples:,} samples; labels should count classes from 0 (map them, or name the classes)",
+                          path=where)
+    return tuple(str(i) for i in range(max_label + 1))
+
+
+def named_classes(max_label: int, samples: int, classes: list[str] | None,
+                  where: str | os.PathLike[str]) -> tuple[str, ...]:
+    """``classes`` if every label up to ``max_label`` has a name among them (else refused: a training
+    loss would fail on the rest); with none given, the numbered classes."""
+    if classes is None:
+        return numbered_classes(max_label, samples, where)
+    if max_label >= len(classes):
+        raise DdpipeError(f"a label is {max_label}, but there are {len(classes)} class names (given, or recorded "
+                          "by the manifest already there)", path=where)
+    return tuple(classes)
