@@ -45,8 +45,8 @@ class ReadOptions:
     source_limits: SourceLimits | None = None
 
     def __post_init__(self) -> None:
-        if self.prefetch < 1:
-            raise OptionError(f"prefetch must be at least 1 sample, not {self.prefetch}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
+            raise OptionError(f"prefetch must be a whole number of at least 1 sample, not {self.prefetch!r}")
         if self.on_error not in ON_ERROR:
             raise OptionError(f"on_error must be one of {', '.join(ON_ERROR)}, not {self.on_error!r}")
         if isinstance(self.source_limits, str):

@@ -64,8 +64,11 @@ class PlanOptions:
         if self.shard_assignment not in ASSIGNMENTS:
             raise OptionError(f"shard_assignment must be one of {', '.join(ASSIGNMENTS)}, "
                               f"not {self.shard_assignment!r}")
-        if not 0.0 <= self.exchange_fraction <= 1.0:
-            raise OptionError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction}")
+        if isinstance(self.exchange_fraction, (bool, str)) or not 0.0 <= self.exchange_fraction <= 1.0:
+            raise OptionError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction!r}")
+        for name in ("batch_size", "round_size", "buffer_size"):  # a float reached shared memory's size
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, np.integer)):
+                raise OptionError(f"{name} must be a whole number, not {getattr(self, name)!r}")
         if self.batch_size < 1 or self.round_size < 1 or self.buffer_size < 0:
             raise OptionError(f"batch_size and round_size must be at least 1, buffer_size at least 0, not "
                               f"{self.batch_size}, {self.round_size} and {self.buffer_size}")

@@ -103,7 +103,9 @@ class EncodedStream:
             raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.where)
         self.options: PlanOptions = options[PlanOptions] or PlanOptions()
         self.read_options: ReadOptions = options[ReadOptions] or ReadOptions()
-        self.seed = seed
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):  # it seeds every random choice
+            raise OptionError(f"seed must be a whole number, not {seed!r}")
+        self.seed = int(seed)
         self.comm = comm or init_comm()
         self.epoch = 0
         self.stats = ReadStats()

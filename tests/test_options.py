@@ -4,6 +4,7 @@ fields, generated from them, with one precedence rule: a keyword wins over an ob
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -141,11 +142,18 @@ def test_on_error_as_a_keyword_is_reading_and_decoding(data: Path) -> None:
                                  {"scale": (0.5, 0.1)}, {"scale": (0.0, 1.0)}, {"ratio": (2.0, 1.0)}, {"flip": 1.5},
                                  {"threads": -1}, {"std": (0.0, 1.0, 1.0)}, {"mean": (0.5, 0.5)},
                                  {"mean": (float("nan"), 0.5, 0.5)}, {"std": (float("inf"), 0.2, 0.2)},
-                                 {"service_timeout": float("nan")}, {"stage_wait_timeout": float("nan")}])
+                                 {"service_timeout": float("nan")}, {"stage_wait_timeout": float("nan")},
+                                 # a fraction or a string where a whole number goes: a float size reached
+                                 # shared memory's, which left an empty segment in /dev/shm
+                                 {"batch_size": 2.5}, {"batch_size": True}, {"size": 32.5}, {"resize_shorter": 40.5},
+                                 {"threads": 1.5}, {"round_size": 3.5}, {"buffer_size": 0.5}, {"prefetch": 2.5},
+                                 {"seed": 1.5}, {"seed": "1"}, {"exchange_fraction": "0.5"}])
 def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[str, object]) -> None:
     name = next(iter(bad))
+    before = set(os.listdir("/dev/shm"))
     with pytest.raises(OptionError, match=name if name != "stage_capacity" else "needs stage_dir"):
-        ddpipe.Loader(data, 4, **bad)  # type: ignore[arg-type]
+        ddpipe.Loader(data, **{"batch_size": 4, "decoder": "pil", **bad})  # type: ignore[arg-type]
+    assert set(os.listdir("/dev/shm")) <= before
 
 
 def test_a_decoder_for_an_undecoded_stream_points_to_the_stream() -> None:
