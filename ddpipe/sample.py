@@ -94,3 +94,18 @@ def label_of(sample: dict[str, bytes]) -> int:
     if value is None:
         return -1
     return int(bytes(value).decode().strip())
+
+
+def class_of(sample: dict[str, bytes], classes: int) -> int:
+    """The sample's class, which must be one of the ``classes`` a dataset names (where it names any:
+    a training loss fails on any other, on a GPU without saying which sample), or -1 for no label;
+    a ValueError saying what is wrong otherwise."""
+    try:
+        label = label_of(sample)
+    except ValueError:
+        raise ValueError(f"cls {sample.get('cls')!r} is not an integer") from None
+    if label < -1:
+        raise ValueError(f"cls {label} is not a class (0 or more; -1 is no label)")
+    if classes and label >= classes:
+        raise ValueError(f"cls {label} is outside the dataset's {classes} classes (0 to {classes - 1})")
+    return label

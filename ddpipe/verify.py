@@ -14,7 +14,7 @@ from .dataset import Dataset, dataset_at
 from .decode.spec import IMAGE_FIELDS, decode_check
 from .errors import DdpipeError
 from .formats.tar import check_dali_index
-from .sample import KEY
+from .sample import KEY, class_of
 
 # format -> checks of the files kept beside each shard, which the manifest's checksum does not cover
 _SIDECAR_CHECKS: dict[str, tuple[Callable[[Path], None], ...]] = {"wds": (check_dali_index,)}
@@ -37,7 +37,8 @@ class VerifyReport:
 def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progress: bool = True,
                    stage_dir: str | os.PathLike[str] | None = None) -> VerifyReport:
     """Check every shard: present, of the recorded size and checksum, with the recorded sample count
-    (and each sample's digest, where the manifest records them);
+    (and each sample's digest, where the manifest records them), each sample's label a class the
+    manifest names;
     with ``decode``, that every image field decodes. With ``stage_dir``, check instead the copies of
     this dataset staged there (those staged: a partial stage is not a problem). Problems are
     collected, not raised."""
@@ -85,6 +86,10 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
                 continue  # never parsed: a record that changed is not read
             sample = reader.parse(sample)
             count += 1
+            try:  # the loader would stop at it, or skip it
+                class_of(sample, len(dataset.manifest.classes))
+            except ValueError as e:
+                report.problems.append(f"{shown}: sample {sample[KEY]!r}: {e}")
             if not decode:
                 continue
             for name in (f for f in IMAGE_FIELDS if f in sample):

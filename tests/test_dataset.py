@@ -231,6 +231,18 @@ def test_verify_decode_names_a_corrupt_image(raw_copy: Path, tmp_path: Path) -> 
     assert victim.stem in msg and "does not decode" in msg and "shard-000000.lmdb" in msg
 
 
+def test_verify_names_each_sample_whose_label_is_no_class_of_the_dataset(tmp_path: Path) -> None:
+    """A label the loader would stop at (or skip), found before a training run meets it."""
+    from .decode.test_decode import fewer_names_than_labels
+
+    root, unnamed = fewer_names_than_labels(tmp_path / "d", 3)
+    report = verify_dataset(root, progress=False)
+    assert sorted(p.split("sample ")[1].split("'")[1] for p in report.problems) == sorted(unnamed)
+    assert all("is outside the dataset's 3 classes (0 to 2)" in p and "shard-00000" in p for p in report.problems)
+    proc = run_cli("verify", root, "--quiet")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_verify_decode_accepts_png_grayscale_cmyk(tmp_path: Path) -> None:
     raw = tmp_path / "raw" / "a"
     raw.mkdir(parents=True)

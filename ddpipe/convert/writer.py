@@ -10,7 +10,7 @@ from ..checksum import file_checksum
 from ..errors import ConversionConflictError, SampleError
 from ..formats import ShardWriter, get_format
 from ..manifest import MANIFEST_NAME, MOST_NUMBERED_CLASSES, Manifest, ShardInfo, label_runs, save_manifest
-from ..sample import KEY, Sample, label_of
+from ..sample import KEY, Sample, class_of
 
 
 def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, format: str = "wds",
@@ -55,15 +55,13 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
 
 
 def _label(sample: Sample, names: tuple[str, ...], samples: int) -> int:
-    """The sample's class: an integer, with a name where names are given (a training loss fails on one
-    without); where none are, no more than the manifest takes unnamed, counting the ``samples`` so far."""
+    """The sample's class: one of the ``names`` where they are given (:func:`~ddpipe.sample.class_of`);
+    where none are, no more than a manifest takes unnamed, counting the ``samples`` so far."""
     key = str(sample.get(KEY))
     try:
-        label = label_of(sample)
-    except ValueError:
-        raise SampleError(f"cls {sample.get('cls')!r} is not an integer", key=key) from None
-    if names and label >= len(names):
-        raise SampleError(f"cls {label} has no name among the {len(names)} classes given", key=key)
+        label = class_of(sample, len(names))
+    except ValueError as e:
+        raise SampleError(str(e), key=key) from None
     if label >= max(MOST_NUMBERED_CLASSES, samples):
         raise SampleError(f"cls {label} is too large to be a class index (the dataset is {samples} samples so far)",
                           key=key)

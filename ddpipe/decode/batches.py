@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..sample import KEY, Sample, label_of
+from ..sample import KEY, Sample, class_of
 from .augment import image_size, random_crops
 from .spec import DecodeOptions, check_pixels, image_field
 
@@ -39,9 +39,8 @@ class EncodedBatch:
 
     @classmethod
     def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad, classes: int = 0) -> EncodedBatch:
-        """The batch of ``samples``, less those without an image or an integer ``cls`` (each reported). Where
-        the dataset names ``classes``, a sample's ``cls`` must be one of them (a training loss would fail on it,
-        on a GPU without saying which sample); ``-1`` is no label, as for a sample without ``cls``."""
+        """The batch of ``samples``, less those without an image, or whose ``cls`` is not a class of the
+        ``classes`` the dataset names (:func:`~ddpipe.sample.class_of`), each reported."""
         batch = cls([], [])
         for g, sample in zip(indices.tolist(), samples, strict=True):
             name = image_field(sample)
@@ -49,13 +48,9 @@ class EncodedBatch:
                 on_bad(g, sample, f"no image field among {sorted(k for k in sample if k != KEY)}")
                 continue
             try:
-                label = label_of(sample)
-            except ValueError:
-                on_bad(g, sample, f"cls {sample.get('cls')!r} is not an integer")
-                continue
-            if label < -1 or (classes and label >= classes):
-                on_bad(g, sample, f"cls {label} is outside the dataset's {classes} classes (0 to {classes - 1})"
-                       if label >= 0 else f"cls {label} is not a class (0 or more; -1 is no label)")
+                label = class_of(sample, classes)
+            except ValueError as e:
+                on_bad(g, sample, str(e))
                 continue
             batch.indices.append(g)
             batch.samples.append(sample)

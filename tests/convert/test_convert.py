@@ -275,7 +275,7 @@ def test_write_dataset_from_code(tmp_path: Path, fmt: str) -> None:
 
 def test_write_dataset_refuses_a_class_without_a_name_and_writes_nothing(tmp_path: Path) -> None:
     items = [{KEY: f"k/{i}", "txt": b"x", "cls": b"%d" % i} for i in range(6)]  # the sixth is class 5
-    with pytest.raises(ddpipe.SampleError, match=r"sample 'k/5': cls 5 has no name among the 5 classes given"):
+    with pytest.raises(ddpipe.SampleError, match=r"sample 'k/5': cls 5 is outside the dataset's 5 classes"):
         ddpipe.write_dataset(tmp_path / "d", iter(items), samples_per_shard=4, classes="abcde")
     assert not (tmp_path / "d" / "index.json").exists() and not list((tmp_path / "d").glob("shard-000001*"))
     items[5]["cls"] = b"3000000000"  # with no names given, no class index: the manifest would be refused
