@@ -98,7 +98,11 @@ def _imagefolder_source(root: Path) -> Source:
                     continue
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, root)
-                items.append(SourceItem(path=full, size=os.path.getsize(full), key=key_of(rel), label=label))
+                try:
+                    size = os.path.getsize(full)
+                except OSError:
+                    size = 0  # a dangling link, say: reported when the item is read, under the on-error policy
+                items.append(SourceItem(path=full, size=size, key=key_of(rel), label=label))
     if not items:
         raise SourceError("no files under the class directories", path=root)
     check_unique(items)

@@ -140,10 +140,11 @@ def test_skip_records_bad_inputs(raw_copy: Path, tmp_path: Path) -> None:
     files = sorted(raw_copy.rglob("*.jpg"))
     files[3].write_bytes(b"\x00" * 100)
     (files[9].parent / "notes.txt").write_text("not an image")
+    (files[12].parent / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")  # stopped the listing, skip or not
     m = convert(raw_copy, tmp_path / "o", opts(on_error="skip"))
     assert m.num_samples == 23
-    assert sorted(Path(s.path).name for s in m.skipped) == sorted([files[3].name, "notes.txt"])
-    assert all("not an image" in s.error for s in m.skipped)
+    assert sorted(Path(s.path).name for s in m.skipped) == sorted([files[3].name, "notes.txt", "gone.jpg"])
+    assert sorted(s.error.split(":")[0] for s in m.skipped) == ["cannot read", "not an image", "not an image"]
     assert files[3].stem not in {s[KEY].split("/")[1] for s in ddpipe.open_dataset(tmp_path / "o")}
 
 
