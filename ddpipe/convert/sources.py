@@ -85,13 +85,19 @@ def check_unique(items: list[SourceItem]) -> None:
         seen[item.key] = item.path
 
 
+def _unlisted(error: OSError) -> None:
+    """os.walk's answer to a directory it cannot list: left to itself it goes on without a word, and
+    the images there would be missing from the dataset, not even counted as skipped."""
+    raise SourceError(f"cannot list: {error.strerror or error}; its images would be left out", path=error.filename)
+
+
 def _imagefolder_source(root: Path) -> Source:
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise SourceError("no class directories: an ImageFolder tree is root/<class>/<image>", path=root)
     items = []
     for label, cls in enumerate(classes):
-        for dirpath, dirnames, filenames in os.walk(root / cls):
+        for dirpath, dirnames, filenames in os.walk(root / cls, onerror=_unlisted):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
                 if name.startswith("."):

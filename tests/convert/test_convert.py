@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from ddpipe.errors import ConversionConflictError, SourceError
 from ddpipe.manifest import load_manifest
 from ddpipe.sample import KEY
 
-from ..conftest import dir_bytes, run_cli
+from ..conftest import dir_bytes, launch, run_cli
 
 FORMATS = ["wds", "hdf5", "lmdb"]
 
@@ -146,6 +149,29 @@ def test_skip_records_bad_inputs(raw_copy: Path, tmp_path: Path) -> None:
     assert sorted(Path(s.path).name for s in m.skipped) == sorted([files[3].name, "notes.txt", "gone.jpg"])
     assert sorted(s.error.split(":")[0] for s in m.skipped) == ["cannot read", "not an image", "not an image"]
     assert files[3].stem not in {s[KEY].split("/")[1] for s in ddpipe.open_dataset(tmp_path / "o")}
+
+
+def test_a_directory_that_cannot_be_listed_stops_the_conversion_naming_it(raw_copy: Path, tmp_path: Path) -> None:
+    """os.walk passes over it without a word: its images were missing from the dataset, not even
+    counted as skipped. Run as a user the directory refuses (root, without its override of file modes)."""
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        drop = ["-dac_override,-dac_read_search"]
+        as_user = [shutil.which("setpriv") or "setpriv", "--bounding-set", *drop, "--inh-caps", *drop]
+        if subprocess.run([*as_user, "true"], capture_output=True).returncode != 0:
+            pytest.skip("setpriv cannot drop root's override of file modes here")
+    hidden = sorted(raw_copy.rglob("*.jpg"))[4].parent / "more"
+    hidden.mkdir()
+    shutil.copy(sorted(raw_copy.rglob("*.jpg"))[0], hidden / "extra.jpg")
+    hidden.chmod(0)
+    try:
+        proc = launch([*as_user, sys.executable, "-m", "ddpipe", "convert", str(raw_copy), str(tmp_path / "o"),
+                       "--on-error", "skip", "--quiet"], timeout=120)  # a hang bound
+    finally:
+        hidden.chmod(0o755)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{hidden}: cannot list: Permission denied" in proc.stderr
+    assert not (tmp_path / "o" / "index.json").exists()
 
 
 def test_other_arguments_do_not_overwrite(raw_images: Path, tmp_path: Path) -> None:
