@@ -371,6 +371,8 @@ def dataset_at(path: str | os.PathLike[str], storage: StorageOptions | None = No
         remote = open_storage(str(path), storage)
         dataset = Dataset(str(path), load_manifest_from(remote), remote)
     else:
+        if isinstance(path, str) and "://" in path:  # file:///path; another scheme refused by name, not as a directory
+            path = str(parse_location(path).path)
         manifest = load_manifest(path)
         # adopted objects indexed into a local directory (ddpipe index URL --out DIR): read from there
         objects = open_storage(manifest.data_dir, storage) if manifest.data_dir and is_remote(manifest.data_dir) \

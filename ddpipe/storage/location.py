@@ -75,7 +75,11 @@ def parse_location(where: str | os.PathLike[str]) -> Location:
         raise OptionError(f"{where}: no {'bucket' if scheme == 's3' else 'host'} named")
     if parts.query or parts.fragment:
         raise OptionError(f"{where}: a dataset location takes no query or fragment")
-    return Location(scheme, parts.netloc, parts.path.strip("/"))
+    prefix = parts.path.strip("/")
+    if prefix and any(segment in ("", ".", "..") for segment in prefix.split("/")):
+        # an object store's keys are names, not paths: it refuses them (obstore raised at the first request)
+        raise OptionError(f"{where}: a dataset location's path takes no empty, '.' or '..' segment")
+    return Location(scheme, parts.netloc, prefix)
 
 
 def is_remote(where: str | os.PathLike[str]) -> bool:

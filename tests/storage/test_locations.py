@@ -30,10 +30,23 @@ def test_a_remote_location_names_its_objects_by_url(scheme: str, bucket: str, pa
 def test_paths_stay_paths_and_other_urls_are_refused() -> None:
     assert not parse_location("data/ds").remote and parse_location("file:///data/ds").path == Path("/data/ds")
     assert parse_location(Path("data")).path == Path("data")
+    # a key's '..' reached obstore, which raised a ValueError (a traceback) at the first request
+    segments = "takes no empty, '.' or '..' segment"
     for bad, what in [("ftp://host/ds", "unsupported scheme"), ("s3:///ds", "no bucket"),
-                      ("file://elsewhere/ds", "file:///path"), ("https://host/ds?x=1", "no query")]:
+                      ("file://elsewhere/ds", "file:///path"), ("https://host/ds?x=1", "no query"),
+                      ("s3://b/../ds", segments), ("s3://b/a//ds", segments), ("https://host/./ds", segments)]:
         with pytest.raises(OptionError, match=what):
             parse_location(bad)
+
+
+def test_a_dataset_opens_from_a_file_url_and_another_scheme_is_refused_by_name(tmp_path: Path) -> None:
+    """Both were "no such directory": the URL was taken for a directory's name."""
+    import ddpipe
+
+    ddpipe.write_dataset(tmp_path / "d", iter([{"__key__": "k", "bin": b"x"}]))
+    assert len(ddpipe.open_dataset(f"file://{tmp_path / 'd'}")) == 1
+    with pytest.raises(OptionError, match="gs://b/d: unsupported scheme 'gs'"):
+        ddpipe.open_dataset("gs://b/d")
 
 
 def test_s3_settings_come_from_options_then_the_environment_then_the_profile_files(tmp_path: Path) -> None:
