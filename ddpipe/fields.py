@@ -7,6 +7,8 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from .errors import OptionError
+
 MISSING: Any = object()  # no default: the field must be there
 
 
@@ -41,3 +43,12 @@ def whole_number(value: Any, what: str, least: int | None = 0, below: int | None
         at_least = f" of at least {least}" if least is not None else ""
         raise ValueError(f"{what} must be a whole number{at_least}, not {value!r}")
     return number
+
+
+def whole_option(value: Any, name: str, least: int | None = None) -> int:
+    """An option that counts: :func:`whole_number`, refused as an :class:`OptionError` (a fraction
+    or a string reached deep inside before: a fractional size, shared memory's size, which leaked it)."""
+    try:
+        return whole_number(value, name, least)
+    except ValueError as e:
+        raise OptionError(str(e)) from None

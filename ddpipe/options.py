@@ -25,6 +25,7 @@ from typing import Any, TypedDict, cast
 
 from .decode.spec import ON_ERROR, DecodeOptions
 from .errors import OptionError
+from .fields import whole_option
 from .plan import PlanOptions
 from .staging import StageOptions
 from .throttle import SourceLimits
@@ -45,8 +46,7 @@ class ReadOptions:
     source_limits: SourceLimits | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
-            raise OptionError(f"prefetch must be a whole number of at least 1 sample, not {self.prefetch!r}")
+        whole_option(self.prefetch, "prefetch (samples)", least=1)
         if self.on_error not in ON_ERROR:
             raise OptionError(f"on_error must be one of {', '.join(ON_ERROR)}, not {self.on_error!r}")
         if isinstance(self.source_limits, str):

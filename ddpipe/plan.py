@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import OptionError
+from .fields import whole_option
 from .manifest import Manifest
 from .seeding import DROP, derive_rng
 from .shufflers import ExchangeRound, get_shuffler
@@ -66,9 +67,8 @@ class PlanOptions:
                               f"not {self.shard_assignment!r}")
         if isinstance(self.exchange_fraction, (bool, str)) or not 0.0 <= self.exchange_fraction <= 1.0:
             raise OptionError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction!r}")
-        for name in ("batch_size", "round_size", "buffer_size"):  # a float reached shared memory's size
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, np.integer)):
-                raise OptionError(f"{name} must be a whole number, not {getattr(self, name)!r}")
+        for name in ("batch_size", "round_size", "buffer_size"):
+            whole_option(getattr(self, name), name)
         if self.batch_size < 1 or self.round_size < 1 or self.buffer_size < 0:
             raise OptionError(f"batch_size and round_size must be at least 1, buffer_size at least 0, not "
                               f"{self.batch_size}, {self.round_size} and {self.buffer_size}")

@@ -20,7 +20,7 @@ from .manifest import MOST_NUMBERED_CLASSES
 from .plan import ASSIGNMENTS, PlanOptions
 from .quality import advise_exchange
 from .reading import read_samples
-from .sample import label_of
+from .sample import class_of
 from .shufflers import get_shuffler
 
 if TYPE_CHECKING:
@@ -55,19 +55,17 @@ def sample_labels(data: Dataset) -> np.ndarray:
     print(f"ddpipe: {data.where}/index.json records no labels (written by an older ddpipe, or adopted): "
           "reading every sample's label from the shards", file=sys.stderr)
     read = read_samples(data, np.arange(len(data)))
+    named = len(data.manifest.classes)
     try:
-        labels = np.fromiter((label_of(s) for s in tqdm(read, total=len(data), unit="sample", file=sys.stderr)),
+        labels = np.fromiter((class_of(s, named) for s in tqdm(read, total=len(data), unit="sample", file=sys.stderr)),
                              dtype=np.int64, count=len(data))
-    except ValueError:
-        raise DdpipeError("a sample's 'cls' label is not an integer: shuffles are scored by class",
-                          path=data.where) from None
+    except ValueError as e:
+        raise DdpipeError(f"a sample's label is no class: {e}", path=data.where) from None
     if (labels < 0).any():
         raise DdpipeError("some samples have no 'cls' label: shuffles are scored by class", path=data.where)
-    most = len(data.manifest.classes) or max(MOST_NUMBERED_CLASSES, len(data))  # as the manifest's runs
-    if len(labels) and labels.max() >= most:
-        raise DdpipeError(f"a sample's label is {labels.max()}, not one of the dataset's "
-                          f"{'named' if data.manifest.classes else 'numbered'} classes (0 to {most - 1})",
-                          path=data.where)
+    if not named and len(labels) and labels.max() >= max(MOST_NUMBERED_CLASSES, len(data)):  # as the manifest's runs
+        raise DdpipeError(f"a sample's label is {labels.max()}, more classes than a dataset of {len(data)} samples "
+                          "is taken to have", path=data.where)
     return labels
 
 

@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import dataclasses
 import functools
-import operator
 import os
 import queue
 import sys
@@ -30,7 +29,8 @@ import numpy as np
 
 from .comm import Comm, init_comm
 from .dataset import Dataset, open_dataset
-from .errors import CorruptShardError, DdpipeError, DigestMismatchError, OptionError, SampleError
+from .errors import CorruptShardError, DdpipeError, DigestMismatchError, SampleError
+from .fields import whole_option
 from .handoff import END, Ahead, groups
 from .loader_stats import ReadStats, SkippedSample
 from .options import STREAM_STAGES, ReadOptions, apply_keywords
@@ -103,9 +103,7 @@ class EncodedStream:
             raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.where)
         self.options: PlanOptions = options[PlanOptions] or PlanOptions()
         self.read_options: ReadOptions = options[ReadOptions] or ReadOptions()
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):  # it seeds every random choice
-            raise OptionError(f"seed must be a whole number, not {seed!r}")
-        self.seed = int(seed)
+        self.seed = whole_option(seed, "seed")
         self.comm = comm or init_comm()
         self.epoch = 0
         self.stats = ReadStats()
@@ -160,13 +158,7 @@ class EncodedStream:
         return self.comm.world.rank
 
     def set_epoch(self, epoch: int) -> None:
-        try:
-            whole = operator.index(epoch)
-        except TypeError:
-            whole = -1
-        if whole < 0:
-            raise OptionError(f"epoch must be a whole number of at least 0, not {epoch!r}")
-        epoch = whole
+        epoch = whole_option(epoch, "epoch", least=0)
         if epoch != self.epoch:
             self._pending = None
         self.epoch = epoch

@@ -28,9 +28,9 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     writer = None
     labels: list[int] = []
     names = tuple(classes)
-    for sample in samples:
+    for written, sample in enumerate(samples):
         try:
-            label = _label(sample, names, sum(s.samples for s in shards) + (writer.count if writer else 0) + 1)
+            label = _label(sample, names, written + 1)
         except SampleError:  # refused before it is written
             if writer is not None:
                 writer.abort()

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
-from ..fields import whole_number
+from ..fields import whole_option
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -94,11 +94,8 @@ class DecodeOptions:
             raise OptionError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
         if self.dtype not in DTYPES:
             raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
-        for name in ("size", "resize_shorter", "threads"):  # a fraction reached shared memory's size, and leaked it
-            try:
-                whole_number(getattr(self, name), name, least=None)
-            except ValueError as e:
-                raise OptionError(str(e)) from None
+        for name in ("size", "resize_shorter", "threads"):
+            whole_option(getattr(self, name), name)
         if self.size < 1 or self.resize_shorter < self.size:
             raise OptionError("size must be positive and resize_shorter at least size")
         if self.threads < 0:
