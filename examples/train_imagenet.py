@@ -62,6 +62,8 @@ def main() -> None:
         # pad=False: each validation image counted once, however many ranks share them (no padding copies)
         val = ddpipe.Loader(args.val, args.batch_size, shuffle="none", pad=False,
                             decode=dataclasses.replace(decode, train=False), comm=job.comm)
+        if val.dataset.classes and val.dataset.classes != train.dataset.classes:  # its labels mean other classes
+            raise SystemExit(f"{args.val}: names other classes than {args.data}, or in another order")
 
     torch.manual_seed(args.seed)
     model = build_model(args.model, len(train.dataset.classes) or 1000).to(job.device)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..bench import BenchReport
+    from ..dataset import Dataset
 
 
 def _writable_later(path: str | Path | None, flag: str) -> None:
@@ -148,6 +149,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         # pad=False: top-1 over each held-out image once, however many ranks share them
         evaluate = Loader(args.eval, args.batch_size, decode=dataclasses.replace(size, train=False), shuffle="none",
                           pad=False, on_error=args.on_error, seed=args.seed, comm=job.comm)
+    if evaluate is not None:
+        _check_same_classes(loader.dataset.classes, evaluate.dataset)
     classes = len(loader.dataset.classes) or args.num_classes
     model = build_model(args.model, classes)
     if loader.batches_per_epoch == 0:  # every rank plans alike: each says so and leaves
@@ -182,6 +185,22 @@ def cmd_train(args: argparse.Namespace) -> int:
             evaluate.close()
     distributed.shutdown(job)
     return 0
+
+
+def _check_same_classes(named: tuple[str, ...], held_out: Dataset) -> None:
+    """Refuse a held-out dataset that names other classes than the training one (in another order, say):
+    its labels would be scored against the wrong classes, and top-1 would say so only by being low."""
+    theirs = held_out.classes
+    if not named or not theirs or theirs == named:
+        return
+    from ..errors import DdpipeError
+
+    k = next(i for i in range(max(len(named), len(theirs))) if named[i:i + 1] != theirs[i:i + 1])
+    there, here = (repr(c[k]) if k < len(c) else "none" for c in (theirs, named))
+    error = DdpipeError(f"--eval names other classes than the training dataset (class {k}: {there} there, {here} "
+                        "here): its labels would be scored against the wrong classes", path=held_out.where)
+    error.job_wide = True  # every rank read the same manifests: each says so and leaves
+    raise error
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
