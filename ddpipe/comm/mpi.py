@@ -220,8 +220,14 @@ class MPIComm(Comm):
         """Grow the node's slots to ``capacity`` bytes, collectively over its ranks, and make the
         landing zones with their first growth. Where ``/dev/shm`` has no room for them, they stay as
         they are and no rank asks again: rounds that do not fit go through MPI."""
-        # every rank of the node must take the same size: the least room any of them sees
-        capacity = self.node_comm.allreduce(slot_capacity(capacity, len(self._node_ranks)), op=self._mpi.MIN)
+        # every rank of the node must take the same size: the least room any of them sees. Waited for as
+        # the round's other collectives are (_arrive), not with mpi4py's pickling allreduce: that one kept
+        # the interpreter lock while it waited, so this rank's stager thread could not copy the shard a
+        # node peer was waiting for before it joined: the job hung (1 run in 8 of a 4-rank test)
+        mine = np.array([slot_capacity(capacity, len(self._node_ranks))], dtype=np.int64)
+        least = np.empty_like(mine)
+        self._arrive(self.node_comm.Iallreduce(mine, least, op=self._mpi.MIN), "growing the node's exchange slots")
+        capacity = int(least[0])
         if capacity == 0:
             self._slots_full = True
             return
