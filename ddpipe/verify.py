@@ -61,6 +61,8 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
                 _check_shard(dataset, i, shard_path or dataset.local_copy(i), decode, report)
             except DdpipeError as e:
                 report.problems.append(str(e))
+            except OSError as e:  # unreadable (its permissions, say): a problem of this shard, not the end of the check
+                report.problems.append(f"{e.filename or dataset.manifest.shards[i].file}: {e.strerror or e}")
     return report
 
 

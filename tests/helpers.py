@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -83,3 +85,21 @@ def read_in_own_process(root: Path, verify: bool = True) -> subprocess.Completed
     shows as its exit status instead of ending the test run."""
     return subprocess.run([sys.executable, "-c", _READ_ALL, str(root), "checked" if verify else "unchecked"],
                           capture_output=True, text=True, timeout=120)
+
+
+def as_a_user_file_modes_refuse() -> list[str]:
+    """The command prefix that runs a process as one whom a file's mode can refuse: none for a user;
+    for root, setpriv without root's override of file modes. The test is skipped where that fails."""
+    import pytest
+
+    if os.geteuid() != 0:
+        return []
+    drop = ["-dac_override,-dac_read_search"]
+    prefix = [shutil.which("setpriv") or "setpriv", "--bounding-set", *drop, "--inh-caps", *drop]
+    try:
+        works = subprocess.run([*prefix, "true"], capture_output=True).returncode == 0
+    except OSError:
+        works = False
+    if not works:
+        pytest.skip("setpriv cannot drop root's override of file modes here")
+    return prefix

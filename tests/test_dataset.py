@@ -243,6 +243,27 @@ def test_verify_names_each_sample_whose_label_is_no_class_of_the_dataset(tmp_pat
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_verify_reports_a_shard_it_may_not_read_and_checks_the_rest(tmp_path: Path) -> None:
+    """It stopped at the first such shard: the others went unchecked."""
+    import shutil
+    import sys
+
+    from .conftest import launch
+    from .helpers import as_a_user_file_modes_refuse, make_dataset
+
+    as_user = as_a_user_file_modes_refuse()
+    root = make_dataset(tmp_path / "d", "wds", [5, 5, 5, 5])
+    shutil.copy(root / "shard-000000.tar", root / "shard-000003.tar")  # damaged too: found all the same
+    for k in (1, 2):
+        (root / f"shard-00000{k}.tar").chmod(0)
+    proc = launch([*as_user, sys.executable, "-m", "ddpipe", "verify", str(root), "--quiet"], timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert [ln for ln in lines if "Permission denied" in ln] == [f"ddpipe: {root}/shard-00000{k}.tar: Permission "
+                                                                 "denied" for k in (1, 2)]
+    assert any("shard-000003.tar" in ln and "checksum mismatch" in ln for ln in lines), lines
+
+
 def test_verify_decode_accepts_png_grayscale_cmyk(tmp_path: Path) -> None:
     raw = tmp_path / "raw" / "a"
     raw.mkdir(parents=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from ddpipe.manifest import load_manifest
 from ddpipe.sample import KEY
 
 from ..conftest import dir_bytes, launch, run_cli
+from ..helpers import as_a_user_file_modes_refuse
 
 FORMATS = ["wds", "hdf5", "lmdb"]
 
@@ -154,12 +154,7 @@ def test_skip_records_bad_inputs(raw_copy: Path, tmp_path: Path) -> None:
 def test_a_directory_that_cannot_be_listed_stops_the_conversion_naming_it(raw_copy: Path, tmp_path: Path) -> None:
     """os.walk passes over it without a word: its images were missing from the dataset, not even
     counted as skipped. Run as a user the directory refuses (root, without its override of file modes)."""
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        drop = ["-dac_override,-dac_read_search"]
-        as_user = [shutil.which("setpriv") or "setpriv", "--bounding-set", *drop, "--inh-caps", *drop]
-        if subprocess.run([*as_user, "true"], capture_output=True).returncode != 0:
-            pytest.skip("setpriv cannot drop root's override of file modes here")
+    as_user = as_a_user_file_modes_refuse()
     hidden = sorted(raw_copy.rglob("*.jpg"))[4].parent / "more"
     hidden.mkdir()
     shutil.copy(sorted(raw_copy.rglob("*.jpg"))[0], hidden / "extra.jpg")
