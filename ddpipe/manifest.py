@@ -43,10 +43,15 @@ from .formats.atomic import atomic_write_bytes
 
 MANIFEST_NAME = "index.json"
 MANIFEST_VERSION = 1
-# where a manifest names no classes, a label past both this and one class per sample is refused: a label
-# that large is more likely an identifier than a class index, and what counts samples per class (plan
-# scoring) or names each class (conversion) would take memory out of all proportion to the dataset
-MOST_NUMBERED_CLASSES = 1 << 20
+MOST_NUMBERED_CLASSES = 1 << 20  # see numbered_class_limit
+
+
+def numbered_class_limit(samples: int) -> int:
+    """How many classes a dataset of ``samples`` that names none may number: a label past both
+    :data:`MOST_NUMBERED_CLASSES` and one class per sample is more likely an identifier than a class
+    index, and what counts samples per class (plan scoring) or names each class (conversion) would
+    take memory out of all proportion to the dataset."""
+    return max(MOST_NUMBERED_CLASSES, samples)
 
 
 @dataclass(frozen=True)
@@ -209,7 +214,7 @@ class Manifest:
             if manifest.classes and top >= len(manifest.classes):  # a training loss would fail on it
                 raise ManifestError(f"shard {s.file!r}: a label run's class is {top}, but the manifest names "
                                     f"{len(manifest.classes)} classes", path=path)
-            if top >= max(MOST_NUMBERED_CLASSES, manifest.num_samples):  # before counts per class are sized from it
+            if top >= numbered_class_limit(manifest.num_samples):  # before counts per class are sized from it
                 raise ManifestError(f"shard {s.file!r}: a label run's class is {top}, more classes than a dataset of "
                                     f"{manifest.num_samples} samples is taken to have", path=path)
             if s.digests:

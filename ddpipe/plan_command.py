@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import DdpipeError
-from .manifest import MOST_NUMBERED_CLASSES
+from .manifest import numbered_class_limit
 from .plan import ASSIGNMENTS, PlanOptions
 from .quality import advise_exchange
 from .reading import read_samples
@@ -63,7 +63,7 @@ def sample_labels(data: Dataset) -> np.ndarray:
         raise DdpipeError(f"a sample's label is no class: {e}", path=data.where) from None
     if (labels < 0).any():
         raise DdpipeError("some samples have no 'cls' label: shuffles are scored by class", path=data.where)
-    if not named and len(labels) and labels.max() >= max(MOST_NUMBERED_CLASSES, len(data)):  # as the manifest's runs
+    if not named and len(labels) and labels.max() >= numbered_class_limit(len(data)):  # as the manifest's runs
         raise DdpipeError(f"a sample's label is {labels.max()}, more classes than a dataset of {len(data)} samples "
                           "is taken to have", path=data.where)
     return labels

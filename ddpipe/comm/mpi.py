@@ -223,7 +223,7 @@ class MPIComm(Comm):
         # every rank of the node must take the same size: the least room any of them sees. Waited for as
         # the round's other collectives are (_arrive), not with mpi4py's pickling allreduce: that one kept
         # the interpreter lock while it waited, so this rank's stager thread could not copy the shard a
-        # node peer was waiting for before it joined: the job hung (1 run in 8 of a 4-rank test)
+        # node peer was waiting for before it joined: the job hung (about 1 run in 10 of a 4-rank test)
         mine = np.array([slot_capacity(capacity, len(self._node_ranks))], dtype=np.int64)
         least = np.empty_like(mine)
         self._arrive(self.node_comm.Iallreduce(mine, least, op=self._mpi.MIN), "growing the node's exchange slots")

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 
 from ..errors import DdpipeError
-from ..manifest import MOST_NUMBERED_CLASSES
+from ..manifest import numbered_class_limit
 
 
 def numbered_classes(max_label: int, samples: int, where: str | os.PathLike[str]) -> tuple[str, ...]:
     """One class per number from 0 to ``max_label``, named by its number; refused past
-    :data:`~ddpipe.manifest.MOST_NUMBERED_CLASSES` and one class per sample (a label of 3,000,000,000
-    ran a conversion out of memory)."""
-    if max_label >= max(MOST_NUMBERED_CLASSES, samples):
+    :func:`~ddpipe.manifest.numbered_class_limit` (a label of 3,000,000,000 ran a conversion out of memory)."""
+    if max_label >= numbered_class_limit(samples):
         raise DdpipeError(f"a label is {max_label}: as a class index, that makes {max_label + 1:,} classes for "
                           f"{samples:,} samples; labels should count classes from 0 (map them, or name the classes)",
                           path=where)

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..checksum import file_checksum
 from ..errors import ConversionConflictError, SampleError
 from ..formats import ShardWriter, get_format
-from ..manifest import MANIFEST_NAME, MOST_NUMBERED_CLASSES, Manifest, ShardInfo, label_runs, save_manifest
+from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, numbered_class_limit, save_manifest
 from ..sample import KEY, Sample, class_of
 
 
@@ -62,7 +62,7 @@ def _label(sample: Sample, names: tuple[str, ...], samples: int) -> int:
         label = class_of(sample, len(names))
     except ValueError as e:
         raise SampleError(str(e), key=key) from None
-    if label >= max(MOST_NUMBERED_CLASSES, samples):
+    if label >= numbered_class_limit(samples):
         raise SampleError(f"cls {label} is too large to be a class index (the dataset is {samples} samples so far)",
                           key=key)
     return label
