@@ -152,6 +152,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if evaluate is not None:
         _check_same_classes(loader.dataset.classes, evaluate.dataset)
     classes = len(loader.dataset.classes) or args.num_classes
+    for data in (loader.dataset, evaluate.dataset if evaluate is not None else None):
+        if data is not None:
+            _check_labels_fit(data, classes, numbered=not loader.dataset.classes)
     model = build_model(args.model, classes)
     if loader.batches_per_epoch == 0:  # every rank plans alike: each says so and leaves
         from ..errors import DdpipeError
@@ -185,6 +188,22 @@ def cmd_train(args: argparse.Namespace) -> int:
             evaluate.close()
     distributed.shutdown(job)
     return 0
+
+
+def _check_labels_fit(data: Dataset, classes: int, *, numbered: bool) -> None:
+    """Refuse, before training, a dataset whose recorded labels run past the model's classes (a dataset that
+    names none takes its count from --num-classes): the loss would fail on the first such sample, on a GPU
+    with a device-side assert that names none. Labels the manifest does not record are left to the loss."""
+    top = max((c for s in data.manifest.shards for c, _ in s.labels), default=-1)
+    if top < classes:
+        return
+    from ..errors import DdpipeError
+
+    model = (f"--num-classes {classes} (the training dataset names no classes): give {top + 1} or more" if numbered
+             else f"the training dataset's {classes} classes")
+    error = DdpipeError(f"a sample's label is {top}, but the model has {model}", path=data.where)
+    error.job_wide = True  # every rank read the same manifest: each says so and leaves
+    raise error
 
 
 def _check_same_classes(named: tuple[str, ...], held_out: Dataset) -> None:

@@ -92,3 +92,25 @@ def test_a_held_out_set_naming_other_classes_is_refused_before_training(data: Pa
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{held_out}: --eval names other classes than the training dataset (class 0: '5' there, '0' here)" \
         in proc.stderr and "epoch 0" not in proc.stdout
+
+
+def test_labels_past_the_models_classes_are_refused_before_training(data: Path, tmp_path: Path) -> None:
+    """A dataset that names no classes takes its class count from --num-classes; a held-out set that
+    names none is scored against the training set's. A recorded label past that count would fail the
+    loss at its first batch (a traceback here, a device-side assert naming nothing on a GPU)."""
+    numbered = tmp_path / "numbered"
+    samples = labelled_samples(12, np.random.default_rng(2))
+    for i, sample in enumerate(samples):
+        sample["cls"] = b"%d" % (i % 9)  # past the 6 classes the training set `data` names
+    ddpipe.write_dataset(numbered, iter(samples), samples_per_shard=6)
+    top = 8
+    proc = run_cli("train", numbered, *TRAIN, "--num-classes", str(top), timeout=300)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{numbered}: a sample's label is {top}, but the model has --num-classes {top} (the training dataset " \
+        f"names no classes): give {top + 1} or more" in proc.stderr and "epoch 0" not in proc.stdout
+    fits = run_cli("train", numbered, *TRAIN, "--num-classes", str(top + 1), "--max-steps", "1", timeout=300)
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    held_out = run_cli("train", data, *TRAIN, "--on-error", "skip", "--eval", numbered, timeout=300)
+    assert held_out.returncode == 1, held_out.stdout + held_out.stderr
+    assert f"{numbered}: a sample's label is {top}, but the model has the training dataset's 6 classes" \
+        in held_out.stderr and "Traceback" not in held_out.stderr
