@@ -19,9 +19,12 @@ def what_is_in(path: Path) -> str | None:
         path = path.parent
     if not path.is_dir():
         return None
-    if (path / "data.mdb").is_file():
+    try:  # first: a directory whose mode refuses a look inside is named as such, not by a file in it
+        names = [p.name for p in path.iterdir() if not p.name.startswith(".")]
+    except PermissionError as e:
+        raise DdpipeError(f"cannot list: {e.strerror}", path=path) from None
+    if "data.mdb" in names and (path / "data.mdb").is_file():
         return "lmdb"
-    names = [p.name for p in path.iterdir() if not p.name.startswith(".")]
     if any(n.endswith(".tar") for n in names):
         return "tar"
     if any(n.lower().endswith(HDF5_SUFFIXES) for n in names):

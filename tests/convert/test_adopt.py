@@ -101,3 +101,25 @@ def test_truncated_tar_is_refused(tmp_path: Path) -> None:
     proc = run_cli("index", tmp_path)
     assert proc.returncode == 1 and "x-000000.tar" in proc.stderr and "truncated" in proc.stderr
     assert not (tmp_path / "index.json").exists()
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o311])
+def test_a_directory_that_cannot_be_listed_is_named_as_such(tmp_path: Path, mode: int) -> None:
+    """Unreadable and untraversable (0), it was reported as '.../data.mdb: Permission denied', a file it
+    does not hold. Run as a user the directory refuses (root, without its override of file modes)."""
+    import sys
+
+    from ..conftest import launch
+    from ..helpers import as_a_user_file_modes_refuse
+
+    as_user = as_a_user_file_modes_refuse()
+    data = tmp_path / "shards"
+    ddpipe.write_dataset(data, iter(example_samples(4)), samples_per_shard=2)
+    (data / "index.json").unlink()
+    data.chmod(mode)
+    try:
+        proc = launch([*as_user, sys.executable, "-m", "ddpipe", "index", str(data)], timeout=120)  # a hang bound
+    finally:
+        data.chmod(0o755)
+    assert proc.returncode == 1 and proc.stderr == f"ddpipe: error: {data}: cannot list: Permission denied\n"
+    assert not (data / "index.json").exists()
