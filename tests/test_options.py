@@ -147,7 +147,9 @@ def test_on_error_as_a_keyword_is_reading_and_decoding(data: Path) -> None:
                                  # shared memory's, which left an empty segment in /dev/shm
                                  {"batch_size": 2.5}, {"batch_size": True}, {"size": 32.5}, {"resize_shorter": 40.5},
                                  {"threads": 1.5}, {"round_size": 3.5}, {"buffer_size": 0.5}, {"prefetch": 2.5},
-                                 {"seed": 1.5}, {"seed": "1"}, {"exchange_fraction": "0.5"}])
+                                 {"seed": 1.5}, {"seed": "1"}, {"exchange_fraction": "0.5"},
+                                 # torch's RuntimeError, at the first batch, named twenty device types
+                                 {"device": "tpu"}, {"device": "cuda:x"}, {"device": "cuda:-1"}])
 def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[str, object]) -> None:
     name = next(iter(bad))
     before = set(os.listdir("/dev/shm"))

@@ -15,7 +15,7 @@ from ..errors import DdpipeError
 from ..optional import installed
 from . import DECODERS
 from .batches import EncodedBatch, OnBad
-from .spec import DecodeOptions
+from .spec import DecodeOptions, check_device
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -42,6 +42,18 @@ def normalize(images: torch.Tensor, options: DecodeOptions | None = None,
     return (images.to(dtype) - mean) / std
 
 
+def named_device(device: str) -> torch.device:
+    """The torch device ``device`` ("cpu", "cuda", "cuda:N") names, once it is known to be there."""
+    target = torch.device(check_device(device))
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DdpipeError(f"device={device!r} but CUDA is not available")
+        if target.index is not None and target.index >= torch.cuda.device_count():
+            raise DdpipeError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s), "
+                              f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return target
+
+
 def resolve(decode: str, device: str, local_rank: int = 0, served: bool = False) -> tuple[str, torch.device]:
     """The decoder and the device that ``decode`` and ``device`` (either may be ``"auto"``) stand for.
     ``served``: decoding is a decode service's, on the CPU (its servers' decoder, and this one's
@@ -52,9 +64,7 @@ def resolve(decode: str, device: str, local_rank: int = 0, served: bool = False)
     if device == "auto":
         target = torch.device("cuda", local_rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     else:
-        target = torch.device(device)
-        if target.type == "cuda" and not cuda:
-            raise DdpipeError(f"device={device!r} but CUDA is not available")
+        target = named_device(device)
     if decode == "auto":
         if installed("nvidia.dali"):
             decode = "dali-gpu" if target.type == "cuda" and not served else "dali-cpu"

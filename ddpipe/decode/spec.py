@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,16 @@ DTYPES = ("float32", "float16", "uint8")
 MAX_PIXELS = 89_478_485
 DECODERS = ("auto", "dali-gpu", "dali-cpu", "pil")
 ON_ERROR = ("fail", "skip")
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def check_device(device: object) -> str:
+    """``device`` if it is one that batches can be delivered to ("auto", "cpu", "cuda", "cuda:N"); an
+    OptionError saying which ones otherwise (torch's own error for "tpu" is a RuntimeError naming twenty
+    device types ddpipe does not deliver to)."""
+    if not isinstance(device, str) or not DEVICE.fullmatch(device):
+        raise OptionError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (a GPU's index), not {device!r}")
+    return device
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,7 @@ class DecodeOptions:
 
             for address in self.service:
                 endpoint(address)
+        check_device(self.device)
         if self.max_pixels < 1:
             raise OptionError(f"max_pixels must be positive, not {self.max_pixels}")
         if self.read_in not in ("thread", "process"):

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..comm import Comm, World, init_comm, launched_by_mpi, launched_by_torchrun
 from ..comm.base import DEFAULT_TIMEOUT, end_job_on_uncaught
+from ..decode.output import named_device
 from ..errors import DdpipeError
 from .mpi_allreduce import DEFAULT_BUCKET_BYTES, MPIGradientAverager
 
@@ -82,10 +83,8 @@ def init(device: str = "auto", *, timeout: float = DEFAULT_TIMEOUT, abort_on_err
 def _device(device: str, local_rank: int) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = torch.device(device)
+    target = named_device(device)
     if target.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DdpipeError(f"device={device!r} but CUDA is not available")
         if target.index is None:
             target = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(target)
