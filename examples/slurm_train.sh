@@ -13,6 +13,7 @@
 #SBATCH --gpus-per-node=4
 #SBATCH --cpus-per-task=16
 #SBATCH --time=12:00:00
+#SBATCH --signal=USR1@120  # 2 minutes before the time limit: ddpipe train saves its step and stops
 set -euo pipefail
 
 DATA=${DATA:-/lustre/datasets/imagenet-wds}         # made once with: ddpipe convert ImageFolder DATA --format wds

@@ -204,7 +204,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
                    help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR; {node} and $VAR are resolved "
                         "on each node)")
     p.add_argument("--stage-capacity", type=_size, default=None)
-    p.add_argument("--checkpoint", type=Path, default=None, help="file to save to and resume from")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="file to save to and resume from (also saved when SIGTERM or SIGUSR1 stops the job)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between mid-epoch checkpoints")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps, saving the checkpoint")
     p.add_argument("--log-every", type=int, default=50, help="a progress line every this many steps (0: epochs only)")

@@ -27,6 +27,7 @@ from ..pipeline import Loader
 from .distributed import DataParallel, Job, wrap
 from .mpi_allreduce import DEFAULT_BUCKET_BYTES
 from .step import train_step
+from .stop import StopRequest, StopVote
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ class Trainer:
     the model is wrapped with :func:`~ddpipe.distributed.wrap` for the job ``job``."""
 
     def __init__(self, model: nn.Module, loader: Loader, job: Job, options: TrainOptions,
-                 evaluate: Loader | None = None, log: Callable[[str], None] | None = None) -> None:
+                 evaluate: Loader | None = None, log: Callable[[str], None] | None = None,
+                 stop: StopRequest | None = None) -> None:
         self.opt = options
         self.loader, self.eval_loader, self.job, self.comm = loader, evaluate, job, job.comm
         self.device = loader.device
@@ -112,6 +114,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if use_amp else None
         self.step = 0
         self.epoch = 0
+        # ``stop``: set by a signal (ddpipe train's); the ranks agree on the step to stop after (stop.py)
+        self._vote = None if stop is None else StopVote.for_job(stop, job.size, job.comm.timeout)
+        self.stopped_by_request = False
         if options.checkpoint is not None and options.checkpoint.exists():
             self._restore(options.checkpoint)
 
@@ -132,10 +137,14 @@ class Trainer:
             where = f" ({self.opt.checkpoint})" if self.opt.checkpoint else ""
             self.log(f"nothing left to do: the checkpoint{where} has finished all {self.opt.epochs} epochs; "
                      "ask for more with --epochs")
-        while self.epoch < self.opt.epochs:
-            if self.opt.max_steps and self.step >= self.opt.max_steps:
-                break
-            logs.append(self._epoch())
+        try:
+            while self.epoch < self.opt.epochs and not self.stopped_by_request:
+                if self.opt.max_steps and self.step >= self.opt.max_steps:
+                    break
+                logs.append(self._epoch())
+        finally:
+            if self._vote is not None:
+                self._vote.close()
         return logs
 
     def _epoch(self) -> EpochLog:
@@ -170,11 +179,14 @@ class Trainer:
                 self._progress(log, batches, time.perf_counter() - t_epoch)
             if bar is not None:
                 bar.update()
+            if self._vote is not None and self._vote.agreed():
+                stopped = self.stopped_by_request = True
+                request = self._vote.request
+                self._stop(request.name if request.signum else "a signal to another rank")
+                break
             if self.opt.max_steps and self.step >= self.opt.max_steps:
                 stopped = True
-                if self.opt.checkpoint:  # a run told to stop keeps what it did
-                    self.save(self.opt.checkpoint)
-                    self.log(f"stopped after step {self.step} (--max-steps); checkpoint {self.opt.checkpoint}")
+                self._stop("--max-steps")
                 break
             t_wait = time.perf_counter()
         log.loss_sum = float(loss_sum)  # the epoch's time includes waiting for its last step
@@ -189,6 +201,14 @@ class Trainer:
                 self.save(self.opt.checkpoint)
         self._report(log)
         return log
+
+    def _stop(self, why: str) -> None:
+        """A run told to stop keeps what it did: a checkpoint of this step, where one is asked for."""
+        if self.opt.checkpoint:
+            self.save(self.opt.checkpoint)
+            self.log(f"stopped after step {self.step} ({why}); checkpoint {self.opt.checkpoint}")
+        else:
+            self.log(f"stopped after step {self.step} ({why}); nothing saved (no --checkpoint)")
 
     def _top1(self) -> tuple[float, int]:
         """Top-1 accuracy on the held-out dataset, over all ranks, and the images it is over."""
