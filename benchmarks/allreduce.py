@@ -1,6 +1,7 @@
 """The cost of averaging gradients: one exchange of ResNet-50's gradients (25.6 M float32) through
 ddpipe's MPI path and through DDP's, against raw MPI.Allreduce of the same bytes in the same run;
-and the step-time overhead of data parallelism, 2 ranks against 1, on synthetic data.
+and the step-time overhead of data parallelism, 2 ranks against 1, on synthetic data; and the cost of
+``ddpipe train``'s stop vote, steps casting it against steps without, alternating in the same run.
 
     python benchmarks/allreduce.py [--ranks 2] [--repeats 7]
 
@@ -34,6 +35,7 @@ def worker(out: Path, repeats: int) -> None:
     from ddpipe.train.models import build_model
     from ddpipe.train.mpi_allreduce import MPIGradientAverager
     from ddpipe.train.step import train_step
+    from ddpipe.train.stop import StopRequest, StopVote
 
     torch.set_num_threads(1)
     job = ddpipe.distributed.init("cpu")
@@ -72,15 +74,23 @@ def worker(out: Path, repeats: int) -> None:
     stepped = ddpipe.distributed.wrap(small, job, "mpi")
     opt = torch.optim.SGD(small.parameters(), lr=0.01)
     x, y = torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))
-    steps = []
-    for i in range(repeats + 2):
+    # ddpipe train's steps also cast the stop vote (ddpipe/train/stop.py): steps with and without it
+    # alternate, so that both see the same machine
+    vote = StopVote.for_job(StopRequest(), job.size, comm.timeout)
+    steps: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(2 * (repeats + 2)):
+        voted = i % 2 == 1
         world.Barrier()
         t0 = time.perf_counter()
         train_step(stepped, opt, x, y)
-        if i >= 2:
-            steps.append(time.perf_counter() - t0)
+        if voted:
+            vote.agreed()
+        if i >= 4:
+            steps[voted].append(time.perf_counter() - t0)
+    vote.close()
     result = {k: max(world.allgather(median(v))) for k, v in times.items()}
-    result["step"] = max(world.allgather(median(steps)))
+    result["step"] = max(world.allgather(median(steps[False])))
+    result["step_voted"] = max(world.allgather(median(steps[True])))
     result["bytes"] = count * 4
     if comm.world.rank == 0:
         out.write_text(json.dumps(result))
@@ -107,13 +117,18 @@ def main() -> None:
         rows.append({"what": what, "ms": rn[key] * 1e3, "vs_raw": rn[key] / rn["raw"]})
     steps = [{"ranks": 1, "step_ms": r1["step"] * 1e3, "vs_one": 1.0},
              {"ranks": args.ranks, "step_ms": rn["step"] * 1e3, "vs_one": rn["step"] / r1["step"]}]
+    vote = {"ranks": args.ranks, "step_ms": rn["step_voted"] * 1e3, "plain_step_ms": rn["step"] * 1e3,
+            "vs_plain": rn["step_voted"] / rn["step"]}
     text = (table(rows, [("what", f"gradient exchange, {args.ranks} ranks", "s"), ("ms", "ms", ".1f"),
                          ("vs_raw", "/ raw Allreduce", ".2f")])
             + "\n\n" + table(steps, [("ranks", "ranks", "d"), ("step_ms", "ResNet-18 step ms", ".0f"),
-                                     ("vs_one", "/ 1 rank", ".2f")]))
+                                     ("vs_one", "/ 1 rank", ".2f")])
+            + "\n\n" + table([vote], [("ranks", "ranks", "d"), ("step_ms", "step ms with the stop vote", ".1f"),
+                                     ("plain_step_ms", "without (reference)", ".1f"),
+                                     ("vs_plain", "/ without", ".3f")]))
     path = save("allreduce", {"benchmark": "allreduce", "command": f"python benchmarks/allreduce.py --ranks "
                               f"{args.ranks} --repeats {args.repeats}", "machine": machine(), "rows": rows,
-                              "steps": steps, "table": text})
+                              "steps": steps, "stop_vote": vote, "table": text})
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
 
