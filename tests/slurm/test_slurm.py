@@ -20,6 +20,7 @@ from ..conftest import BIN, REPO, mpiexec
 from ..examples.test_train_imagenet import ARGS, SCRIPT, losses
 from ..helpers import make_dataset
 from ..mpi.freezing import WORKER, freeze_mnode2
+from ..train.test_stop import TRAIN, signal_once_training, stopped_step
 
 
 def _cluster_up() -> str | None:
@@ -79,6 +80,32 @@ def test_srun_user_script_trains_as_under_mpiexec(data: Path) -> None:
     assert under_mpiexec.returncode == 0, under_mpiexec.stdout + under_mpiexec.stderr
     assert losses(under_srun.stdout) == pytest.approx(losses(under_mpiexec.stdout), abs=1e-5)
     assert losses(under_srun.stdout)
+
+
+def test_scancel_signal_stops_training_after_one_step_on_both_nodes_with_its_checkpoint(data: Path,
+                                                                                      tmp_path: Path) -> None:
+    """Slurm's warning before a time limit (``--signal=USR1@SECONDS``, as the example asks) or an
+    operator's ``scancel --signal``: slurmstepd signals every task on both nodes, at whatever step each
+    is; all stop after the same one, and the job resumes from it."""
+    import torch
+
+    name, ckpt = f"ddpipe-stop-{os.getpid()}", tmp_path / "ck.pt"
+    train = ["srun", "-N", "2", "-n", "4", "--distribution=block", "--mpi=pmi2", f"--job-name={name}", sys.executable,
+             "-m", "ddpipe", "train", str(data), *TRAIN, "--checkpoint", str(ckpt)]
+
+    def scancel(_: int) -> None:
+        job = subprocess.run(["squeue", "-h", "-o", "%i", "-n", name], capture_output=True, text=True, env=ENV,
+                             timeout=60, check=True).stdout.split()
+        subprocess.run(["scancel", "--signal=USR1", *job], env=ENV, timeout=60, check=True)
+
+    proc, lines = signal_once_training([*train, "--epochs", "100"], ENV, scancel)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    step = stopped_step(lines)
+    assert f"stopped after step {step} (SIGUSR1); checkpoint {ckpt}" in proc.stdout
+    assert torch.load(ckpt, weights_only=True)["step"] == step
+    rest = subprocess.run([*train, "--epochs", "1"], capture_output=True, text=True, timeout=300, env=ENV)
+    assert rest.returncode == 0 and f"resumed from {ckpt}: " in rest.stdout and f"step {step}, " in rest.stdout, \
+        rest.stdout + rest.stderr
 
 
 def test_sbatch_the_example_job_script(data: Path, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +35,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def signal_once_training(command: list[str], env: dict[str, str], signum: int, rank: int
+def signal_once_training(command: list[str], env: dict[str, str], send: Callable[[int], object]
                          ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """Run ``command`` (a ``ddpipe train`` of many epochs), send ``signum`` to the process of rank ``rank``
-    alone once the job's second progress line is out, and wait for the job's end."""
+    """Run ``command`` (a ``ddpipe train`` of many epochs), ``send`` a signal (given the launcher's process)
+    once the job's second progress line is out, and wait for the job's end."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           start_new_session=True) as proc:
         timer = threading.Timer(HANG_BOUND, os.killpg, (proc.pid, signal.SIGKILL))
@@ -48,7 +49,7 @@ def signal_once_training(command: list[str], env: dict[str, str], signum: int, r
             for line in proc.stdout:
                 lines.append(line)
                 if sum(" step " in ln for ln in lines) == 2:
-                    os.kill(rank_process(proc.pid, rank), signum)
+                    send(proc.pid)
                     break
             lines += proc.stdout.readlines()
             err = proc.stderr.read()
@@ -56,6 +57,11 @@ def signal_once_training(command: list[str], env: dict[str, str], signum: int, r
         finally:
             timer.cancel()
     return subprocess.CompletedProcess(command, proc.returncode, "".join(lines), err), lines
+
+
+def to_rank(rank: int, signum: int) -> Callable[[int], None]:
+    """Sending ``signum`` to the process of ``rank`` alone, given the launcher's process."""
+    return lambda launcher: os.kill(rank_process(launcher, rank), signum)
 
 
 def rank_process(launcher: int, rank: int) -> int:
@@ -84,7 +90,7 @@ def test_a_sigterm_stops_after_a_step_with_its_checkpoint_and_training_resumes_f
     ckpt = tmp_path / "ckpt.pt"
     command = [sys.executable, "-m", "ddpipe", "train", str(data), *TRAIN, "--epochs", "100", "--checkpoint",
                str(ckpt)]
-    proc, lines = signal_once_training(command, dict(os.environ), signal.SIGTERM, 0)
+    proc, lines = signal_once_training(command, dict(os.environ), to_rank(0, signal.SIGTERM))
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     step = stopped_step(lines)
     assert f"stopped after step {step} (SIGTERM); checkpoint {ckpt}" in proc.stdout
@@ -100,7 +106,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(data: Path, t
     stops after the same step; a rank that stopped alone would leave the other in its next allreduce."""
     ckpt = tmp_path / "ckpt.pt"
     command = mpiexec_command(2, "-m", "ddpipe", "train", data, *TRAIN, "--epochs", "100", "--checkpoint", ckpt)
-    proc, lines = signal_once_training(command, mpiexec_env(), signal.SIGUSR1, 1)
+    proc, lines = signal_once_training(command, mpiexec_env(), to_rank(1, signal.SIGUSR1))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     step = stopped_step(lines)
     assert f"stopped after step {step} (a signal to another rank); checkpoint {ckpt}" in proc.stdout
