@@ -7,7 +7,8 @@
 ResNet-50 by default (``--model smallcnn`` for a quick run); partial shuffling across ranks;
 optional node-local staging; SGD with the learning rate scaled to the global batch and a linear
 warm-up; AMP and channels-last on GPUs; a progress line every ``--log-every`` steps; top-1 on
-``--val`` after each epoch; checkpoints that resume mid-epoch with exactly the samples left.
+``--val`` after each epoch; checkpoints that resume mid-epoch with exactly the samples left, and one
+saved when a scheduler's SIGTERM (or Slurm's ``--signal=USR1@SECONDS``) stops every rank after a step.
 """
 
 from __future__ import annotations
@@ -96,55 +97,60 @@ def main() -> None:
             os.replace(partial, args.checkpoint)
         job.comm.barrier()
 
-    first_batch = True
-    while epoch < args.epochs:
-        if train.epoch != epoch:
-            train.set_epoch(epoch)
-        batches = len(train)  # what is left of this epoch (all of it, unless resumed)
-        whole = train.batches_per_epoch
-        before = whole - batches  # what a resumed epoch had done
-        done = images = 0
-        loss_sum = wait = 0.0
-        t_epoch = t_wait = time.perf_counter()
-        for x, y in train:
-            wait += time.perf_counter() - t_wait
-            if first_batch and job.is_main:
-                print(f"first batch after {time.perf_counter() - started:.1f} s", flush=True)
-                first_batch = False
-            warm = (epoch + (before + done) / whole) / args.warmup_epochs if args.warmup_epochs else 1.0
-            for group in optimizer.param_groups:
-                group["lr"] = peak_lr * (0.1 + 0.9 * min(warm, 1.0))
-            x = ddpipe.normalize(x, decode)  # uint8 batches become floats on the device
-            if gpu:
-                x = x.contiguous(memory_format=torch.channels_last)
-            model.zero_grad()
-            with torch.autocast(job.device.type, dtype=torch.float16, enabled=gpu):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            model.backward(loss, scaler)  # gradients averaged across ranks
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            step, done, images = step + 1, done + 1, images + len(y)
-            loss_sum += float(loss) * len(y)
-            if done % args.log_every == 0 or done == batches:
-                report(job, epoch, done, batches, images, loss_sum, wait, time.perf_counter() - t_epoch)
-            if args.checkpoint and step % args.checkpoint_every == 0:
-                save()
-            if args.max_steps and step >= args.max_steps:
-                save()
+    # a scheduler's SIGTERM (or Slurm's --signal=USR1@...) to any rank: every rank saves after one step
+    with ddpipe.distributed.stop_on_signals(job) as stop:
+        first_batch, stopped = True, False
+        while epoch < args.epochs:
+            if train.epoch != epoch:
+                train.set_epoch(epoch)
+            batches = len(train)  # what is left of this epoch (all of it, unless resumed)
+            whole = train.batches_per_epoch
+            before = whole - batches  # what a resumed epoch had done
+            done = images = 0
+            loss_sum = wait = 0.0
+            t_epoch = t_wait = time.perf_counter()
+            for x, y in train:
+                wait += time.perf_counter() - t_wait
+                if first_batch and job.is_main:
+                    print(f"first batch after {time.perf_counter() - started:.1f} s", flush=True)
+                    first_batch = False
+                warm = (epoch + (before + done) / whole) / args.warmup_epochs if args.warmup_epochs else 1.0
+                for group in optimizer.param_groups:
+                    group["lr"] = peak_lr * (0.1 + 0.9 * min(warm, 1.0))
+                x = ddpipe.normalize(x, decode)  # uint8 batches become floats on the device
+                if gpu:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                model.zero_grad()
+                with torch.autocast(job.device.type, dtype=torch.float16, enabled=gpu):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                model.backward(loss, scaler)  # gradients averaged across ranks
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                step, done, images = step + 1, done + 1, images + len(y)
+                loss_sum += float(loss) * len(y)
+                if done % args.log_every == 0 or done == batches:
+                    report(job, epoch, done, batches, images, loss_sum, wait, time.perf_counter() - t_epoch)
+                if args.checkpoint and step % args.checkpoint_every == 0:
+                    save()
+                asked = stop.agreed()  # every rank, every step: True on all after the same step
+                if asked or (args.max_steps and step >= args.max_steps):
+                    save()
+                    if job.is_main:
+                        print(f"stopped at step {step}" + (" (asked by a signal)" if asked else ""), flush=True)
+                    stopped = True
+                    break
+                t_wait = time.perf_counter()
+            if stopped:
+                break
+            epoch += 1
+            if val is not None:
+                top1, images = evaluate(model, val, decode, job)
                 if job.is_main:
-                    print(f"stopped at step {step}", flush=True)
-                ddpipe.distributed.shutdown(job)
-                return
-            t_wait = time.perf_counter()
-        epoch += 1
-        if val is not None:
-            top1, images = evaluate(model, val, decode, job)
-            if job.is_main:
-                print(f"epoch {epoch - 1}: top-1 {100 * top1:.2f}% of {images} images", flush=True)
-        save()
+                    print(f"epoch {epoch - 1}: top-1 {100 * top1:.2f}% of {images} images", flush=True)
+            save()
     ddpipe.distributed.shutdown(job)
 
 

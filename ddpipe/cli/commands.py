@@ -135,7 +135,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..train import distributed
     from ..train.loop import Trainer, TrainOptions
     from ..train.models import build_model
-    from ..train.stop import StopRequest
 
     _writable_later(args.checkpoint, "--checkpoint")
     job = distributed.init(args.device)
@@ -176,11 +175,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"training {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters) on "
               f"{job.size} rank(s), {loader.decoding.decoder} decoding{served} on {loader.device}, global batch "
               f"{args.batch_size * job.size}, allreduce {args.allreduce}", flush=True)
-    stop = StopRequest()
-    uncatch = stop.catch()  # a scheduler's SIGTERM (or Slurm's --signal=USR1@...) stops at a step, saved
     try:
-        trainer = Trainer(model, loader, job, options, evaluate, stop=stop)
-        trainer.fit()
+        # a scheduler's SIGTERM (or Slurm's --signal=USR1@...) stops every rank after one step, saved
+        with distributed.stop_on_signals(job) as stop:
+            trainer = Trainer(model, loader, job, options, evaluate, stop=stop)
+            trainer.fit()
         stats = loader.stats
         if stats.skipped and job.is_main:
             corrupt = stats.read.corrupt_shards
@@ -189,14 +188,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             example = f", e.g. {named[0].key} in {named[0].shard}: {named[0].reason}" if named else ""
             print(f"skipped {stats.skipped} samples in the last epoch{shards}{example}", flush=True)
     finally:
-        uncatch()
         loader.close()
         if evaluate is not None:
             evaluate.close()
     distributed.shutdown(job)
     # as a process its signal ended would: not done, though nothing was lost (a rank the signal did not
     # reach says SIGTERM's, a scheduler's usual one)
-    return 128 + (stop.signum or signal.SIGTERM) if trainer.stopped_by_request else 0
+    return 128 + (stop.request.signum or signal.SIGTERM) if trainer.stopped_by_signal else 0
 
 
 def _check_labels_fit(data: Dataset, classes: int, *, numbered: bool) -> None:

@@ -15,11 +15,16 @@ end the whole job within seconds, printed once by the rank that raised it.
 
 :func:`wrap` gives both ways of averaging gradients one shape: PyTorch DDP, or ddpipe's MPI path
 (bucketed ``Iallreduce`` posted from gradient hooks). Both start every rank from rank 0's weights.
+
+:func:`stop_on_signals` stops every rank after the same step when a scheduler signals any of them.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +36,7 @@ from ..comm.base import DEFAULT_TIMEOUT, end_job_on_uncaught
 from ..decode.output import named_device
 from ..errors import DdpipeError
 from .mpi_allreduce import DEFAULT_BUCKET_BYTES, MPIGradientAverager
+from .stop import STOP_SIGNALS, StopRequest, StopVote
 
 AVERAGING = ("ddp", "mpi")
 
@@ -192,6 +198,31 @@ def wrap(model: nn.Module, job: Job, averaging: str = "ddp", bucket_bytes: int =
     """``model`` (already on ``job.device``) with its gradients averaged by ``"ddp"`` or ``"mpi"``;
     every rank starts from rank 0's weights."""
     return DataParallel(model, job, averaging, bucket_bytes)
+
+
+@contextlib.contextmanager
+def stop_on_signals(job: Job, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[StopVote]:
+    """Within it, SIGTERM or SIGUSR1 (``signals``) to any rank, as a scheduler sends before it ends or
+    preempts a job, asks the job to stop; ``vote.agreed()``, called once per step on every rank, is then
+    True on every rank after the same step: save a checkpoint there and leave the loop. A second signal
+    ends a rank at once. Every rank enters it at the same point (it makes a process group)::
+
+        with ddpipe.distributed.stop_on_signals(job) as stop:
+            for images, labels in loader:
+                ...                     # the step
+                if stop.agreed():
+                    save(); break
+    """
+    request = StopRequest()
+    vote = StopVote.for_job(request, job.size, job.comm.timeout)
+    restore = request.catch(signals)
+    try:
+        yield vote
+    except BaseException:
+        restore()  # and no wait for the last vote: the other ranks may never cast it
+        raise
+    restore()
+    vote.close()
 
 
 def broadcast_parameters(model: nn.Module, job: Job) -> None:

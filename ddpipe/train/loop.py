@@ -27,7 +27,7 @@ from ..pipeline import Loader
 from .distributed import DataParallel, Job, wrap
 from .mpi_allreduce import DEFAULT_BUCKET_BYTES
 from .step import train_step
-from .stop import StopRequest, StopVote
+from .stop import StopVote
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class Trainer:
 
     def __init__(self, model: nn.Module, loader: Loader, job: Job, options: TrainOptions,
                  evaluate: Loader | None = None, log: Callable[[str], None] | None = None,
-                 stop: StopRequest | None = None) -> None:
+                 stop: StopVote | None = None) -> None:
         self.opt = options
         self.loader, self.eval_loader, self.job, self.comm = loader, evaluate, job, job.comm
         self.device = loader.device
@@ -114,9 +114,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if use_amp else None
         self.step = 0
         self.epoch = 0
-        # ``stop``: set by a signal (ddpipe train's); the ranks agree on the step to stop after (stop.py)
-        self._vote = None if stop is None else StopVote.for_job(stop, job.size, job.comm.timeout)
-        self.stopped_by_request = False
+        self._vote = stop  # ddpipe.distributed.stop_on_signals's: the ranks agree on the step to stop after
+        self.stopped_by_signal = False
         if options.checkpoint is not None and options.checkpoint.exists():
             self._restore(options.checkpoint)
 
@@ -137,14 +136,10 @@ class Trainer:
             where = f" ({self.opt.checkpoint})" if self.opt.checkpoint else ""
             self.log(f"nothing left to do: the checkpoint{where} has finished all {self.opt.epochs} epochs; "
                      "ask for more with --epochs")
-        try:
-            while self.epoch < self.opt.epochs and not self.stopped_by_request:
-                if self.opt.max_steps and self.step >= self.opt.max_steps:
-                    break
-                logs.append(self._epoch())
-        finally:
-            if self._vote is not None:
-                self._vote.close()
+        while self.epoch < self.opt.epochs and not self.stopped_by_signal:
+            if self.opt.max_steps and self.step >= self.opt.max_steps:
+                break
+            logs.append(self._epoch())
         return logs
 
     def _epoch(self) -> EpochLog:
@@ -180,9 +175,9 @@ class Trainer:
             if bar is not None:
                 bar.update()
             if self._vote is not None and self._vote.agreed():
-                stopped = self.stopped_by_request = True
-                request = self._vote.request
-                self._stop(request.name if request.signum else "a signal to another rank")
+                stopped = self.stopped_by_signal = True
+                asked = self._vote.signal_name
+                self._stop(asked if asked != "none" else "a signal to another rank")
                 break
             if self.opt.max_steps and self.step >= self.opt.max_steps:
                 stopped = True

@@ -77,6 +77,26 @@ def test_resume_mid_epoch_continues_as_if_never_stopped(data: Path, under_mpiexe
     assert losses(rest.stdout)[-3:] == pytest.approx(losses(under_mpiexec)[-3:], abs=0.02)
 
 
+def test_a_signal_to_one_rank_stops_every_rank_after_one_step_with_a_checkpoint(data: Path, tmp_path: Path) -> None:
+    """The script's loop in ddpipe.distributed.stop_on_signals: a SIGTERM that reaches one torchrun
+    worker alone stops both after the same step, with that step saved."""
+    import os
+    import signal
+
+    import torch
+
+    from ..train.test_stop import signal_once_training, to_rank
+
+    ckpt = tmp_path / "ckpt.pt"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
+               str(data), *ARGS, "--epochs", "100", "--checkpoint", str(ckpt)]
+    proc, lines = signal_once_training(command, {**os.environ, "OMP_NUM_THREADS": "1"}, to_rank(1, signal.SIGTERM))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stopped = [ln.split()[3] for ln in lines if ln.startswith("stopped at step ")]
+    assert len(stopped) == 1 and f"stopped at step {stopped[0]} (asked by a signal)" in proc.stdout, proc.stdout
+    assert torch.load(ckpt, weights_only=False)["step"] == int(stopped[0])
+
+
 def test_two_hosts_train_as_two_ranks_on_one(data: Path, under_mpiexec: str) -> None:
     """One rank on each of two real hosts (tests/hosts/ssh-ns): DDP's rendezvous finds rank 0 by its
     host name, gradients cross hosts over TCP, and the losses are those of the one-host job."""

@@ -65,16 +65,18 @@ def to_rank(rank: int, signum: int) -> Callable[[int], None]:
 
 
 def rank_process(launcher: int, rank: int) -> int:
-    """The process of ``rank``: the launcher itself when it is the only rank, else the one of its
-    descendants whose environment says that rank (as MPI's process managers set it)."""
-    if rank == 0 and b"PMI_RANK" not in Path(f"/proc/{launcher}/environ").read_bytes():
+    """The process of ``rank``: the launcher itself when it is the only rank, else the first of its
+    descendants (a generation at a time: a rank before its own workers, which inherit its environment)
+    whose environment says that rank, as MPI's process managers and torchrun set it."""
+    says = {f"PMI_RANK={rank}".encode(), f"RANK={rank}".encode()}
+    if rank == 0 and not says & set(Path(f"/proc/{launcher}/environ").read_bytes().split(b"\0")):
         return launcher
     for pid in descendants(launcher):
         try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
         except OSError:
             continue
-        if f"PMI_RANK={rank}".encode() in env and b"-m\0ddpipe" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if says & env:
             return pid
     raise AssertionError(f"no process of rank {rank} under {launcher}")
 
