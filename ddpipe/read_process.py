@@ -54,7 +54,7 @@ import numpy as np
 
 from .errors import DdpipeError, OptionError
 from .shard_places import IN_BUFFER, PlaceViews
-from .workers import ctrl_c_held
+from .workers import parents_signals_held
 
 if TYPE_CHECKING:
     from .comm import Comm, World
@@ -155,7 +155,7 @@ class ProcessReader:
             buf = mmap.mmap(fd, self.buffer_bytes + area + received)
             pairs = [socket.socketpair() for _ in range(2 if relayed else 1)]
             theirs = [b.fileno() for _, b in pairs]
-            with ctrl_c_held():  # a Ctrl-C is the rank's to answer: the reading process ignores it
+            with parents_signals_held():  # Ctrl-C and a scheduler's stop are the rank's to answer
                 self._proc = subprocess.Popen(
                     [sys.executable, "-c", _START_SERVER, _IMPORTED_FROM, str(fd), str(self.buffer_bytes),
                      str(area), *map(str, theirs)], pass_fds=(fd, *theirs), stdin=subprocess.DEVNULL)

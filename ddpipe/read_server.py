@@ -23,7 +23,7 @@ from .comm.base import pack_parts
 from .epoch_ahead import READ_AHEAD_BATCHES, likely_next, may_read_ahead, serves
 from .errors import DdpipeError
 from .shard_places import IN_BUFFER, PlaceFinder
-from .workers import leave_ctrl_c_to_parent
+from .workers import leave_signals_to_parent
 
 if TYPE_CHECKING:
     from .decode.batches import EncodedBatch
@@ -293,7 +293,7 @@ def main(argv: list[str]) -> None:
     # the loader's threads come and go. Every wait here is on a connection, which the kernel closes
     # when the parent goes, however it goes: a receive then ends, a send fails, and this process exits.
     # A Ctrl-C (the terminal's or the launcher's, to the whole group) is the parent's to answer
-    leave_ctrl_c_to_parent()
+    leave_signals_to_parent()
     buf_fd, ring_bytes, area = (int(a) for a in argv[:3])
     conn_fd, *relay_fd = (int(a) for a in argv[3:])
     whole = memoryview(mmap.mmap(buf_fd, 0))

@@ -1,4 +1,4 @@
-"""Worker processes that never outlive the process that started them, and leave Ctrl-C to it.
+"""Worker processes that never outlive the process that started them, and leave its signals to it.
 
 A pool's workers wait on a pipe from their parent; a parent ended by SIGKILL (or by SIGTERM, whose
 default action skips every clean-up) left them waiting for ever, with the resource tracker beside
@@ -7,9 +7,12 @@ them. Each worker asks the kernel to end it when its parent goes (Linux's PR_SET
 A terminal's or a launcher's Ctrl-C reaches the whole process group, workers included, and only the
 parent may decide what it means: workers that took it as their own were left blocked on their pool's
 result queue, their parent waiting for ever for a batch they would not send (a job under mpiexec,
-Ctrl-C'd). Workers are started from :func:`worker_context` and ignore it from their first instruction
-on; the parent ends its workers, or the kernel does as it goes. A child started otherwise (the
-loader's reading process) does the same with :func:`ctrl_c_held` and :func:`leave_ctrl_c_to_parent`."""
+Ctrl-C'd). A scheduler's stop is the same: Slurm signals every process of a job step (SIGTERM before
+a time limit, SIGUSR1 with ``--signal``), and a rank that stops after its step
+(:func:`ddpipe.distributed.stop_on_signals`) found its decoding workers dead of it. Workers are
+started from :func:`worker_context` and ignore these signals from their first instruction on; the
+parent ends its workers, or the kernel does as it goes. A child started otherwise (the loader's
+reading process) does the same with :func:`parents_signals_held` and :func:`leave_signals_to_parent`."""
 
 from __future__ import annotations
 
@@ -25,46 +28,53 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 
+# Ctrl-C, and a scheduler's stop (ddpipe.train.stop's signals): the parent's to answer
+PARENTS_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
+
+
 @contextlib.contextmanager
-def ctrl_c_held() -> Iterator[None]:
-    """Start child processes inside: they start with Ctrl-C held back until they call
-    :func:`leave_ctrl_c_to_parent`. The signal mask passes through fork and exec (one that came while a
-    child's interpreter started had killed it with a traceback); CPython starts its resource tracker
-    the same way (bpo-33613). Only this thread's mask changes, and only while inside."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+def parents_signals_held() -> Iterator[None]:
+    """Start child processes inside: they start with the parent's signals held back until they call
+    :func:`leave_signals_to_parent`. The signal mask passes through fork and exec (a Ctrl-C that came
+    while a child's interpreter started had killed it with a traceback); CPython starts its resource
+    tracker the same way (bpo-33613), and one started in here keeps SIGUSR1 held for good. Only this
+    thread's mask changes, and only while inside."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, PARENTS_SIGNALS)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def leave_ctrl_c_to_parent() -> None:
-    """Call first thing in a child started under :func:`ctrl_c_held`: it ignores Ctrl-C from now on."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one held back since the start is dropped
+def leave_signals_to_parent() -> None:
+    """Call first thing in a child started under :func:`parents_signals_held`: it ignores its parent's
+    signals from now on (its parent ends it, or the kernel as its parent goes)."""
+    for s in PARENTS_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENTS_SIGNALS)  # those held back since the start are dropped
 
 
-class _CtrlCHeldProcess(SpawnProcess):
+class _SignalsHeldProcess(SpawnProcess):
     def start(self) -> None:
-        with ctrl_c_held():
+        with parents_signals_held():
             super().start()
 
 
-class _CtrlCHeldContext(SpawnContext):
-    Process = _CtrlCHeldProcess
+class _SignalsHeldContext(SpawnContext):
+    Process = _SignalsHeldProcess
 
 
 def worker_context() -> SpawnContext:
     """The ``mp_context`` of a pool whose initializer is :func:`bind_to_parent`: spawn (a fresh
     interpreter: forking a process that may hold MPI, HDF5 or DALI threads is unsafe), each worker
-    started deaf to Ctrl-C."""
-    return _CtrlCHeldContext()
+    started deaf to its parent's signals."""
+    return _SignalsHeldContext()
 
 
 def bind_to_parent() -> None:
     """Call first thing in a worker process (a pool's ``initializer``): the worker dies with its parent
-    and leaves Ctrl-C to it (see the module)."""
-    leave_ctrl_c_to_parent()
+    and leaves its signals to it (see the module)."""
+    leave_signals_to_parent()
     if not sys.platform.startswith("linux"):
         return
     import multiprocessing
@@ -79,15 +89,15 @@ def bind_to_parent() -> None:
 
 
 def stop_workers(pool: Any) -> None:
-    """End a ``ProcessPoolExecutor``'s workers at once (Python 3.14 has ``terminate_workers``; before
-    it, through the executor's table of processes)."""
-    terminate = getattr(pool, "terminate_workers", None)
-    if terminate is not None:
-        terminate()
+    """End a ``ProcessPoolExecutor``'s workers at once, with SIGKILL: they ignore SIGTERM (see the module).
+    (Python 3.14 has ``kill_workers``; before it, through the executor's table of processes.)"""
+    kill = getattr(pool, "kill_workers", None)
+    if kill is not None:
+        kill()
         return
     for process in list(getattr(pool, "_processes", {}).values()):
         with contextlib.suppress(OSError, ValueError):
-            process.terminate()
+            process.kill()
 
 
 # the guard's whole program: the paths it is given, one a line, removed once its input ends

@@ -294,15 +294,18 @@ def test_a_reading_process_that_dies_is_an_error_not_a_hang(images: Path) -> Non
     loader.close()
 
 
-def test_a_ctrl_c_to_the_process_group_leaves_the_reading_process_reading(images: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_to_the_process_group_leaves_the_reading_process_reading(images: Path, sig: int) -> None:
     """A terminal's Ctrl-C, or a launcher's, reaches the reading process too, and only the rank may
     decide what it means: one that took it as its own died with a traceback, and its rank's epoch with
-    "the reading process ended unexpectedly" in place of the rank's own answer to Ctrl-C."""
+    "the reading process ended unexpectedly" in place of the rank's own answer to Ctrl-C. So does a
+    scheduler's stop (SIGTERM, SIGUSR1 to every process of a Slurm step), which the rank answers after
+    its step."""
     loader = make(images, "process", source_limits="100KB/s", shuffle="none")
     it = iter(loader)
     seen = len(next(it)[1])
     child = reading_process(loader)
-    os.kill(child, signal.SIGINT)
+    os.kill(child, sig)
     seen += sum(len(labels) for _, labels in it)
     assert seen == 60
     assert alive(child)

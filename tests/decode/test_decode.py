@@ -230,17 +230,20 @@ def test_pil_without_room_in_shared_memory_pickles_images_back(labelled: Path,
     assert seen == 40
 
 
-def test_a_ctrl_c_to_the_process_group_leaves_the_pil_workers_decoding(labelled: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_to_the_process_group_leaves_the_pil_workers_decoding(labelled: Path, sig: int) -> None:
     """A terminal's Ctrl-C, or a launcher's, reaches a rank's decoding workers too, and only the rank
     may decide what it means: workers that took it as their own died mid-batch or mid-reply, and under
-    mpiexec, under load, some runs had left the rank waiting for ever on a batch no worker would send."""
+    mpiexec, under load, some runs had left the rank waiting for ever on a batch no worker would send.
+    So does a scheduler's stop (Slurm signals every process of a job step), which the rank answers
+    after its step (ddpipe.distributed.stop_on_signals): workers it had killed broke the rank's pool."""
     before = set(descendants(os.getpid()))
     batches = iter(loader(labelled, "pil"))
     seen = len(next(batches)[1])
     workers = [pid for pid in set(descendants(os.getpid())) - before if "spawn_main" in _cmdline(pid)]
     assert workers  # this loader's pool
     for pid in workers:
-        os.kill(pid, signal.SIGINT)
+        os.kill(pid, sig)
     for images, labels in batches:
         means = images.float().mean(dim=(2, 3))
         assert torch.equal(torch.cdist(means, torch.tensor(COLORS, dtype=torch.float32)).argmin(dim=1), labels)

@@ -82,16 +82,18 @@ def test_srun_user_script_trains_as_under_mpiexec(data: Path) -> None:
     assert losses(under_srun.stdout)
 
 
-def test_scancel_signal_stops_training_after_one_step_on_both_nodes_with_its_checkpoint(data: Path,
-                                                                                      tmp_path: Path) -> None:
+@pytest.mark.parametrize("decoding", [[], ["--decode", "pil"], ["--read-in", "process"]])
+def test_scancel_signal_stops_training_after_one_step_on_both_nodes_with_its_checkpoint(data: Path, tmp_path: Path,
+                                                                                      decoding: list[str]) -> None:
     """Slurm's warning before a time limit (``--signal=USR1@SECONDS``, as the example asks) or an
-    operator's ``scancel --signal``: slurmstepd signals every task on both nodes, at whatever step each
-    is; all stop after the same one, and the job resumes from it."""
+    operator's ``scancel --signal``: slurmstepd signals every process of the step on both nodes, at
+    whatever step each task is, decoding workers and reading processes included (which leave it to
+    their rank); all ranks stop after the same step, and the job resumes from it."""
     import torch
 
     name, ckpt = f"ddpipe-stop-{os.getpid()}", tmp_path / "ck.pt"
     train = ["srun", "-N", "2", "-n", "4", "--distribution=block", "--mpi=pmi2", f"--job-name={name}", sys.executable,
-             "-m", "ddpipe", "train", str(data), *TRAIN, "--checkpoint", str(ckpt)]
+             "-m", "ddpipe", "train", str(data), *TRAIN, *decoding, "--checkpoint", str(ckpt)]
 
     def scancel(_: int) -> None:
         job = subprocess.run(["squeue", "-h", "-o", "%i", "-n", name], capture_output=True, text=True, env=ENV,
