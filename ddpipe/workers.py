@@ -100,9 +100,13 @@ def stop_workers(pool: Any) -> None:
             process.kill()
 
 
-# the guard's whole program: the paths it is given, one a line, removed once its input ends
+# the guard's whole program: the paths it is given, one a line, removed once its input ends. Deaf to
+# its parent's signals, which Slurm sends to every process of a step: it goes when its parent does
 _GUARD = """
-import os, sys
+import os, signal, sys
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(s, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1))
 paths = [line.rstrip("\\n") for line in sys.stdin]
 for path in paths:
     try:
@@ -124,9 +128,10 @@ class NameGuard:
     def __init__(self) -> None:
         import subprocess
 
-        self._guard: subprocess.Popen[str] | None = subprocess.Popen(
-            [sys.executable, "-c", _GUARD], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, text=True, start_new_session=True, close_fds=True)
+        with parents_signals_held():  # held until its program ignores them
+            self._guard: subprocess.Popen[str] | None = subprocess.Popen(
+                [sys.executable, "-c", _GUARD], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, text=True, start_new_session=True, close_fds=True)
 
     def add(self, *paths: str) -> None:
         guard = self._guard
