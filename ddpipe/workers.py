@@ -54,6 +54,16 @@ def leave_signals_to_parent() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENTS_SIGNALS)  # those held back since the start are dropped
 
 
+def start_resource_tracker() -> None:
+    """CPython's resource tracker (of shared memory and semaphores), started now unless it runs, with
+    the parent's signals held: CPython holds back only SIGINT and SIGTERM as it starts it, so one
+    started by the first SharedMemory died of the SIGUSR1 Slurm sends every process of a step."""
+    from multiprocessing import resource_tracker
+
+    with parents_signals_held():
+        resource_tracker.ensure_running()
+
+
 class _SignalsHeldProcess(SpawnProcess):
     def start(self) -> None:
         with parents_signals_held():

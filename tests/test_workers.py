@@ -43,3 +43,38 @@ def test_the_name_guard_outlasts_its_parents_signals_and_removes_the_names_when_
     finally:
         parent.kill()
         name.unlink(missing_ok=True)
+
+
+DECODES = """
+import os, signal, sys
+sys.path.insert(0, os.getcwd())
+import ddpipe
+from tests.helpers import alive, descendants
+
+if __name__ == "__main__":
+    loader = ddpipe.Loader(sys.argv[1], 4, decoder="pil", device="cpu", size=32, resize_shorter=40, shuffle="none")
+    batches = iter(loader)
+    seen = len(next(batches)[1])
+    helpers = descendants(os.getpid())
+    for pid in helpers:
+        os.kill(pid, signal.SIGUSR1)
+    seen += sum(len(labels) for _, labels in batches)
+    print(seen, [pid for pid in helpers if not alive(pid)], flush=True)
+    loader.close()
+"""
+
+
+def test_a_pil_loaders_helper_processes_leave_a_schedulers_stop_to_their_rank(tmp_path: Path) -> None:
+    """Workers, resource tracker and name guard, in a fresh process: the tracker, started by the ring's
+    first SharedMemory, died of SIGUSR1 (CPython holds back only SIGINT and SIGTERM as it starts it)."""
+    import numpy as np
+
+    import ddpipe
+
+    from .decode.test_decode import labelled_samples
+
+    ddpipe.write_dataset(tmp_path / "d", iter(labelled_samples(12, np.random.default_rng(0))), samples_per_shard=6)
+    proc = subprocess.run([sys.executable, "-c", DECODES, str(tmp_path / "d")], cwd=Path(__file__).parents[1],
+                          capture_output=True, text=True, timeout=120)  # a hang bound
+    assert proc.returncode == 0 and proc.stdout == "12 []\n", proc.stdout + proc.stderr
+    assert "resource_tracker" not in proc.stderr, proc.stderr

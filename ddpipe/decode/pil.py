@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from ..memory import shared_memory_left
-from ..workers import NameGuard, bind_to_parent, worker_context
+from ..workers import NameGuard, bind_to_parent, start_resource_tracker, worker_context
 from .augment import random_crops
 from .resample import resize_crop
 from .spec import DecodeOptions, check_pixels, open_image
@@ -129,6 +129,7 @@ class PilPool:
         self.batch_size = batch_size
         # until the names are gone: a rank killed before then (its launcher ending the job) leaves none
         self._guard = NameGuard()
+        start_resource_tracker()  # before the ring's SharedMemory would start it, deaf to a scheduler's stop
         self._ring = self._make_ring()
         self._guard.add(*(f"/dev/shm/{b.name.lstrip('/')}" for b in self._ring))
         self._blocks = list(self._ring)  # for the release below
