@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import DdpipeError
 from .spec import DecodeOptions
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
@@ -52,7 +53,16 @@ class BatchRing:
         s, dtype = self.options.size, TORCH_DTYPES[self.options.dtype]
         # not a permuted view: a view also holds its base, and the ring saw a channels-last batch in use forever
         layout = torch.channels_last if self.options.channels_last else torch.contiguous_format
-        return torch.empty((n, 3, s, s), dtype=dtype, memory_format=layout, pin_memory=self.pinned)
+        try:
+            return torch.empty((n, 3, s, s), dtype=dtype, memory_format=layout, pin_memory=self.pinned)
+        except RuntimeError as e:  # how torch's allocators say it (OutOfMemoryError is one too)
+            if not isinstance(e, torch.OutOfMemoryError) and "allocate" not in str(e):
+                raise
+            size = n * 3 * s * s * torch.empty((), dtype=dtype).element_size()
+            where = "pinned memory" if self.pinned else "this machine's memory"
+            raise DdpipeError(f"a batch of {n} images of {s} x {s} pixels ({size / 1e9:,.1f} GB of "
+                              f"{self.options.dtype}) does not fit in {where}: use a smaller batch or image "
+                              "size") from None
 
     def take(self, n: int) -> torch.Tensor:
         """A batch of ``n`` to fill, then to give the caller through :meth:`handed_out`."""

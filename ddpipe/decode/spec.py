@@ -110,6 +110,10 @@ class DecodeOptions:
             whole_option(getattr(self, name), name)
         if self.size < 1 or self.resize_shorter < self.size:
             raise OptionError("size must be positive and resize_shorter at least size")
+        side, name = (self.size, "size") if self.train else (self.resize_shorter, "resize_shorter")
+        if side ** 2 > self.max_pixels:  # no image made is larger than any image read may be
+            raise OptionError(f"{name} {side} makes images of at least {side ** 2:,} pixels, more than max_pixels "
+                              f"({self.max_pixels:,}) allows any image")
         if self.threads < 0:
             raise OptionError(f"threads must be at least 0 (0: the node's cores over its ranks), not {self.threads}")
         self._check_transform()

@@ -17,7 +17,7 @@ from PIL import Image
 
 import ddpipe
 from ddpipe.decode import DecodeOptions, normalize
-from ddpipe.errors import SampleError
+from ddpipe.errors import DdpipeError, SampleError
 from ddpipe.sample import Sample
 
 from ..helpers import alive, descendants
@@ -570,6 +570,19 @@ def test_a_shorter_batch_is_written_into_a_released_full_ones_memory(channels_la
     assert last.data_ptr() == where and last.shape[0] == 5
     assert last.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     assert ring.take(16).data_ptr() not in (where, held.data_ptr())  # both still held: fresh memory
+
+
+def test_a_batch_that_does_not_fit_in_memory_is_one_clear_error() -> None:
+    """Torch's own was a RuntimeError naming its allocator's source file, a traceback from ddpipe train;
+    with PIL it came from a worker. 194 TB of float32 is more than a 47-bit address space, even where
+    the kernel would promise any amount (vm.overcommit_memory=1)."""
+    from ddpipe.decode.ring import BatchRing
+
+    ring = BatchRing(DecodeOptions(size=9000, resize_shorter=9000, dtype="float32"))
+    with pytest.raises(DdpipeError, match=r"^a batch of 200000 images of 9000 x 9000 pixels \(194,400.0 GB of "
+                                          r"float32\) does not fit in this machine's memory: use a smaller batch or "
+                                          r"image size$"):
+        ring.take(200_000)
 
 
 @needs_cuda
