@@ -29,13 +29,25 @@ if TYPE_CHECKING:
 DEFAULT_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9)
 
 
+def _share(text: str) -> float:
+    """--within: a share of the gap, in [0, 1] (checked by advise_exchange too, but only after the labels
+    are read, and as the command's usage error here)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share of the gap, in [0, 1], not {text}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset")
     p.add_argument("--world-size", "-W", type=int, required=True, help="ranks of the job (GPUs)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--exchange-fraction", type=float, nargs="+", default=list(DEFAULT_FRACTIONS), metavar="Q",
                    help="the Q values to score")
-    p.add_argument("--within", type=float, default=0.25,
+    p.add_argument("--within", type=_share, default=0.25,
                    help="choose the smallest Q leaving at most this share of local shuffling's batch-skew "
                         "gap to a global shuffle (default 0.25; the README relates it to accuracy)")
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")

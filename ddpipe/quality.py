@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from .errors import OptionError
 from .manifest import Manifest
 from .plan import PlanOptions, plan_epoch
 from .shufflers import compared_modes, get_shuffler
@@ -150,6 +151,8 @@ def advise_exchange(manifest: Manifest, labels_of: np.ndarray, world_size: int, 
     """Score ``local``, ``partial`` at each of ``fractions`` and ``global`` for ``world_size`` ranks
     (the plans the Loader would carry out with ``options``), and choose the smallest Q whose batch
     skew is within ``within`` of the local-to-global gap from global's."""
+    if not 0 <= within <= 1:  # NaN too: "closes nan% of the gap"
+        raise OptionError(f"within is a share of the gap, in [0, 1], not {within}")
     base = options or PlanOptions()
     num_classes = int(labels_of.max()) + 1 if len(labels_of) else 1
     floor = random_skew(labels_of, num_classes, base.batch_size)

@@ -125,6 +125,13 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["serve", "--log-every", "0"], "argument --log-every: must be more than 0"),
     (["synth", "out", "--quality", "101"], "argument --quality: must be 1 to 100, not 101"),  # was written as 100
     (["synth", "out", "--n", "x"], "argument --n: not a whole number: 'x'"),  # was "invalid _positive value"
+    # read after the benchmark had run: a traceback (nodes=abc), or a table of -1 nodes
+    (["bench", "ds", "--project", "nodes=abc"], "argument --project: give node counts as nodes=1,8,64"),
+    (["bench", "ds", "--project", "nodes=0"], "argument --project: give node counts of at least 1"),
+    (["bench", "ds", "--project", "nodes=8,-1"], "argument --project: give node counts of at least 1"),
+    (["bench", "ds", "--gpus-per-node", "0"], "argument --gpus-per-node: must be at least 1"),
+    (["plan", "ds", "-W", "4", "--within", "nan"], "argument --within: must be a share of the gap, in [0, 1]"),
+    (["plan", "ds", "-W", "4", "--within", "-1"], "argument --within: must be a share of the gap"),  # "200% of"
 ])
 def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], says: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -133,3 +133,13 @@ def test_a_job_reading_few_classes_at_a_time_is_pointed_at_the_buffer(tmp_path: 
     assert not large["buffer_bound"] and large["scores"][0]["step_skew"] < small["scores"][0]["step_skew"]
     text = run_cli("plan", data, "-W", "2", "--batch-size", "6", "--buffer-size", "4", check=True).stdout
     assert "score a larger --buffer-size" in text
+
+
+@pytest.mark.parametrize("within", [float("nan"), -1.0, 1.5])
+def test_advice_within_a_share_outside_0_to_1_is_refused(tmp_path: Path, within: float) -> None:
+    """It said "no Q scored closes nan% of the gap", or looked for one closing 200% of it."""
+    data = ddpipe.open_dataset(class_sorted(tmp_path / "d"))
+    labels = data.manifest.sample_labels()
+    assert labels is not None
+    with pytest.raises(ddpipe.OptionError, match=r"within is a share of the gap, in \[0, 1\]"):
+        ddpipe.advise_exchange(data.manifest, labels, 4, [0.3], within=within)

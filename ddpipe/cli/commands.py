@@ -279,7 +279,7 @@ def print_projection(args: argparse.Namespace, report: BenchReport) -> None:
 
     stages = {s.name: s for s in report.stages}
     decode = stages["read+decode"]
-    nodes = [int(n) for n in args.project.removeprefix("nodes=").split(",") if n]
+    nodes = list(args.project)
     cluster = Cluster(nodes=1, gpus_per_node=args.gpus_per_node, fs_bandwidth=args.fs_bandwidth,
                       local_bandwidth=args.local_bandwidth, local_capacity=args.local_capacity,
                       link_bandwidth=args.link_bandwidth, link_latency=args.link_latency)

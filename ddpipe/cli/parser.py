@@ -86,6 +86,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _node_counts(text: str) -> tuple[int, ...]:
+    """--project's cluster sizes, ``nodes=1,8,64`` (or ``1,8,64``): read now, not after the benchmark."""
+    try:
+        nodes = tuple(int(n) for n in text.removeprefix("nodes=").split(",") if n.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give node counts as nodes=1,8,64, not {text!r}") from None
+    if not nodes or min(nodes) < 1:
+        raise argparse.ArgumentTypeError(f"give node counts of at least 1, as nodes=1,8,64, not {text!r}")
+    return nodes
+
+
 def _jpeg_quality(text: str) -> int:
     value = _whole(text)
     if not 1 <= value <= 100:  # PIL takes more, and writes what 100 writes
@@ -238,9 +249,10 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
     p.add_argument("--json", default=None, help="write every figure and the machine to this file")
     p.add_argument("--plot", default=None, help="write a PNG of throughput by stage and stall over the epoch")
-    p.add_argument("--project", default=None, metavar="nodes=1,8,64,512", help="project to these cluster sizes")
-    p.add_argument("--project-images", type=int, default=0, help="dataset size to project (default: this one)")
-    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument("--project", type=_node_counts, default=None, metavar="nodes=1,8,64,512",
+                   help="project to these cluster sizes")
+    p.add_argument("--project-images", type=_positive, default=None, help="dataset size to project (default: this one)")
+    p.add_argument("--gpus-per-node", type=_positive, default=4)
     p.add_argument("--fs-bandwidth", type=_size, default=10 * 10**9, help="shared file system, aggregate, per second")
     p.add_argument("--local-bandwidth", type=_size, default=3 * 10**9, help="node-local storage, per second")
     p.add_argument("--local-capacity", type=_size, default=3800 * 10**9)
