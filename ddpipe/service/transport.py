@@ -73,6 +73,7 @@ class ZmqListener:
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self._socket.setsockopt(zmq.RCVHWM, queue_per_client)  # back-pressure: a client's pipe holds this many
         self._socket.setsockopt(zmq.SNDHWM, queue_per_client)
+        self._socket.setsockopt(zmq.IPV6, 1)  # [::1]:PORT too (ZeroMQ takes IPv4 only unless told)
         where = endpoint(address, listening=True)
         if where.startswith("tcp://") and where.endswith(":0"):
             where = where[:-2] + ":*"  # any free port: endpoint says which
@@ -175,6 +176,7 @@ class Links:
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.RECONNECT_IVL, 200)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sock.setsockopt(zmq.IPV6, 1)
         monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         sock.connect(endpoint(address))
         link = Link(endpoint(address), sock, monitor)

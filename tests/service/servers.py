@@ -46,9 +46,9 @@ class Server:
         return out + err
 
 
-def start_server(port: int = 0, *args: str) -> Server:
-    """``ddpipe serve`` on 127.0.0.1 (port 0: a free one), once it says where it listens."""
-    proc = subprocess.Popen([sys.executable, "-m", "ddpipe", "serve", "--listen", f"127.0.0.1:{port}",
+def start_server(port: int = 0, *args: str, host: str = "127.0.0.1") -> Server:
+    """``ddpipe serve`` on ``host`` (port 0: a free one), once it says where it listens."""
+    proc = subprocess.Popen([sys.executable, "-m", "ddpipe", "serve", "--listen", f"{host}:{port}",
                              "--workers", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.stdout is not None

@@ -78,6 +78,27 @@ def test_served_batches_are_bit_identical_to_local_decoding(natural: Path, decod
     assert len(st.by_server) == n  # spread over every server
 
 
+def test_a_server_on_an_ipv6_address_serves(natural: Path) -> None:
+    """ZeroMQ takes IPv4 only unless told: `ddpipe serve --listen [::1]:0` said "No such device"."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    server = start_server(0, host="[::1]")
+    try:
+        assert server.endpoint.startswith("tcp://[::1]:")
+        served = loader(natural, options([server.endpoint]))
+        got = epoch(served)
+        st = stats(served)
+        served.close()
+    finally:
+        server.stop()
+    assert got and st.local_batches == 0 and st.remote_batches == len(got)
+
+
 def test_float_and_channels_last_outputs_travel_unchanged(natural: Path) -> None:
     extra = {"dtype": "float16", "channels_last": True}
     expected = epoch(loader(natural, DecodeOptions(decoder="dali-cpu", device="cpu", size=24, resize_shorter=28,
