@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from .formats.atomic import atomic_write_bytes
+from .seeding import derive_rng
 from .workers import bind_to_parent, worker_context
 
 # (width / height, weight): landscape 4:3 dominates photo collections, then portrait and others
@@ -67,7 +68,7 @@ def _palette(c: int) -> np.ndarray:
 
 def render_image(index: int, *, seed: int = 0, classes: int = 10, long_side: int = 500) -> np.ndarray:
     """The RGB pixels (uint8, HxWx3) of image ``index``."""
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, index])))
+    rng = derive_rng(seed, index)
     ratios, weights = zip(*_ASPECTS, strict=True)
     ratio = ratios[rng.choice(len(ratios), p=np.array(weights) / sum(weights))]
     side = int(long_side * rng.uniform(0.85, 1.15))

@@ -8,7 +8,7 @@ import pytest
 
 import ddpipe
 
-from .conftest import run_cli
+from .conftest import dir_bytes, run_cli
 
 
 def one_line(*args: str | Path) -> str:
@@ -142,3 +142,17 @@ def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], sa
     with pytest.raises(SystemExit) as ended:
         parse_command_line(args)
     assert ended.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_negative_seed_is_a_seed_for_every_command(raw_images: Path, tmp_path: Path) -> None:
+    """The Loader takes any integer; ddpipe synth and ddpipe convert --seed gave numpy's "expected
+    non-negative integer" as a traceback. The seed decides, the same on every run."""
+    made = [run_cli("synth", tmp_path / f"s{k}", "--n", "3", "--seed", "-1") for k in (1, 2)]
+    assert all(p.returncode == 0 for p in made), made[0].stderr
+    assert dir_bytes(tmp_path / "s1") == dir_bytes(tmp_path / "s2")
+    orders = []
+    for k in (1, 2):
+        proc = run_cli("convert", raw_images, tmp_path / f"c{k}", "--seed", "-5", "--quiet")
+        assert proc.returncode == 0, proc.stderr
+        orders.append([s["__key__"] for s in ddpipe.open_dataset(tmp_path / f"c{k}")])
+    assert orders[0] == orders[1] and orders[0] != sorted(orders[0])

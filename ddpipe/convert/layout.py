@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
+from ..seeding import derive_rng
 from ..units import parse_size
 
 DEFAULT_SHARD_BYTES = 256 * 1000 * 1000
@@ -17,8 +16,7 @@ def sample_order(num_items: int, seed: int | None) -> list[int]:
     """Source order, or a permutation drawn from ``seed`` alone (the same on every machine)."""
     if seed is None:
         return list(range(num_items))
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0x5EED])))
-    return [int(i) for i in rng.permutation(num_items)]
+    return [int(i) for i in derive_rng(seed, 0x5EED).permutation(num_items)]
 
 
 def pack_shards(
