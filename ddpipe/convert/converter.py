@@ -260,6 +260,10 @@ def convert(
         out = to_objects.work_dir(objects)
         out.mkdir(parents=True, exist_ok=True)  # on every node: each writes its ranks' shards
     out = Path(out)
+    if source.kind == "imagefolder" and out.resolve().is_relative_to(Path(source.root).resolve()):
+        # its shards would be a class of the tree's next conversion (and name clashes within it)
+        raise ConversionConflictError(f"is inside the ImageFolder it would be made from ({source.root}): "
+                                      "choose an output outside it", path=out)
     state = out / STATE_DIR
 
     def prepare() -> None:

@@ -188,6 +188,16 @@ def test_refuses_non_empty_foreign_directory(raw_images: Path, tmp_path: Path) -
     assert os.listdir(out) == ["precious.txt"]
 
 
+def test_refuses_an_output_inside_the_imagefolder(raw_copy: Path) -> None:
+    """It converted, and its shards became a class of the tree's next conversion, which then failed on
+    name clashes between a shard and its index."""
+    before = dir_bytes(raw_copy)
+    for out in (raw_copy / "shards", raw_copy / "class_a" / ".." / "x" / "y", raw_copy):
+        with pytest.raises(ConversionConflictError, match=r"is inside the ImageFolder it would be made from"):
+            convert(raw_copy, out, opts())
+    assert dir_bytes(raw_copy) == before
+
+
 def test_duplicate_keys_are_an_error(tmp_path: Path, raw_images: Path) -> None:
     f = next(raw_images.rglob("*.jpg"))
     lst = tmp_path / "l.csv"
