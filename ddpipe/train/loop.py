@@ -272,6 +272,10 @@ class Trainer:
         except (RuntimeError, ValueError, EOFError, OSError) as e:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DdpipeError(f"not a checkpoint ddpipe train can resume from: {reason}", path=path) from None
+        mismatch = _model_mismatch(self.model.state_dict(), state["model"])
+        if mismatch:  # torch's own error lists every key, over many lines
+            raise DdpipeError(f"a checkpoint of another model ({mismatch}): resume with the --model, and the classes, "
+                              "it was saved with, or give another --checkpoint", path=path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
@@ -280,3 +284,19 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         self.log(f"resumed from {path}: epoch {self.epoch}, step {self.step}, "
                  f"{len(self.loader)} batches left in the epoch")
+
+
+def _model_mismatch(ours: dict[str, Any], saved: object) -> str:
+    """How a checkpoint's model parameters differ from this model's, by a first example; "" if they match."""
+    if not isinstance(saved, dict):
+        return "its model is not a dict of parameters"
+    missing = [k for k in ours if k not in saved]
+    extra = [k for k in saved if k not in ours]
+    if missing or extra:
+        return f"{len(missing)} of this model's parameters missing, e.g. {missing[0]!r}" if missing else \
+            f"{len(extra)} parameters this model lacks, e.g. {extra[0]!r}"
+    for k, t in ours.items():
+        shape = tuple(getattr(saved[k], "shape", ()))
+        if shape != tuple(t.shape):
+            return f"{k!r} is {'x'.join(map(str, shape)) or 'a scalar'} there, {'x'.join(map(str, t.shape))} here"
+    return ""

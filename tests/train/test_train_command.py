@@ -114,3 +114,23 @@ def test_labels_past_the_models_classes_are_refused_before_training(data: Path, 
     assert held_out.returncode == 1, held_out.stdout + held_out.stderr
     assert f"{numbered}: a sample's label is {top}, but the model has the training dataset's 6 classes" \
         in held_out.stderr and "Traceback" not in held_out.stderr
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(data: Path, tmp_path: Path) -> None:
+    """Another --model, or a dataset with other classes: torch's error listed every parameter, in a
+    traceback of many lines."""
+    ckpt = tmp_path / "ckpt.pt"
+    first = run_cli("train", data, *TRAIN, "--on-error", "skip", "--max-steps", "1", "--checkpoint", ckpt, timeout=300)
+    assert first.returncode == 0 and ckpt.exists(), first.stdout + first.stderr
+    other = [a if a != "smallcnn" else "resnet18" for a in TRAIN]
+    proc = run_cli("train", data, *other, "--on-error", "skip", "--checkpoint", ckpt, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{ckpt}: a checkpoint of another model (" in proc.stderr and "e.g. 'conv1.weight'" in proc.stderr
+    four = tmp_path / "four"
+    samples = labelled_samples(8, np.random.default_rng(3))
+    for i, sample in enumerate(samples):
+        sample["cls"] = b"%d" % (i % 4)
+    ddpipe.write_dataset(four, iter(samples), samples_per_shard=4, classes=["a", "b", "c", "d"])
+    proc = run_cli("train", four, *TRAIN, "--checkpoint", ckpt, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "'fc.weight' is 6x64 there, 4x64 here" in proc.stderr
