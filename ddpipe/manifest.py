@@ -27,6 +27,8 @@ and ``"layout"`` tells the format's reader how those files hold samples.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -155,6 +157,13 @@ class Manifest:
             return np.zeros(0, dtype=np.int64)
         classes, counts = zip(*runs, strict=True)
         return np.repeat(np.asarray(classes, dtype=np.int64), np.asarray(counts, dtype=np.int64))
+
+    @functools.cached_property
+    def content_id(self) -> str:
+        """What this dataset holds, not where: its shards in order, with their sample counts and checksums
+        (a loader state names it, so that it resumes only over the dataset it was saved from)."""
+        shards = json.dumps([[s.file, s.samples, s.checksum] for s in self.shards]).encode()
+        return hashlib.sha256(shards).hexdigest()[:32]
 
     def shard_starts(self) -> list[int]:
         """Global index of each shard's first sample (shards in manifest order)."""

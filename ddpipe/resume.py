@@ -25,11 +25,12 @@ _KEYS = ("epoch", "seed", "batches", "world_size", "options", "pending", "num_sa
 
 
 def epoch_state(*, epoch: int, seed: int, batches: int, world_size: int, options: PlanOptions,
-                pending: np.ndarray | None, num_samples: int) -> dict[str, Any]:
+                pending: np.ndarray | None, manifest: Manifest) -> dict[str, Any]:
     """The state after the first ``batches`` batches of an epoch planned with these inputs."""
     packed = None if pending is None else np.packbits(pending).tobytes()
     return {"version": STATE_VERSION, "epoch": epoch, "seed": seed, "batches": batches, "world_size": world_size,
-            "options": asdict(options), "pending": packed, "num_samples": num_samples}
+            "options": asdict(options), "pending": packed, "num_samples": manifest.num_samples,
+            "dataset": manifest.content_id}
 
 
 def remaining(state: dict[str, Any], manifest: Manifest) -> tuple[int, int, np.ndarray]:
@@ -44,6 +45,11 @@ def remaining(state: dict[str, Any], manifest: Manifest) -> tuple[int, int, np.n
     n = manifest.num_samples
     if state["num_samples"] != n:
         raise DdpipeError(f"the state is of a dataset of {state['num_samples']} samples; this one has {n}")
+    # absent from states written before it was recorded; the same count of samples in other shards (the
+    # same images converted again, say) would resume with other samples than the epoch had left
+    if state.get("dataset", manifest.content_id) != manifest.content_id:
+        raise DdpipeError(f"the state is of another dataset: as many samples ({n}), in other shards or other "
+                          "files; resume over the dataset it was saved from")
     seed, epoch = _whole(state, "seed", None), _whole(state, "epoch", 0)
     batches, world_size = _whole(state, "batches", 0), _whole(state, "world_size", 1)
     if world_size > MAX_WORLD:  # the old epoch is planned again over the old world, rank by rank

@@ -341,7 +341,7 @@ class EncodedStream:
         """The state after this epoch's first ``batches`` batches: for a consumer that runs ahead of its
         caller (a decoder's queue), which says how many batches reached the caller."""
         return epoch_state(epoch=self.epoch, seed=self.seed, batches=batches, world_size=self.comm.world.size,
-                           options=self.options, pending=self._pending, num_samples=len(self.dataset))
+                           options=self.options, pending=self._pending, manifest=self.dataset.manifest)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed, self.epoch, self._pending = remaining(state, self.dataset.manifest)

@@ -232,7 +232,8 @@ def test_a_state_that_is_not_one_state_dict_gave_is_refused(data: Path, state: A
 
 
 @settings(max_examples=200, deadline=None)
-@given(key=st.sampled_from(["epoch", "seed", "batches", "world_size", "options", "pending", "num_samples"]),
+@given(key=st.sampled_from(["epoch", "seed", "batches", "world_size", "options", "pending", "num_samples",
+                            "dataset"]),
        value=st.one_of(st.none(), st.booleans(), st.integers(-5, 2**70), st.floats(), st.text(max_size=4),
                        st.binary(max_size=9), st.lists(st.integers(), max_size=2),
                        st.dictionaries(st.sampled_from(["shuffle", "batch_size", "nope"]), st.integers(-1, 9))))
@@ -253,6 +254,34 @@ def test_a_damaged_state_resumes_or_is_one_error(state_data: tuple[Path, dict[st
     assert rest <= 30 + 4 * 8 and (rest > 0 or key in ("batches", "world_size", "pending"))
     if key == "batches":
         assert (rest == 0) == (value == epoch_batches)
+
+
+def test_a_state_resumes_only_over_the_dataset_it_was_saved_from(state_data: tuple[Path, dict[str, Any], int],
+                                                                 tmp_path: Path) -> None:
+    """The same samples in other shards: the state's count matched, and the epoch resumed with other
+    samples than it had left. A copy elsewhere, the same shards, resumes; so does a state written
+    before the dataset was recorded in it."""
+    import shutil
+
+    root, state, _ = state_data
+    resharded = tmp_path / "resharded"
+    ddpipe.convert(root, resharded, ddpipe.ConvertOptions(samples_per_shard=7, progress=False))
+    assert len(ddpipe.open_dataset(resharded)) == len(ddpipe.open_dataset(root))
+    with pytest.raises(ddpipe.DdpipeError, match=r"the state is of another dataset: as many samples \(30\), in "
+                                                 r"other shards or other files"):
+        ddpipe.EncodedStream(resharded, 4).load_state_dict(state)
+    moved = tmp_path / "moved"
+    shutil.copytree(root, moved)
+    expected = sum(len(b.indices) for b in _resumed(root, state))
+    assert sum(len(b.indices) for b in _resumed(moved, state)) == expected
+    older = {k: v for k, v in state.items() if k != "dataset"}
+    assert sum(len(b.indices) for b in _resumed(resharded, older)) == expected
+
+
+def _resumed(root: Path, state: dict[str, Any]) -> ddpipe.EncodedStream:
+    stream = ddpipe.EncodedStream(root, 4)
+    stream.load_state_dict(state)
+    return stream
 
 
 @pytest.fixture(scope="module")
