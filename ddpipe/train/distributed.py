@@ -214,6 +214,10 @@ def stop_on_signals(job: Job, signals: tuple[signal.Signals, ...] = STOP_SIGNALS
                     save(); break
     """
     request = StopRequest()
+    import torch.distributed as dist
+
+    if job.size > 1 and not dist.is_initialized():
+        init_process_group(job)  # the vote's group is made from it (a script that init()ed without it)
     vote = StopVote.for_job(request, job.size, job.comm.timeout)
     restore = request.catch(signals)
     try:

@@ -132,3 +132,20 @@ def test_the_first_signal_asks_and_the_second_would_end_the_process() -> None:
     finally:
         uncatch()
     assert signal.getsignal(signal.SIGUSR1) == before
+
+
+@pytest.mark.mpi
+def test_a_script_without_torch_distributed_may_stop_on_signals(tmp_path: Path) -> None:
+    """A script that init()ed with process_group=False (averaging over MPI needs none): the vote's
+    gloo group is made from the default one, which stop_on_signals now sets up; it was torch's
+    "Default process group has not been initialized"."""
+    script = tmp_path / "steps.py"
+    script.write_text("import ddpipe.distributed as d\n"
+                      "job = d.init('cpu', process_group=False)\n"
+                      "with d.stop_on_signals(job) as stop:\n"
+                      "    agreed = [stop.agreed() for _ in range(3)]\n"
+                      "print(job.rank, agreed, flush=True)\n")
+    proc = subprocess.run(mpiexec_command(2, script), env=mpiexec_env(), capture_output=True, text=True,
+                          timeout=HANG_BOUND)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["0 [False, False, False]", "1 [False, False, False]"]
