@@ -80,6 +80,8 @@ def test_training_and_bench_mistakes_are_one_line_before_any_work(raw_images: Pa
     assert str(not_a_checkpoint) in msg and "not a checkpoint" in msg
     msg = one_line("train", ds, *small, "--batch-size", "100")  # 24 samples: no full batch of 100
     assert "--batch-size 100 is more than a rank's share" in msg
+    assert f"{tmp_path}: is a directory: give --checkpoint a file's name" in one_line(
+        "train", ds, *small, "--checkpoint", tmp_path)
     assert "/missing-dir: the directory for --checkpoint" in one_line(
         "train", ds, *small, "--checkpoint", tmp_path / "missing-dir" / "x.ckpt")
     assert "read_in='process' needs a DALI decoder" in one_line("train", ds, *small, "--batch-size", "4",
@@ -156,3 +158,28 @@ def test_a_negative_seed_is_a_seed_for_every_command(raw_images: Path, tmp_path:
         assert proc.returncode == 0, proc.stderr
         orders.append([s["__key__"] for s in ddpipe.open_dataset(tmp_path / f"c{k}")])
     assert orders[0] == orders[1] and orders[0] != sorted(orders[0])
+
+
+def test_a_checkpoint_that_could_not_be_written_is_refused_before_training(raw_images: Path, tmp_path: Path) -> None:
+    """In a directory the user may not write to, it was found at the end of the first epoch, the epoch
+    lost. Run as a user file modes refuse (root, without its override of them)."""
+    import sys
+
+    from .conftest import launch
+    from .helpers import as_a_user_file_modes_refuse
+
+    as_user = as_a_user_file_modes_refuse()
+    ds = tmp_path / "ds"
+    ddpipe.convert(raw_images, ds, ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        proc = launch([*as_user, sys.executable, "-m", "ddpipe", "train", str(ds), "--model", "smallcnn",
+                       "--image-size", "16", "--batch-size", "4", "--checkpoint", str(locked / "ck.pt")],
+                      timeout=120)  # a hang bound
+    finally:
+        locked.chmod(0o755)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "epoch 0" not in proc.stdout, proc.stderr
+    assert f"{locked}: the directory for --checkpoint cannot be written to: Permission denied" in proc.stderr
+    assert list(locked.iterdir()) == []

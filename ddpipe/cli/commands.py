@@ -16,11 +16,27 @@ if TYPE_CHECKING:
 
 
 def _writable_later(path: str | Path | None, flag: str) -> None:
-    """A file the command writes after its work: its directory must exist before the work starts."""
-    if path is not None and not Path(path).resolve().parent.is_dir():
-        from ..errors import DdpipeError
+    """A file the command writes after its work: a file, in a directory that exists and takes one, before
+    the work starts (a checkpoint that could not be written was found at the end of the first epoch)."""
+    if path is None:
+        return
+    import tempfile
 
-        error = DdpipeError(f"the directory for {flag} does not exist", path=Path(path).resolve().parent)
+    from ..errors import DdpipeError
+
+    where, why = Path(path).resolve().parent, ""
+    if Path(path).is_dir():
+        where, why = Path(path), f"is a directory: give {flag} a file's name"
+    elif not where.is_dir():
+        why = f"the directory for {flag} does not exist"
+    else:
+        try:  # what writing it later does, in the same directory: a file made, then removed
+            with tempfile.NamedTemporaryFile(dir=where, prefix=".ddpipe-probe-"):
+                pass
+        except OSError as e:
+            why = f"the directory for {flag} cannot be written to: {e.strerror or e}"
+    if why:
+        error = DdpipeError(why, path=where)
         error.job_wide = True  # every rank checks the same path
         raise error
 
