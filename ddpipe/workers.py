@@ -112,11 +112,11 @@ def stop_workers(pool: Any) -> None:
 
 # the guard's whole program: the paths it is given, one a line, removed once its input ends. Deaf to
 # its parent's signals, which Slurm sends to every process of a step: it goes when its parent does
-_GUARD = """
+_GUARD = f"""
 import os, signal, sys
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+for s in {sorted(int(s) for s in PARENTS_SIGNALS)}:
     signal.signal(s, signal.SIG_IGN)
-signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {sorted(int(s) for s in PARENTS_SIGNALS)})
 paths = [line.rstrip("\\n") for line in sys.stdin]
 for path in paths:
     try:
