@@ -81,6 +81,15 @@ CONF
 
 stop() {
     local dir=$1 f pid pids=()
+    # jobs first: a job still running (its test timed out) outlived the daemons, its tasks orphaned and
+    # spinning through the next test run; cancelled, its tasks end within KillWait
+    if [ -f "$dir/slurm.conf" ] && [ -f "$dir/slurmctld.pid" ] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
+        SLURM_CONF=$dir/slurm.conf scancel --user=root 2>/dev/null || true
+        for _ in $(seq 100); do
+            [ -z "$(SLURM_CONF=$dir/slurm.conf squeue -h -o %i 2>/dev/null)" ] && break
+            sleep 0.2
+        done
+    fi
     for f in "$dir"/slurmd-*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
         if [ -f "$f" ] && pid=$(cat "$f") && kill "$pid" 2>/dev/null; then
             pids+=("$pid")
