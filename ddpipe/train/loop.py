@@ -176,8 +176,8 @@ class Trainer:
                 bar.update()
             if self._vote is not None and self._vote.agreed():
                 stopped = self.stopped_by_signal = True
-                asked = self._vote.signal_name
-                self._stop(asked if asked != "none" else "a signal to another rank")
+                asked = self._vote.request
+                self._stop(asked.name if asked.signum else "a signal to another rank")
                 break
             if self.opt.max_steps and self.step >= self.opt.max_steps:
                 stopped = True

@@ -92,11 +92,6 @@ class StopVote:
         self._work = dist.all_reduce(self._ballot, group=self._group, async_op=True)
         return False
 
-    @property
-    def signal_name(self) -> str:
-        """The signal that asked this rank to stop ("none" where it reached only others)."""
-        return self.request.name
-
     def close(self) -> None:
         """Wait for the last vote cast (every rank cast as many), so that none is left open. Not after an
         error: the other ranks may never cast the vote this one would wait for."""
