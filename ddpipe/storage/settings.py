@@ -70,9 +70,19 @@ def _profile_section(parser: configparser.ConfigParser, profile: str, config_fil
 
 
 def _read_ini(path: Path) -> configparser.ConfigParser:
+    """The file's settings; none where there is no file (as the SDKs take it). A file that is there but
+    cannot be read is an error, not passed over: its credentials or endpoint would be missed silently
+    (``ConfigParser.read`` skips any file it cannot open)."""
     parser = configparser.ConfigParser()
     try:
-        parser.read(path, encoding="utf-8")
+        with path.open(encoding="utf-8") as file:
+            parser.read_file(file, source=str(path))
+    except FileNotFoundError:
+        return parser
+    except OSError as e:
+        raise OptionError(f"{path}: cannot be read as an AWS settings file: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise OptionError(f"{path}: cannot be read as an AWS settings file: not UTF-8 text") from None
     except configparser.Error as e:
         raise OptionError(f"{path}: cannot be read as an AWS settings file: {str(e).splitlines()[0]}") from None
     return parser

@@ -79,3 +79,17 @@ def test_without_credentials_requests_go_unsigned_only_where_the_metadata_servic
         resolve_s3(StorageOptions(), {"AWS_ACCESS_KEY_ID": "k"}, tmp_path)
     with pytest.raises(OptionError, match="endpoint"):
         StorageOptions(endpoint="minio:9000")
+
+
+def test_a_settings_file_that_is_there_but_unreadable_is_named_and_a_missing_one_is_passed_over(tmp_path: Path) -> None:
+    """As the SDKs, no file means no settings; but a file named that cannot be read (a directory, not
+    text) would have its credentials or endpoint missed without a word: it is refused by name."""
+    assert resolve_s3(StorageOptions(), {"AWS_CONFIG_FILE": str(tmp_path / "none")}, tmp_path).region == "us-east-1"
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    with pytest.raises(OptionError, match=f"^{folder}: cannot be read as an AWS settings file: Is a directory$"):
+        resolve_s3(StorageOptions(), {"AWS_CONFIG_FILE": str(folder)}, tmp_path)
+    binary = tmp_path / "credentials"
+    binary.write_bytes(b"[default]\naws_access_key_id = \xff\xfe\n")
+    with pytest.raises(OptionError, match=f"^{binary}: .* not UTF-8 text$"):
+        resolve_s3(StorageOptions(), {"AWS_SHARED_CREDENTIALS_FILE": str(binary)}, tmp_path)
