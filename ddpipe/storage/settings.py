@@ -69,10 +69,12 @@ def _profile_section(parser: configparser.ConfigParser, profile: str, config_fil
     return parser[name] if parser.has_section(name) else {}
 
 
-def _read_ini(path: Path) -> configparser.ConfigParser:
-    """The file's settings; none where there is no file (as the SDKs take it). A file that is there but
-    cannot be read is an error, not passed over: its credentials or endpoint would be missed silently
-    (``ConfigParser.read`` skips any file it cannot open)."""
+def _read_ini(path: Path, named: bool) -> configparser.ConfigParser:
+    """The file's settings; none where there is no file. ``named``: the environment names the file
+    (``AWS_CONFIG_FILE``...): if it is there but cannot be read (a directory, no permission), that is
+    an error, not passed over (``ConfigParser.read`` skips what it cannot open), or its credentials or
+    endpoint would be missed without a word. The default files, as the SDKs take them, are passed over
+    when they cannot be opened: a ``$HOME`` another user's (a container's ``/root``) is common."""
     parser = configparser.ConfigParser()
     try:
         with path.open(encoding="utf-8") as file:
@@ -80,6 +82,8 @@ def _read_ini(path: Path) -> configparser.ConfigParser:
     except FileNotFoundError:
         return parser
     except OSError as e:
+        if not named:
+            return parser
         raise OptionError(f"{path}: cannot be read as an AWS settings file: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise OptionError(f"{path}: cannot be read as an AWS settings file: not UTF-8 text") from None
@@ -88,13 +92,17 @@ def _read_ini(path: Path) -> configparser.ConfigParser:
     return parser
 
 
+def _settings_file(environ: Mapping[str, str], variable: str, default: Path) -> configparser.ConfigParser:
+    named = environ.get(variable)
+    return _read_ini(Path(named), named=True) if named else _read_ini(default, named=False)
+
+
 def resolve_s3(options: StorageOptions, environ: Mapping[str, str], home: Path) -> S3Settings:
     profile = options.profile or environ.get("AWS_PROFILE") or environ.get("AWS_DEFAULT_PROFILE") or "default"
     aws = home / ".aws"
-    credentials = _profile_section(_read_ini(Path(environ.get("AWS_SHARED_CREDENTIALS_FILE", aws / "credentials"))),
+    credentials = _profile_section(_settings_file(environ, "AWS_SHARED_CREDENTIALS_FILE", aws / "credentials"),
                                    profile, config_file=False)
-    config = _profile_section(_read_ini(Path(environ.get("AWS_CONFIG_FILE", aws / "config"))), profile,
-                              config_file=True)
+    config = _profile_section(_settings_file(environ, "AWS_CONFIG_FILE", aws / "config"), profile, config_file=True)
     key = environ.get("AWS_ACCESS_KEY_ID") or credentials.get("aws_access_key_id")
     secret = environ.get("AWS_SECRET_ACCESS_KEY") or credentials.get("aws_secret_access_key")
     token = environ.get("AWS_SESSION_TOKEN") or credentials.get("aws_session_token")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ from hypothesis import strategies as st
 from ddpipe.errors import OptionError
 from ddpipe.storage import StorageOptions, parse_location
 from ddpipe.storage.settings import resolve_s3
+
+from ..helpers import as_a_user_file_modes_refuse
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=3, max_size=20)
 
@@ -81,15 +85,37 @@ def test_without_credentials_requests_go_unsigned_only_where_the_metadata_servic
         StorageOptions(endpoint="minio:9000")
 
 
-def test_a_settings_file_that_is_there_but_unreadable_is_named_and_a_missing_one_is_passed_over(tmp_path: Path) -> None:
-    """As the SDKs, no file means no settings; but a file named that cannot be read (a directory, not
-    text) would have its credentials or endpoint missed without a word: it is refused by name."""
+def test_a_named_settings_file_that_cannot_be_read_is_refused_and_a_default_one_passed_over(tmp_path: Path) -> None:
+    """As the SDKs, no file means no settings, and the default files under $HOME are passed over when
+    they cannot be opened (a container's $HOME is often another user's). A file the environment names
+    that cannot be read (a directory, not text) would have its credentials or endpoint missed without
+    a word: it is refused by name."""
     assert resolve_s3(StorageOptions(), {"AWS_CONFIG_FILE": str(tmp_path / "none")}, tmp_path).region == "us-east-1"
     folder = tmp_path / "a-folder"
     folder.mkdir()
     with pytest.raises(OptionError, match=f"^{folder}: cannot be read as an AWS settings file: Is a directory$"):
         resolve_s3(StorageOptions(), {"AWS_CONFIG_FILE": str(folder)}, tmp_path)
+    (tmp_path / ".aws" / "config").mkdir(parents=True)
+    assert resolve_s3(StorageOptions(), {}, tmp_path).region == "us-east-1"
     binary = tmp_path / "credentials"
     binary.write_bytes(b"[default]\naws_access_key_id = \xff\xfe\n")
     with pytest.raises(OptionError, match=f"^{binary}: .* not UTF-8 text$"):
         resolve_s3(StorageOptions(), {"AWS_SHARED_CREDENTIALS_FILE": str(binary)}, tmp_path)
+
+
+def test_a_home_whose_settings_files_this_user_may_not_open_is_passed_over(tmp_path: Path) -> None:
+    """HOME=/root for a process that is not root: the SDKs go on without its files, and so does ddpipe."""
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "config").write_text("[default]\nregion = eu-west-3\n")
+    home.chmod(0o700)
+    (home / ".aws").chmod(0o000)
+    code = ("import pathlib, sys; from ddpipe.storage import StorageOptions; "
+            "from ddpipe.storage.settings import resolve_s3; "
+            "print(resolve_s3(StorageOptions(), {}, pathlib.Path(sys.argv[1])).region)")
+    try:
+        done = subprocess.run([*as_a_user_file_modes_refuse(), sys.executable, "-c", code, str(home)],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        (home / ".aws").chmod(0o700)
+    assert done.returncode == 0 and done.stdout == "us-east-1\n", done.stdout + done.stderr
