@@ -14,6 +14,7 @@ disconnection comes from.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import threading
 import time
 import weakref
@@ -46,6 +47,21 @@ def endpoint(address: str, listening: bool = False) -> str:
         raise OptionError(f"decode service address {address!r}: port {port} is not one to "
                           f"{'listen on' if listening else 'connect to'} ({lowest} to 65535)")
     return f"tcp://{host}:{port}"
+
+
+def bound_endpoint(last: str) -> str:
+    """The endpoint a socket reports it is bound to, as clients are told it: an IPv4 address is reported
+    in IPv6's mapped form once IPv6 is on (``tcp://[::ffff:127.0.0.1]:5555``), which is given back as
+    the address it was asked for."""
+    where = last.removeprefix("tcp://")
+    host, _, port = where.rpartition(":")
+    if not (last.startswith("tcp://") and host.startswith("[") and host.endswith("]")):
+        return last
+    try:
+        mapped = ipaddress.IPv6Address(host[1:-1]).ipv4_mapped
+    except ValueError:
+        return last
+    return last if mapped is None else f"tcp://{mapped}:{port}"
 
 
 class Listener(Protocol):
@@ -83,7 +99,7 @@ class ZmqListener:
             self._socket.close(linger=0)
             self._context.term()
             raise OptionError(f"cannot listen on {address}: {e}") from None
-        self.endpoint: str = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.endpoint: str = bound_endpoint(self._socket.getsockopt(zmq.LAST_ENDPOINT).decode())
         # replies from the decoding threads come to this thread through an in-process queue: only
         # this thread touches the ROUTER socket
         self._posted = self._context.socket(zmq.PULL)

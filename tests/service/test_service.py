@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -76,6 +77,19 @@ def test_served_batches_are_bit_identical_to_local_decoding(natural: Path, decod
     assert not same(got[0], got[1])  # the epochs differ, so equality above says something
     assert st.local_batches == 0 and st.remote_batches == 2 * len(expected[0])
     assert len(st.by_server) == n  # spread over every server
+
+
+def test_a_server_says_where_it_listens_as_it_was_asked() -> None:
+    """With IPv6 on, ZeroMQ reports an IPv4 address mapped (``[::ffff:127.0.0.1]``): the address users
+    copy into --decode-service is given back as they wrote it."""
+    from ddpipe.service.transport import ZmqListener
+
+    for asked, said in (("127.0.0.1:0", r"tcp://127\.0\.0\.1:\d+"), ("tcp://*:0", r"tcp://\[::\]:\d+")):
+        listener = ZmqListener(asked, 1 << 20, 4)
+        try:
+            assert re.fullmatch(said, listener.endpoint), listener.endpoint
+        finally:
+            listener.close()
 
 
 def test_a_server_on_an_ipv6_address_serves(natural: Path) -> None:
