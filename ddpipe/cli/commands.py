@@ -172,6 +172,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     classes = len(loader.dataset.classes) or args.num_classes
     for data in (loader.dataset, evaluate.dataset if evaluate is not None else None):
         if data is not None:
+            _check_labelled(data)
             _check_labels_fit(data, classes, numbered=not loader.dataset.classes)
     model = build_model(args.model, classes)
     if loader.batches_per_epoch == 0:  # every rank plans alike: each says so and leaves
@@ -211,6 +212,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     # as a process its signal ended would: not done, though nothing was lost (a rank the signal did not
     # reach says SIGTERM's, a scheduler's usual one)
     return 128 + (stop.request.signum or signal.SIGTERM) if trainer.stopped_by_signal else 0
+
+
+def _check_labelled(data: Dataset) -> None:
+    """Refuse, before training, a dataset whose samples hold no label (no ``cls`` field): each would
+    come with label -1, which the loss refuses at the first batch (a traceback here, a device-side
+    assert on a GPU)."""
+    fields = data.manifest.fields
+    if "cls" in fields:
+        return
+    from ..errors import DdpipeError
+
+    error = DdpipeError(f"its samples have no labels (no 'cls' field among {', '.join(fields) or 'none'}): "
+                        "ddpipe train learns each image's class from its cls", path=data.where)
+    error.job_wide = True  # every rank read the same manifest: each says so and leaves
+    raise error
 
 
 def _check_labels_fit(data: Dataset, classes: int, *, numbered: bool) -> None:

@@ -116,6 +116,21 @@ def test_labels_past_the_models_classes_are_refused_before_training(data: Path, 
         in held_out.stderr and "Traceback" not in held_out.stderr
 
 
+def test_a_dataset_without_labels_is_refused_before_training(data: Path, tmp_path: Path) -> None:
+    """Samples with no cls field (tars adopted with their labels elsewhere): each came with label -1,
+    and the loss failed at the first batch with torch's traceback ("Target -1 is out of bounds")."""
+    unlabelled = tmp_path / "unlabelled"
+    samples = labelled_samples(12, np.random.default_rng(4))
+    for sample in samples:
+        del sample["cls"]
+    ddpipe.write_dataset(unlabelled, iter(samples), samples_per_shard=6)
+    said = f"{unlabelled}: its samples have no labels (no 'cls' field among jpg): ddpipe train learns"
+    for args in ([unlabelled, "--num-classes", "3"], [data, "--on-error", "skip", "--eval", unlabelled]):
+        proc = run_cli("train", *args, *TRAIN, timeout=300)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert said in proc.stderr and "epoch 0" not in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_a_checkpoint_of_another_model_is_refused_in_one_line(data: Path, tmp_path: Path) -> None:
     """Another --model, or a dataset with other classes: torch's error listed every parameter, in a
     traceback of many lines."""
