@@ -62,6 +62,9 @@ def sample_labels(data: Dataset) -> np.ndarray:
     labels = data.manifest.sample_labels()
     if labels is not None:
         return labels
+    if "cls" not in data.manifest.fields:  # known from the manifest: no need to read every shard to say so
+        raise DdpipeError(f"its samples have no labels (no 'cls' field among {', '.join(data.manifest.fields)}): "
+                          "shuffles are scored by class", path=data.where)
     from tqdm import tqdm
 
     print(f"ddpipe: {data.where}/index.json records no labels (written by an older ddpipe, or adopted): "

@@ -84,6 +84,15 @@ def test_labels_read_from_the_shards_that_are_no_class_index_get_one_line(tmp_pa
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and says in proc.stderr, proc.stderr
 
 
+def test_a_dataset_without_labels_is_refused_from_its_manifest_without_reading_its_shards(tmp_path: Path) -> None:
+    """No cls field at all: said at once, not after reading every sample (minutes at ImageNet's size)."""
+    data = tmp_path / "d"
+    ddpipe.write_dataset(data, ({"__key__": f"k/{i}", "bin": b"x"} for i in range(40)), samples_per_shard=10)
+    proc = run_cli("plan", data, "-W", "2", "--batch-size", "4", timeout=120)  # a hang bound
+    assert proc.returncode == 1 and proc.stderr == (f"ddpipe: error: {data}: its samples have no labels (no 'cls' "
+                                                    "field among bin): shuffles are scored by class\n"), proc.stderr
+
+
 def test_the_choice_is_the_smallest_q_that_closes_enough_of_the_gap(tmp_path: Path) -> None:
     advice = plan_json(class_sorted(tmp_path / "d"), "-W", "8", "--batch-size", "6", "--within", "0.4")
     closing = [m["exchange_fraction"] for m in advice["scores"]
