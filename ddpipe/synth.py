@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from .formats.atomic import atomic_write_bytes
 from .seeding import derive_rng
-from .workers import bind_to_parent, worker_context
+from .workers import bind_to_parent, end_if_importing_parents_script, ended_as_they_started, worker_context
 
 # (width / height, weight): landscape 4:3 dominates photo collections, then portrait and others
 _ASPECTS = ((4 / 3, 0.55), (3 / 4, 0.15), (3 / 2, 0.1), (1.0, 0.1), (16 / 9, 0.05), (2 / 3, 0.05))
@@ -116,6 +117,7 @@ def _write_one(args: tuple[str, int, SynthOptions]) -> int:
 
 def synth(out: str | os.PathLike[str], options: SynthOptions | None = None) -> int:
     """Write ``options.n`` JPEGs as ``out/class_XXXX/class_XXXX_NNNNNNN.jpg``; return total bytes."""
+    end_if_importing_parents_script()  # a worker spawned by an earlier synth() of an unguarded script
     opt = options or SynthOptions()
     if opt.n < 1 or opt.classes < 1:
         raise ValueError("n and classes must be at least 1")
@@ -133,7 +135,12 @@ def synth(out: str | os.PathLike[str], options: SynthOptions | None = None) -> i
             # fresh interpreters, as convert's: a fork of a caller holding threads (a DALI pipeline, MPI)
             # inherits their objects, and a garbage collection there that finalises one hangs the worker
             with ProcessPoolExecutor(opt.workers, mp_context=worker_context(), initializer=bind_to_parent) as pool:
-                for size in pool.map(_write_one, jobs, chunksize=8):
-                    total += size
-                    bar.update(1)
+                try:
+                    for size in pool.map(_write_one, jobs, chunksize=8):
+                        total += size
+                        bar.update(1)
+                except BrokenProcessPool:
+                    if total:
+                        raise
+                    raise ended_as_they_started("synth's worker processes") from None
     return total

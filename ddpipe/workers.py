@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
+from .errors import DdpipeError
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -64,8 +66,12 @@ def start_resource_tracker() -> None:
         resource_tracker.ensure_running()
 
 
+_WORKER_NAME = "ddpipe-worker"
+
+
 class _SignalsHeldProcess(SpawnProcess):
     def start(self) -> None:
+        self.name = f"{_WORKER_NAME}-{self.name}"  # known to the worker before it imports its parent's script
         with parents_signals_held():
             super().start()
 
@@ -78,7 +84,39 @@ def worker_context() -> SpawnContext:
     """The ``mp_context`` of a pool whose initializer is :func:`bind_to_parent`: spawn (a fresh
     interpreter: forking a process that may hold MPI, HDF5 or DALI threads is unsafe), each worker
     started deaf to its parent's signals."""
+    end_if_importing_parents_script()
     return _SignalsHeldContext()
+
+
+_MAIN_GUARD = ("Worker processes import the main script before they start (Python's spawn), so a script must make "
+               "ddpipe's loaders and conversions under `if __name__ == \"__main__\":`, and be run from a file, not "
+               "from standard input")
+
+
+def ended_as_they_started(what: str) -> DdpipeError:
+    """The error for a pool whose workers ended before any had done its work (its parent saw the pool
+    broken): most likely, a script without ``if __name__ == "__main__":`` (see below)."""
+    return DdpipeError(f"{what} ended as they started. {_MAIN_GUARD}")
+
+
+def end_if_importing_parents_script() -> None:
+    """Call before anything that starts worker processes or writes: in a worker that is still importing
+    its parent's main script (spawn runs it again, as ``__mp_main__``), a script that makes its loader or
+    conversion outside ``if __name__ == "__main__":`` would make it again there, each worker writing
+    beside its parent or starting workers of its own, which multiprocessing refuses with a traceback in
+    each. One of ddpipe's workers ends at once, silently: its parent, its pool broken, names the cause
+    (:func:`ended_as_they_started`). Another's (the script's own pool) raises the error."""
+    import multiprocessing
+
+    process = multiprocessing.current_process()
+    # multiprocessing's own mark of a process importing its parent's main (spawn._main), which its
+    # _check_not_importing_main reads
+    if not getattr(process, "_inheriting", False):
+        return
+    if process.name.startswith(_WORKER_NAME):
+        raise SystemExit(1)
+    raise DdpipeError(f"this worker process, importing its parent's main script, was asked for ddpipe's work at "
+                      f"the script's top level. {_MAIN_GUARD}")
 
 
 def bind_to_parent() -> None:

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from .helpers import alive
 
 HOLDS_A_NAME = """
@@ -78,3 +80,37 @@ def test_a_pil_loaders_helper_processes_leave_a_schedulers_stop_to_their_rank(tm
                           capture_output=True, text=True, timeout=120)  # a hang bound
     assert proc.returncode == 0 and proc.stdout == "12 []\n", proc.stdout + proc.stderr
     assert "resource_tracker" not in proc.stderr, proc.stderr
+
+
+# scripts as a newcomer writes them: no `if __name__ == "__main__":`
+UNGUARDED = {
+    "loader": "import sys, ddpipe\n"
+              "ddpipe.convert(sys.argv[1], sys.argv[2], ddpipe.ConvertOptions(samples_per_shard=6, progress=False))\n"
+              "loader = ddpipe.Loader(sys.argv[2], 4, decode=ddpipe.DecodeOptions(size=32, decoder='pil'))\n"
+              "print(len(next(iter(loader))[1]))\n",
+    "convert": "import sys, ddpipe\n"
+               "ddpipe.convert(sys.argv[1], sys.argv[2], ddpipe.ConvertOptions(samples_per_shard=6, workers=2,"
+               " progress=False))\n",
+    "synth": "import sys\nfrom ddpipe.synth import SynthOptions, synth\n"
+             "synth(sys.argv[2], SynthOptions(n=8, classes=2, workers=2, progress=False))\n",
+}
+
+
+@pytest.mark.parametrize("what", sorted(UNGUARDED))
+def test_a_script_without_a_main_guard_gets_one_error_saying_so(what: str, raw_images: Path, tmp_path: Path) -> None:
+    """Spawned workers import the main script first: each made the loader (or conversion) again, and
+    multiprocessing refused its workers' workers. The script printed ~300 lines (a traceback from each
+    worker, BrokenProcessPool, the resource tracker's warnings) and the workers had converted beside it."""
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED[what])
+    shm = set(os.listdir("/dev/shm"))
+    done = subprocess.run([sys.executable, str(script), str(raw_images), str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("ddpipe.errors.DdpipeError: ") and "ended as they started" in last \
+        and 'if __name__ == "__main__":' in last, done.stderr
+    assert done.stderr.count("Traceback") == 1 and "warn" not in done.stderr.lower(), done.stderr
+    assert set(os.listdir("/dev/shm")) <= shm
+    if what == "convert":
+        assert not (tmp_path / "out" / "index.json").exists()

@@ -39,7 +39,13 @@ from ..manifest import (
 )
 from ..sample import label_of
 from ..storage import is_remote, open_storage
-from ..workers import bind_to_parent, stop_workers, worker_context
+from ..workers import (
+    bind_to_parent,
+    end_if_importing_parents_script,
+    ended_as_they_started,
+    stop_workers,
+    worker_context,
+)
 from . import to_objects
 from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
@@ -229,6 +235,7 @@ def convert(
 
     Under MPI, rank r writes shards r, r + size, ... and rank 0 writes the manifest.
     """
+    end_if_importing_parents_script()  # a worker spawned by an earlier convert() of an unguarded script
     options = options or ConvertOptions()
     comm = comm or init_comm()
     world = comm.world
@@ -356,11 +363,13 @@ def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, sh
                     i = futures[fut]
                     results[i] = fut.result()
                     bar.update(len(jobs[i].items))
-            except BaseException:
+            except BaseException as e:
                 # an error or Ctrl-C: end the workers now rather than wait for their shards (a worker
                 # blocked on a slow source held the command for as long); what they leave is a hidden
                 # partial file, which a rerun discards
                 stop_workers(pool)
                 pool.shutdown(wait=True, cancel_futures=True)
+                if isinstance(e, cf.process.BrokenProcessPool) and not results:
+                    raise ended_as_they_started("the conversion's worker processes") from None
                 raise
     return results

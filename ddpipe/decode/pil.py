@@ -15,6 +15,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
@@ -22,7 +23,14 @@ import numpy as np
 from PIL import Image
 
 from ..memory import shared_memory_left
-from ..workers import NameGuard, bind_to_parent, start_resource_tracker, worker_context
+from ..workers import (
+    NameGuard,
+    bind_to_parent,
+    end_if_importing_parents_script,
+    ended_as_they_started,
+    start_resource_tracker,
+    worker_context,
+)
 from .augment import random_crops
 from .resample import resize_crop
 from .spec import DecodeOptions, check_pixels, open_image
@@ -125,6 +133,7 @@ class PilPool:
     RING = 3  # two batches in flight, one being collected
 
     def __init__(self, options: DecodeOptions, batch_size: int) -> None:
+        end_if_importing_parents_script()  # before any name in /dev/shm
         self.options = options
         self.batch_size = batch_size
         # until the names are gone: a rank killed before then (its launcher ending the job) leaves none
@@ -142,7 +151,12 @@ class PilPool:
         self._release = weakref.finalize(self, _release, self._pool, self._blocks, self._guard)
         # now rather than at the first batch: a job that ended before its first batch (a damaged shard
         # on another rank) had its ranks killed by the launcher with every name still in /dev/shm
-        self._unname()
+        try:
+            self._unname()
+        except BrokenProcessPool:
+            self._remove_names()
+            self._release()
+            raise ended_as_they_started("the PIL decoding workers") from None
 
     def _rows_bytes(self) -> int:
         return self.batch_size * self.options.size * self.options.size * 3
@@ -167,6 +181,11 @@ class PilPool:
                 break
         else:
             return  # left named: the resource tracker removes them when the pool ends
+        self._remove_names()
+
+    def _remove_names(self) -> None:
+        """Remove the ring's and the queues' names, telling the resource tracker (which warns of each
+        name removed behind its back, and multiprocessing of each semaphore, as the process ends)."""
         for block in self._ring:
             with contextlib.suppress(FileNotFoundError):
                 block.unlink()
