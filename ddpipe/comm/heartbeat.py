@@ -85,7 +85,7 @@ class Heartbeats:
             # small messages leave at once (eager); one still pending means the next rank's host is
             # not taking them in: another beat would only queue behind it
             if now >= due and links.may_beat():
-                links.send(_BEAT)
+                links.beat()
                 due = now + self._period
             if links.take_in():
                 self._heard = time.monotonic()
@@ -107,7 +107,8 @@ class _Links:
         self._beats_in: Any = comm.Irecv(self._incoming, source=previous, tag=_TAG)
         self._close_back: Any = comm.Irecv(self._back, source=next_rank, tag=_BACK_TAG)
         self._sends: list[Any] = []
-        self._messages = [np.array([_BEAT], dtype=np.int64), np.array([_CLOSE], dtype=np.int64)]
+        self._beat = np.array([_BEAT], dtype=np.int64)
+        self._close = np.array([_CLOSE], dtype=np.int64)
         self.previous_closed = self.next_closed = False  # their CLOSE has come
         self._closed_in = self._closed_out = False  # this rank's CLOSE has gone
 
@@ -115,8 +116,8 @@ class _Links:
         self._sends = [s for s in self._sends if not s.Test()]
         return not self._closed_out and not self._sends
 
-    def send(self, message: int) -> None:
-        self._sends.append(self._comm.Isend(self._messages[message == _CLOSE], dest=self._next, tag=_TAG))
+    def beat(self) -> None:
+        self._sends.append(self._comm.Isend(self._beat, dest=self._next, tag=_TAG))
 
     def take_in(self) -> bool:
         """Take in what has come; True if the previous rank showed a sign of life."""
@@ -157,9 +158,10 @@ class _Links:
                 request.Wait()
 
     def _close_in(self) -> None:
-        self._sends.append(self._comm.Isend(self._messages[1], dest=self._previous, tag=_BACK_TAG))
+        self._sends.append(self._comm.Isend(self._close, dest=self._previous, tag=_BACK_TAG))
         self._closed_in = True
 
     def _close_out(self) -> None:
-        self.send(_CLOSE)  # after every beat sent: a link's messages arrive in the order they were sent
+        # after every beat sent: a link's messages arrive in the order they were sent
+        self._sends.append(self._comm.Isend(self._close, dest=self._next, tag=_TAG))
         self._closed_out = True
