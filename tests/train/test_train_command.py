@@ -125,7 +125,9 @@ def test_a_dataset_without_labels_is_refused_before_training(data: Path, tmp_pat
         del sample["cls"]
     ddpipe.write_dataset(unlabelled, iter(samples), samples_per_shard=6)
     said = f"{unlabelled}: its samples have no labels (no 'cls' field among jpg): ddpipe train learns"
-    for args in ([unlabelled, "--num-classes", "3"], [data, "--on-error", "skip", "--eval", unlabelled]):
+    commands: list[list[str | Path]] = [[unlabelled, "--num-classes", "3"],
+                                        [data, "--on-error", "skip", "--eval", unlabelled]]
+    for args in commands:
         proc = run_cli("train", *args, *TRAIN, timeout=300)
         assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert said in proc.stderr and "epoch 0" not in proc.stdout, proc.stdout + proc.stderr
