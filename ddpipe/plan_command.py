@@ -20,7 +20,7 @@ from .manifest import numbered_class_limit
 from .plan import ASSIGNMENTS, PlanOptions
 from .quality import advise_exchange
 from .reading import read_samples
-from .sample import class_of
+from .sample import class_of, unlabelled
 from .shufflers import get_shuffler
 
 if TYPE_CHECKING:
@@ -62,9 +62,8 @@ def sample_labels(data: Dataset) -> np.ndarray:
     labels = data.manifest.sample_labels()
     if labels is not None:
         return labels
-    if "cls" not in data.manifest.fields:  # known from the manifest: no need to read every shard to say so
-        raise DdpipeError(f"its samples have no labels (no 'cls' field among {', '.join(data.manifest.fields)}): "
-                          "shuffles are scored by class", path=data.where)
+    if (wrong := unlabelled(data.manifest.fields)) is not None:  # from the manifest: no shard need be read
+        raise DdpipeError(f"{wrong}: shuffles are scored by class", path=data.where)
     from tqdm import tqdm
 
     print(f"ddpipe: {data.where}/index.json records no labels (written by an older ddpipe, or adopted): "

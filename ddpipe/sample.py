@@ -88,6 +88,14 @@ def sanitize_key(text: str) -> str:
     return "/".join(parts)
 
 
+def unlabelled(fields: tuple[str, ...]) -> str | None:
+    """What is wrong with a dataset of these fields for a use that needs labels (none of its samples has
+    a ``cls`` field), or None."""
+    if "cls" in fields:
+        return None
+    return f"its samples have no labels (no 'cls' field among {', '.join(fields) or 'none'})"
+
+
 def label_of(sample: dict[str, bytes]) -> int:
     """The sample's integer class from its ``cls`` field, or -1 when it has none."""
     value = sample.get("cls")

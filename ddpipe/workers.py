@@ -83,8 +83,8 @@ class _SignalsHeldContext(SpawnContext):
 def worker_context() -> SpawnContext:
     """The ``mp_context`` of a pool whose initializer is :func:`bind_to_parent`: spawn (a fresh
     interpreter: forking a process that may hold MPI, HDF5 or DALI threads is unsafe), each worker
-    started deaf to its parent's signals."""
-    end_if_importing_parents_script()
+    started deaf to its parent's signals. Whoever makes the pool calls
+    :func:`end_if_importing_parents_script` first, before anything it writes."""
     return _SignalsHeldContext()
 
 

@@ -218,13 +218,14 @@ def _check_labelled(data: Dataset) -> None:
     """Refuse, before training, a dataset whose samples hold no label (no ``cls`` field): each would
     come with label -1, which the loss refuses at the first batch (a traceback here, a device-side
     assert on a GPU)."""
-    fields = data.manifest.fields
-    if "cls" in fields:
+    from ..sample import unlabelled
+
+    wrong = unlabelled(data.manifest.fields)
+    if wrong is None:
         return
     from ..errors import DdpipeError
 
-    error = DdpipeError(f"its samples have no labels (no 'cls' field among {', '.join(fields) or 'none'}): "
-                        "ddpipe train learns each image's class from its cls", path=data.where)
+    error = DdpipeError(f"{wrong}: ddpipe train learns each image's class from its cls", path=data.where)
     error.job_wide = True  # every rank read the same manifest: each says so and leaves
     raise error
 

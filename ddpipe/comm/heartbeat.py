@@ -113,8 +113,12 @@ class _Links:
         self._closed_in = self._closed_out = False  # this rank's CLOSE has gone
 
     def may_beat(self) -> bool:
+        return not self._closed_out and not self._sending()
+
+    def _sending(self) -> bool:
+        """Whether a message this rank sent is still on its way (those arrived are let go)."""
         self._sends = [s for s in self._sends if not s.Test()]
-        return not self._closed_out and not self._sends
+        return bool(self._sends)
 
     def beat(self) -> None:
         self._sends.append(self._comm.Isend(self._beat, dest=self._next, tag=_TAG))
@@ -148,8 +152,7 @@ class _Links:
             self._close_out()
         while time.monotonic() < deadline:
             self.take_in()
-            self._sends = [s for s in self._sends if not s.Test()]
-            if self.previous_closed and self.next_closed and not self._sends:
+            if not self._sending() and self.previous_closed and self.next_closed:
                 return
             time.sleep(1e-3)
         for request, done in ((self._beats_in, self.previous_closed), (self._close_back, self.next_closed)):
