@@ -177,8 +177,9 @@ def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> Sha
                 try:
                     sample = loader.load(item)
                 except SourceError as e:
-                    if job.on_error != "skip":
-                        raise
+                    if job.on_error != "skip":  # a stray notes file in a class directory, often
+                        raise SourceError(f"{e.message} (--on-error skip leaves such files out and lists "
+                                          "them in index.json)", path=e.path) from None
                     skipped.append(SkippedItem(item.path, e.message))
                 else:
                     writer.write(sample)

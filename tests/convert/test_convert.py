@@ -214,6 +214,14 @@ def test_cli_unreadable_input_is_one_line(raw_copy: Path, tmp_path: Path) -> Non
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and bad.name in lines[0] and "not an image" in lines[0]
+    assert "--on-error skip" in lines[0]  # the way past it, for a stray notes file in a class directory
+
+
+def test_skipped_item_is_recorded_without_the_way_past_a_failure(raw_copy: Path, tmp_path: Path) -> None:
+    bad = sorted(raw_copy.rglob("*.jpg"))[2]
+    bad.write_bytes(b"GIF89a broken")
+    m = convert(raw_copy, tmp_path / "o", opts(on_error="skip"))
+    assert [s.error for s in m.skipped] == ["not an image: no image format recognises it"]
 
 
 def test_cli_full_disk_keeps_finished_shards_and_rerun_completes(raw_images: Path, tmp_path: Path) -> None:
