@@ -134,8 +134,9 @@ class DecodeStage:
             if self._decoder is None:  # one for every epoch: its pipeline, pools and buffers stay
                 self._decoder = make_decoder(self.decoder, self.options, plan.options.batch_size, self.device)
             classes = len(self.stream.dataset.classes)
-            encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad, classes) for b in batches) if here \
-                else batches
+            required = self.options.require_labels
+            encoded = (EncodedBatch.of(b.indices, b.samples, self._on_bad, classes, labels_required=required)
+                       for b in batches) if here else batches
             decoded = self._decoder.decode(encoded, self.stream.seed, self.stream.epoch, self._on_bad)
             if self.skipping and plan.options.pad:  # batches keep their size (pad=False: they shrink, nothing repeated)
                 rank = self.stream.rank

@@ -105,6 +105,7 @@ class LoaderKeywords(StreamKeywords, total=False):
     service: Sequence[str]
     service_timeout: float
     read_in: str
+    require_labels: bool
 
 
 def keyword_fields(stages: Sequence[type]) -> dict[str, list[tuple[type, str]]]:

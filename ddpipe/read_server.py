@@ -244,7 +244,8 @@ class _Server:
         """The batch less its unreadable samples, with each one's label and crop window."""
         from .decode.batches import EncodedBatch, checked_headers, with_crops
 
-        batch = EncodedBatch.of(indices, samples, self.on_bad, len(self.stream.dataset.classes))
+        batch = EncodedBatch.of(indices, samples, self.on_bad, len(self.stream.dataset.classes),
+                                labels_required=self.decode.require_labels)
         if not batch.datas:
             return batch
         if self.decode.train:

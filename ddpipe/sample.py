@@ -104,14 +104,17 @@ def label_of(sample: dict[str, bytes]) -> int:
     return int(bytes(value).decode().strip())
 
 
-def class_of(sample: dict[str, bytes], classes: int) -> int:
+def class_of(sample: dict[str, bytes], classes: int, *, required: bool = False) -> int:
     """The sample's class, which must be one of the ``classes`` a dataset names (where it names any:
-    a training loss fails on any other, on a GPU without saying which sample), or -1 for no label;
-    a ValueError saying what is wrong otherwise."""
+    a training loss fails on any other, on a GPU without saying which sample), or -1 for no label
+    unless one is ``required``; a ValueError saying what is wrong otherwise."""
     try:
         label = label_of(sample)
     except ValueError:
         raise ValueError(f"cls {sample.get('cls')!r} is not an integer") from None
+    if label == -1 and required:
+        why = "cls -1" if "cls" in sample else "no cls field"
+        raise ValueError(f"has no label ({why}), which training needs")
     if label < -1:
         raise ValueError(f"cls {label} is not a class (0 or more; -1 is no label)")
     if classes and label >= classes:

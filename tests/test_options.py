@@ -68,6 +68,7 @@ VALUES: dict[tuple[type, str], st.SearchStrategy[Any]] = {
     (DecodeOptions, "service"): st.sampled_from([(), ("tcp://a:1",), ("tcp://a:1", "tcp://b:2")]),
     (DecodeOptions, "service_timeout"): st.floats(0.1, 100),
     (DecodeOptions, "read_in"): st.sampled_from(["thread", "process"]),
+    (DecodeOptions, "require_labels"): st.booleans(),
 }
 # objects given beside the keyword: each field at a value of its own (staging's directory included)
 GIVEN = {PlanOptions: PlanOptions(shuffle="local", exchange_fraction=0.2, buffer_size=9, round_size=11),

@@ -157,7 +157,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     size = DecodeOptions(decoder=args.decode, device=str(job.device), size=args.image_size,
                          resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)), dtype=args.dtype,
-                         service=tuple(args.decode_service), read_in=args.read_in)
+                         service=tuple(args.decode_service), read_in=args.read_in, require_labels=True)
     loader = Loader(args.dataset, args.batch_size, decode=size, shuffle=args.shuffle,
                     exchange_fraction=args.exchange_fraction, shard_assignment=args.shard_assignment, drop_last=True,
                     stage_dir=args.stage_dir, stage_capacity=args.stage_capacity, on_error=args.on_error,

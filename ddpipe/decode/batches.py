@@ -38,9 +38,11 @@ class EncodedBatch:
     release: Callable[[], None] | None = None
 
     @classmethod
-    def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad, classes: int = 0) -> EncodedBatch:
+    def of(cls, indices: np.ndarray, samples: list[Sample], on_bad: OnBad, classes: int = 0, *,
+           labels_required: bool = False) -> EncodedBatch:
         """The batch of ``samples``, less those without an image, or whose ``cls`` is not a class of the
-        ``classes`` the dataset names (:func:`~ddpipe.sample.class_of`), each reported."""
+        ``classes`` the dataset names, or who have none where ``labels_required``
+        (:func:`~ddpipe.sample.class_of`), each reported."""
         batch = cls([], [])
         for g, sample in zip(indices.tolist(), samples, strict=True):
             name = image_field(sample)
@@ -48,7 +50,7 @@ class EncodedBatch:
                 on_bad(g, sample, f"no image field among {sorted(k for k in sample if k != KEY)}")
                 continue
             try:
-                label = class_of(sample, classes)
+                label = class_of(sample, classes, required=labels_required)
             except ValueError as e:
                 on_bad(g, sample, str(e))
                 continue

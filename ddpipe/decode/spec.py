@@ -78,6 +78,9 @@ class DecodeOptions:
     # chosen): "thread", threads of this process; "process", a process of its own, off the training
     # process's interpreter lock (ddpipe/read_process.py: where it applies, and why)
     read_in: str = "thread"
+    # a sample with no label (no cls field) is a bad sample, as for a loss that needs one for every
+    # sample (ddpipe train's); otherwise it comes with label -1, for a loss's ignore_index
+    require_labels: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.service, str) or not all(isinstance(s, str) for s in self.service):

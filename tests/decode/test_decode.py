@@ -367,6 +367,35 @@ def test_a_label_outside_the_named_classes_is_a_bad_sample(tmp_path: Path, decod
     assert ld.stats.skipped == len(unnamed) and {k for k, _, _ in ld.stats.skipped_samples} == unnamed
 
 
+@pytest.mark.parametrize("read_in", ["thread", "process"])
+def test_where_labels_are_required_a_sample_without_one_is_a_bad_sample(tmp_path: Path, read_in: str) -> None:
+    """Without require_labels it comes with label -1, for a loss's ignore_index; with it (ddpipe train's
+    loss needs a class for every sample) it is named, or skipped and refilled."""
+    samples = labelled_samples(20, np.random.default_rng(1))
+    for i in (3, 11):
+        del samples[i]["cls"]
+    samples[14]["cls"] = b"-1"
+    ddpipe.write_dataset(tmp_path / "d", iter(samples), samples_per_shard=8, classes=[str(c) for c in range(6)])
+    unlabelled = {"img/0003", "img/0011", "img/0014"}
+
+    def loader(on_error: str, required: bool) -> ddpipe.Loader:
+        options = DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1, read_in=read_in,
+                                require_labels=required)
+        return ddpipe.Loader(tmp_path / "d", 4, decoder="dali-cpu", device="cpu", shuffle="none", on_error=on_error,
+                             decode=options)
+
+    with loader("fail", False) as ld:
+        assert int((torch.cat([y for _, y in ld]) == -1).sum()) == 3
+    with loader("fail", True) as ld, pytest.raises(SampleError, match=r"has no label \(no cls field\)") as info:
+        list(ld)
+    assert info.value.key == "img/0003"
+    with loader("skip", True) as ld:
+        labels = torch.cat([y for _, y in ld])
+    assert len(labels) == 20 and int(labels.min()) >= 0  # refilled with labelled samples
+    assert {k for k, _, _ in ld.stats.skipped_samples} == unlabelled
+    assert any("has no label (cls -1)" in why for _, _, why in ld.stats.skipped_samples)
+
+
 def stops_dali(root: Path) -> Path:
     """20 images, of which img/0006's header reads but its data stops right after it."""
     samples = labelled_samples(20, np.random.default_rng(1))

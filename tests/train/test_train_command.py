@@ -61,6 +61,22 @@ def test_a_label_the_model_has_no_class_for_stops_training_naming_it_unless_skip
     assert f"skipped {len(unnamed)} samples in the last epoch" in skipped.stdout, skipped.stdout
 
 
+def test_a_sample_without_a_label_stops_training_naming_it_unless_skipped(tmp_path: Path) -> None:
+    """A labelled dataset with some samples lacking cls (adopted tars, partly labelled): each came with
+    label -1, and the loss failed at its batch with torch's traceback ("Target -1 is out of bounds")."""
+    root = tmp_path / "partly"
+    samples = labelled_samples(24, np.random.default_rng(5))
+    for i in (5, 17):
+        del samples[i]["cls"]
+    ddpipe.write_dataset(root, iter(samples), samples_per_shard=8, classes=[str(c) for c in range(6)])
+    proc = run_cli("train", root, *TRAIN, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "has no label (no cls field)" in proc.stderr and ("img/0005" in proc.stderr or "img/0017" in proc.stderr)
+    skipped = run_cli("train", root, *TRAIN, "--on-error", "skip", timeout=300)
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert "skipped 2 samples in the last epoch" in skipped.stdout, skipped.stdout
+
+
 def test_a_corrupt_shard_stops_training_naming_it_unless_skipped(data: Path, tmp_path: Path) -> None:
     import shutil
 
