@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .checksum import unpack_digests
-from .errors import ManifestError
+from .errors import DdpipeError, ManifestError
 from .fields import checked, kind_of, whole_number
 from .formats.atomic import atomic_write_bytes
 
@@ -251,11 +251,22 @@ def load_manifest(dataset: str | os.PathLike[str]) -> Manifest:
     try:
         text = path.read_bytes()
     except FileNotFoundError:
-        raise ManifestError("no index.json: not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')",
-                            path=path) from None
+        raise ManifestError(f"no index.json: {_what_makes_one(Path(dataset))}", path=path) from None
     except OSError as e:
         raise ManifestError(f"cannot read: {e}", path=path) from None
     return manifest_from_text(text, path)
+
+
+def _what_makes_one(directory: Path) -> str:
+    """The command that makes a manifest for what ``directory`` holds (images to convert, shards to
+    adopt), for a newcomer who points a loader at the raw data."""
+    from .convert.index_command import hint  # the convert layer knows the layouts: only on this error
+
+    try:
+        said = hint(directory)
+    except DdpipeError:  # a directory whose mode refuses a look: say what is generally done
+        said = None
+    return said or "not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')"
 
 
 def manifest_from_text(text: bytes, path: str | os.PathLike[str]) -> Manifest:

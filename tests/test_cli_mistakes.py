@@ -31,6 +31,25 @@ def test_paths_that_are_not_what_they_must_be(raw_images: Path, tmp_path: Path) 
     assert "unknown model 'resnet999'" in one_line("train", tmp_path / "ds", "--model", "resnet999")
 
 
+def test_a_directory_with_no_manifest_is_answered_with_the_command_that_makes_one(raw_images: Path,
+                                                                                 tmp_path: Path) -> None:
+    """A newcomer's first try: training on the folder of images, or on tars from another tool."""
+    commands: list[list[str | Path]] = [["train", raw_images, "--model", "smallcnn"], ["inspect", raw_images]]
+    for command in commands:
+        msg = one_line(*command)
+        assert f"{raw_images}/index.json: no index.json" in msg
+        assert f"it holds images in class directories: make shards of them with `ddpipe convert {raw_images} " in msg
+    assert "nothing to adopt: it holds images in class directories: make shards of them with `ddpipe convert " \
+        in one_line("index", raw_images)
+    tars = tmp_path / "tars"
+    ddpipe.convert(raw_images, tars, ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    (tars / "index.json").unlink()
+    assert f"it holds tar shards: adopt it in place with `ddpipe index {tars}`" in one_line("train", tars)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')" in one_line("inspect", empty)
+
+
 def test_a_conversion_that_skipped_everything_is_an_error_unless_asked(tmp_path: Path) -> None:
     src = tmp_path / "src" / "a"
     src.mkdir(parents=True)

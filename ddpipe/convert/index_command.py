@@ -4,6 +4,8 @@ HDF5 files, or an LMDB environment (plain images, msgpack records, Caffe datums,
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 from pathlib import Path
 
 from ..errors import DdpipeError
@@ -12,9 +14,13 @@ from ..storage import is_remote
 from .adopt import index_tars
 from .adopt_foreign import HDF5_SUFFIXES, index_hdf5, index_lmdb
 
+# what an ImageFolder's class directories hold: enough to tell one, not every format a conversion reads
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
 
 def what_is_in(path: Path) -> str | None:
-    """``"tar"``, ``"hdf5"`` or ``"lmdb"``: what adoptable data a directory (or file) holds, if any."""
+    """``"tar"``, ``"hdf5"`` or ``"lmdb"``: what adoptable data a directory (or file) holds, if any;
+    ``"images"`` for class directories of images (an ImageFolder, to convert)."""
     if path.is_file():
         path = path.parent
     if not path.is_dir():
@@ -29,7 +35,19 @@ def what_is_in(path: Path) -> str | None:
         return "tar"
     if any(n.lower().endswith(HDF5_SUFFIXES) for n in names):
         return "hdf5"
+    if any(_holds_images(path / n) for n in sorted(names)[:3]):
+        return "images"
     return None
+
+
+def _holds_images(directory: Path) -> bool:
+    """Whether one of a directory's first entries is an image file (a look, not a walk: a class
+    directory may hold a million)."""
+    try:
+        with os.scandir(directory) as entries:
+            return any(e.name.lower().endswith(_IMAGE_SUFFIXES) for e in itertools.islice(entries, 100))
+    except OSError:  # not a directory, or one whose mode refuses a look
+        return False
 
 
 def hint(path: Path) -> str | None:
@@ -38,6 +56,8 @@ def hint(path: Path) -> str | None:
     if kind is None:
         return None
     where = path if path.is_dir() else path.parent
+    if kind == "images":
+        return f"it holds images in class directories: make shards of them with `ddpipe convert {where} OUT`"
     extra = {"hdf5": " (name the datasets with --images/--labels if asked)",
              "lmdb": " (--values caffe|msgpack|image|pickle if it cannot tell)", "tar": ""}[kind]
     what = "tar shards" if kind == "tar" else kind.upper()
@@ -87,6 +107,8 @@ def run(args: argparse.Namespace) -> Manifest:
     if kind == "lmdb":
         return index_lmdb(root, out=out, values=args.values, label_regex=args.label_regex,
                           labels_file=args.labels_file, allow_pickle=args.allow_pickle, classes=classes)
+    if kind == "images":  # not shards to adopt, but what a conversion makes shards of
+        raise DdpipeError(f"nothing to adopt: {hint(root)}", path=root)
     found = sorted(p.name for p in root.iterdir())[:8]
     raise DdpipeError(f"nothing to adopt: no .tar shards, HDF5 files or LMDB data.mdb; found "
                       f"{', '.join(found) or 'an empty directory'}", path=root)
