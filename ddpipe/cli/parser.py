@@ -143,7 +143,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.set_defaults(func=cmd_synth)
 
     p = command("convert", help="convert an ImageFolder, a list file or a dataset into shards")
-    p.add_argument("src", help="ImageFolder root, CSV/TSV list of 'path,label', or a ddpipe dataset")
+    p.add_argument("src", help="ImageFolder root, list file (.csv/.tsv of 'path,label', Caffe's .txt of "
+                                   "'path label', im2rec's .lst), or a ddpipe dataset")
     p.add_argument("out")
     p.add_argument("--format", choices=FORMAT_NAMES, default="wds")
     size = p.add_mutually_exclusive_group()

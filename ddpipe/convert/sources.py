@@ -69,7 +69,7 @@ def open_source(src: str | os.PathLike[str]) -> Source:
         return _list_source(path)
     if not path.exists():
         raise SourceError("no such file or directory", path=path)
-    raise SourceError("not a dataset, an ImageFolder directory or a .csv/.tsv list file", path=path)
+    raise SourceError("not a dataset, an ImageFolder directory or a list file (.csv, .tsv, .txt, .lst)", path=path)
 
 
 def key_of(relative: str) -> str:
@@ -116,18 +116,54 @@ def _imagefolder_source(root: Path) -> Source:
     return Source("imagefolder", str(root), tuple(items), tuple(classes), identity)
 
 
-def _list_source(list_file: Path) -> Source:
+def _list_rows(list_file: Path) -> list[list[str]]:
+    """Each row's (path, label): from CSV or TSV (path, label, and any further columns), from the
+    'path label' lines of Caffe's ImageNet lists (a path may hold spaces: the label is after the last
+    one), or from MXNet im2rec's .lst (index, label, path, tab-separated)."""
     text = list_file.read_text(encoding="utf-8")
     first = text.splitlines()[0] if text.strip() else ""
-    delimiter = "\t" if list_file.suffix.lower() == ".tsv" or "\t" in first else ","
-    rows = [r for r in csv.reader(io.StringIO(text), delimiter=delimiter) if r and any(c.strip() for c in r)]
+    suffix = list_file.suffix.lower()
+    if suffix == ".lst":
+        return _im2rec_rows(list_file, text)
+    if suffix == ".tsv" or "\t" in first:
+        delimiter = "\t"
+    elif suffix == ".txt" and "," not in first:
+        delimiter = " "
+    else:
+        delimiter = ","
+    if delimiter == " ":
+        rows = [line.strip().rsplit(None, 1) for line in text.splitlines() if line.strip()]
+    else:
+        rows = [r for r in csv.reader(io.StringIO(text), delimiter=delimiter) if r and any(c.strip() for c in r)]
     if rows and rows[0][0].strip().lower() in ("path", "file", "filename", "image"):
         rows = rows[1:]
     if not rows:
-        raise SourceError("the list file has no rows of 'path,label'", path=list_file)
+        raise SourceError(f"the list file has no rows of 'path{delimiter}label'", path=list_file)
     for n, row in enumerate(rows, 1):
         if len(row) < 2:
             raise SourceError(f"row {n} has {len(row)} column(s); expected 'path{delimiter}label'", path=list_file)
+    return rows
+
+
+def _im2rec_rows(list_file: Path, text: str) -> list[list[str]]:
+    rows = [line.rstrip("\r\n").split("\t") for line in text.splitlines() if line.strip()]
+    if not rows:
+        raise SourceError("the list file has no rows of 'index<TAB>label<TAB>path'", path=list_file)
+    for n, row in enumerate(rows, 1):
+        if len(row) != 3:
+            raise SourceError(f"row {n} has {len(row)} columns; an im2rec .lst row is index, label, path "
+                              "(one label), tab-separated", path=list_file)
+    return [[path, _im2rec_label(label)] for _, label, path in rows]
+
+
+def _im2rec_label(label: str) -> str:
+    """im2rec writes a class index as a float ("3.000000"): as the index; anything else as it is."""
+    whole, dot, fraction = label.strip().partition(".")
+    return whole if dot and whole.isdigit() and fraction.strip("0") == "" else label.strip()
+
+
+def _list_source(list_file: Path) -> Source:
+    rows = _list_rows(list_file)
     labels = [r[1].strip() for r in rows]
     if all(lbl.lstrip("-").isdigit() for lbl in labels):
         numbers = [int(lbl) for lbl in labels]
