@@ -53,8 +53,10 @@ def main() -> None:
     started = time.perf_counter()
     job = ddpipe.distributed.init()  # who this process is; torch.distributed set up; a failing rank ends all
     gpu = job.device.type == "cuda"
+    # require_labels: a sample with no cls stops the epoch naming it (the loss needs a class for each)
     decode = ddpipe.DecodeOptions(decoder=args.decode, device=str(job.device), size=args.image_size,
-                                  resize_shorter=round(args.image_size * 8 / 7), dtype="uint8", channels_last=gpu)
+                                  resize_shorter=round(args.image_size * 8 / 7), dtype="uint8", channels_last=gpu,
+                                  require_labels=True)
     train = ddpipe.Loader(args.data, plan=ddpipe.PlanOptions(batch_size=args.batch_size, shuffle="partial",
                                                              exchange_fraction=args.exchange_fraction, drop_last=True),
                           decode=decode, stage_dir=args.stage_dir, seed=args.seed, comm=job.comm)
