@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from .checksum import file_checksum, sample_digest
 from .dataset import Dataset, dataset_at
-from .decode.spec import IMAGE_FIELDS, decode_check
+from .decode.spec import decode_check, is_image_field
 from .errors import DdpipeError
 from .formats.tar import check_dali_index
 from .sample import KEY, class_of
@@ -94,7 +94,7 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
                 report.problems.append(f"{shown}: sample {sample[KEY]!r}: {e}")
             if not decode:
                 continue
-            for name in (f for f in IMAGE_FIELDS if f in sample):
+            for name in (f for f in sample if is_image_field(f)):
                 try:
                     decode_check(sample[name])
                     report.decoded += 1

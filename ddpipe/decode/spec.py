@@ -176,8 +176,17 @@ def decode_check(data: bytes, draft: bool = False, max_pixels: int = MAX_PIXELS)
 
 
 def image_field(sample: dict[str, bytes]) -> str | None:
-    """The field holding the sample's image, if any."""
-    return next((f for f in IMAGE_FIELDS if f in sample), None)
+    """The field holding the sample's image, if any: one named for an image format in any case (a plain
+    tar of ImageNet's own files has 'JPEG' fields), as the webdataset library takes them."""
+    found = next((f for f in IMAGE_FIELDS if f in sample), None)
+    if found is None:  # the usual lower-case names first: this runs for every sample
+        found = next((f for f in sample if is_image_field(f)), None)
+    return found
+
+
+def is_image_field(name: str) -> bool:
+    """Whether a field is named for an image format (in any case)."""
+    return name.lower() in IMAGE_FIELDS
 
 
 def random_resized_crop(width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float],

@@ -63,6 +63,28 @@ def test_adopts_plain_tar_and_dali_reads_it(tmp_path: Path) -> None:
     assert got == sorted(s["jpg"] for s in items)
 
 
+def test_imagenets_own_file_names_in_a_plain_tar_are_images(tmp_path: Path) -> None:
+    """ImageNet's files end in .JPEG: tarred as they are, their field is 'JPEG', which the loader took
+    for no image at all (each sample bad), and verify --decode passed without decoding one."""
+    from ..decode.test_decode import labelled_samples
+
+    src = tmp_path / "src"
+    src.mkdir()
+    items = labelled_samples(6, np.random.default_rng(3))
+    for i, s in enumerate(items):
+        (src / f"n01440764_{i:05d}.JPEG").write_bytes(s["jpg"])
+        (src / f"n01440764_{i:05d}.cls").write_bytes(s["cls"])
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    subprocess.run(["tar", "-C", str(src), "--sort=name", "-cf", str(shards / "a.tar"), "."], check=True)
+    assert index_tars(shards).fields == ("JPEG", "cls")
+    with ddpipe.Loader(shards, 3, decoder="pil", device="cpu", shuffle="none", size=16, resize_shorter=16,
+                       threads=1) as loader:
+        labels = [int(y) for _, ys in loader for y in ys]
+    assert labels == [int(s["cls"]) for s in items]
+    assert ddpipe.verify_dataset(shards, decode=True).decoded == 6
+
+
 def test_refuses_foreign_index_json(tmp_path: Path) -> None:
     with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=8, verbose=0) as sink:
         for s in example_samples(3):
