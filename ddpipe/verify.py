@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from .checksum import file_checksum, sample_digest
 from .dataset import Dataset, dataset_at
-from .decode.spec import decode_check, is_image_field
+from .decode.spec import decode_check, is_image_field, no_image
 from .errors import DdpipeError
 from .formats.tar import check_dali_index
 from .sample import KEY, class_of
@@ -94,7 +94,10 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
                 report.problems.append(f"{shown}: sample {sample[KEY]!r}: {e}")
             if not decode:
                 continue
-            for name in (f for f in sample if is_image_field(f)):
+            images = [f for f in sample if is_image_field(f)]
+            if not images:  # the loader would stop at it, or skip it
+                report.problems.append(f"{shown}: sample {sample[KEY]!r}: {no_image(sample)}")
+            for name in images:
                 try:
                     decode_check(sample[name])
                     report.decoded += 1

@@ -5,11 +5,12 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
 import ddpipe
-from ddpipe.convert import ConvertOptions, convert
+from ddpipe.convert import ConvertOptions, convert, write_dataset
 from ddpipe.errors import CorruptShardError, ManifestError, MissingShardError
 from ddpipe.reading import read_samples
 from ddpipe.sample import owned
@@ -241,6 +242,21 @@ def test_verify_names_each_sample_whose_label_is_no_class_of_the_dataset(tmp_pat
     assert all("is outside the dataset's 3 classes (0 to 2)" in p and "shard-00000" in p for p in report.problems)
     proc = run_cli("verify", root, "--quiet")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_verify_decode_names_each_sample_without_an_image(tmp_path: Path) -> None:
+    """The loader stops at (or skips) such a sample; verify --decode had passed, decoding nothing."""
+    from .decode.test_decode import labelled_samples
+
+    samples = labelled_samples(6, np.random.default_rng(2))
+    samples[4]["png"] = samples[4].pop("jpg")  # another image format: still an image
+    samples[2]["txt"] = samples[2].pop("jpg")
+    write_dataset(tmp_path / "d", iter(samples), samples_per_shard=3)
+    assert verify_dataset(tmp_path / "d", progress=False).ok  # without --decode: every byte checks
+    report = verify_dataset(tmp_path / "d", decode=True, progress=False)
+    assert report.decoded == 5
+    assert report.problems == [f"{tmp_path / 'd' / 'shard-000000.tar'}: sample 'img/0002': no image field among "
+                               "['cls', 'txt']"]
 
 
 def test_verify_reports_a_shard_it_may_not_read_and_checks_the_rest(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..sample import KEY, Sample, class_of
+from ..sample import Sample, class_of
 from .augment import image_size, random_crops
-from .spec import DecodeOptions, check_pixels, image_field
+from .spec import DecodeOptions, check_pixels, image_field, no_image
 
 if TYPE_CHECKING:
     from .augment import Crops
@@ -47,7 +47,7 @@ class EncodedBatch:
         for g, sample in zip(indices.tolist(), samples, strict=True):
             name = image_field(sample)
             if name is None:
-                on_bad(g, sample, f"no image field among {sorted(k for k in sample if k != KEY)}")
+                on_bad(g, sample, no_image(sample))
                 continue
             try:
                 label = class_of(sample, classes, required=labels_required)

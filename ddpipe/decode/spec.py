@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..fields import whole_option
+from ..sample import field_names
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -182,6 +183,11 @@ def image_field(sample: dict[str, bytes]) -> str | None:
     if found is None:  # the usual lower-case names first: this runs for every sample
         found = next((f for f in sample if is_image_field(f)), None)
     return found
+
+
+def no_image(sample: dict[str, bytes]) -> str:
+    """What is wrong with a sample that has no image field."""
+    return f"no image field among {field_names(sample)}"
 
 
 def is_image_field(name: str) -> bool:
