@@ -54,6 +54,7 @@ def scan_tar_members(path: str | os.PathLike[str]) -> list[list[Member]]:
 
     groups: list[list[Member]] = []
     last_key: str | None = None
+    first_of: dict[str, str] = {}  # each sample's first member, to name one whose files are apart
     try:
         with tarfile.open(path, mode="r:") as tf:
             for info in tf:
@@ -69,6 +70,12 @@ def scan_tar_members(path: str | os.PathLike[str]) -> list[list[Member]]:
                         raise CorruptShardError(f"sample {key!r} has field {ext!r} twice", path=path)
                     groups[-1].append(member)
                 else:
+                    if key in first_of:
+                        raise CorruptShardError(
+                            f"the files of sample {key!r} are not together ({first_of[key]!r}, then other samples' "
+                            f"files, then {info.name!r}): readers group a sample's adjacent files only; pack the "
+                            "tar with `tar --sort=name`", path=path)
+                    first_of[key] = info.name
                     groups.append([member])
                     last_key = key
     except (tarfile.TarError, EOFError) as e:

@@ -84,6 +84,23 @@ def test_duplicate_field_in_a_sample_is_corrupt(tmp_path: Path) -> None:
         scan_tar_members(shard)
 
 
+def test_a_samples_files_apart_in_the_tar_are_refused_naming_them(tmp_path: Path) -> None:
+    """tar without --sort=name may store a.jpg, b.jpg, a.cls, b.cls: a reader that groups adjacent files
+    (webdataset's, DALI's, ours) makes four samples of two, each missing a field; it was adopted so, and
+    every sample then failed in the loader for want of an image or a label."""
+    from ddpipe.errors import CorruptShardError
+
+    shard = tmp_path / "apart.tar"
+    with tarfile.open(shard, "w") as tf:
+        for name in ("d/a.jpg", "d/b.jpg", "d/a.cls", "d/b.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"1"))
+    with pytest.raises(CorruptShardError, match=r"apart.tar: the files of sample 'd/a' are not together \('d/a.jpg', "
+                                                r"then other samples' files, then 'd/a.cls'\).*tar --sort=name"):
+        scan_tar_members(shard)
+
+
 def test_samples_outlive_their_reader_and_an_abandoned_scan(tmp_path: Path) -> None:
     """The reader maps the shard: closing it mid-scan, or dropping a scan half-read, must neither fail
     nor change a sample already handed out, nor one the suspended scan still gives."""
