@@ -27,7 +27,12 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
         for name, size in listing.items():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             objects.download(name, root / name, size)
-        manifest = index_local(argparse.Namespace(**{**vars(args), "dir": str(root), "out": None}))
+        try:
+            manifest = index_local(argparse.Namespace(**{**vars(args), "dir": str(root), "out": None}))
+        except DdpipeError as e:  # named by the object, not by its copy in a directory about to go
+            if e.path is not None and Path(e.path).is_relative_to(root):
+                e.path = objects.url(Path(e.path).relative_to(root).as_posix())
+            raise
         if args.out is not None:  # a manifest kept elsewhere, naming where the objects are
             manifest = dataclasses.replace(manifest, data_dir=objects.url())
             Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -279,6 +279,27 @@ def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], buck
     assert samples(ddpipe.EncodedStream(url, 4, shuffle="none")) == expected
 
 
+def test_a_tar_in_a_bucket_that_cannot_be_adopted_is_named_by_its_url(bucket: str, tmp_path: Path) -> None:
+    """Indexing fetches the objects into a temporary directory: an error named the file there, a path
+    the user never gave and that was gone by the time they read it."""
+    import io
+    import tarfile
+
+    apart = tmp_path / "apart.tar"
+    with tarfile.open(apart, "w") as tf:
+        for name in ("a.jpg", "b.jpg", "a.cls", "b.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"1"))
+    url = f"s3://{bucket}/apart"
+    open_storage(url).put_file("apart.tar", apart)
+    proc = run_cli("index", url)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"ddpipe: error: {url}/apart.tar: the files of sample 'a' are not together"), \
+        proc.stderr
+    assert "ddpipe-index-" not in proc.stderr and set(open_storage(url).list()) == {"apart.tar"}
+
+
 @pytest.mark.parametrize("kind", ["hdf5", "lmdb"])
 def test_hdf5_files_and_lmdb_environments_in_a_bucket_are_adopted_in_place(kind: str, bucket: str,
                                                                            tmp_path: Path) -> None:
