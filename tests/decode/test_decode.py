@@ -291,19 +291,31 @@ def test_pil_and_dali_agree_in_shape_and_statistics(natural: Path) -> None:
     assert abs(float(stats["pil"][2] - stats["dali-cpu"][2])) < 3.0
 
 
+def png16(level: int, size: tuple[int, int]) -> bytes:
+    """A 16-bit grayscale PNG of one level (0 to 65535)."""
+    buf = io.BytesIO()
+    Image.fromarray(np.full(size[::-1], level, dtype=np.uint16)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 @pytest.mark.parametrize("decode", DECODERS)
-def test_grayscale_cmyk_png_decode_to_three_channels(tmp_path: Path, decode: str) -> None:
+@pytest.mark.parametrize("train", [True, False])
+def test_grayscale_cmyk_png_decode_to_three_channels(tmp_path: Path, decode: str, train: bool) -> None:
+    """A 16-bit PNG too (medical and satellite images): PIL's conversion to RGB clipped each level
+    past 255 to white, where DALI scales the levels down."""
     samples = [{"__key__": "g", "jpg": solid_jpeg((90, 90, 90), (50, 40), "L"), "cls": b"0"},
                {"__key__": "c", "jpg": solid_jpeg((200, 30, 30), (50, 40), "CMYK"), "cls": b"1"},
-               {"__key__": "p", "png": solid_jpeg((30, 200, 30), (50, 40), "RGBA", "PNG"), "cls": b"2"}]
-    ddpipe.write_dataset(tmp_path / "d", iter(samples), samples_per_shard=3)
-    ld = ddpipe.Loader(tmp_path / "d", 3, decoder=decode, device="cpu", shuffle="none",
-                       decode=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1))
+               {"__key__": "p", "png": solid_jpeg((30, 200, 30), (50, 40), "RGBA", "PNG"), "cls": b"2"},
+               {"__key__": "w", "png": png16(90 * 257, (50, 40)), "cls": b"3"}]
+    ddpipe.write_dataset(tmp_path / "d", iter(samples), samples_per_shard=4)
+    ld = ddpipe.Loader(tmp_path / "d", 4, decoder=decode, device="cpu", shuffle="none",
+                       decode=DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1, train=train))
     images, labels = next(iter(ld))
-    assert images.shape == (3, 3, 16, 16) and labels.tolist() == [0, 1, 2]
+    assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 1, 2, 3]
     means = images.float().mean(dim=(2, 3))
     assert torch.allclose(means[0], torch.tensor([90.0, 90, 90]), atol=6)
     assert means[1].argmax() == 0 and means[2].argmax() == 1  # CMYK red stays red; the PNG is green
+    assert torch.allclose(means[3], torch.tensor([90.0, 90, 90]), atol=2), means[3]
 
 
 def corrupt_dataset(root: Path) -> Path:
