@@ -154,7 +154,9 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--workers", type=_positive, default=1, help="parallel shard writers")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="an unreadable or non-image input: stop (default) or skip and record it")
-    p.add_argument("--allow-empty", action="store_true", help="write an empty dataset if every input is skipped")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="write an empty dataset if every input is skipped, and keep class directories without "
+                        "images as classes of no samples")
     p.add_argument("--val-labels", help="ImageNet's validation ground truth (LOC_val_solution.csv or "
                    "ILSVRC2012_validation_ground_truth.txt) for SRC, its flat directory")
     p.add_argument("--synsets", help="the synset list (LOC_synset_mapping.txt, map_clsloc.txt)")

@@ -70,7 +70,9 @@ class ConvertOptions:
     prefix: str = "shard"
     # decode every image fully, so that one cut short is caught here rather than hours into training
     decode_check: bool = True
-    allow_empty: bool = False  # a conversion that skipped every input writes an empty dataset, not an error
+    # a conversion that skipped every input writes an empty dataset, and an ImageFolder's class directory
+    # without images is a class of no samples (a held-out tree's, kept for its labels), not an error
+    allow_empty: bool = False
     val_labels: str | None = None  # ImageNet's validation ground truth, for its flat directory (imagenet.py)
     synsets: str | None = None  # the synset list that maps the devkit's class ids
 
@@ -246,6 +248,11 @@ def convert(
                                      None if options.synsets is None else Path(options.synsets))
     else:
         source = open_source(src)
+    if source.empty_classes and not options.allow_empty:
+        raise SourceError(f"class directories without images: {', '.join(source.empty_classes)}; each would still "
+                          "take a label, and every class after it another label than a tree without it gives "
+                          "(torchvision's ImageFolder refuses them too): remove them, or --allow-empty keeps them "
+                          "as classes of no samples", path=source.root)
     objects = open_storage(str(out)) if is_remote(out) else None
 
     order = sample_order(len(source.items), options.seed)

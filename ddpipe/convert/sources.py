@@ -50,6 +50,7 @@ class Source:
     shard_ranges: tuple[tuple[int, int], ...] = ()  # a dataset source's own shard boundaries
     format: str | None = None
     skipped: tuple[SkippedItem, ...] = ()
+    empty_classes: tuple[str, ...] = ()  # an ImageFolder's class directories that hold no file
 
 
 def open_source(src: str | os.PathLike[str]) -> Source:
@@ -95,8 +96,10 @@ def _imagefolder_source(root: Path) -> Source:
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise SourceError("no class directories: an ImageFolder tree is root/<class>/<image>", path=root)
-    items = []
+    items: list[SourceItem] = []
+    empty = []
     for label, cls in enumerate(classes):
+        before = len(items)
         for dirpath, dirnames, filenames in os.walk(root / cls, onerror=_unlisted):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
@@ -109,11 +112,13 @@ def _imagefolder_source(root: Path) -> Source:
                 except OSError:
                     size = 0  # a dangling link, say: reported when the item is read, under the on-error policy
                 items.append(SourceItem(path=full, size=size, key=key_of(rel), label=label))
+        if len(items) == before:
+            empty.append(cls)
     if not items:
         raise SourceError("no files under the class directories", path=root)
     check_unique(items)
     identity = "\n".join(f"{os.path.relpath(i.path, root)}\t{i.size}\t{i.label}" for i in items)
-    return Source("imagefolder", str(root), tuple(items), tuple(classes), identity)
+    return Source("imagefolder", str(root), tuple(items), tuple(classes), identity, empty_classes=tuple(empty))
 
 
 def _list_rows(list_file: Path) -> list[list[str]]:

@@ -48,3 +48,18 @@ def test_the_decode_check_can_be_skipped_for_speed(raw_copy: Path, tmp_path: Pat
     proc = run_cli("convert", raw_copy, tmp_path / "out", "--no-decode-check", "--quiet")
     assert proc.returncode == 0, proc.stderr  # only the header was read: the user's choice
     assert ddpipe.load_manifest(tmp_path / "out").num_samples == 24
+
+
+def test_a_class_directory_without_images_is_refused_unless_allowed(raw_copy: Path, tmp_path: Path) -> None:
+    """A zip's __MACOSX directory (its files all hidden) sorted first and took label 0, silently moving
+    every real class's label one up from a tree without it; torchvision's ImageFolder refuses it too."""
+    mac = raw_copy / "__MACOSX"
+    mac.mkdir()
+    (mac / "._a.jpg").write_bytes(b"\x00\x05\x16\x07")
+    proc = run_cli("convert", raw_copy, tmp_path / "out", "--quiet")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{raw_copy}: class directories without images: __MACOSX; each would still take a label" in proc.stderr
+    assert "--allow-empty" in proc.stderr and not (tmp_path / "out").exists()
+    kept = run_cli("convert", raw_copy, tmp_path / "out", "--allow-empty", "--quiet")
+    assert kept.returncode == 0, kept.stderr
+    assert ddpipe.load_manifest(tmp_path / "out").classes[0] == "__MACOSX"  # kept, as asked
