@@ -104,7 +104,8 @@ class EncodedStream:
         self.options: PlanOptions = options[PlanOptions] or PlanOptions()
         self.read_options: ReadOptions = options[ReadOptions] or ReadOptions()
         self.seed = whole_option(seed, "seed")
-        self.comm = comm or init_comm()
+        # the stream's threads issue its collectives on a channel of its own, apart from the caller's
+        self.comm = comm.channel() if comm is not None else init_comm()
         self.epoch = 0
         self.stats = ReadStats()
         #: samples may reach the consumer as views of their shard's mapping rather than copies: for a

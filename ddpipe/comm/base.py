@@ -149,6 +149,15 @@ class Comm:
         pack_parts(segments[0], out)
         return [out.data]
 
+    def channel(self) -> Comm:
+        """A communicator of this one's world for one loader's collectives, which the loader's threads
+        issue while its caller goes on issuing its own on this one (a training loop's progress line, a
+        second loader's rounds): collectives on one communicator from two threads can be matched across
+        ranks in different orders, and were. It has an MPI communicator or gloo group of its own, and
+        shares this one's world, environment, clean-ups and heartbeats. Collective: every rank makes
+        its channels in the same order. A world of one has no collectives to keep apart."""
+        return self
+
     def node_ranks(self) -> list[int]:
         """The global ranks on this process's node (itself included)."""
         w = self.world

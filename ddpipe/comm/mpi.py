@@ -38,29 +38,29 @@ _ZONE_MAX, _PAGE = 256 << 20, 4096  # a rank's landing zone at most (what a roun
 class MPIComm(Comm):
     """Collectives through mpi4py, each under the watchdog's deadline.
 
-    One thread issues ddpipe's collectives at a time (the loader's producer), on a communicator
-    of ddpipe's own, so one watchdog deadline at a time suffices.
+    One thread issues a communicator's collectives at a time: the caller's thread this one's, and each
+    loader's threads the loader's :meth:`channel`, so one watchdog deadline at a time suffices.
     """
 
-    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT, silence: float = DEFAULT_SILENCE) -> None:
+    node_comm: Any  # this node's ranks (MPI_COMM_TYPE_SHARED)
+    _node_ranks: list[int]
+    _heartbeats: Heartbeats | None
+
+    def __init__(self, mpi_comm: Any, timeout: float = DEFAULT_TIMEOUT, silence: float = DEFAULT_SILENCE, *,
+                 parent: MPIComm | None = None) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
         self._comm = mpi_comm
-        rank = mpi_comm.Get_rank()
-        local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        is_leader = local.Get_rank() == 0
-        leaders = [r for r in mpi_comm.allgather(rank if is_leader else None) if r is not None]
-        leader = local.bcast(rank if is_leader else None, root=0)
-        _unname_node_segment()  # every rank has passed MPI_Init: all have mapped it
-        # the node's cores: every core some rank of it may run on (ranks bound to cores each see theirs)
-        cores = len(set().union(*local.allgather(_affinity())))
-        world = World(rank=rank, size=mpi_comm.Get_size(), local_rank=local.Get_rank(),
-                      local_size=local.Get_size(), node=leaders.index(leader), num_nodes=len(leaders),
-                      cores=cores)
-        self.node_comm = local
-        self._node_ranks = [int(r) for r in local.allgather(rank)]
-        super().__init__(world, timeout)
+        if parent is None:
+            self._discover(mpi_comm, timeout, silence)
+        else:  # a channel: the parent's world, heartbeats and clean-ups; exchange state of its own
+            super().__init__(parent.world, parent.timeout)
+            self.environ, self.allocator, self._at_end = parent.environ, parent.allocator, parent._at_end
+            self.node_comm = parent.node_comm.Dup()
+            self._node_ranks = parent._node_ranks
+            self._heartbeats = parent._heartbeats
+        local = self.node_comm
         # a node's ranks exchange through shared send slots (node_slots.py); ranks alone on a node need none
         self._slots = NodeSlots(local, MPI) if local.Get_size() > 1 else None
         self._turn = 0  # exchanges so far: which of the two slots is this one's
@@ -76,9 +76,30 @@ class MPIComm(Comm):
         self._largest_received = 0  # the largest segment a node peer has sent this rank
         self._room = 0  # bytes offered to each node peer
         self.landed_bytes = 0  # bytes received without a copy, through landing zones
+        self._dog = Watchdog(self.timeout, lambda reason: self.abort(f"{reason}; aborting the job"), self._silent)
+
+    def _discover(self, mpi_comm: Any, timeout: float, silence: float) -> None:
+        """Who and where this rank is, its node's ranks and cores, and the job's heartbeats."""
+        MPI = self._mpi
+        rank = mpi_comm.Get_rank()
+        local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        is_leader = local.Get_rank() == 0
+        leaders = [r for r in mpi_comm.allgather(rank if is_leader else None) if r is not None]
+        leader = local.bcast(rank if is_leader else None, root=0)
+        _unname_node_segment()  # every rank has passed MPI_Init: all have mapped it
+        # the node's cores: every core some rank of it may run on (ranks bound to cores each see theirs)
+        cores = len(set().union(*local.allgather(_affinity())))
+        world = World(rank=rank, size=mpi_comm.Get_size(), local_rank=local.Get_rank(),
+                      local_size=local.Get_size(), node=leaders.index(leader), num_nodes=len(leaders),
+                      cores=cores)
+        self.node_comm = local
+        self._node_ranks = [int(r) for r in local.allgather(rank)]
+        super().__init__(world, timeout)
         hosts = [str(h) for h in mpi_comm.allgather(socket.gethostname())]
         self._heartbeats = Heartbeats(mpi_comm.Dup(), hosts, silence) if self.world.size > 1 else None
-        self._dog = Watchdog(timeout, lambda reason: self.abort(f"{reason}; aborting the job"), self._silent)
+
+    def channel(self) -> MPIComm:
+        return self if self.world.size == 1 else MPIComm(self._comm.Dup(), parent=self)
 
     def _silent(self) -> str | None:
         return None if self._heartbeats is None else self._heartbeats.silent()

@@ -30,30 +30,51 @@ LEAVE_TIMEOUT = 60.0  # seconds a rank waits at exit for the others to leave too
 
 
 class TorchComm(Comm):
-    def __init__(self, timeout: float = DEFAULT_TIMEOUT, environ: Mapping[str, str] | None = None) -> None:
+    _store: Any  # torchrun's rendezvous store, in which each group is named
+    _group: Any
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, environ: Mapping[str, str] | None = None, *,
+                 parent: TorchComm | None = None) -> None:
         import torch
-        import torch.distributed as dist
-        from torch.distributed.distributed_c10d import PrefixStore
         from torch.distributed.rendezvous import rendezvous
 
-        env = os.environ if environ is None else environ
         self._torch = torch
-        store, rank, size = next(rendezvous("env://", timeout=timedelta(seconds=timeout)))
-        # Every rank makes its communicators in the same order, so the n-th one here is the n-th one
-        # everywhere: a per-rank counter in the store names it the same on every rank.
-        n = store.add(f"ddpipe/comms/{rank}", 1)
-        self._group: Any = dist.ProcessGroupGloo(PrefixStore(f"ddpipe/{n}/", store), rank, size,
-                                                 timedelta(seconds=timeout))
+        if parent is not None:  # a channel: a gloo group of its own over the parent's world
+            super().__init__(parent.world, parent.timeout)
+            self.environ, self.allocator, self._at_end = parent.environ, parent.allocator, parent._at_end
+            self._store = parent._store
+            self._group = self._new_group()
+            self._closed = False
+            atexit.register(_leave_at_exit, weakref.ref(self))
+            return
+        env = os.environ if environ is None else environ
+        self._store, rank, size = next(rendezvous("env://", timeout=timedelta(seconds=timeout)))
         local_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
         node = int(env.get("GROUP_RANK", "0"))
         super().__init__(World(rank=rank, size=size, local_rank=int(env.get("LOCAL_RANK", "0")),
                                local_size=local_size, node=node, num_nodes=max(1, size // local_size)),
                          timeout)
+        self._group = self._new_group()
         mine = {c for n_, c in self.allgather((node, available_cores())) if n_ == node}
         self.world = dataclasses.replace(self.world, cores=max(mine))
         self._closed = False
         # a script that never calls close() (one that only makes a Loader) leaves together all the same
         atexit.register(_leave_at_exit, weakref.ref(self))
+
+    def _new_group(self) -> Any:
+        """A gloo group of the world's ranks. Every rank makes its groups in the same order, so the n-th
+        one here is the n-th one everywhere: a per-rank counter in the store names it the same on every
+        rank."""
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import PrefixStore
+
+        rank, size = self.world.rank, self.world.size
+        n = self._store.add(f"ddpipe/comms/{rank}", 1)
+        return dist.ProcessGroupGloo(PrefixStore(f"ddpipe/{n}/", self._store), rank, size,
+                                     timedelta(seconds=self.timeout))
+
+    def channel(self) -> TorchComm:
+        return self if self.world.size == 1 else TorchComm(parent=self)
 
     def _wait(self, what: str, work: Any, while_waiting: WhileWaiting | None = None) -> None:
         try:

@@ -60,3 +60,27 @@ def test_train_command_on_two_ranks(raw_images: Path, tmp_path: Path, path: str)
     assert len(lines) == 2 and all("images/s" in ln and "data wait per rank" in ln for ln in lines)
     assert all("% of 23 images" in ln for ln in lines), lines
     assert proc.stdout.count("training smallcnn") == 1  # rank 0 reports for the job
+
+
+def test_progress_lines_among_several_exchange_rounds_an_epoch(tmp_path: Path) -> None:
+    """Each progress line gathers every rank's figures on the main thread while the loader's producer
+    runs its exchange rounds: on one communicator the two were matched with each other, and the job hung
+    at its first line once an epoch had several rounds (more than 512 samples a rank)."""
+    import io
+
+    from PIL import Image
+
+    def tiny(c: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (20, 20), (60 * c, 0, 0)).save(buf, "JPEG")
+        return buf.getvalue()
+
+    images = [tiny(c) for c in range(4)]
+    samples = ({"__key__": f"i/{i:05d}", "jpg": images[i % 4], "cls": b"%d" % (i % 4)} for i in range(4800))
+    ddpipe.write_dataset(tmp_path / "d", samples, samples_per_shard=200, classes=["a", "b", "c", "d"])
+    proc = mpiexec(2, "-m", "ddpipe", "train", tmp_path / "d", "--model", "smallcnn", "--batch-size", "16",
+                   "--image-size", "16", "--decode", "pil", "--dtype", "uint8", "--shuffle", "partial",
+                   "--exchange-fraction", "0.5", "--log-every", "1", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # 2,400 samples a rank, 150 steps of 16: a line for each but the last, which the epoch's line stands for
+    assert proc.stdout.count("epoch 0 step ") == 149 and "epoch 0: 4800 images" in proc.stdout, proc.stdout[-1000:]
