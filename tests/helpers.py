@@ -44,6 +44,19 @@ def make_dataset(root: Path, fmt: str, sizes: list[int], classes: int = 4, paylo
     return root
 
 
+def tar_of(path: Path, names: list[str]) -> Path:
+    """A tar of one-byte members of these names, in this order (as plain ``tar`` may store them)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tf:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"1"))
+    return path
+
+
 def descendants(pid: int) -> list[int]:
     """Every process under ``pid`` (pool workers, the resource tracker), read from /proc."""
     parents = {}

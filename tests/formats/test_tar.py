@@ -90,12 +90,9 @@ def test_a_samples_files_apart_in_the_tar_are_refused_naming_them(tmp_path: Path
     every sample then failed in the loader for want of an image or a label."""
     from ddpipe.errors import CorruptShardError
 
-    shard = tmp_path / "apart.tar"
-    with tarfile.open(shard, "w") as tf:
-        for name in ("d/a.jpg", "d/b.jpg", "d/a.cls", "d/b.cls"):
-            info = tarfile.TarInfo(name)
-            info.size = 1
-            tf.addfile(info, io.BytesIO(b"1"))
+    from ..helpers import tar_of
+
+    shard = tar_of(tmp_path / "apart.tar", ["d/a.jpg", "d/b.jpg", "d/a.cls", "d/b.cls"])
     with pytest.raises(CorruptShardError, match=r"apart.tar: the files of sample 'd/a' are not together \('d/a.jpg', "
                                                 r"then other samples' files, then 'd/a.cls'\).*tar --sort=name"):
         scan_tar_members(shard)

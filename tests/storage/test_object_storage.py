@@ -282,15 +282,9 @@ def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], buck
 def test_a_tar_in_a_bucket_that_cannot_be_adopted_is_named_by_its_url(bucket: str, tmp_path: Path) -> None:
     """Indexing fetches the objects into a temporary directory: an error named the file there, a path
     the user never gave and that was gone by the time they read it."""
-    import io
-    import tarfile
+    from ..helpers import tar_of
 
-    apart = tmp_path / "apart.tar"
-    with tarfile.open(apart, "w") as tf:
-        for name in ("a.jpg", "b.jpg", "a.cls", "b.cls"):
-            info = tarfile.TarInfo(name)
-            info.size = 1
-            tf.addfile(info, io.BytesIO(b"1"))
+    apart = tar_of(tmp_path / "apart.tar", ["a.jpg", "b.jpg", "a.cls", "b.cls"])
     url = f"s3://{bucket}/apart"
     open_storage(url).put_file("apart.tar", apart)
     proc = run_cli("index", url)
