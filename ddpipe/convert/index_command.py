@@ -8,14 +8,15 @@ import itertools
 import os
 from pathlib import Path
 
+from ..decode.spec import IMAGE_FIELDS
 from ..errors import DdpipeError
 from ..manifest import Manifest
 from ..storage import is_remote
 from .adopt import index_tars
 from .adopt_foreign import HDF5_SUFFIXES, index_hdf5, index_lmdb
 
-# what an ImageFolder's class directories hold: enough to tell one, not every format a conversion reads
-_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# what an ImageFolder's class directories hold: the names a sample's image field goes by
+_IMAGE_SUFFIXES = tuple(f".{name}" for name in IMAGE_FIELDS)
 
 
 def what_is_in(path: Path) -> str | None:
