@@ -36,7 +36,8 @@ def what_is_in(path: Path) -> str | None:
         return "tar"
     if any(n.lower().endswith(HDF5_SUFFIXES) for n in names):
         return "hdf5"
-    if any(_holds_images(path / n) for n in sorted(names)[:3]):
+    # a few of its first entries: a README or a labels file before the class directories is no matter
+    if any(_holds_images(path / n) for n in sorted(names)[:8]):
         return "images"
     return None
 
