@@ -97,6 +97,11 @@ class Comm:
         self.transfer_seconds = 0.0
         self._send = np.empty(0, dtype=np.uint8)
 
+    def _share(self, parent: Comm) -> None:
+        """Take ``parent``'s world, timeout, environment, allocator and clean-ups (a channel of it)."""
+        Comm.__init__(self, parent.world, parent.timeout)
+        self.environ, self.allocator, self._at_end = parent.environ, parent.allocator, parent._at_end
+
     def at_end(self, cleanup: Callable[[], Any]) -> None:
         """Run ``cleanup`` before :meth:`end_job` ends the process (worker pools, shared memory)."""
         self._at_end.append(cleanup)

@@ -55,8 +55,7 @@ class MPIComm(Comm):
         if parent is None:
             self._discover(mpi_comm, timeout, silence)
         else:  # a channel: the parent's world, heartbeats and clean-ups; exchange state of its own
-            super().__init__(parent.world, parent.timeout)
-            self.environ, self.allocator, self._at_end = parent.environ, parent.allocator, parent._at_end
+            self._share(parent)
             self.node_comm = parent.node_comm.Dup()
             self._node_ranks = parent._node_ranks
             self._heartbeats = parent._heartbeats

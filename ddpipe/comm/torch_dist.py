@@ -40,8 +40,7 @@ class TorchComm(Comm):
 
         self._torch = torch
         if parent is not None:  # a channel: a gloo group of its own over the parent's world
-            super().__init__(parent.world, parent.timeout)
-            self.environ, self.allocator, self._at_end = parent.environ, parent.allocator, parent._at_end
+            self._share(parent)
             self._store = parent._store
             self._group = self._new_group()
             self._closed = False
