@@ -19,6 +19,33 @@ T = TypeVar("T")
 END = object()
 
 
+class SampleQueue(queue.Queue[Any]):
+    """Groups of samples handed between threads, bounded by the samples queued, not the groups:
+    groups differ in length (an exchange round's last one is short, a small round's whole output is
+    one), and what the consumer may be owed is counted in samples (``RankPlan.lead``). A put waits
+    while ``maxsize`` samples or more are queued; any other item (:data:`END`, an error) counts one."""
+
+    def _init(self, maxsize: int) -> None:
+        super()._init(maxsize)
+        self._samples = 0
+
+    def _qsize(self) -> int:
+        return self._samples
+
+    def _put(self, item: Any) -> None:
+        super()._put(item)
+        self._samples += _weight(item)
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self._samples -= _weight(item)
+        return item
+
+
+def _weight(item: Any) -> int:
+    return max(1, len(item)) if isinstance(item, list) else 1
+
+
 def put_unless_stopped(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
     """Put ``item`` unless ``stop`` is set first; a full queue never blocks a stopped pipeline."""
     while not stop.is_set():

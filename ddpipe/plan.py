@@ -27,6 +27,9 @@ Each step asks the shuffle mode's entry in :data:`ddpipe.shufflers.SHUFFLERS`.
 6. **Yield order.** ``local`` and ``partial`` pass the rank's stream (its kept samples of each
    round, then what it received, slot by slot) through a bounded shuffle buffer
    (:func:`ddpipe.shufflers.local.buffer_order`). ``none`` and ``global`` yield in read order.
+   The plan keeps where in the stream each yielded sample is (``RankPlan.positions``), and, where
+   ranks exchange, how far each rank's exchange may have to run ahead of its consumer for every rank
+   to finish the batch in progress (``RankPlan.lead``: the loader's hand-over holds at least that).
 
 ``pending`` restricts the plan to samples not yet yielded in an interrupted epoch: resuming plans
 them afresh over however many ranks the job now has.
@@ -42,7 +45,7 @@ from .errors import OptionError
 from .fields import whole_option
 from .manifest import Manifest
 from .seeding import DROP, derive_rng
-from .shufflers import ExchangeRound, get_shuffler
+from .shufflers import ExchangeRound, exchange_leads, get_shuffler
 
 ASSIGNMENTS = ("sticky", "rotate")
 
@@ -82,8 +85,13 @@ class RankPlan:
     rounds: tuple[ExchangeRound, ...] = ()
     # global sample indices in the order the exchange hands them on (what the shuffle buffer takes in)
     stream: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # for each sample of ``order``, its position in ``stream``: ``order == stream[positions]``
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # with pad=False: True where ``order`` holds a padding copy of a sample yielded elsewhere (not yielded)
     copies: np.ndarray | None = None
+    # the samples this rank's exchange may have to hand its consumer ahead of what it has taken, for
+    # every rank to finish the batch in progress (:func:`ddpipe.shufflers.partial.exchange_leads`)
+    lead: int = 0
 
     def yielded(self, start: int, stop: int) -> np.ndarray:
         """What this rank yields of ``order[start:stop]``: all of it, less the copies under pad=False."""
@@ -163,9 +171,13 @@ def plan_epoch(
         reads.append(mode.reads(share, shard_of_sample, seed, epoch, r).astype(np.int64))
 
     rounds, streams = mode.exchange(reads, per, seed, epoch, opt.exchange_fraction, opt.round_size)
-    orders = [mode.yield_order(streams[r], seed, epoch, r, opt.buffer_size) for r in range(world_size)]
+    positions = [mode.yield_positions(len(streams[r]), seed, epoch, r, opt.buffer_size).astype(np.int64)
+                 for r in range(world_size)]
+    orders = [stream[at] for stream, at in zip(streams, positions, strict=True)]
     copies = _copies(orders, np.concatenate(padding)) if padding and not opt.pad else [None] * world_size
-    ranks = [RankPlan(r, reads[r], orders[r], rounds[r], streams[r], copies[r]) for r in range(world_size)]
+    leads = exchange_leads(positions, rounds, opt.batch_size)
+    ranks = [RankPlan(r, reads[r], orders[r], rounds[r], streams[r], positions[r], copies[r], leads[r])
+             for r in range(world_size)]
     return EpochPlan(epoch, world_size, opt, tuple(ranks), per, random_access=mode.random_access,
                      dropped=np.concatenate(dropped) if dropped else np.zeros(0, dtype=np.int64))
 

@@ -1,5 +1,5 @@
 """The encoded stream's producer thread: this rank's reads and, for ``partial``, its exchange rounds,
-handed to the consumer in groups through a bounded queue."""
+handed to the consumer in groups through a queue bounded in samples (:class:`ddpipe.handoff.SampleQueue`)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,13 @@ class Producer:
         """Samples handed from the producer to the consumer at a time: never more than ``prefetch``."""
         return max(1, min(EMIT_GROUP, self.read.prefetch))
 
+    @property
+    def ahead(self) -> int:
+        """Samples the hand-over to the consumer holds: ``prefetch``, or more where the exchange may
+        have to run further ahead of the consumer for every rank to finish its batch while this
+        rank's caller waits for them (a training step's allreduce: ``RankPlan.lead``)."""
+        return max(self.read.prefetch, self.plan.ranks[self.rank].lead)
+
     def run(self, out: queue.Queue[Any], stop: threading.Event) -> None:
         rank_plan = self.plan.ranks[self.rank]
         batch_size, options = self.plan.options.batch_size, self.plan.options
@@ -61,7 +68,7 @@ class Producer:
             # meanwhile, Dataset.read's prefetch), except below
             # the consumer runs up to the queue and the batches it holds behind the exchange; samples it
             # keeps past two shuffle buffers are copied out rather than keep their round's buffer
-            ahead_of_consumer = self.read.prefetch + self.group + 2 * batch_size
+            ahead_of_consumer = self.ahead + self.group + 2 * batch_size
             lifetimes = receipt_lifetimes(rank_plan.stream, rank_plan.order, rank_plan.rounds,
                                           ahead=ahead_of_consumer,
                                           copy_beyond=2 * options.buffer_size + options.round_size)

@@ -3,10 +3,10 @@ yields them.
 
 The producer hands samples on in the order of the rank's plan's ``stream`` (as read, or as each
 exchange round emits them); the rank yields them in the plan's ``order`` (the shuffle buffer is
-simulated on indices). Both are known before the epoch starts, so where each yielded sample arrives
-is computed once, on arrays, and each batch is taken from the arrivals by position: a dictionary of
+simulated on indices), and the plan knows where in the stream each yielded sample arrives
+(``RankPlan.positions``), so each batch is taken from the arrivals by position (a dictionary of
 samples by index, one entry per sample, cost 3-7 times as much processor time, which every rank spent
-at once at an epoch's end when its last exchange round arrived (benchmarks/exchange.py, 8 ranks).
+at once at an epoch's end when its last exchange round arrived: benchmarks/exchange.py, 8 ranks).
 """
 
 from __future__ import annotations
@@ -21,28 +21,13 @@ from .loader_stats import ReadStats
 from .sample import Sample
 
 
-def stream_positions(stream: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """For each sample of ``order``, its position in ``stream``: a sample there more than once
-    (padding repeats samples) takes its occurrences in turn. Every one must be in ``stream``."""
-    by_value = np.argsort(stream, kind="stable")
-    ordered = np.argsort(order, kind="stable")
-    values = order[ordered]
-    nth = np.arange(len(values)) - np.searchsorted(values, values, side="left")  # earlier occurrences
-    found = np.searchsorted(stream[by_value], values, side="left") + nth
-    if len(found) and (found.max() >= len(stream) or not np.array_equal(stream[by_value[found]], values)):
-        raise ValueError("the order yields samples the stream does not hold")
-    positions = np.empty(len(order), dtype=np.int64)
-    positions[ordered] = by_value[found]
-    return positions
-
-
-def batches_in_order(groups: Iterator[list[tuple[int, Sample]]], stream: np.ndarray, order: np.ndarray,
+def batches_in_order(groups: Iterator[list[tuple[int, Sample]]], order: np.ndarray, at: np.ndarray,
                      batch_size: int, num_batches: int,
                      stats: ReadStats) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
     """``num_batches`` batches of ``order``, ``batch_size`` at a time, with their global indices,
-    taken from ``groups`` of (global index, sample) arriving in ``stream``'s order. Each sample is
-    let go once taken. ``stats.held_peak``: the most samples held for later batches so far."""
-    at = stream_positions(stream, order)
+    taken from ``groups`` of (global index, sample) arriving in the stream's order; ``at``: where in
+    the stream each of ``order`` arrives (``RankPlan.positions``). Each sample is let go once taken.
+    ``stats.held_peak``: the most samples held for later batches so far."""
     starts = np.arange(0, len(order), batch_size)
     # the arrivals each batch needs, and the earliest arrival any batch from it on takes: everything
     # before that is let go

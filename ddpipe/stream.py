@@ -31,7 +31,7 @@ from .comm import Comm, init_comm
 from .dataset import Dataset, open_dataset
 from .errors import CorruptShardError, DdpipeError, DigestMismatchError, SampleError
 from .fields import whole_option
-from .handoff import END, Ahead, groups
+from .handoff import END, Ahead, SampleQueue, groups
 from .loader_stats import ReadStats, SkippedSample
 from .options import STREAM_STAGES, ReadOptions, apply_keywords
 from .plan import EpochPlan, PlanOptions, plan_epoch
@@ -306,8 +306,9 @@ class EncodedStream:
         waits = self.stager is not None and self.stager.options.capacity is not None
         producer = Producer(plan, self.rank, self.comm, self.read_options, samples, reads_wait_on_peers=waits,
                             views=self.views)
-        # the producer puts lists of (global index, sample), ``group`` long: ``prefetch`` samples queued
-        out: queue.Queue[Any] = queue.Queue(maxsize=max(1, self.read_options.prefetch // producer.group))
+        # the producer puts lists of (global index, sample), up to ``group`` long: ``prefetch`` samples
+        # queued, or the plan's lead where that is more
+        out: queue.Queue[Any] = SampleQueue(producer.ahead)
         stop = threading.Event()
         thread = threading.Thread(target=producer.run, args=(out, stop), daemon=True,
                                   name=f"ddpipe-producer-{self.rank}")
@@ -327,7 +328,7 @@ class EncodedStream:
                  stopped: functools.partial[None]) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
         rank_plan = plan.ranks[self.rank]
         try:
-            yield from batches_in_order(arrivals, rank_plan.stream, rank_plan.order, plan.options.batch_size,
+            yield from batches_in_order(arrivals, rank_plan.order, rank_plan.positions, plan.options.batch_size,
                                         plan.num_batches, self.stats)
         finally:
             arrivals.close()

@@ -14,7 +14,7 @@ from .base import ShuffleMode
 from .full import GlobalShuffle
 from .local import LocalShuffle
 from .none import NoShuffle
-from .partial import ExchangeRound, PartialShuffle, ReceiptLifetimes, receipt_lifetimes
+from .partial import ExchangeRound, PartialShuffle, ReceiptLifetimes, exchange_leads, receipt_lifetimes
 
 SHUFFLERS: dict[str, ShuffleMode] = {m.name: m for m in (NoShuffle(), LocalShuffle(), PartialShuffle(),
                                                           GlobalShuffle())}
@@ -40,6 +40,7 @@ __all__ = [
     "ReceiptLifetimes",
     "ShuffleMode",
     "compared_modes",
+    "exchange_leads",
     "get_shuffler",
     "receipt_lifetimes",
 ]

@@ -47,9 +47,9 @@ class ShuffleMode:
         """Step 5: every rank's exchange rounds, and the stream each rank holds after them."""
         return [() for _ in reads], reads
 
-    def yield_order(self, stream: np.ndarray, seed: int, epoch: int, rank: int, buffer_size: int) -> np.ndarray:
-        """Step 6: the order in which ``rank`` yields its stream."""
-        return stream
+    def yield_positions(self, n: int, seed: int, epoch: int, rank: int, buffer_size: int) -> np.ndarray:
+        """Step 6: the order in which ``rank`` yields its stream (``n`` samples long), as positions in it."""
+        return np.arange(n)
 
 
 def shard_sequence(shards: np.ndarray, counts: np.ndarray, starts: np.ndarray, keep: np.ndarray) -> np.ndarray:

@@ -66,6 +66,5 @@ class LocalShuffle(ShuffleMode):
         out: np.ndarray = share[permute_runs(shard_of_sample[share], derive_rng(seed, SEGMENTS, epoch, rank))]
         return out
 
-    def yield_order(self, stream: np.ndarray, seed: int, epoch: int, rank: int, buffer_size: int) -> np.ndarray:
-        out: np.ndarray = stream[buffer_order(len(stream), buffer_size, derive_rng(seed, BUFFER, epoch, rank))]
-        return out
+    def yield_positions(self, n: int, seed: int, epoch: int, rank: int, buffer_size: int) -> np.ndarray:
+        return buffer_order(n, buffer_size, derive_rng(seed, BUFFER, epoch, rank))

@@ -139,6 +139,29 @@ class PartialShuffle(LocalShuffle):
         return [tuple(x) for x in rounds], list(streams)
 
 
+def exchange_leads(positions: list[np.ndarray], rounds: list[tuple[ExchangeRound, ...]],
+                   batch_size: int) -> list[int]:
+    """For each rank, the most samples its exchange may have to hand its consumer beyond what the
+    consumer has taken, so that the ranks never wait on each other in a circle. A training step
+    ends in a collective (the gradients' allreduce): a rank that has taken batch ``k`` waits there
+    for every rank to take it; a rank still taking batch ``k`` may wait for an exchange round, which
+    every rank enters only once it has handed on all it holds from the rounds before. A hand-over
+    holding fewer stops the waiting rank's exchange short of that round, and the job hangs.
+    ``positions``: each rank's yields as positions in its stream (the consumer takes arrivals up to
+    the furthest its batch needs); ``rounds``: each rank's exchange rounds (their read positions,
+    the same on every rank, are positions in the stream too: each round hands on as many as it reads)."""
+    if not rounds or not rounds[0]:
+        return [0] * len(positions)
+    starts = np.array([r.start for r in rounds[0]], dtype=np.int64)
+    # arrivals each rank has taken once it has taken batch k (positions are a permutation of the stream)
+    taken = np.stack([np.maximum.accumulate(np.maximum.reduceat(p, np.arange(0, len(p), batch_size))) + 1
+                      for p in positions])
+    # where the round that completes batch k begins, for the rank whose batch k needs the furthest one
+    waited_for = starts[np.searchsorted(starts, taken - 1, side="right") - 1].max(axis=0)
+    leads: list[int] = np.maximum(waited_for[None, :] - taken, 0).max(axis=1).tolist()
+    return leads
+
+
 @dataclass(frozen=True)
 class ReceiptLifetimes:
     """How long a rank holds the samples it receives, known from its plan before any byte moves."""

@@ -22,8 +22,8 @@ class Backwards(ShuffleMode):
     name = "backwards"
     compared = "between"
 
-    def yield_order(self, stream: np.ndarray, seed: int, epoch: int, rank: int, buffer_size: int) -> np.ndarray:
-        return stream[::-1].copy()
+    def yield_positions(self, n: int, seed: int, epoch: int, rank: int, buffer_size: int) -> np.ndarray:
+        return np.arange(n)[::-1].copy()
 
 
 @pytest.fixture
