@@ -102,11 +102,13 @@ def _guess_label_pattern(keys: list[str], mdb: Path) -> str:
 
 
 def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[str, int]], list[tuple[str, int]]]:
-    """What one HDF5 file holds that could be images (name, kind, rows), integer label datasets
-    (name, rows) and integer array attributes (name, length)."""
+    """What one HDF5 file holds that could be images (name, kind, rows), label datasets (name, rows:
+    class numbers, or names as strings) and label array attributes (name, length). Fixed-length
+    strings are images only if the first is one (else names)."""
     import h5py
 
     from ..formats.foreign_hdf5 import image_kind
+    from ..formats.lmdb_values import sniff_image_field
 
     images, labels, attrs = [], [], []
     try:
@@ -118,19 +120,44 @@ def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[
         f.visititems(lambda name, obj: found.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
         for name, ds in found:
             kind = image_kind(ds)
-            if kind is not None:
+            names = ds.dtype.kind == "S" and ds.shape[0] and not sniff_image_field(bytes(ds[0]))
+            if kind is not None and not names:
                 images.append((name, kind, int(ds.shape[0])))
-                attrs += _integer_arrays(ds.attrs)
-            elif ds.ndim == 1 and ds.dtype.kind in "iu":
+                attrs += _label_arrays(ds.attrs)
+            elif ds.ndim == 1 and (ds.dtype.kind in "iuSU" or h5py.check_string_dtype(ds.dtype) is not None):
                 labels.append((name, int(ds.shape[0])))
-        attrs += _integer_arrays(f.attrs)
+        attrs += _label_arrays(f.attrs)
     return images, labels, attrs
 
 
-def _integer_arrays(attrs: Any) -> list[tuple[str, int]]:
-    """The attributes that could hold labels (1-D integer arrays), with their lengths."""
+def _label_arrays(attrs: Any) -> list[tuple[str, int]]:
+    """The attributes that could hold labels (1-D arrays of integers or strings), with their lengths."""
+    from ..formats.foreign_hdf5 import label_texts
+
     arrays = {name: np.asarray(value) for name, value in attrs.items()}
-    return [(name, len(a)) for name, a in arrays.items() if a.ndim == 1 and a.dtype.kind in "iu"]
+    return [(name, len(a)) for name, a in arrays.items()
+            if a.ndim == 1 and (a.dtype.kind in "iu" or label_texts(a) is not None)]
+
+
+def _label_names(files: list[Path], layout: dict[str, Any]) -> set[str]:
+    """The class names the files' labels hold, where they are names (none where they are numbers, or
+    strings of digits)."""
+    import h5py
+
+    from ..formats.foreign_hdf5 import label_texts, label_values
+
+    names: set[str] = set()
+    for path in files:
+        try:
+            with h5py.File(path, "r") as f:
+                values = label_values(f, f[layout["images"]], layout)
+        except (OSError, KeyError) as e:
+            raise DdpipeError(f"unreadable HDF5 file or not the layout of the first: {e}", path=path) from None
+        texts = label_texts(values) if values is not None else None
+        if texts is None:
+            return set()
+        names.update(texts)
+    return set() if all(name.isdigit() for name in names) else names
 
 
 def _one(what: str, flag: str, options: list[str], path: Path) -> str:
@@ -143,12 +170,14 @@ def _one(what: str, flag: str, options: list[str], path: Path) -> str:
 
 def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None, labels: str | None = None,
                label_attr: str | None = None, classes: list[str] | None = None) -> Manifest:
-    """Adopt the HDF5 files in ``data`` (each a shard) in place."""
+    """Adopt the HDF5 files in ``data`` (each a shard) in place. Labels that are class names become
+    the classes, in the order ``classes`` gives them if it names them all, else sorted."""
     import h5py
 
     from ..formats.foreign_hdf5 import ForeignHDF5Format, ForeignHDF5Reader
     from ..formats.lmdb_values import sniff_image_field
 
+    given = classes
     classes = _given_or_recorded(classes, data, out)
     files = sorted(p for p in data.iterdir() if p.suffix.lower() in HDF5_SUFFIXES and not p.name.startswith("."))
     if not files:
@@ -178,6 +207,13 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
         layout["labels"] = labels
     if label_attr:
         layout["label_attr"] = label_attr
+    names = _label_names(files, layout)
+    if names:
+        missing = sorted(names - set(classes or ()))
+        if missing and given is not None:
+            raise DdpipeError(f"the labels name classes the class names given lack: {', '.join(missing[:5])}"
+                              f"{' ...' if len(missing) > 5 else ''}", path=data)
+        layout["label_names"] = classes = list(classes) if not missing and classes else sorted(names)
     shards, max_label = [], -1
     fmt = ForeignHDF5Format(layout)
     for path in files:

@@ -253,5 +253,12 @@ class AdoptedFormat(ShardFormat):
     def check_layout(layout: dict[str, Any]) -> None:
         """Raise ValueError naming the first key whose value the reader cannot use (:mod:`ddpipe.fields`)."""
 
+    @staticmethod
+    def check_label_names(layout: dict[str, Any]) -> None:
+        """``label_names``, where labels are stored as class names: the names, in class order."""
+        names = layout.get("label_names", [])
+        if isinstance(names, bool) or not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"'label_names' must be a list of class names, not {names!r}")
+
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         raise DdpipeError(f"{self.name} files are read in place, never written: convert them to write ddpipe shards")

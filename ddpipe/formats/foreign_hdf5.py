@@ -2,10 +2,11 @@
 
 The layout most scripts write with plain h5py: one dataset of encoded images, one sample per row,
 as variable-length ``uint8`` (``h5py.vlen_dtype(np.uint8)``) or fixed-length byte strings (``S`` or
-opaque ``V``), and the labels as an integer dataset of the same length or as an integer array
-attribute (of the images dataset, or of the file). Each file is one shard. The manifest's ``layout``
-names them: ``{"images": "images", "labels": "labels"}`` or ``{"images": ..., "label_attr": ...}``,
-and ``"field"``: what the images are (``jpg``, ``png``).
+opaque ``V``), and the labels as a dataset of the same length or as an array attribute (of the
+images dataset, or of the file): class numbers, or class names as strings (fixed or variable
+length), which the layout then lists in class order (``"label_names"``). Each file is one shard.
+The manifest's ``layout`` names them: ``{"images": "images", "labels": "labels"}`` or
+``{"images": ..., "label_attr": ...}``, and ``"field"``: what the images are (``jpg``, ``png``).
 """
 
 from __future__ import annotations
@@ -40,19 +41,48 @@ def image_kind(dataset: Any) -> str | None:
     return None
 
 
-def labels_of(file: Any, images: Any, layout: dict[str, Any]) -> np.ndarray | None:
-    """The integer labels the layout names, one per image, or None when it names none."""
+def label_values(file: Any, images: Any, layout: dict[str, Any]) -> np.ndarray | None:
+    """The labels the layout names, as stored (numbers or names), or None when it names none."""
     if layout.get("labels"):
-        values = np.asarray(file[layout["labels"]][()])
-    elif layout.get("label_attr"):
+        return np.asarray(file[layout["labels"]][()])
+    if layout.get("label_attr"):
         attr = layout["label_attr"]
         owner = images if attr in images.attrs else file
-        values = np.asarray(owner.attrs[attr])
-    else:
+        return np.asarray(owner.attrs[attr])
+    return None
+
+
+def label_texts(values: np.ndarray) -> list[str] | None:
+    """Labels stored as strings (fixed-length ``S``, ``U``, or h5py's variable-length strings), as
+    text; None for any other kind."""
+    if values.ndim != 1 or values.dtype.kind not in "SUO":
         return None
-    if values.ndim != 1 or values.dtype.kind not in "iu":
-        raise ValueError(f"labels must be a 1-D integer array, found {values.dtype} of shape {values.shape}")
-    return values.astype(np.int64)
+    texts = values.tolist()
+    if not all(isinstance(t, (bytes, str)) for t in texts):
+        return None
+    return [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else t for t in texts]
+
+
+def labels_of(file: Any, images: Any, layout: dict[str, Any]) -> np.ndarray | None:
+    """The labels the layout names as class numbers, one per image, or None when it names none.
+    Class names map to their place in the layout's ``label_names``; strings of digits are numbers."""
+    values = label_values(file, images, layout)
+    if values is None:
+        return None
+    if values.ndim == 1 and values.dtype.kind in "iu":
+        return values.astype(np.int64)
+    texts = label_texts(values)
+    if texts is None:
+        raise ValueError(f"labels must be a 1-D array of class numbers or names, found {values.dtype} "
+                         f"of shape {values.shape}")
+    names = {str(name): i for i, name in enumerate(layout.get("label_names", ()))}
+    if not names and all(t.isdigit() for t in texts):
+        return np.array([int(t) for t in texts], dtype=np.int64)
+    unknown = sorted(set(texts) - names.keys())
+    if unknown:
+        raise ValueError(f"label {unknown[0]!r} is not among the class names index.json lists: index the "
+                         "files again (`ddpipe index`)")
+    return np.array([names[t] for t in texts], dtype=np.int64)
 
 
 class ForeignHDF5Reader(ShardReader):
@@ -140,3 +170,4 @@ class ForeignHDF5Format(AdoptedFormat):
         checked(layout, "images", str, "the name of an HDF5 dataset")
         for key in ("labels", "label_attr", "field"):
             checked(layout, key, str, "a name", default=None)
+        ForeignHDF5Format.check_label_names(layout)

@@ -282,9 +282,7 @@ class ForeignLMDBFormat(AdoptedFormat):
             checked(layout, key, str, "a name", default=None)
         for key in ("samples", "seek_every"):
             whole_number(layout.get(key, 0), repr(key), below=2**63)
-        if not all(isinstance(name, str) for name in checked(layout, "label_names", list, "a list of class names",
-                                                             default=())):
-            raise ValueError("'label_names' must be a list of class names")
+        ForeignLMDBFormat.check_label_names(layout)
         for key in checked(layout, "seek_keys", list, "a list of keys in base64", default=()):
             try:
                 base64.b64decode(key, validate=True)

@@ -40,6 +40,25 @@ def h5_vlen(root: Path, files: int = 2, per_file: int = 15) -> Path:
     return root
 
 
+def h5_class_names(root: Path, names: list[str], stored: str = "fixed", n: int = 20) -> Path:
+    """Variable-length uint8 images labelled by class name: image ``i`` is class ``i % CLASSES``,
+    named ``names[i % CLASSES]``, as fixed-length strings (``S``), variable-length UTF-8 strings, or
+    an attribute of the images dataset."""
+    root.mkdir(parents=True)
+    labels = [names[i % CLASSES] for i in range(n)]
+    with h5py.File(root / "train.h5", "w") as h:
+        ds = h.create_dataset("images", (n,), dtype=h5py.vlen_dtype(np.uint8))
+        for i in range(n):
+            ds[i] = np.frombuffer(jpeg(i), dtype=np.uint8)
+        if stored == "fixed":
+            h.create_dataset("labels", data=np.array([t.encode() for t in labels], dtype="S16"))
+        elif stored == "vlen":
+            h.create_dataset("labels", data=labels, dtype=h5py.string_dtype())
+        else:
+            ds.attrs["classes"] = np.array(labels, dtype=h5py.string_dtype())
+    return root
+
+
 def h5_fixed(root: Path, n: int = 20) -> Path:
     """Fixed-length byte strings (numpy ``S``), labels as an attribute of the images dataset."""
     root.mkdir(parents=True)

@@ -128,6 +128,50 @@ def test_the_manifest_can_live_in_another_directory(tmp_path: Path) -> None:
     assert len(ddpipe.open_dataset(out)) == 25
 
 
+NAMES = ["zebra", "ant", "moose", "bee", "cat"]  # class i's name: not in class order when sorted
+
+
+def true_class(sample: dict[str, bytes]) -> int:
+    """The class an image's colour encodes (foreign_data.colour)."""
+    pixel = np.asarray(Image.open(io.BytesIO(sample["jpg"])).convert("RGB"))[5, 5].astype(int)
+    return min(range(fd.CLASSES), key=lambda c: int(np.abs(pixel - np.array(fd.colour(c))).max()))
+
+
+@pytest.mark.parametrize("stored", ["fixed", "vlen", "attribute"])
+def test_labels_stored_as_class_names_become_the_classes(stored: str, tmp_path: Path) -> None:
+    root = fd.h5_class_names(tmp_path / "named", NAMES, stored)
+    proc = run_cli("index", root)
+    assert proc.returncode == 0, proc.stderr
+    ds = ddpipe.open_dataset(root)
+    assert ds.manifest.classes == tuple(sorted(NAMES))
+    for sample in ds:
+        assert ds.manifest.classes[int(sample["cls"])] == NAMES[true_class(sample)], sample["__key__"]
+    report = run_cli("verify", root, "--decode")
+    assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
+
+
+def test_class_names_given_keep_their_order_and_must_name_every_label(tmp_path: Path) -> None:
+    root = fd.h5_class_names(tmp_path / "named", NAMES)
+    (tmp_path / "classes.txt").write_text("\n".join(NAMES) + "\n")
+    assert run_cli("index", root, "--classes", tmp_path / "classes.txt").returncode == 0
+    ds = ddpipe.open_dataset(root)
+    assert ds.manifest.classes == tuple(NAMES)
+    assert all(int(sample["cls"]) == true_class(sample) for sample in ds)
+    (root / "index.json").unlink()
+    (tmp_path / "four.txt").write_text("\n".join(NAMES[:4]) + "\n")
+    proc = run_cli("index", root, "--classes", tmp_path / "four.txt")
+    assert proc.returncode == 1 and "cat" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (root / "index.json").exists()
+
+
+def test_labels_stored_as_strings_of_digits_are_class_numbers(tmp_path: Path) -> None:
+    root = fd.h5_class_names(tmp_path / "digits", [str(c) for c in range(fd.CLASSES)])
+    assert run_cli("index", root).returncode == 0
+    ds = ddpipe.open_dataset(root)
+    assert ds.manifest.classes == tuple(str(c) for c in range(fd.CLASSES))
+    assert all(int(sample["cls"]) == true_class(sample) for sample in ds)
+
+
 def test_ambiguous_hdf5_lists_what_it_found(tmp_path: Path) -> None:
     import h5py
 
