@@ -37,7 +37,9 @@ class ReadOptions:
     records it (its shard fails its checksum, an adopted sample its digest) stops the epoch with an
     error naming it (``"fail"``), or is dropped and counted (``"skip"``)."""
 
-    prefetch: int = 256  # encoded samples read ahead of the consumer
+    # encoded samples read ahead of the consumer; more where an exchange may have to run further
+    # ahead for every rank to finish its batch (the plan's lead, ddpipe.plan.RankPlan.lead)
+    prefetch: int = 256
     # each shard's bytes checked against the manifest's checksum before its samples are used (a
     # second pass over bytes the read leaves in the page cache: see benchmarks/loader.py for its cost)
     verify: bool = True
