@@ -139,6 +139,17 @@ def _label_arrays(attrs: Any) -> list[tuple[str, int]]:
             if a.ndim == 1 and (a.dtype.kind in "iu" or label_texts(a) is not None)]
 
 
+def class_order(names: set[str], classes: list[str] | None, given: list[str] | None, where: Path) -> list[str]:
+    """The classes of labels stored as names: in the order of ``classes`` (given, or recorded by the
+    manifest already there) where it names them all, else sorted; refused where class names given
+    lack some."""
+    missing = sorted(names - set(classes or ()))
+    if missing and given is not None:
+        raise DdpipeError(f"the labels name classes the class names given lack: {', '.join(missing[:5])}"
+                          f"{' ...' if len(missing) > 5 else ''}", path=where)
+    return list(classes) if classes and not missing else sorted(names)
+
+
 def _label_names(files: list[Path], layout: dict[str, Any]) -> set[str]:
     """The class names the files' labels hold, where they are names (none where they are numbers, or
     strings of digits)."""
@@ -209,11 +220,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
         layout["label_attr"] = label_attr
     names = _label_names(files, layout)
     if names:
-        missing = sorted(names - set(classes or ()))
-        if missing and given is not None:
-            raise DdpipeError(f"the labels name classes the class names given lack: {', '.join(missing[:5])}"
-                              f"{' ...' if len(missing) > 5 else ''}", path=data)
-        layout["label_names"] = classes = list(classes) if not missing and classes else sorted(names)
+        layout["label_names"] = classes = class_order(names, classes, given, data)
     shards, max_label = [], -1
     fmt = ForeignHDF5Format(layout)
     for path in files:
@@ -231,6 +238,20 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     return _write(data, out, manifest)
 
 
+def _numbered(stored: list[int | str], layout: dict[str, Any], classes: list[str] | None,
+              given: list[str] | None, mdb: Path) -> list[int]:
+    """Records' labels stored as class names, as class numbers: the names become the classes
+    (:func:`class_order`, recorded as the layout's ``label_names``); strings of digits are numbers."""
+    if not all(isinstance(v, str) for v in stored):
+        raise DdpipeError("the records' labels mix class numbers and class names", path=mdb)
+    names = {str(v) for v in stored}
+    if all(name.isdigit() for name in names):
+        return [int(v) for v in stored]
+    layout["label_names"] = order = class_order(names, classes, given, mdb)
+    number = {name: i for i, name in enumerate(order)}
+    return [number[str(v)] for v in stored]
+
+
 def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None, label_regex: str | None = None,
                labels_file: str | None = None, allow_pickle: bool = False,
                classes: list[str] | None = None, seek_every: int = SEEK_EVERY) -> Manifest:
@@ -244,6 +265,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
 
     # an explicit label source replaces what an earlier index recorded, class names included
     explicit = label_regex is not None or labels_file is not None
+    given = classes
     classes = classes if explicit else _given_or_recorded(classes, data, out)
     mdb = data / "data.mdb"
     try:
@@ -263,6 +285,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
         raise DdpipeError("the values are Python pickles: unpickling runs code stored in the file, so ddpipe reads "
                           "them only with --allow-pickle, for data you trust", path=mdb)
     image, label = read_value(kind, first[1])
+    named = isinstance(label, str)  # the records' labels are class names (or digits), mapped once all are seen
     layout: dict[str, Any] = {"values": kind, "field": sniff_image_field(image) or "jpg"}
     if kind == "image" or label is None:
         if labels_file is not None:
@@ -272,17 +295,20 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
             pattern = label_regex if label_regex is not None else _guess_label_pattern(keys, mdb)
             names = _key_labels(pattern, keys, mdb)
             if not all(n.isdigit() for n in names):  # class names in the keys: they become the classes
-                layout["label_names"] = classes = sorted(names)
+                layout["label_names"] = classes = class_order(names, classes, given, mdb)
             layout["label_regex"] = pattern
-    labels, digests, seek_keys = [], [], []
+    stored: list[int | str] = []
+    digests, seek_keys = [], []
     layout["digests"] = "records"  # over each record as stored: a reader checks a record before parsing it
     with ForeignLMDBReader(mdb, {**layout, "source_dir": str(data)}) as reader:
         for i, (raw, record) in enumerate(reader.records()):  # every record read: a bad one is named now
             digests.append(sample_digest(record))
-            labels.append(int(reader.parse(record)["cls"]))
+            stored.append(reader.stored_label(record) if named else int(reader.parse(record)["cls"]))
             if i % seek_every == 0:
                 seek_keys.append(base64.b64encode(raw).decode("ascii"))
         count = len(reader)
+    labels = _numbered(stored, layout, classes, given, mdb) if named else [int(v) for v in stored]
+    classes = layout.get("label_names", classes)
     layout.update(seek_every=seek_every, seek_keys=seek_keys)
     manifest = Manifest(format="lmdb-foreign", fields=tuple(sorted({layout["field"], "cls"})),
                         classes=named_classes(max(labels, default=-1), count, classes, data),

@@ -48,7 +48,7 @@ def read_labels_file(path: Path) -> dict[str, int]:
 class LabelSource:
     """Where a plain image's label comes from: its key (a pattern) or a side file. A pattern's
     ``label`` group is a class number, or a class name (``n01440764/...``) where the manifest's
-    layout lists the names (``label_names``, in class order)."""
+    layout lists the names (``label_names``, in class order), as a record's label may be."""
 
     def __init__(self, layout: dict[str, Any], data_dir: Path) -> None:
         self.pattern = re.compile(layout["label_regex"]) if layout.get("label_regex") else None
@@ -60,19 +60,23 @@ class LabelSource:
             m = self.pattern.search(key)
             if m is None:
                 raise RecordError(f"the key does not match the label pattern {self.pattern.pattern!r}")
-            text = m.group("label")
-            if self.names:
-                if text not in self.names:
-                    raise RecordError(f"the key's class {text!r} is not one the manifest lists")
-                return self.names[text]
-            if not text.isdigit():
-                raise RecordError(f"the key's label {text!r} is not a number")
-            return int(text)
+            return self.named(m.group("label"), "the key's")
         if self.table is not None:
             if key not in self.table:
                 raise RecordError("the key is not in the labels file")
             return self.table[key]
         return None
+
+    def named(self, text: str, whose: str = "the record's") -> int:
+        """The class number of a label given as text: its place among the manifest's class names,
+        or, where the manifest lists none, the number it spells."""
+        if self.names:
+            if text not in self.names:
+                raise RecordError(f"{whose} class {text!r} is not one the manifest lists")
+            return self.names[text]
+        if not text.isdigit():
+            raise RecordError(f"{whose} label {text!r} is not a number")
+        return int(text)
 
 
 # records' places turned into ints a chunk at a time, not a whole adopted dataset's at once
@@ -126,12 +130,25 @@ class ForeignLMDBReader(ShardReader):
             return sample
         return self._parsed(bytes(sample[STORED_KEY]), sample[RECORD])
 
+    def stored_label(self, sample: Sample) -> int | str:
+        """The label an unparsed record (of :meth:`records`) holds as stored, a class name as text;
+        the record checked as :meth:`parse` checks it."""
+        text = bytes(sample[STORED_KEY]).decode("utf-8", errors="replace")
+        try:
+            _, label = read_value(self._kind, sample[RECORD])
+        except RecordError as e:
+            raise self._corrupt(f"record {text!r}: {e}") from None
+        if label is None:
+            raise self._corrupt(f"record {text!r}: no label, where the first record has one")
+        return label
+
     def _parsed(self, key: bytes, value: bytes | memoryview) -> Sample:
         """The sample a record holds; its image a view where the record is one (a JPEG stored whole, an
         encoded Caffe ``Datum``'s data), else bytes."""
         text = key.decode("utf-8", errors="replace")
         try:
-            data, label = read_value(self._kind, value)
+            data, stored = read_value(self._kind, value)
+            label = self._labels.named(stored) if isinstance(stored, str) else stored
             if label is None:
                 label = self._labels.label(text)
         except RecordError as e:

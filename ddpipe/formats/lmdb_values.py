@@ -95,15 +95,23 @@ def parse_datum(value: bytes | memoryview) -> tuple[bytes | memoryview, int]:
     return b"P6\n%d %d\n255\n" % (w, h) + np.ascontiguousarray(rgb).tobytes(), label
 
 
-def _record(obj: Any) -> tuple[bytes, int | None]:
-    """(image bytes, label) from a decoded record: a pair, or a map with one bytes value and one int."""
+#: where a record's map keeps its label when the label is a class name (a map's other strings, a file
+#: name say, are no label)
+NAME_KEYS = frozenset({"label", "class", "cls", "target", "category", "synset"})
+
+
+def _record(obj: Any) -> tuple[bytes, int | str | None]:
+    """(image bytes, label) from a decoded record: a pair, or a map with one bytes value and one int
+    (or one class name under a key of :data:`NAME_KEYS`). A label that is a string is a class name."""
     if isinstance(obj, (list, tuple)) and len(obj) >= 2 and isinstance(obj[0], (bytes, bytearray)):
-        return bytes(obj[0]), int(obj[1])
+        return bytes(obj[0]), obj[1] if isinstance(obj[1], str) else int(obj[1])
     if isinstance(obj, dict):
         images = [v for v in obj.values() if isinstance(v, (bytes, bytearray))]
         labels = [v for v in obj.values() if isinstance(v, int) and not isinstance(v, bool)]
+        names = [v for k, v in obj.items() if isinstance(v, str) and str(k).lower() in NAME_KEYS]
         if len(images) == 1:
-            return bytes(images[0]), labels[0] if len(labels) == 1 else None
+            label = labels[0] if len(labels) == 1 else names[0] if not labels and len(names) == 1 else None
+            return bytes(images[0]), label
     if isinstance(obj, (bytes, bytearray)):
         return bytes(obj), None
     raise RecordError(f"a record of {type(obj).__name__} is not (image bytes, label)")
@@ -129,9 +137,10 @@ def plain_unpickle(value: bytes | memoryview) -> Any:
     return _PlainUnpickler(io.BytesIO(value)).load()
 
 
-def read_value(kind: str, value: bytes | memoryview) -> tuple[bytes | memoryview, int | None]:
+def read_value(kind: str, value: bytes | memoryview) -> tuple[bytes | memoryview, int | str | None]:
     """(image bytes, label or None) from one value of ``kind`` (one of :data:`VALUE_KINDS`): where
-    ``value`` is a view (of a file in memory) and holds the image whole, a view of it; else bytes."""
+    ``value`` is a view (of a file in memory) and holds the image whole, a view of it; else bytes.
+    A label that is a string is a class name (msgpack and pickled records)."""
     try:
         if kind == "image":
             return value, None

@@ -93,6 +93,17 @@ def lmdb_msgpack(root: Path, n: int = 25) -> Path:
     return _lmdb(root, [(b"%08d" % i, msgpack.packb({"image": jpeg(i), "label": i % CLASSES})) for i in range(n)])
 
 
+def lmdb_msgpack_named(root: Path, names: list[str], pairs: bool = False, n: int = 25) -> Path:
+    """msgpack records labelled by class name: maps with a file name beside (a string that is no
+    label), or ``[image, name]`` pairs."""
+    def record(i: int) -> bytes:
+        name = names[i % CLASSES]
+        packed: bytes = msgpack.packb([jpeg(i), name] if pairs else {"image": jpeg(i), "file": f"img{i}.jpg",
+                                                                      "label": name})
+        return packed
+    return _lmdb(root, [(b"%08d" % i, record(i)) for i in range(n)])
+
+
 def lmdb_pickle(root: Path, n: int = 25) -> Path:
     """As PyTorch ImageNet-LMDB scripts (folder2lmdb.py) write it: pickled (bytes, label), plus meta keys."""
     records = [(b"%d" % i, pickle.dumps((jpeg(i), i % CLASSES), protocol=4)) for i in range(n)]

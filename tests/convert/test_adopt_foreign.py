@@ -137,9 +137,18 @@ def true_class(sample: dict[str, bytes]) -> int:
     return min(range(fd.CLASSES), key=lambda c: int(np.abs(pixel - np.array(fd.colour(c))).max()))
 
 
-@pytest.mark.parametrize("stored", ["fixed", "vlen", "attribute"])
+NAMED: dict[str, Callable[[Path, list[str]], Path]] = {
+    "h5-fixed": lambda p, names: fd.h5_class_names(p, names, "fixed"),
+    "h5-vlen": lambda p, names: fd.h5_class_names(p, names, "vlen"),
+    "h5-attribute": lambda p, names: fd.h5_class_names(p, names, "attribute"),
+    "lmdb-msgpack-map": lambda p, names: fd.lmdb_msgpack_named(p, names),
+    "lmdb-msgpack-pair": lambda p, names: fd.lmdb_msgpack_named(p, names, pairs=True),
+}
+
+
+@pytest.mark.parametrize("stored", list(NAMED))
 def test_labels_stored_as_class_names_become_the_classes(stored: str, tmp_path: Path) -> None:
-    root = fd.h5_class_names(tmp_path / "named", NAMES, stored)
+    root = NAMED[stored](tmp_path / "named", NAMES)
     proc = run_cli("index", root)
     assert proc.returncode == 0, proc.stderr
     ds = ddpipe.open_dataset(root)
@@ -150,8 +159,9 @@ def test_labels_stored_as_class_names_become_the_classes(stored: str, tmp_path: 
     assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
 
 
-def test_class_names_given_keep_their_order_and_must_name_every_label(tmp_path: Path) -> None:
-    root = fd.h5_class_names(tmp_path / "named", NAMES)
+@pytest.mark.parametrize("stored", ["h5-fixed", "lmdb-msgpack-map"])
+def test_class_names_given_keep_their_order_and_must_name_every_label(stored: str, tmp_path: Path) -> None:
+    root = NAMED[stored](tmp_path / "named", NAMES)
     (tmp_path / "classes.txt").write_text("\n".join(NAMES) + "\n")
     assert run_cli("index", root, "--classes", tmp_path / "classes.txt").returncode == 0
     ds = ddpipe.open_dataset(root)
@@ -164,8 +174,9 @@ def test_class_names_given_keep_their_order_and_must_name_every_label(tmp_path: 
     assert not (root / "index.json").exists()
 
 
-def test_labels_stored_as_strings_of_digits_are_class_numbers(tmp_path: Path) -> None:
-    root = fd.h5_class_names(tmp_path / "digits", [str(c) for c in range(fd.CLASSES)])
+@pytest.mark.parametrize("stored", ["h5-fixed", "lmdb-msgpack-pair"])
+def test_labels_stored_as_strings_of_digits_are_class_numbers(stored: str, tmp_path: Path) -> None:
+    root = NAMED[stored](tmp_path / "digits", [str(c) for c in range(fd.CLASSES)])
     assert run_cli("index", root).returncode == 0
     ds = ddpipe.open_dataset(root)
     assert ds.manifest.classes == tuple(str(c) for c in range(fd.CLASSES))
@@ -462,7 +473,7 @@ def test_a_record_changed_after_indexing_is_refused_before_it_is_parsed(tmp_path
     parsed: list[bytes] = []
     real = lmdb_values.read_value
 
-    def read_value(kind: str, value: bytes | memoryview) -> tuple[bytes | memoryview, int | None]:
+    def read_value(kind: str, value: bytes | memoryview) -> tuple[bytes | memoryview, int | str | None]:
         parsed.append(bytes(value))
         return real(kind, value)
 
