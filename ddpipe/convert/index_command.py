@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import sys
 from pathlib import Path
 
 from ..decode.spec import IMAGE_FIELDS
@@ -122,4 +123,8 @@ def main(args: argparse.Namespace) -> int:
     what = {"wds": "tar shards", "hdf5-foreign": "HDF5 file(s)", "lmdb-foreign": "LMDB environment"}[m.format]
     print(f"{args.dir}: indexed {len(m.shards)} {what}, {m.num_samples} samples, in place; "
           f"fields {', '.join(m.fields)}")
+    if "cls" not in m.fields:  # found out now, not when training refuses the dataset
+        how = {"hdf5-foreign": "; name them with --labels or --label-attr (class numbers or names, one per image)",
+               "wds": " (each sample's .cls file)"}.get(m.format, "")
+        print(f"ddpipe: warning: {args.dir}: no labels found, which training needs{how}", file=sys.stderr)
     return 0

@@ -183,6 +183,20 @@ def test_labels_stored_as_strings_of_digits_are_class_numbers(stored: str, tmp_p
     assert all(int(sample["cls"]) == true_class(sample) for sample in ds)
 
 
+def test_hdf5_indexed_without_labels_says_so_and_how_to_name_them(tmp_path: Path) -> None:
+    import h5py
+
+    root = fd.h5_vlen(tmp_path / "onehot", files=1)
+    with h5py.File(root / "part0.h5", "a") as h:
+        del h["labels"]
+        h["labels"] = np.eye(fd.CLASSES, dtype=np.float32)[np.arange(15) % fd.CLASSES]  # one-hot rows
+    proc = run_cli("index", root)
+    assert proc.returncode == 0 and "no labels found" in proc.stderr and "--labels" in proc.stderr, proc.stderr
+    named = run_cli("index", root, "--labels", "labels")
+    assert named.returncode == 1 and "float32 of shape (15, 5)" in named.stderr, named.stderr
+    assert named.stderr.count("\n") == 1 and "Traceback" not in named.stderr
+
+
 def test_ambiguous_hdf5_lists_what_it_found(tmp_path: Path) -> None:
     import h5py
 
