@@ -143,6 +143,8 @@ def class_order(names: set[str], classes: list[str] | None, given: list[str] | N
     """The classes of labels stored as names: in the order of ``classes`` (given, or recorded by the
     manifest already there) where it names them all, else sorted; refused where class names given
     lack some."""
+    if "" in names or any(not name.strip() for name in names):  # an unlabelled image, most likely
+        raise DdpipeError("a label is an empty or blank class name: every image needs its class", path=where)
     missing = sorted(names - set(classes or ()))
     if missing and given is not None:
         raise DdpipeError(f"the labels name classes the class names given lack: {', '.join(missing[:5])}"

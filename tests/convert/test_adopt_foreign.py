@@ -174,6 +174,14 @@ def test_class_names_given_keep_their_order_and_must_name_every_label(stored: st
     assert not (root / "index.json").exists()
 
 
+@pytest.mark.parametrize("stored", ["h5-vlen", "lmdb-msgpack-map"])
+def test_an_empty_class_name_is_refused(stored: str, tmp_path: Path) -> None:
+    root = NAMED[stored](tmp_path / "blank", [*NAMES[:4], ""])
+    proc = run_cli("index", root)
+    assert proc.returncode == 1 and "empty or blank class name" in proc.stderr and str(root) in proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (root / "index.json").exists()
+
+
 @pytest.mark.parametrize("stored", ["h5-fixed", "lmdb-msgpack-pair"])
 def test_labels_stored_as_strings_of_digits_are_class_numbers(stored: str, tmp_path: Path) -> None:
     root = NAMED[stored](tmp_path / "digits", [str(c) for c in range(fd.CLASSES)])
