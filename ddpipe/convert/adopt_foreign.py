@@ -120,8 +120,9 @@ def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[
         f.visititems(lambda name, obj: found.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
         for name, ds in found:
             kind = image_kind(ds)
-            names = ds.dtype.kind == "S" and ds.shape[0] and not sniff_image_field(bytes(ds[0]))
-            if kind is not None and not names:
+            if kind == "fixed" and ds.dtype.kind == "S" and not (ds.shape[0] and sniff_image_field(bytes(ds[0]))):
+                kind = None  # strings that are no images (class names, say), or none to tell by
+            if kind is not None:
                 images.append((name, kind, int(ds.shape[0])))
                 attrs += _label_arrays(ds.attrs)
             elif ds.ndim == 1 and (ds.dtype.kind in "iuSU" or h5py.check_string_dtype(ds.dtype) is not None):

@@ -159,6 +159,20 @@ def test_labels_stored_as_class_names_become_the_classes(stored: str, tmp_path: 
     assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
 
 
+def test_datasets_that_are_neither_images_nor_labels_are_passed_over(tmp_path: Path) -> None:
+    """A file's other datasets (a scalar description, an empty list, a table) are no candidates."""
+    import h5py
+
+    root = fd.h5_class_names(tmp_path / "more", NAMES)
+    with h5py.File(root / "train.h5", "a") as h:
+        h["description"] = np.bytes_(b"made by a script")  # a scalar
+        h["empty"] = np.zeros(0, dtype="S4")
+        h["boxes"] = np.zeros((20, 4), dtype=np.float32)
+    proc = run_cli("index", root)
+    assert proc.returncode == 0, proc.stderr
+    assert ddpipe.open_dataset(root).manifest.classes == tuple(sorted(NAMES))
+
+
 @pytest.mark.parametrize("stored", ["h5-fixed", "lmdb-msgpack-map"])
 def test_class_names_given_keep_their_order_and_must_name_every_label(stored: str, tmp_path: Path) -> None:
     root = NAMED[stored](tmp_path / "named", NAMES)
