@@ -47,7 +47,7 @@ class ExchangeShuffler:
         self.comm = comm
         self.plan = plan
         self.kept_views = kept_views
-        self.lifetimes = lifetimes or receipt_lifetimes(plan.stream, plan.order, plan.rounds, 0, len(plan.order))
+        self.lifetimes = lifetimes or receipt_lifetimes(plan.positions, plan.rounds, 0, len(plan.order))
         self.samples_sent = 0
         self.bytes_sent = 0
         # what the exchange costs this rank: packing, moving the bytes once every rank has arrived, and

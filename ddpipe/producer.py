@@ -69,8 +69,7 @@ class Producer:
             # the consumer runs up to the queue and the batches it holds behind the exchange; samples it
             # keeps past two shuffle buffers are copied out rather than keep their round's buffer
             ahead_of_consumer = self.ahead + self.group + 2 * batch_size
-            lifetimes = receipt_lifetimes(rank_plan.stream, rank_plan.order, rank_plan.rounds,
-                                          ahead=ahead_of_consumer,
+            lifetimes = receipt_lifetimes(rank_plan.positions, rank_plan.rounds, ahead=ahead_of_consumer,
                                           copy_beyond=2 * options.buffer_size + options.round_size)
             shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes, kept_views=self.views)
             if self.reads_wait_on_peers:

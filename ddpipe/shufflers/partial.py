@@ -170,7 +170,7 @@ class ReceiptLifetimes:
     copy_out: tuple[np.ndarray, ...]  # per round, over its received samples: those to copy out of the buffer
 
 
-def receipt_lifetimes(stream: np.ndarray, order: np.ndarray, rounds: tuple[ExchangeRound, ...], ahead: int,
+def receipt_lifetimes(positions: np.ndarray, rounds: tuple[ExchangeRound, ...], ahead: int,
                       copy_beyond: int) -> ReceiptLifetimes:
     """A round's received samples arrive in one buffer, which lives until the last of them is yielded.
     A shuffle buffer's tail is unbounded (one of B items keeps an item k·B positions longer with
@@ -179,18 +179,18 @@ def receipt_lifetimes(stream: np.ndarray, order: np.ndarray, rounds: tuple[Excha
     instead (a few percent at twice the buffer). ``rounds_held`` then counts the buffers held at once
     at most, each taken one round before its round arrives (a landing zone's offer) and freed once the
     consumer, at most ``ahead`` samples behind the exchange, has yielded the last sample kept in it.
-    ``stream`` and ``order``: the rank's samples as the exchange emits them and as the rank yields
-    them (:class:`ddpipe.plan.RankPlan`)."""
+    ``positions``: where in the rank's stream each sample it yields arrives (``RankPlan.positions``)."""
     if not rounds:
         return ReceiptLifetimes(0, ())
-    positions = np.arange(len(stream))
-    yielded_at = _last_positions(stream, order)  # a padded sample that repeats: its last time
+    arrivals = np.arange(len(positions))
+    yielded_at = np.empty_like(positions)  # for each arrival, when it is yielded
+    yielded_at[positions] = arrivals
     # samples the consumer has taken from the exchange once it has yielded p + 1
-    taken_to_yield = np.maximum.accumulate(_last_positions(order, stream)) + 1
+    taken_to_yield = np.maximum.accumulate(positions) + 1
     copy_out, last_kept = [], []
     for r in rounds:
         at = slice(r.stop - len(r.received), r.stop)  # each round emits what it keeps, then what it received
-        far = yielded_at[at] - positions[at] > copy_beyond
+        far = yielded_at[at] - arrivals[at] > copy_beyond
         copy_out.append(far)
         last_kept.append(int(yielded_at[at][~far].max(initial=-1)))
     last = np.array(last_kept)
@@ -200,11 +200,3 @@ def receipt_lifetimes(stream: np.ndarray, order: np.ndarray, rounds: tuple[Excha
         yielded = int(np.searchsorted(taken_to_yield, max(r.start - ahead, 0), side="right"))
         held = max(held, int((last[: k + 2] >= yielded).sum()))
     return ReceiptLifetimes(held, tuple(copy_out))
-
-
-def _last_positions(values: np.ndarray, within: np.ndarray) -> np.ndarray:
-    """For each of ``values``, the last position in ``within`` that holds it (each must be there)."""
-    by_value = np.argsort(within, kind="stable")
-    found = np.searchsorted(within[by_value], values, side="right") - 1
-    out: np.ndarray = by_value[found]
-    return out

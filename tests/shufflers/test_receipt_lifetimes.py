@@ -23,13 +23,8 @@ def buffers_held_by_slowest_consumer(rank: RankPlan, ahead: int, copy_out: tuple
         for i in range(len(r.received)):
             if not copy_out[j][i]:
                 round_of[first_received + i] = j
-    stream = rank.stream.tolist()
-    # yield position p takes the stream item it names; padded repeats: the latest of each, as the
-    # consumer takes the earliest arrival first and so keeps the later one longest
-    waiting: dict[int, list[int]] = {}
-    for s, g in enumerate(stream):
-        waiting.setdefault(g, []).append(s)
-    taken_of_yield = [waiting[g].pop() for g in rank.order.tolist()]
+    # yield position p takes the arrival the plan names (padded repeats included)
+    taken_of_yield = rank.positions.tolist()
     most = 0
     yielded = 0
     pulled_max = -1
@@ -52,7 +47,7 @@ def test_buffers_held_bound_the_slowest_consumer(sizes: list[int], world: int, f
     options = PlanOptions(shuffle="partial", exchange_fraction=fraction, round_size=round_size, buffer_size=buffer)
     plan = plan_epoch(manifest_of(sizes), world, seed, 0, options)
     for rank in plan.ranks:
-        life = receipt_lifetimes(rank.stream, rank.order, rank.rounds, ahead, copy_beyond=2 * buffer)
+        life = receipt_lifetimes(rank.positions, rank.rounds, ahead, copy_beyond=2 * buffer)
         assert len(life.copy_out) == len(rank.rounds)
         assert life.rounds_held >= buffers_held_by_slowest_consumer(rank, ahead, life.copy_out)
         assert life.rounds_held <= len(rank.rounds)
@@ -68,7 +63,7 @@ def test_only_samples_held_long_are_copied_out(sizes: list[int], buffer: int, se
         if len(set(rank.order.tolist())) != len(rank.order):
             continue  # padded: a repeated sample's arrival is ambiguous
         yielded_at = {g: p for p, g in enumerate(rank.order.tolist())}
-        life = receipt_lifetimes(rank.stream, rank.order, rank.rounds, 0, copy_beyond=2 * buffer)
+        life = receipt_lifetimes(rank.positions, rank.rounds, 0, copy_beyond=2 * buffer)
         for r, copied in zip(rank.rounds, life.copy_out, strict=True):
             arrived = range(r.stop - len(r.received), r.stop)
             for s, g, copy in zip(arrived, r.received.tolist(), copied.tolist(), strict=True):
@@ -79,6 +74,6 @@ def test_without_a_shuffle_buffer_nothing_is_copied_and_rounds_go_in_turn() -> N
     options = PlanOptions(shuffle="partial", exchange_fraction=0.3, round_size=32, buffer_size=0)
     plan = plan_epoch(manifest_of([50] * 8), 2, 0, 0, options)
     for rank in plan.ranks:
-        life = receipt_lifetimes(rank.stream, rank.order, rank.rounds, 0, copy_beyond=0)
+        life = receipt_lifetimes(rank.positions, rank.rounds, 0, copy_beyond=0)
         assert not any(c.any() for c in life.copy_out)
         assert life.rounds_held == 2  # the round being used and the next one's buffer, taken early
