@@ -67,7 +67,7 @@ VALUES: dict[tuple[type, str], st.SearchStrategy[Any]] = {
     (DecodeOptions, "threads"): st.integers(0, 64),
     (DecodeOptions, "service"): st.sampled_from([(), ("tcp://a:1",), ("tcp://a:1", "tcp://b:2")]),
     (DecodeOptions, "service_timeout"): st.floats(0.1, 100),
-    (DecodeOptions, "read_in"): st.sampled_from(["thread", "process"]),
+    (DecodeOptions, "read_in"): st.sampled_from(["auto", "thread", "process"]),
     (DecodeOptions, "require_labels"): st.booleans(),
 }
 # objects given beside the keyword: each field at a value of its own (staging's directory included)

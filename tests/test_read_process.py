@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ddpipe
+from ddpipe import DecodeOptions
 from ddpipe.errors import CorruptShardError, DdpipeError, OptionError, SampleError
 from ddpipe.read_server import _Ring
 from ddpipe.synth import encode_jpeg, render_image
@@ -337,6 +338,31 @@ def test_the_reading_process_ends_with_its_parent(images: Path, how: int) -> Non
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(child)
+
+
+def test_auto_reads_apart_for_the_gpu_decoder_alone(images: Path) -> None:
+    """The default settles as the loader is made: a process of its own for dali-gpu, where the GPU
+    measurements had it faster; threads for the CPU decoders, and for a decode service's batches,
+    which its servers prepare."""
+    assert DecodeOptions().read_in == "auto"
+    assert DecodeOptions().reads_apart("dali-gpu")
+    assert not DecodeOptions(service=("tcp://a:1",)).reads_apart("dali-gpu")
+    for decoder in ("dali-cpu", "pil"):
+        assert not DecodeOptions().reads_apart(decoder)
+    assert not DecodeOptions(read_in="thread").reads_apart("dali-gpu")
+    assert DecodeOptions(read_in="process").reads_apart("dali-cpu")
+    loader = ddpipe.Loader(images, BATCH, decoder="dali-cpu", device="cpu", size=32, resize_shorter=40)
+    try:
+        assert loader.decoding.options.read_in == "thread" and loader.decoding._reader is None
+        assert len(list(loader)) == len(loader)
+    finally:
+        loader.close()
+    loader = ddpipe.Loader(images, BATCH, decoder="dali-cpu", device="cpu", size=32, resize_shorter=40,
+                           read_in="process")
+    try:
+        assert loader.decoding.options.read_in == "process" and loader.decoding._reader is not None
+    finally:
+        loader.close()
 
 
 def test_refused_where_it_cannot_serve(images: Path) -> None:

@@ -111,9 +111,10 @@ def _decode_service_argument(p: argparse.ArgumentParser) -> None:
 
 
 def _read_in_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--read-in", choices=["thread", "process"], default="thread",
+    p.add_argument("--read-in", choices=["auto", "thread", "process"], default="auto",
                    help="where each rank's batches are read and prepared for a DALI decoder: its threads, or a "
-                        "process of its own, off the training process's interpreter lock")
+                        "process of its own, off the training process's interpreter lock (auto: a process for "
+                        "dali-gpu, else threads)")
 
 
 def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -150,8 +150,8 @@ class DaliDecoder:
     decode, so that the GPU path is tested without a GPU."""
 
     # batches DALI runs ahead of the caller (its prefetch queue). On an H200 the graph alone ran faster
-    # at 3 than at 2, within the spread of that probe's runs (results/gpu-probe.log); gpu_probe.py times
-    # the Loader at 3 beside 2, for a GPU session to settle
+    # at 3 than at 2 in one probe and slower in the next (results/gpu-probe.log), within the spread of
+    # its runs; 1 was much slower in both. 2 is kept, using less device memory
     QUEUE_DEPTH = 2
 
     def __init__(self, options: DecodeOptions, batch_size: int, device: torch.device, gpu_decode: bool,

@@ -22,6 +22,7 @@ DTYPES = ("float32", "float16", "uint8")
 MAX_PIXELS = 89_478_485
 DECODERS = ("auto", "dali-gpu", "dali-cpu", "pil")
 ON_ERROR = ("fail", "skip")
+READ_IN = ("auto", "thread", "process")
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
@@ -77,8 +78,9 @@ class DecodeOptions:
     service_timeout: float = 10.0
     # where the batches are read and prepared for a DALI decoder (their JPEG headers read, crop windows
     # chosen): "thread", threads of this process; "process", a process of its own, off the training
-    # process's interpreter lock (ddpipe/read_process.py: where it applies, and why)
-    read_in: str = "thread"
+    # process's interpreter lock (ddpipe/read_process.py: where it applies, and why); "auto", a process
+    # for "dali-gpu", where it was measured faster (benchmarks/results/gpu.json), else threads
+    read_in: str = "auto"
     # a sample with no label (no cls field) is a bad sample, as for a loss that needs one for every
     # sample (ddpipe train's); otherwise it comes with label -1, for a loss's ignore_index
     require_labels: bool = False
@@ -95,8 +97,8 @@ class DecodeOptions:
         check_device(self.device)
         if self.max_pixels < 1:
             raise OptionError(f"max_pixels must be positive, not {self.max_pixels}")
-        if self.read_in not in ("thread", "process"):
-            raise OptionError(f"read_in must be 'thread' or 'process', not {self.read_in!r}")
+        if self.read_in not in READ_IN:
+            raise OptionError(f"read_in must be 'auto', 'thread' or 'process', not {self.read_in!r}")
         if not self.service_timeout > 0:  # NaN too
             raise OptionError(f"service_timeout must be positive, not {self.service_timeout}")
         if self.service and self.decoder == "dali-gpu":
@@ -121,6 +123,16 @@ class DecodeOptions:
         if self.threads < 0:
             raise OptionError(f"threads must be at least 0 (0: the node's cores over its ranks), not {self.threads}")
         self._check_transform()
+
+    def reads_apart(self, decoder: str) -> bool:
+        """Whether batches for ``decoder`` (resolved, not "auto") are read in a process of their own. "auto"
+        picks one for "dali-gpu" alone: on an H200 the Loader read apart ran faster than read by threads
+        in every format and ResNet-50 fed by it stalled less than half as long; on the host, where ranks
+        share few cores, threads kept the higher rate (benchmarks/results/feed-read-in.json). A decode
+        service's batches are prepared by its servers, so they stay in threads."""
+        if self.read_in == "auto":
+            return decoder == "dali-gpu" and not self.service
+        return self.read_in == "process"
 
     def _check_transform(self) -> None:
         """The random-resized crop's ranges, the flip's odds and the normalisation, as torchvision takes them."""

@@ -558,9 +558,14 @@ def gpu_loader(root: Path, **kw: object) -> ddpipe.Loader:
 
 
 @needs_cuda
-def test_gpu_decoding_lands_on_the_gpu(natural: Path) -> None:
-    images, labels = next(iter(gpu_loader(natural, dtype="float16")))
+@pytest.mark.parametrize(("read_in", "reads_in"), [("auto", "process"), ("thread", "thread")])
+def test_gpu_decoding_lands_on_the_gpu(natural: Path, read_in: str, reads_in: str) -> None:
+    """By default the GPU path reads in a process of its own; read in threads, it lands there too."""
+    ld = gpu_loader(natural, dtype="float16", read_in=read_in)
+    images, labels = next(iter(ld))
     assert images.device.type == "cuda" and labels.device.type == "cuda" and images.dtype == torch.float16
+    assert ld.decoding.options.read_in == reads_in
+    ld.close()
 
 
 @needs_cuda
@@ -583,18 +588,19 @@ def test_gpu_and_cpu_decoding_give_the_same_batches(natural: Path, train: bool) 
 
 
 @needs_cuda
-def test_gpu_decoding_channels_last_and_bad_images(tmp_path: Path) -> None:
+@pytest.mark.parametrize("read_in", ["thread", "process"])
+def test_gpu_decoding_channels_last_and_bad_images(tmp_path: Path, read_in: str) -> None:
     images, _ = next(iter(gpu_loader(corrupt_dataset(tmp_path / "ok"), dtype="float16", channels_last=True,
-                                     on_error="skip")))
+                                     on_error="skip", read_in=read_in)))
     assert images.is_contiguous(memory_format=torch.channels_last) and images.device.type == "cuda"
-    ld = gpu_loader(corrupt_dataset(tmp_path / "bad"), on_error="skip", shuffle="none")
+    ld = gpu_loader(corrupt_dataset(tmp_path / "bad"), on_error="skip", shuffle="none", read_in=read_in)
     batches = list(ld)
     # refilled as on the CPU: 18 decodable samples, 2 repeated to keep every batch whole
     assert [len(y) for _, y in batches] == [len(ld.plan().batch(0, b)) for b in range(len(ld))]
     assert ld.stats.skipped == 2 and sorted(k for k, _, _ in ld.stats.skipped_samples) == ["img/0005", "img/0013"]
     assert ld.stats.decode.repeated == 2
     with pytest.raises(SampleError, match=r"img/0005|img/0013"):
-        list(gpu_loader(corrupt_dataset(tmp_path / "fail"), shuffle="none"))
+        list(gpu_loader(corrupt_dataset(tmp_path / "fail"), shuffle="none", read_in=read_in))
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
