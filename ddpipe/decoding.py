@@ -7,13 +7,16 @@ epoch and sample index fix), so it may run in this process, on the GPU, or on de
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
 import weakref
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
+from .errors import DdpipeError
 from .loader_stats import DecodeStats, ReadStats, SkippedSample
 from .plan import EpochPlan
 from .sample import KEY, Sample
@@ -73,9 +76,17 @@ class DecodeStage:
         self._reader: ProcessReader | None = None  # read_in="process"
         self._ahead: EpochAhead | None = None  # the next epoch's first batches, read by threads (epoch_ahead.py)
         self._asked: int | None = None  # the last epoch asked for
+        self._loop: weakref.ref[_Loop] | None = None  # the loop over this stage now, if one is held
         self._delivered = 0
         closing = weakref.WeakMethod(self.close)  # the job may end while this stage is alive
         stream.comm.at_end(lambda: (close := closing()) is not None and close())
+        # a loop still held as the interpreter exits is ended before the exit handlers registered before
+        # this one (they run last in, first out): left to the teardown, a reading process's epoch ended
+        # in a traceback from the half-gone modules it was receiving with
+        ending = weakref.WeakMethod(self._end_loop)
+        end_at_exit = functools.partial(_end_at_exit, ending)
+        atexit.register(end_at_exit)
+        weakref.finalize(self, atexit.unregister, end_at_exit).atexit = False
         if options.read_in == "process":
             # started now: its interpreter and imports (~0.4 s) pass while the caller builds its model, not
             # before the first batch. It issues no collective before an epoch's exchange rounds
@@ -89,7 +100,9 @@ class DecodeStage:
 
     def close(self) -> None:
         """Release the decoder (its DALI pipeline, threads or processes) and the reading process, if any;
-        iterating again makes new ones."""
+        iterating again makes new ones. A loop still held is ended first (at exit too: left to the
+        interpreter's teardown, its reading process's epoch ended in a traceback)."""
+        self._end_loop("the loader's close()")
         if self._decoder is not None:
             self._decoder.close()
             self._decoder = None
@@ -122,6 +135,21 @@ class DecodeStage:
         return self.options.on_error == "skip" or self.stream.read_options.on_error == "skip"
 
     def __iter__(self) -> Iterator[Batch]:
+        """This epoch's batches. One loop at a time: the decoder and the reading are this stage's, so a
+        later ``iter()`` ends the loop before it (whose ``next()`` then says so) and starts afresh."""
+        self._end_loop("a later iter() of it: a loader gives one loop's batches at a time (finish or leave one "
+                       "loop before starting the next)")
+        loop = _Loop(self._epoch_batches())
+        self._loop = weakref.ref(loop)  # not kept alive: a loop dropped unfinished still closes at once
+        return loop
+
+    def _end_loop(self, by: str) -> None:
+        held = self._loop() if self._loop is not None else None
+        if held is not None:
+            held.end(by)
+        self._loop = None
+
+    def _epoch_batches(self) -> Generator[Batch, None, None]:
         from .decode.refill import refilled
 
         plan = self.stream.plan()
@@ -218,3 +246,33 @@ class DecodeStage:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stream.load_state_dict(state)
         self._delivered = 0
+
+
+def _end_at_exit(ending: weakref.WeakMethod[Callable[[str], None]]) -> None:
+    end = ending()
+    if end is not None:
+        end("the interpreter's exit")
+
+
+class _Loop:
+    """A loop over a :class:`DecodeStage`: its epoch's batches, until it ends or something ends it."""
+
+    def __init__(self, batches: Generator[Batch, None, None]) -> None:
+        self._batches = batches
+        self._ended_by: str | None = None
+
+    def __iter__(self) -> _Loop:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._ended_by is not None:
+            raise DdpipeError(f"this loop over the loader was ended by {self._ended_by}")
+        return next(self._batches)
+
+    def close(self) -> None:
+        self._batches.close()
+
+    def end(self, by: str) -> None:
+        """Its reading stopped and its batches let go of now; its next ``next()`` says what ended it."""
+        self._ended_by = by
+        self._batches.close()

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -185,8 +184,7 @@ def test_left_early_then_the_next_epoch_and_a_resumed_one(images: Path) -> None:
 
     def resumed_after_three(loader: ddpipe.Loader) -> Batches:
         loader.set_epoch(2)
-        it = iter(loader.decoding)
-        assert isinstance(it, Generator)  # closed, the epoch is left
+        it = iter(loader.decoding)  # closed, the epoch is left
         first = [(x.clone(), y.clone()) for x, y in (next(it) for _ in range(3))]
         state = loader.state_dict()
         it.close()
@@ -338,6 +336,28 @@ def test_the_reading_process_ends_with_its_parent(images: Path, how: int) -> Non
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(child)
+
+
+@pytest.mark.parametrize("read_in", ["thread", "process"])
+def test_a_later_loop_over_the_loader_ends_the_one_before(images: Path, read_in: str) -> None:
+    """A loader's decoder and reading serve one loop at a time. A second ``iter()`` while the first
+    is still held (kept in a variable, or ``zip(loader, loader)``) starts the epoch afresh, whole; the
+    first then says it was ended, where it gave nothing more (threads) or the second's batches while
+    the second ended short of the epoch (read in a process: 6 batches of 8, not the epoch's)."""
+    whole = epoch_of(make(images, read_in, gpu=False), 0)
+    loader = make(images, read_in, gpu=False)
+    first = iter(loader)
+    next(first)
+    again = [(x.clone(), y.clone()) for x, y in loader]
+    assert same(again, whole)
+    with pytest.raises(DdpipeError, match=r"^this loop over the loader was ended by a later iter\(\) of it"):
+        next(first)
+    assert same(epoch_of(loader, 0), whole)  # and the loader goes on
+    held = iter(loader)
+    next(held)
+    loader.close()
+    with pytest.raises(DdpipeError, match=r"^this loop over the loader was ended by the loader's close\(\)$"):
+        next(held)
 
 
 def test_auto_reads_apart_for_the_gpu_decoder_alone(images: Path) -> None:
