@@ -11,7 +11,7 @@ import atexit
 import dataclasses
 import functools
 import weakref
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .decode.batches import EncodedBatch
@@ -76,15 +76,14 @@ class DecodeStage:
         self._reader: ProcessReader | None = None  # read_in="process"
         self._ahead: EpochAhead | None = None  # the next epoch's first batches, read by threads (epoch_ahead.py)
         self._asked: int | None = None  # the last epoch asked for
-        self._loop: weakref.ref[_Loop] | None = None  # the loop over this stage now, if one is held
+        self._loop: weakref.ref[Loop] | None = None  # the loop over this stage now, if one is held
         self._delivered = 0
         closing = weakref.WeakMethod(self.close)  # the job may end while this stage is alive
         stream.comm.at_end(lambda: (close := closing()) is not None and close())
         # a loop still held as the interpreter exits is ended before the exit handlers registered before
         # this one (they run last in, first out): left to the teardown, a reading process's epoch ended
         # in a traceback from the half-gone modules it was receiving with
-        ending = weakref.WeakMethod(self._end_loop)
-        end_at_exit = functools.partial(_end_at_exit, ending)
+        end_at_exit = functools.partial(_end_at_exit, weakref.ref(self))
         atexit.register(end_at_exit)
         weakref.finalize(self, atexit.unregister, end_at_exit).atexit = False
         if options.read_in == "process":
@@ -134,12 +133,12 @@ class DecodeStage:
         """Whether a batch may lose samples on the way (either stage skips), to be refilled."""
         return self.options.on_error == "skip" or self.stream.read_options.on_error == "skip"
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Loop:
         """This epoch's batches. One loop at a time: the decoder and the reading are this stage's, so a
         later ``iter()`` ends the loop before it (whose ``next()`` then says so) and starts afresh."""
         self._end_loop("a later iter() of it: a loader gives one loop's batches at a time (finish or leave one "
                        "loop before starting the next)")
-        loop = _Loop(self._epoch_batches())
+        loop = Loop(self._epoch_batches())
         self._loop = weakref.ref(loop)  # not kept alive: a loop dropped unfinished still closes at once
         return loop
 
@@ -248,20 +247,20 @@ class DecodeStage:
         self._delivered = 0
 
 
-def _end_at_exit(ending: weakref.WeakMethod[Callable[[str], None]]) -> None:
-    end = ending()
-    if end is not None:
-        end("the interpreter's exit")
+def _end_at_exit(stage: weakref.ref[DecodeStage]) -> None:
+    held = stage()
+    if held is not None:
+        held._end_loop("the interpreter's exit")
 
 
-class _Loop:
+class Loop:
     """A loop over a :class:`DecodeStage`: its epoch's batches, until it ends or something ends it."""
 
     def __init__(self, batches: Generator[Batch, None, None]) -> None:
         self._batches = batches
         self._ended_by: str | None = None
 
-    def __iter__(self) -> _Loop:
+    def __iter__(self) -> Loop:
         return self
 
     def __next__(self) -> Batch:
