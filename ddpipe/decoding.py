@@ -12,11 +12,11 @@ import dataclasses
 import functools
 import weakref
 from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
-from .errors import DdpipeError
+from .errors import DdpipeError, bound_to_its_process
 from .loader_stats import DecodeStats, ReadStats, SkippedSample
 from .plan import EpochPlan
 from .sample import KEY, Sample
@@ -124,6 +124,9 @@ class DecodeStage:
 
     def plan(self) -> EpochPlan:
         return self.stream.plan()
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        bound_to_its_process(self)
 
     def __len__(self) -> int:
         return len(self.stream)

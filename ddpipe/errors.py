@@ -8,7 +8,7 @@ line naming the file and programs can still catch by type.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NoReturn
 
 
 class DdpipeError(Exception):
@@ -33,6 +33,14 @@ class DdpipeError(Exception):
 
 class OptionError(DdpipeError, ValueError):
     """An option with a value it cannot take (a shuffle mode, a decoder, a fraction out of range)."""
+
+
+def bound_to_its_process(thing: object) -> NoReturn:
+    """Raised where a loader or stream is pickled (``torch.multiprocessing.spawn``'s arguments, a
+    ``DataLoader``'s dataset under spawn): its threads, mappings and communicator are its process's,
+    and pickle's own error named some attribute deep inside it ('cannot pickle mappingproxy')."""
+    raise DdpipeError(f"a ddpipe.{type(thing).__name__} cannot be pickled or sent to another process (its threads, "
+                      "mappings and communicator are this process's): make one in the process that iterates it")
 
 
 def _rebuild(cls: type[DdpipeError], args: tuple[Any, ...], state: dict[str, Any]) -> DdpipeError:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 from .comm import Comm
 from .dataset import Dataset
 from .decode.spec import DecodeOptions
 from .decoding import DecodeStage
-from .errors import OptionError
+from .errors import OptionError, bound_to_its_process
 from .loader_stats import LoaderStats
 from .options import LOADER_STAGES, ReadOptions, apply_keywords
 from .plan import EpochPlan, PlanOptions
@@ -102,6 +102,9 @@ class Loader:
     def plan(self) -> EpochPlan:
         """This epoch's plan (the same on every rank)."""
         return self.stream.plan()
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        bound_to_its_process(self)
 
     def __len__(self) -> int:
         """Batches this epoch yields (what is left of it, after :meth:`load_state_dict`)."""

@@ -23,13 +23,13 @@ import weakref
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 import numpy as np
 
 from .comm import Comm, init_comm
 from .dataset import Dataset, open_dataset
-from .errors import CorruptShardError, DdpipeError, DigestMismatchError, SampleError
+from .errors import CorruptShardError, DdpipeError, DigestMismatchError, SampleError, bound_to_its_process
 from .fields import whole_option
 from .handoff import END, Ahead, SampleQueue, groups
 from .loader_stats import ReadStats, SkippedSample
@@ -206,6 +206,9 @@ class EncodedStream:
 
     def _planned(self, seed: int, epoch: int, pending: np.ndarray | None) -> EpochPlan:
         return plan_epoch(self.dataset.manifest, self.comm.world.size, seed, epoch, self.options, pending)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        bound_to_its_process(self)
 
     def __len__(self) -> int:
         """Batches this epoch yields (what is left of it, after :meth:`load_state_dict`)."""

@@ -170,3 +170,20 @@ def test_memory_grows_with_neither_the_epochs_nor_the_dataset(tmp_path: Path) ->
     # what is held: about a shuffle buffer, a prefetch queue and a batch of samples (with room for their
     # per-object overhead), not the dataset's 6 or 24 MB (a tar shard is mapped, not read into a buffer)
     assert max(large) < 2 * (64 + 16 + 10) * 20_000
+
+
+def test_a_loader_or_stream_pickled_is_one_error_naming_it(data: Path) -> None:
+    """Sent to another process (torch.multiprocessing.spawn's arguments, a DataLoader's dataset under
+    spawn), pickle's own error named an attribute deep inside: 'cannot pickle mappingproxy'."""
+    import pickle
+
+    stream = ddpipe.EncodedStream(data, 8)
+    loader = ddpipe.Loader(data, 8, decoder="pil", device="cpu", size=16, resize_shorter=16)
+    try:
+        for thing, name in [(stream, "EncodedStream"), (loader, "Loader"), (loader.decoding, "DecodeStage")]:
+            with pytest.raises(DdpipeError, match=rf"^a ddpipe\.{name} cannot be pickled or sent to another process "
+                                                  r"\(.*\): make one in the process that iterates it$"):
+                pickle.dumps(thing)
+        assert pickle.loads(pickle.dumps(stream.dataset)).manifest == stream.dataset.manifest  # what crosses
+    finally:
+        loader.close()
