@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
-from .errors import DdpipeError, bound_to_its_process
+from .errors import bound_to_its_process
 from .loader_stats import DecodeStats, ReadStats, SkippedSample
+from .loop import HeldLoop, Loop
 from .plan import EpochPlan
 from .sample import KEY, Sample
 from .stream import EncodedStream, SampleBatch, unreadable
@@ -76,7 +77,7 @@ class DecodeStage:
         self._reader: ProcessReader | None = None  # read_in="process"
         self._ahead: EpochAhead | None = None  # the next epoch's first batches, read by threads (epoch_ahead.py)
         self._asked: int | None = None  # the last epoch asked for
-        self._loop: weakref.ref[Loop] | None = None  # the loop over this stage now, if one is held
+        self._loop: HeldLoop[Batch] = HeldLoop("loader")
         self._delivered = 0
         closing = weakref.WeakMethod(self.close)  # the job may end while this stage is alive
         stream.comm.at_end(lambda: (close := closing()) is not None and close())
@@ -101,7 +102,7 @@ class DecodeStage:
         """Release the decoder (its DALI pipeline, threads or processes) and the reading process, if any;
         iterating again makes new ones. A loop still held is ended first (at exit too: left to the
         interpreter's teardown, its reading process's epoch ended in a traceback)."""
-        self._end_loop("the loader's close()")
+        self._loop.end("the loader's close()")
         if self._decoder is not None:
             self._decoder.close()
             self._decoder = None
@@ -136,20 +137,10 @@ class DecodeStage:
         """Whether a batch may lose samples on the way (either stage skips), to be refilled."""
         return self.options.on_error == "skip" or self.stream.read_options.on_error == "skip"
 
-    def __iter__(self) -> Loop:
-        """This epoch's batches. One loop at a time: the decoder and the reading are this stage's, so a
-        later ``iter()`` ends the loop before it (whose ``next()`` then says so) and starts afresh."""
-        self._end_loop("a later iter() of it: a loader gives one loop's batches at a time (finish or leave one "
-                       "loop before starting the next)")
-        loop = Loop(self._epoch_batches())
-        self._loop = weakref.ref(loop)  # not kept alive: a loop dropped unfinished still closes at once
-        return loop
-
-    def _end_loop(self, by: str) -> None:
-        held = self._loop() if self._loop is not None else None
-        if held is not None:
-            held.end(by)
-        self._loop = None
+    def __iter__(self) -> Loop[Batch]:
+        """This epoch's batches. One loop at a time (loop.py): a later ``iter()`` ends the loop before it."""
+        self._loop.end_before()
+        return self._loop.start(self._epoch_batches())
 
     def _epoch_batches(self) -> Generator[Batch, None, None]:
         from .decode.refill import refilled
@@ -194,7 +185,7 @@ class DecodeStage:
         batches = ahead if ahead is not None else iter(self.stream)
         return self._read_then_ahead(batches, ahead, seed, (previous, epoch))
 
-    def _read_then_ahead(self, batches: EpochAhead | Generator[SampleBatch, None, None], ahead: EpochAhead | None,
+    def _read_then_ahead(self, batches: EpochAhead | Loop[SampleBatch], ahead: EpochAhead | None,
                          seed: int, asked: tuple[int | None, int]) -> Generator[SampleBatch, None, None]:
         from .epoch_ahead import EpochAhead, likely_next, may_read_ahead
 
@@ -253,28 +244,4 @@ class DecodeStage:
 def _end_at_exit(stage: weakref.ref[DecodeStage]) -> None:
     held = stage()
     if held is not None:
-        held._end_loop("the interpreter's exit")
-
-
-class Loop:
-    """A loop over a :class:`DecodeStage`: its epoch's batches, until it ends or something ends it."""
-
-    def __init__(self, batches: Generator[Batch, None, None]) -> None:
-        self._batches = batches
-        self._ended_by: str | None = None
-
-    def __iter__(self) -> Loop:
-        return self
-
-    def __next__(self) -> Batch:
-        if self._ended_by is not None:
-            raise DdpipeError(f"this loop over the loader was ended by {self._ended_by}")
-        return next(self._batches)
-
-    def close(self) -> None:
-        self._batches.close()
-
-    def end(self, by: str) -> None:
-        """Its reading stopped and its batches let go of now; its next ``next()`` says what ended it."""
-        self._ended_by = by
-        self._batches.close()
+        held._loop.end("the interpreter's exit")

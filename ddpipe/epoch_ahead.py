@@ -18,7 +18,6 @@ does (read_server.py).
 from __future__ import annotations
 
 import copy
-from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,6 +25,7 @@ import numpy as np
 from .handoff import Ahead
 
 if TYPE_CHECKING:
+    from .loop import Loop
     from .plan import PlanOptions
     from .stream import EncodedStream, SampleBatch
 
@@ -56,7 +56,7 @@ class EpochAhead:
     def __init__(self, stream: EncodedStream, seed: int, epoch: int) -> None:
         self.stream = copy.copy(stream)  # its own epoch, plan and figures; the dataset and comm shared
         self.stream.go_to(seed, epoch, None)
-        self._batches: Generator[SampleBatch, None, None] = iter(self.stream)
+        self._batches: Loop[SampleBatch] = iter(self.stream)
         # let go of unclosed (a loader dropped), its thread is told to stop (Ahead), and no more: a collection
         # runs that on whichever thread it happens on, and one that waited there for the thread to end waited on
         # itself when it was the stream's own producer (the test suite hung so). At exit the producer is

@@ -12,7 +12,7 @@ import select
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from .workers import leave_signals_to_parent
 if TYPE_CHECKING:
     from .decode.batches import EncodedBatch
     from .loader_stats import SkippedSample
+    from .loop import Loop
     from .read_process import StreamSpec
     from .stream import SampleBatch
 
@@ -77,7 +78,7 @@ class _ReadAhead:
 
     seed: int
     epoch: int
-    batches: Generator[SampleBatch, None, None]  # the stream's, after those held
+    batches: Loop[SampleBatch]  # the stream's, after those held
     held: list[tuple[EncodedBatch, list[SkippedSample]]]  # prepared, each with the samples it left out
     error: Exception | None  # what reading the next one raised
 

@@ -116,6 +116,44 @@ def test_breaking_mid_epoch_never_hangs(tmp_path: Path, world: int) -> None:
     assert "all trials ok" in proc.stdout
 
 
+TWO_LOOPS = """
+import json, sys
+import ddpipe
+from ddpipe.comm import init_comm
+from ddpipe.errors import DdpipeError
+comm = init_comm(timeout=60)  # a deadlock aborts the job, failing the test
+stream = ddpipe.EncodedStream(sys.argv[1], 4, shuffle="partial", exchange_fraction=1.0, round_size=4, prefetch=1,
+                              comm=comm)
+whole = [b.indices.tolist() for b in stream]
+first = iter(stream)
+next(first)
+second = iter(stream)
+again = [next(second).indices.tolist()]
+try:
+    next(first)  # taking turns, as zip(stream, stream) would
+    said = None
+except DdpipeError as e:
+    said = str(e)
+again += [b.indices.tolist() for b in second]
+report = comm.allgather({"whole": whole, "again": again, "said": said})
+if comm.world.rank == 0:
+    open(sys.argv[2], "w").write(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_later_loop_over_a_stream_ends_the_one_before_on_every_rank(tmp_path: Path, ranks: int) -> None:
+    """Two loops over one stream at once ran two producers, whose exchange rounds took turns on one
+    communicator: each rank unpacked the other loop's samples ('rank 1 sent samples the plan does not
+    expect', msgpack's ExtraData) and the job ended. Now the later loop ends the earlier, whose next
+    ``next()`` says so, and gives the epoch whole on every rank."""
+    data = make_dataset(tmp_path / "wds", "wds", [23, 19, 31], payload=1024)
+    report = ranks_report(ranks, TWO_LOOPS, data, tmp_path / "out.json")
+    for rank in report:
+        assert rank["again"] == rank["whole"]
+        assert rank["said"].startswith("this loop over the stream was ended by a later iter() of it")
+
+
 def indexed_samples(n: int) -> list[dict[str, bytes | str]]:
     """``n`` small JPEGs, each labelled with its own index: a label tells samples apart."""
     from ..decode.test_decode import solid_jpeg
