@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..decode.spec import DECODERS, DTYPES, ON_ERROR
+from ..decode.spec import DECODERS, DTYPES, ON_ERROR, READ_IN
 from ..formats import FORMAT_NAMES
 from ..plan import ASSIGNMENTS
 from ..shufflers import SHUFFLERS
@@ -111,7 +111,7 @@ def _decode_service_argument(p: argparse.ArgumentParser) -> None:
 
 
 def _read_in_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--read-in", choices=["auto", "thread", "process"], default="auto",
+    p.add_argument("--read-in", choices=READ_IN, default="auto",
                    help="where each rank's batches are read and prepared for a DALI decoder: its threads, or a "
                         "process of its own, off the training process's interpreter lock (auto: a process for "
                         "dali-gpu, else threads)")
