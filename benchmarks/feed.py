@@ -29,6 +29,13 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
   a shuffle buffer filled, its first shards checked); *slowed, first batch in*: slowed, counting it.
   On an H200, ResNet-50 fed by the Loader ran at 0.62 of its rate alone where DALI's own pipeline
   let it run at 0.82 (gpu-train.json).
+- **Loader beside a step that waits for its device**: its caller's step is ``DEVICE_LAUNCHES`` of
+  those calls, then a wait of ``DEVICE_S`` that lets go of the lock, as a training step with AMP
+  launches its ops, then waits for the GPU (GradScaler reads whether a gradient overflowed); the
+  step is longer than the Loader's time per batch, as ResNet-50's on an H200 is (45 ms for 256
+  images). Whatever the Loader does on the caller's thread when asked for a batch, its device
+  waits for; what it does on threads of its own runs during the wait. *Stalled, steady* is then
+  the share of the time the device would sit idle.
 - **read in a process** (``read_in="process"``; in a reference, where it has it): the Loader and
   the step of launches again with the batches read and prepared in a process of their own; *vs
   threads* is the ratio to the same row read by threads, in the same run.
@@ -80,16 +87,21 @@ KINDS = {"stream": "encoded stream alone", "memory": "ddpipe's DALI decoder fed 
          "loader-process": "Loader, read in a process",
          "launches-process": "Loader, read in a process, beside a step of launches",
          "dali-wds": "DALI's own webdataset reader (no checksums)",
-         "launches-dali-wds": "DALI's own webdataset reader (no checksums), beside a step of launches"}
+         "launches-dali-wds": "DALI's own webdataset reader (no checksums), beside a step of launches",
+         "device": "Loader beside a step that waits for its device",
+         "device-process": "Loader, read in a process, beside a step that waits for its device",
+         "device-dali-wds": "DALI's own webdataset reader (no checksums), beside a step that waits for its device"}
 # the kinds that need read_in="process" (measured in a reference only where it has it), and the kind each is set against
-PROCESS_KINDS = {"loader-process": "loader", "launches-process": "launches"}
+PROCESS_KINDS = {"loader-process": "loader", "launches-process": "launches", "device-process": "device"}
 # each kind's figure that ratios compare: a rate (higher is better), or a share of time or a slowing (lower)
 MAIN = {"stall": "stall_steady", "launches": "slowdown", "launches-process": "slowdown",
-        "launches-dali-wds": "slowdown"}
+        "launches-dali-wds": "slowdown", "device": "slowdown", "device-process": "slowdown",
+        "device-dali-wds": "slowdown"}
 # DALI's own pipeline (tar shards only; measured in this tree only: it runs no ddpipe), and the kind each of the
 # Loader's is set against
 DALI_KINDS = {"loader": "dali-wds", "loader-process": "dali-wds", "launches": "launches-dali-wds",
-              "launches-process": "launches-dali-wds"}
+              "launches-process": "launches-dali-wds", "device": "device-dali-wds",
+              "device-process": "device-dali-wds"}
 # the kinds --ranks runs: the Loader's and DALI's own
 LOADER_KINDS = {*DALI_KINDS, *DALI_KINDS.values()}
 BATCH = 256
@@ -99,6 +111,9 @@ STEP_S = 0.1
 # a step of launches: this many calls that let go of the lock, a hash of LAUNCH_BYTES each (about 16 ms in
 # all on the 2-core machine this was written on: about three times the Loader's time per batch there)
 LAUNCHES, LAUNCH_BYTES = 4000, 8192
+# a step that waits for its device: a quarter as many launches (the ops dispatched), then the wait for the
+# device, the lock let go (about 34 ms in all on the 2-core machine: twice the Loader's time per batch there)
+DEVICE_LAUNCHES, DEVICE_S = 1000, 0.030
 
 
 def null_decoder() -> Any:
@@ -187,8 +202,16 @@ def launch_step() -> None:
         hashlib.sha256(data)
 
 
-def beside_launches(make: Callable[[], Any], epochs: int) -> dict[str, float]:
-    """The caller's time per batch, waiting included, over its step's time alone, and the share of
+def device_step() -> None:
+    """:data:`DEVICE_LAUNCHES` launches, then :data:`DEVICE_S` waiting for the device, the lock let go."""
+    data = bytes(LAUNCH_BYTES)
+    for _ in range(DEVICE_LAUNCHES):
+        hashlib.sha256(data)
+    time.sleep(DEVICE_S)
+
+
+def beside_launches(make: Callable[[], Any], epochs: int, step: Callable[[], None] = launch_step) -> dict[str, float]:
+    """The caller's time per batch (its step ``step``), waiting included, over its step's time alone, and the share of
     it spent waiting; each without each epoch's first batch, the median of the epochs after the first;
     the wait for that first batch (``first_ms``: an epoch's start, which its reading waits for); and
     the time per batch over the step's alone with that first batch in (``slowdown_all``).
@@ -196,7 +219,7 @@ def beside_launches(make: Callable[[], Any], epochs: int) -> dict[str, float]:
     reading process, DALI's prefetching), which would slow the step timed alone."""
     t0 = time.perf_counter()
     for _ in range(20):
-        launch_step()
+        step()
     alone = (time.perf_counter() - t0) / 20
     loader = make()
     slowed, stalls, firsts, slowed_all = [], [], [], []
@@ -206,7 +229,7 @@ def beside_launches(make: Callable[[], Any], epochs: int) -> dict[str, float]:
         for _ in loader:
             t1 = time.perf_counter()
             waits.append(t1 - t)
-            launch_step()
+            step()
             t = time.perf_counter()
             steps.append(t - t1)
         waited, stepped = sum(waits[1:]), sum(steps[1:])
@@ -276,16 +299,18 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
             # pipeline reset, the first shard read) weighs hundreds of times more here than there
             steady.append(sum(waits[1:]) / (sum(waits[1:]) + stepped))
         return {"stall": median(stalls[1:]), "stall_steady": median(steady[1:])}
-    elif kind == "launches-dali-wds":
-        return beside_launches(lambda: DaliOwnReader(root, comm.world.rank, comm.world.size), epochs)
+    elif kind in ("launches-dali-wds", "device-dali-wds"):
+        step = device_step if kind.startswith("device") else launch_step
+        return beside_launches(lambda: DaliOwnReader(root, comm.world.rank, comm.world.size), epochs, step)
     elif kind == "dali-wds":
         reader = DaliOwnReader(root, comm.world.rank, comm.world.size)
 
         def epoch(e: int) -> int:
             return sum(len(images) for images in reader)
-    elif kind in ("launches", "launches-process"):
+    elif kind in ("launches", "launches-process", "device", "device-process"):
         read_in = "process" if kind.endswith("process") else "thread"
-        return beside_launches(lambda: loader_decoding_nothing(root, read_in, comm), epochs)
+        step = device_step if kind.startswith("device") else launch_step
+        return beside_launches(lambda: loader_decoding_nothing(root, read_in, comm), epochs, step)
     else:
         loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm)
 

@@ -42,15 +42,15 @@ def _import_dali() -> Any:
 class _Feed:
     """The external source: encoded batches in, each remembered until its output comes back.
 
-    DALI calls a source on the thread that runs the pipeline: the training loop's, between two
-    steps. On the GPU path (``gpu``: DALI flips too) the work on each batch (reading its headers, choosing its
-    crops, the columns DALI reads) is done ahead, on a thread of its own (``ddpipe-feed``), and the
-    call only takes a prepared batch; the thread also starts the epoch's reading while the pipeline
-    is being built. On the CPU path the cores decoding are the bottleneck: there the thread
-    measured no faster (docs/performance-notes.md) and only contends with them, so the call
-    prepares its batch itself. (DALI's ``parallel=True`` sources run per-sample callbacks in
-    worker processes: the samples here are views of this process's shard mappings and exchange
-    buffers, which they cannot see.)
+    DALI calls a source on the thread that runs the pipeline (on the GPU path a thread of the
+    decoder's, :class:`DaliDecoder`). On the GPU path (``gpu``: DALI flips too) the work on each
+    batch (reading its headers, choosing its crops, the columns DALI reads) is done ahead, on a
+    thread of its own (``ddpipe-feed``), and the call only takes a prepared batch; the thread also
+    starts the epoch's reading while the pipeline is being built. On the CPU path the cores decoding
+    are the bottleneck: there the thread measured no faster (docs/performance-notes.md) and only
+    contends with them, so the call prepares its batch itself. (DALI's ``parallel=True`` sources run
+    per-sample callbacks in worker processes: the samples here are views of this process's shard
+    mappings and exchange buffers, which they cannot see.)
 
     A batch's samples whose header cannot be read are reported through ``on_bad`` first. An error
     on the way in (``on_error="fail"``, a damaged shard) ends the feed: the batches before it come
@@ -147,7 +147,16 @@ class DaliDecoder:
     """``gpu_decode``: DALI's ``mixed`` decoder, and DALI's resize, flip and normalisation after it.
     ``transform_in_dali`` (default: the same as ``gpu_decode``) runs that same transform graph, fed
     the same way (batches prepared ahead, :class:`_Feed`), on DALI's CPU operators after a CPU
-    decode, so that the GPU path is tested without a GPU."""
+    decode, so that the GPU path is tested without a GPU.
+
+    On that path DALI is run by a thread of its own (``ddpipe-dali``), one batch ahead of the caller:
+    each batch's Python on its way (the feed's call, DALI's own, the hand-over to torch, the batch's
+    release) then runs while the training thread waits for its device, not between two of its steps.
+    A step with AMP ends waiting for the GPU (GradScaler reads whether a gradient overflowed), and
+    what the decoder then did on the training thread, the GPU waited for: ResNet-50 fed read apart
+    on an H200 waited a median 3.5 ms a step, fed by DALI's own pipeline (whose reading needs no
+    Python) 0.7 ms (results/gpu-train.json). The CPU path keeps the caller's thread: there the
+    Resampler follows DALI, and the cores are busy decoding."""
 
     # batches DALI runs ahead of the caller (its prefetch queue). On an H200 the graph alone ran faster
     # at 3 than at 2 in one probe and slower in the next (results/gpu-probe.log), within the spread of
@@ -271,14 +280,33 @@ class DaliDecoder:
             else:
                 self._pipe = None
                 self._pipe = self._pipeline()
-            yield from self._run(on_bad)
+            if self.transform_in_dali:
+                yield from self._run_ahead(on_bad)
+            else:
+                yield from self._run(on_bad)
             self._reusable = True
         finally:
             self._feed.detach()  # before the caller closes the batches the feed's thread was reading
             if not self._reusable:  # left mid-epoch or failed: what DALI prefetched belongs to no later epoch
                 self._pipe = None
 
-    def _run(self, on_bad: OnBad) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _run_ahead(self, on_bad: OnBad) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
+        """:meth:`_run` on the ``ddpipe-dali`` thread, one batch ahead of the caller. Its tensors are handed to
+        torch on the caller's current CUDA stream (the stream that waits for DALI's work is named there),
+        not the thread's own default one."""
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        run = self._run(on_bad, stream)
+        ahead = Ahead(run, 1, "ddpipe-dali")
+        try:
+            yield from ahead
+        finally:
+            ahead.close()  # after the batch being run: DALI is then this thread's again
+            run.close()
+
+    def _run(self, on_bad: OnBad,
+             stream: torch.cuda.Stream | None = None) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
+        if stream is not None:
+            torch.cuda.set_stream(stream)
         feed, inflight = self._feed, self._feed.inflight
         held_back = self.QUEUE_DEPTH - self._prefetch_depth  # runs a new pipeline's first batch holds back
         deferred = held_back

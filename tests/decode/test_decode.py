@@ -443,10 +443,10 @@ def test_the_pipeline_rebuilt_after_a_bad_image_serves_the_next_epoch(tmp_path: 
 
 
 def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_with_the_epoch(tmp_path: Path) -> None:
-    """DALI calls its source on the training loop's thread: on the GPU path (its transform graph,
-    run here on DALI's CPU operators) a batch's headers are read and its crops chosen on the feed's
-    own thread instead (a header that does not read is reported from there), and an epoch left
-    early, or ended, leaves none of its threads behind."""
+    """On the GPU path (its transform graph, run here on DALI's CPU operators) DALI runs on a thread
+    of the decoder's, not the caller's, and a batch's headers are read and its crops chosen on the
+    feed's own thread (a header that does not read is reported from there); an epoch left early,
+    ended, or failed leaves none of these threads behind."""
     import threading
 
     from ddpipe.decode.batches import EncodedBatch
@@ -458,7 +458,8 @@ def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_wit
         reported_on[str(sample["__key__"])] = threading.current_thread().name
 
     def ours() -> list[str]:
-        return sorted(t.name for t in threading.enumerate() if t.name.startswith(("ddpipe-feed", "ddpipe-producer")))
+        return sorted(t.name for t in threading.enumerate()
+                      if t.name.startswith(("ddpipe-feed", "ddpipe-dali", "ddpipe-producer")))
 
     before = ours()
     stream = ddpipe.EncodedStream(corrupt_dataset(tmp_path / "bad"), 4, shuffle="none")
@@ -468,7 +469,7 @@ def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_wit
         batches = iter(stream)
         decoded = decoder.decode((EncodedBatch.of(b.indices, b.samples, on_bad) for b in batches), 0, 0, on_bad)
         got = [next(decoded)]
-        assert "ddpipe-feed" in ours()
+        assert "ddpipe-feed" in ours() and "ddpipe-dali" in ours()
         if leave_after is None:
             got += list(decoded)
             assert len(got) == 5
