@@ -10,7 +10,8 @@
 #     benchmarks/gpu_checks.sh OUTDIR [TESTS_S ROWS_S TRAIN_S PROBE_S ALL_S]
 #
 # The defaults (70 270 185 65 0 seconds) fit one 10-minute command; ALL_S 0 skips the full record. On an
-# H200 at d3a5d4c the training runs took 129 s, and the probe, given 50 s then, was cut before its last row.
+# H200 at d3a5d4c the training runs took 129 s, and the probe, given 50 s then, was cut before its last row;
+# the plain loop has had a fourth feed since (DALI on the training thread), run last.
 # Needs DALI, torch with CUDA, and ddpipe's dependencies importable (PYTHONPATH may point at them).
 # On a 16-core H200 machine the tests took about a minute, the rows (the data made first) under four,
 # the training runs two to four minutes, and gpu.py's 25 runs of the full record about seven.

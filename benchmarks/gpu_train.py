@@ -139,7 +139,12 @@ def run_plain(feed: str, shards: Path, epochs: int, classes: int) -> dict[str, A
     """``feed``: one of :data:`PLAIN_FEEDS`, into :func:`plain_loop`."""
     if feed == "dali-wds":
         return plain_loop(dali_batches(shards, classes), epochs, classes)
-    return plain_loop(loader_batches(shards, "process" if feed == "loader-process" else "thread"), epochs, classes)
+    if feed == "loader-process-inline":
+        from ddpipe.decode.dali import DaliDecoder
+
+        DaliDecoder.RUN_AHEAD = False  # in this process only (gpu.py runs each feed in one of its own)
+    read_in = "process" if feed.startswith("loader-process") else "thread"
+    return plain_loop(loader_batches(shards, read_in), epochs, classes)
 
 
 # measured in turn in each run. A feed of the Loader with a tenth of the default interpreter switch interval
@@ -147,4 +152,7 @@ def run_plain(feed: str, shards: Path, epochs: int, classes: int) -> dict[str, A
 # same stall
 PLAIN_FEEDS = {"loader": "fed by the Loader (dali-gpu), plain loop",
                "loader-process": "fed by the Loader (dali-gpu, read in a process), plain loop",
-               "dali-wds": "fed by DALI's webdataset pipeline, plain loop"}
+               "dali-wds": "fed by DALI's webdataset pipeline, plain loop",
+               # last: the run a time limit would cut first. DALI run on the training thread, as before 53639df
+               "loader-process-inline": "fed by the Loader (dali-gpu, read in a process, DALI on the training "
+                                        "thread), plain loop"}

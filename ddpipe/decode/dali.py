@@ -162,6 +162,9 @@ class DaliDecoder:
     # at 3 than at 2 in one probe and slower in the next (results/gpu-probe.log), within the spread of
     # its runs; 1 was much slower in both. 2 is kept, using less device memory
     QUEUE_DEPTH = 2
+    # DALI run by a thread of its own on the transform-in-DALI path (above). The GPU benchmark turns it off
+    # in a process of its own to measure, in the same run, the training thread running DALI (before 53639df)
+    RUN_AHEAD = True
 
     def __init__(self, options: DecodeOptions, batch_size: int, device: torch.device, gpu_decode: bool,
                  transform_in_dali: bool | None = None) -> None:
@@ -280,7 +283,7 @@ class DaliDecoder:
             else:
                 self._pipe = None
                 self._pipe = self._pipeline()
-            if self.transform_in_dali:
+            if self.transform_in_dali and self.RUN_AHEAD:
                 yield from self._run_ahead(on_bad)
             else:
                 yield from self._run(on_bad)
