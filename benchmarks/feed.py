@@ -195,18 +195,16 @@ def python_step(seconds: float) -> None:
         pass
 
 
-def launch_step() -> None:
-    """A step of :data:`LAUNCHES` calls that let go of the interpreter lock (hashlib does, over 2 KB)."""
+def launch_step(launches: int = LAUNCHES) -> None:
+    """A step of ``launches`` calls that let go of the interpreter lock (hashlib does, over 2 KB)."""
     data = bytes(LAUNCH_BYTES)
-    for _ in range(LAUNCHES):
+    for _ in range(launches):
         hashlib.sha256(data)
 
 
 def device_step() -> None:
     """:data:`DEVICE_LAUNCHES` launches, then :data:`DEVICE_S` waiting for the device, the lock let go."""
-    data = bytes(LAUNCH_BYTES)
-    for _ in range(DEVICE_LAUNCHES):
-        hashlib.sha256(data)
+    launch_step(DEVICE_LAUNCHES)
     time.sleep(DEVICE_S)
 
 
@@ -267,6 +265,7 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
     def on_bad(index: int, sample: Any, reason: str) -> None:
         raise RuntimeError(f"sample {index}: {reason}")
 
+    step = device_step if kind.startswith("device") else launch_step  # the step a kind "beside a step" runs
     if comm.world.size > 1 and kind not in LOADER_KINDS:
         raise SystemExit(f"--ranks measures the Loader's kinds, not {kind!r}")
     if kind == "stream":
@@ -300,7 +299,6 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
             steady.append(sum(waits[1:]) / (sum(waits[1:]) + stepped))
         return {"stall": median(stalls[1:]), "stall_steady": median(steady[1:])}
     elif kind in ("launches-dali-wds", "device-dali-wds"):
-        step = device_step if kind.startswith("device") else launch_step
         return beside_launches(lambda: DaliOwnReader(root, comm.world.rank, comm.world.size), epochs, step)
     elif kind == "dali-wds":
         reader = DaliOwnReader(root, comm.world.rank, comm.world.size)
@@ -309,7 +307,6 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
             return sum(len(images) for images in reader)
     elif kind in ("launches", "launches-process", "device", "device-process"):
         read_in = "process" if kind.endswith("process") else "thread"
-        step = device_step if kind.startswith("device") else launch_step
         return beside_launches(lambda: loader_decoding_nothing(root, read_in, comm), epochs, step)
     else:
         loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm)
