@@ -39,7 +39,8 @@ def test_the_name_guard_outlasts_its_parents_signals_and_removes_the_names_when_
         parent.kill()
         parent.wait(timeout=60)
         deadline = time.monotonic() + 60  # a hang bound: the guard removes it as soon as its input ends
-        while name.exists() and time.monotonic() < deadline:
+        # and then exits: the name goes a moment before the process does, so wait for both
+        while (name.exists() or alive(guard)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not name.exists() and not alive(guard)
     finally:
