@@ -29,6 +29,8 @@ HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # sample p seeks near it and walks at most SEEK_EVERY - 1 records, instead of reading every value
 # before p (ImageNet: 20,000 keys, ~0.6 MB of manifest)
 SEEK_EVERY = 64
+# rows of a 2-D dataset read to tell one-hot labels from other tables when listing candidates
+ONE_HOT_SNIFF_ROWS = 256
 # where plain-image LMDBs usually keep the label in the key: "<label>/<name>", "<name>_<label>"
 KEY_LABEL_PATTERNS = (r"^(?P<label>\d+)[/_]", r"[/_](?P<label>\d+)$")
 
@@ -125,10 +127,29 @@ def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[
             if kind is not None:
                 images.append((name, kind, int(ds.shape[0])))
                 attrs += _label_arrays(ds.attrs)
-            elif ds.ndim == 1 and (ds.dtype.kind in "iuSU" or h5py.check_string_dtype(ds.dtype) is not None):
+            elif _looks_like_labels(ds):
                 labels.append((name, int(ds.shape[0])))
         attrs += _label_arrays(f.attrs)
     return images, labels, attrs
+
+
+def _looks_like_labels(dataset: Any) -> bool:
+    """Class numbers or names (1-D), or a 2-D dataset of numbers whose first rows are one-hot (a table
+    of boxes or features is not): only those rows are read, so that a large file is not read whole to
+    list its candidates."""
+    import h5py
+
+    from ..formats.foreign_hdf5 import one_hot_classes, one_hot_rows
+
+    if dataset.ndim == 1:
+        return dataset.dtype.kind in "iuSU" or h5py.check_string_dtype(dataset.dtype) is not None
+    if not (one_hot_rows(dataset) and dataset.shape[0]):
+        return False
+    try:
+        one_hot_classes(np.asarray(dataset[:ONE_HOT_SNIFF_ROWS]))
+    except ValueError:
+        return False
+    return True
 
 
 def _label_arrays(attrs: Any) -> list[tuple[str, int]]:
@@ -188,7 +209,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     the classes, in the order ``classes`` gives them if it names them all, else sorted."""
     import h5py
 
-    from ..formats.foreign_hdf5 import ForeignHDF5Format, ForeignHDF5Reader
+    from ..formats.foreign_hdf5 import ForeignHDF5Format, ForeignHDF5Reader, one_hot_rows
     from ..formats.lmdb_values import sniff_image_field
 
     given = classes
@@ -216,6 +237,8 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     with h5py.File(files[0], "r") as f:
         first = f[images][0]
         field = sniff_image_field(first.tobytes() if hasattr(first, "tobytes") else bytes(first)) or "jpg"
+        # one-hot labels have a column per class, whether or not the files hold an image of each
+        columns = int(f[labels].shape[1]) if labels and labels in f and one_hot_rows(f[labels]) else 0
     layout: dict[str, Any] = {"images": images, "field": field}
     if labels:
         layout["labels"] = labels
@@ -224,7 +247,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     names = _label_names(files, layout)
     if names:
         layout["label_names"] = classes = class_order(names, classes, given, data)
-    shards, max_label = [], -1
+    shards, max_label = [], columns - 1
     fmt = ForeignHDF5Format(layout)
     for path in files:
         reader = ForeignHDF5Reader(path, layout)

@@ -124,7 +124,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"{args.dir}: indexed {len(m.shards)} {what}, {m.num_samples} samples, in place; "
           f"fields {', '.join(m.fields)}")
     if "cls" not in m.fields:  # found out now, not when training refuses the dataset
-        how = {"hdf5-foreign": "; name them with --labels or --label-attr (class numbers or names, one per image)",
+        how = {"hdf5-foreign": "; name them with --labels or --label-attr (class numbers or names, one per image, "
+                               "or one-hot rows)",
                "wds": " (each sample's .cls file)"}.get(m.format, "")
         print(f"ddpipe: warning: {args.dir}: no labels found, which training needs{how}", file=sys.stderr)
     return 0

@@ -3,8 +3,9 @@
 The layout most scripts write with plain h5py: one dataset of encoded images, one sample per row,
 as variable-length ``uint8`` (``h5py.vlen_dtype(np.uint8)``) or fixed-length byte strings (``S`` or
 opaque ``V``), and the labels as a dataset of the same length or as an array attribute (of the
-images dataset, or of the file): class numbers, or class names as strings (fixed or variable
-length), which the layout then lists in class order (``"label_names"``). Each file is one shard.
+images dataset, or of the file): class numbers, class names as strings (fixed or variable
+length), which the layout then lists in class order (``"label_names"``), or one-hot rows (a 2-D
+dataset, a column per class). Each file is one shard.
 The manifest's ``layout`` names them: ``{"images": "images", "labels": "labels"}`` or
 ``{"images": ..., "label_attr": ...}``, and ``"field"``: what the images are (``jpg``, ``png``).
 """
@@ -63,18 +64,40 @@ def label_texts(values: np.ndarray) -> list[str] | None:
     return [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else t for t in texts]
 
 
+def one_hot_rows(values: Any) -> bool:
+    """Whether ``values`` (an array, or an HDF5 dataset unread) could be one-hot labels: 2-D, of
+    numbers (or booleans), a column per class (two at least), one row per image."""
+    return values.ndim == 2 and values.shape[1] >= 2 and values.dtype.kind in "biuf"
+
+
+def one_hot_classes(values: np.ndarray) -> np.ndarray:
+    """The class of each one-hot row (a single 1, the rest 0), refused naming the first row that is not
+    one: a soft label (label smoothing, mixup) or several classes, where ddpipe's samples carry one."""
+    ones, zeros = values == 1, values == 0
+    good = (ones.sum(axis=1) == 1) & ((ones | zeros).all(axis=1))
+    if not good.all():
+        row = int(np.argmin(good))
+        raise ValueError(f"labels of shape {values.shape} are not one-hot: row {row} is "
+                         f"{np.array2string(values[row], threshold=8)} (each sample takes one class: a single 1, "
+                         "the rest 0)")
+    return np.asarray(np.argmax(ones, axis=1), dtype=np.int64)
+
+
 def labels_of(file: Any, images: Any, layout: dict[str, Any]) -> np.ndarray | None:
     """The labels the layout names as class numbers, one per image, or None when it names none.
-    Class names map to their place in the layout's ``label_names``; strings of digits are numbers."""
+    Class names map to their place in the layout's ``label_names``; strings of digits are numbers;
+    one-hot rows are the class of their 1."""
     values = label_values(file, images, layout)
     if values is None:
         return None
     if values.ndim == 1 and values.dtype.kind in "iu":
         return values.astype(np.int64)
+    if one_hot_rows(values):
+        return one_hot_classes(values)
     texts = label_texts(values)
     if texts is None:
-        raise ValueError(f"labels must be a 1-D array of class numbers or names, found {values.dtype} "
-                         f"of shape {values.shape}")
+        raise ValueError(f"labels must be class numbers or names (1-D) or one-hot rows (2-D), found "
+                         f"{values.dtype} of shape {values.shape}")
     names = {str(name): i for i, name in enumerate(layout.get("label_names", ()))}
     if not names and all(t.isdigit() for t in texts):
         return np.array([int(t) for t in texts], dtype=np.int64)
@@ -97,7 +120,10 @@ class ForeignHDF5Reader(ShardReader):
             if self._kind is None:
                 raise self._corrupt(f"dataset {layout['images']!r} does not hold one encoded image per row")
             self._n = int(self._images.shape[0])
-            labels = labels_of(self._file, self._images, layout)
+            try:
+                labels = labels_of(self._file, self._images, layout)
+            except ValueError as e:  # labels of a kind no sample can carry: say so, not "unreadable"
+                raise self._corrupt(f"the labels {layout.get('labels') or layout.get('label_attr')!r}: {e}") from None
             if labels is not None and len(labels) != self._n:
                 raise self._corrupt(f"{len(labels)} labels for {self._n} images")
             self.labels: list[int] | None = None if labels is None else labels.tolist()

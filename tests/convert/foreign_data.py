@@ -40,6 +40,18 @@ def h5_vlen(root: Path, files: int = 2, per_file: int = 15) -> Path:
     return root
 
 
+def h5_one_hot(root: Path, dtype: str = "float32", columns: int = CLASSES) -> Path:
+    """As :func:`h5_vlen`, the labels stored one-hot (Keras' ``to_categorical``): a row per image,
+    a column per class, ``columns`` of them (more than the classes the images have, if asked)."""
+    h5_vlen(root)
+    for part in sorted(root.glob("*.h5")):
+        with h5py.File(part, "a") as h:
+            classes = h["labels"][()]
+            del h["labels"]
+            h["labels"] = np.eye(columns, dtype=dtype)[classes]
+    return root
+
+
 def h5_class_names(root: Path, names: list[str], stored: str = "fixed", n: int = 20) -> Path:
     """Variable-length uint8 images labelled by class name: image ``i`` is class ``i % CLASSES``,
     named ``names[i % CLASSES]``, as fixed-length strings (``S``), variable-length UTF-8 strings, or

@@ -26,6 +26,7 @@ from . import foreign_data as fd
 LAYOUTS: dict[str, tuple[Callable[[Path], Path], list[str], int]] = {
     "h5-vlen": (fd.h5_vlen, [], 30),
     "h5-fixed": (fd.h5_fixed, [], 20),
+    "h5-one-hot": (fd.h5_one_hot, [], 30),
     "lmdb-label-in-key": (fd.lmdb_images_label_in_key, [], 25),
     "lmdb-labels-file": (fd.lmdb_images_labels_file, ["--labels-file", "labels.txt"], 25),
     "lmdb-msgpack": (fd.lmdb_msgpack, [], 25),
@@ -95,7 +96,7 @@ def test_adopted_data_read_as_views_gives_what_a_read_copies(name: str, tmp_path
     views = list(read_samples(ds, everything, views=True))
     assert [{k: v if isinstance(v, str) else bytes(v) for k, v in s.items()} for s in views] == copies
     in_place = {isinstance(s[f], memoryview) for s in views for f in ("jpg", "ppm") if f in s}
-    assert in_place == {name in ("caffe-encoded", "lmdb-label-in-key", "lmdb-labels-file", "h5-vlen")}
+    assert in_place == {name in ("caffe-encoded", "lmdb-label-in-key", "lmdb-labels-file", "h5-vlen", "h5-one-hot")}
 
 
 def test_pickles_are_refused_unless_allowed(tmp_path: Path) -> None:
@@ -205,18 +206,51 @@ def test_labels_stored_as_strings_of_digits_are_class_numbers(stored: str, tmp_p
     assert all(int(sample["cls"]) == true_class(sample) for sample in ds)
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int64", "bool"])
+def test_one_hot_labels_keep_a_class_for_every_column(dtype: str, tmp_path: Path) -> None:
+    """Eight columns, images of five classes: the classes are the columns (a model's head is sized by
+    them), and each image takes the column of its 1."""
+    root = fd.h5_one_hot(tmp_path / "wide", dtype, columns=8)
+    assert run_cli("index", root).returncode == 0
+    ds = ddpipe.open_dataset(root)
+    assert ds.manifest.classes == tuple(str(c) for c in range(8))
+    assert [int(sample["cls"]) for sample in ds] == [i % fd.CLASSES for i in range(30)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 12).flatmap(lambda c: st.tuples(st.just(c), st.lists(st.integers(0, c - 1), min_size=1,
+                                                                             max_size=40))),
+       st.sampled_from(["uint8", "int32", "float16", "float64", "bool"]), st.data())
+def test_one_hot_rows_give_their_class_and_any_other_row_is_named(shape: tuple[int, list[int]], dtype: str,
+                                                                   data: st.DataObject) -> None:
+    from ddpipe.formats.foreign_hdf5 import one_hot_classes
+
+    columns, classes = shape
+    rows = np.eye(columns, dtype=dtype)[classes]
+    assert one_hot_classes(rows).tolist() == classes
+    bad = data.draw(st.integers(0, len(classes) - 1))
+    other = (classes[bad] + data.draw(st.integers(1, columns - 1))) % columns
+    junk: list[float] = {"bool": [1.0], "uint8": [1.0, 2.0], "int32": [1.0, 2.0, -1.0]}.get(dtype,
+                                                                                          [1.0, 2.0, -1.0, 0.5])
+    rows[bad, other] = data.draw(st.sampled_from(junk))  # two classes, or a value no one-hot row holds
+    with pytest.raises(ValueError, match=f"not one-hot: row {bad} "):
+        one_hot_classes(rows)
+
+
 def test_hdf5_indexed_without_labels_says_so_and_how_to_name_them(tmp_path: Path) -> None:
+    """Soft labels (label smoothing) are no classes: not a candidate, and refused named, saying which row."""
     import h5py
 
-    root = fd.h5_vlen(tmp_path / "onehot", files=1)
+    root = fd.h5_vlen(tmp_path / "soft", files=1)
     with h5py.File(root / "part0.h5", "a") as h:
         del h["labels"]
-        h["labels"] = np.eye(fd.CLASSES, dtype=np.float32)[np.arange(15) % fd.CLASSES]  # one-hot rows
+        h["labels"] = 0.9 * np.eye(fd.CLASSES, dtype=np.float32)[np.arange(15) % fd.CLASSES] + 0.02
     proc = run_cli("index", root)
     assert proc.returncode == 0 and "no labels found" in proc.stderr and "--labels" in proc.stderr, proc.stderr
     named = run_cli("index", root, "--labels", "labels")
-    assert named.returncode == 1 and "float32 of shape (15, 5)" in named.stderr, named.stderr
+    assert named.returncode == 1 and "shape (15, 5) are not one-hot: row 0" in named.stderr, named.stderr
     assert named.stderr.count("\n") == 1 and "Traceback" not in named.stderr
+    assert "index.json" not in os.listdir(root) or "labels" not in (root / "index.json").read_text()
 
 
 def test_ambiguous_hdf5_lists_what_it_found(tmp_path: Path) -> None:
