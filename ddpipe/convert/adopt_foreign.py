@@ -29,8 +29,8 @@ HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # sample p seeks near it and walks at most SEEK_EVERY - 1 records, instead of reading every value
 # before p (ImageNet: 20,000 keys, ~0.6 MB of manifest)
 SEEK_EVERY = 64
-# rows of a 2-D dataset read to tell one-hot labels from other tables when listing candidates
-ONE_HOT_SNIFF_ROWS = 256
+# rows read to tell labels stored as floats or one-hot rows from other numbers when listing candidates
+LABEL_SNIFF_ROWS = 256
 # where plain-image LMDBs usually keep the label in the key: "<label>/<name>", "<name>_<label>"
 KEY_LABEL_PATTERNS = (r"^(?P<label>\d+)[/_]", r"[/_](?P<label>\d+)$")
 
@@ -134,31 +134,37 @@ def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[
 
 
 def _looks_like_labels(dataset: Any) -> bool:
-    """Class numbers or names (1-D), or a 2-D dataset of numbers whose first rows are one-hot (a table
-    of boxes or features is not): only those rows are read, so that a large file is not read whole to
-    list its candidates."""
+    """Class numbers or names (1-D; floats only where the first are whole numbers, not weights or
+    times), or a 2-D dataset of numbers whose first rows are one-hot (a table of boxes or features is
+    not): only those rows are read, so that a large file is not read whole to list its candidates."""
     import h5py
 
-    from ..formats.foreign_hdf5 import one_hot_classes, one_hot_rows
+    from ..formats.foreign_hdf5 import one_hot_classes, one_hot_rows, whole_classes
 
-    if dataset.ndim == 1:
+    if dataset.ndim == 1 and dataset.dtype.kind != "f":
         return dataset.dtype.kind in "iuSU" or h5py.check_string_dtype(dataset.dtype) is not None
-    if not (one_hot_rows(dataset) and dataset.shape[0]):
+    if dataset.ndim == 1:
+        check = whole_classes
+    elif one_hot_rows(dataset):
+        check = one_hot_classes
+    else:
+        return False
+    if not dataset.shape[0]:
         return False
     try:
-        one_hot_classes(np.asarray(dataset[:ONE_HOT_SNIFF_ROWS]))
+        check(np.asarray(dataset[:LABEL_SNIFF_ROWS]))
     except ValueError:
         return False
     return True
 
 
 def _label_arrays(attrs: Any) -> list[tuple[str, int]]:
-    """The attributes that could hold labels (1-D arrays of integers or strings), with their lengths."""
+    """The attributes that could hold labels (1-D arrays of class numbers or names), with their lengths."""
     from ..formats.foreign_hdf5 import label_texts
 
     arrays = {name: np.asarray(value) for name, value in attrs.items()}
     return [(name, len(a)) for name, a in arrays.items()
-            if a.ndim == 1 and (a.dtype.kind in "iu" or label_texts(a) is not None)]
+            if a.ndim == 1 and (label_texts(a) is not None or _looks_like_labels(a))]
 
 
 def class_order(names: set[str], classes: list[str] | None, given: list[str] | None, where: Path) -> list[str]:

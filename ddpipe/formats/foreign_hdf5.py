@@ -3,9 +3,9 @@
 The layout most scripts write with plain h5py: one dataset of encoded images, one sample per row,
 as variable-length ``uint8`` (``h5py.vlen_dtype(np.uint8)``) or fixed-length byte strings (``S`` or
 opaque ``V``), and the labels as a dataset of the same length or as an array attribute (of the
-images dataset, or of the file): class numbers, class names as strings (fixed or variable
-length), which the layout then lists in class order (``"label_names"``), or one-hot rows (a 2-D
-dataset, a column per class). Each file is one shard.
+images dataset, or of the file): class numbers (integers, or whole numbers stored as floats),
+class names as strings (fixed or variable length), which the layout then lists in class order
+(``"label_names"``), or one-hot rows (a 2-D dataset, a column per class). Each file is one shard.
 The manifest's ``layout`` names them: ``{"images": "images", "labels": "labels"}`` or
 ``{"images": ..., "label_attr": ...}``, and ``"field"``: what the images are (``jpg``, ``png``).
 """
@@ -83,15 +83,28 @@ def one_hot_classes(values: np.ndarray) -> np.ndarray:
     return np.asarray(np.argmax(ones, axis=1), dtype=np.int64)
 
 
+def whole_classes(values: np.ndarray) -> np.ndarray:
+    """Class numbers stored as floats (as MATLAB and some scripts write them), refused naming the
+    first that is not a whole number, 0 or more."""
+    good = np.isfinite(values) & (values >= 0) & (values == np.floor(values))
+    if not good.all():
+        row = int(np.argmin(good))
+        raise ValueError(f"not class numbers: label {row} is {values[row]} (stored as {values.dtype}, a class "
+                         "number must be a whole number, 0 or more)")
+    return values.astype(np.int64)
+
+
 def labels_of(file: Any, images: Any, layout: dict[str, Any]) -> np.ndarray | None:
     """The labels the layout names as class numbers, one per image, or None when it names none.
-    Class names map to their place in the layout's ``label_names``; strings of digits are numbers;
-    one-hot rows are the class of their 1."""
+    Class names map to their place in the layout's ``label_names``; strings of digits are numbers,
+    as are whole numbers stored as floats; one-hot rows are the class of their 1."""
     values = label_values(file, images, layout)
     if values is None:
         return None
     if values.ndim == 1 and values.dtype.kind in "iu":
         return values.astype(np.int64)
+    if values.ndim == 1 and values.dtype.kind == "f":
+        return whole_classes(values)
     if one_hot_rows(values):
         return one_hot_classes(values)
     texts = label_texts(values)

@@ -52,6 +52,21 @@ def h5_one_hot(root: Path, dtype: str = "float32", columns: int = CLASSES) -> Pa
     return root
 
 
+def h5_float_labels(root: Path, attribute: bool = False) -> Path:
+    """As :func:`h5_vlen`, the class numbers stored as float64 (as MATLAB writes them), in a dataset
+    or an attribute of the images."""
+    h5_vlen(root)
+    for part in sorted(root.glob("*.h5")):
+        with h5py.File(part, "a") as h:
+            classes = h["labels"][()].astype(np.float64)
+            del h["labels"]
+            if attribute:
+                h["images"].attrs["classes"] = classes
+            else:
+                h["labels"] = classes
+    return root
+
+
 def h5_class_names(root: Path, names: list[str], stored: str = "fixed", n: int = 20) -> Path:
     """Variable-length uint8 images labelled by class name: image ``i`` is class ``i % CLASSES``,
     named ``names[i % CLASSES]``, as fixed-length strings (``S``), variable-length UTF-8 strings, or

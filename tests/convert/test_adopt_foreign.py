@@ -27,6 +27,8 @@ LAYOUTS: dict[str, tuple[Callable[[Path], Path], list[str], int]] = {
     "h5-vlen": (fd.h5_vlen, [], 30),
     "h5-fixed": (fd.h5_fixed, [], 20),
     "h5-one-hot": (fd.h5_one_hot, [], 30),
+    "h5-float-labels": (fd.h5_float_labels, [], 30),
+    "h5-float-attribute": (lambda p: fd.h5_float_labels(p, attribute=True), [], 30),
     "lmdb-label-in-key": (fd.lmdb_images_label_in_key, [], 25),
     "lmdb-labels-file": (fd.lmdb_images_labels_file, ["--labels-file", "labels.txt"], 25),
     "lmdb-msgpack": (fd.lmdb_msgpack, [], 25),
@@ -96,7 +98,8 @@ def test_adopted_data_read_as_views_gives_what_a_read_copies(name: str, tmp_path
     views = list(read_samples(ds, everything, views=True))
     assert [{k: v if isinstance(v, str) else bytes(v) for k, v in s.items()} for s in views] == copies
     in_place = {isinstance(s[f], memoryview) for s in views for f in ("jpg", "ppm") if f in s}
-    assert in_place == {name in ("caffe-encoded", "lmdb-label-in-key", "lmdb-labels-file", "h5-vlen", "h5-one-hot")}
+    assert in_place == {name in ("caffe-encoded", "lmdb-label-in-key", "lmdb-labels-file", "h5-vlen", "h5-one-hot",
+                                  "h5-float-labels", "h5-float-attribute")}
 
 
 def test_pickles_are_refused_unless_allowed(tmp_path: Path) -> None:
@@ -169,6 +172,7 @@ def test_datasets_that_are_neither_images_nor_labels_are_passed_over(tmp_path: P
         h["description"] = np.bytes_(b"made by a script")  # a scalar
         h["empty"] = np.zeros(0, dtype="S4")
         h["boxes"] = np.zeros((20, 4), dtype=np.float32)
+        h["weights"] = np.linspace(0.5, 1.5, 20)  # floats, but no class numbers
     proc = run_cli("index", root)
     assert proc.returncode == 0, proc.stderr
     assert ddpipe.open_dataset(root).manifest.classes == tuple(sorted(NAMES))
@@ -251,6 +255,20 @@ def test_hdf5_indexed_without_labels_says_so_and_how_to_name_them(tmp_path: Path
     assert named.returncode == 1 and "shape (15, 5) are not one-hot: row 0" in named.stderr, named.stderr
     assert named.stderr.count("\n") == 1 and "Traceback" not in named.stderr
     assert "index.json" not in os.listdir(root) or "labels" not in (root / "index.json").read_text()
+
+
+def test_float_labels_that_are_no_class_numbers_are_refused_naming_one(tmp_path: Path) -> None:
+    import h5py
+
+    root = fd.h5_vlen(tmp_path / "scores", files=1)
+    with h5py.File(root / "part0.h5", "a") as h:
+        del h["labels"]
+        h["labels"] = np.r_[np.arange(6.0), 6.5, np.arange(8.0)]
+    proc = run_cli("index", root)
+    assert proc.returncode == 0 and "no labels found" in proc.stderr, proc.stderr
+    named = run_cli("index", root, "--labels", "labels")
+    assert named.returncode == 1 and "label 6 is 6.5" in named.stderr and "part0.h5" in named.stderr, named.stderr
+    assert named.stderr.count("\n") == 1 and "Traceback" not in named.stderr
 
 
 def test_ambiguous_hdf5_lists_what_it_found(tmp_path: Path) -> None:
