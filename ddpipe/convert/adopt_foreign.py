@@ -215,8 +215,9 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     the classes, in the order ``classes`` gives them if it names them all, else sorted."""
     import h5py
 
-    from ..formats.foreign_hdf5 import ForeignHDF5Format, ForeignHDF5Reader, one_hot_rows
+    from ..formats.foreign_hdf5 import PIXEL_KINDS, ForeignHDF5Format, ForeignHDF5Reader, one_hot_rows
     from ..formats.lmdb_values import sniff_image_field
+    from ..formats.pixels import PNM_FIELD
 
     given = classes
     classes = _given_or_recorded(classes, data, out)
@@ -225,12 +226,14 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
         raise DdpipeError("no HDF5 files (.h5, .hdf5) found", path=data)
     found_images, found_labels, found_attrs = hdf5_candidates(files[0])
     rows = {n: r for n, _, r in found_images}
+    kinds = {n: k for n, k, _ in found_images}
     if images is None:
-        images = _one("datasets of encoded images (variable-length uint8 or fixed-length bytes, one per row)",
+        images = _one("datasets of images (encoded, as variable-length uint8 or fixed-length bytes, or uint8 "
+                      "pixels; one per row)",
                       "--images", [n for n, _, _ in found_images], files[0])
     if images not in rows:
         listed = ", ".join(f"{n} ({k}, {r} rows)" for n, k, r in found_images) or "none"
-        raise DdpipeError(f"no dataset {images!r} of encoded images; found: {listed}", path=files[0])
+        raise DdpipeError(f"no dataset {images!r} of images; found: {listed}", path=files[0])
     if labels is None and label_attr is None:
         fits = [n for n, r in found_labels if r == rows[images]]
         fit_attrs = [n for n, r in found_attrs if r == rows[images]]
@@ -241,8 +244,11 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
         labels = fits[0] if fits else None
         label_attr = fit_attrs[0] if fit_attrs else None
     with h5py.File(files[0], "r") as f:
-        first = f[images][0]
-        field = sniff_image_field(first.tobytes() if hasattr(first, "tobytes") else bytes(first)) or "jpg"
+        if kinds[images] in PIXEL_KINDS:  # read as PNM images
+            field = PNM_FIELD
+        else:
+            first = f[images][0]
+            field = sniff_image_field(first.tobytes() if hasattr(first, "tobytes") else bytes(first)) or "jpg"
         # one-hot labels have a column per class, whether or not the files hold an image of each
         columns = int(f[labels].shape[1]) if labels and labels in f and one_hot_rows(f[labels]) else 0
     layout: dict[str, Any] = {"images": images, "field": field}

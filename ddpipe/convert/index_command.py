@@ -74,9 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None,
                    help="write index.json here instead of beside the data (when the data is read-only)")
     g = p.add_argument_group("HDF5")
-    g.add_argument("--images", help="the dataset of encoded images, one per row (asked for when several)")
-    g.add_argument("--labels", help="the integer dataset of labels")
-    g.add_argument("--label-attr", help="an integer array attribute holding the labels instead")
+    g.add_argument("--images", help="the dataset of images, one per row, encoded or uint8 pixels (asked for when "
+                   "several)")
+    g.add_argument("--labels", help="the dataset of labels: class numbers or names, or one-hot rows")
+    g.add_argument("--label-attr", help="an array attribute holding the labels instead (class numbers or names)")
     g = p.add_argument_group("LMDB")
     g.add_argument("--values", choices=["image", "msgpack", "caffe", "pickle"], default=None,
                    help="what each value holds (guessed from the first when not given)")

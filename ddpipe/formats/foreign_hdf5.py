@@ -25,13 +25,28 @@ from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .hdf5_heap import HeapFormatError, open_vlen_heap
 from .mapped import MappedFile
+from .pixels import pnm
 
 # rows read at once in a scan: one HDF5 call per block, not per sample
 _BLOCK_ROWS = 256
 
 
+# the smallest side of a pixel array taken for images (MNIST's is 28): a smaller uint8 table is something else
+_MIN_SIDE = 8
+PIXEL_KINDS = ("hwc", "chw")  # the image kinds that are pixels, not encoded images
+
+
 def image_kind(dataset: Any) -> str | None:
-    """How a dataset holds encoded images, one per row: ``vlen``, ``fixed``, or None if it cannot."""
+    """How a dataset holds images, one per row: encoded, ``vlen`` or ``fixed``; or as ``uint8`` pixels,
+    ``hwc`` (rows of height x width x 1 or 3 channels, or height x width: grey) or ``chw`` (3 x height
+    x width, as torchvision lays them out); None if it holds none."""
+    shape = dataset.shape
+    if dataset.dtype == np.uint8 and dataset.ndim in (3, 4):
+        if dataset.ndim == 4 and shape[1] == 3 and shape[3] not in (1, 3) and min(shape[2:]) >= _MIN_SIDE:
+            return "chw"
+        if (dataset.ndim == 3 or shape[3] in (1, 3)) and min(shape[1:3]) >= _MIN_SIDE:
+            return "hwc"
+        return None
     if dataset.ndim != 1:
         return None
     vlen = h5py.check_vlen_dtype(dataset.dtype)
@@ -131,7 +146,7 @@ class ForeignHDF5Reader(ShardReader):
             self._images = self._file[layout["images"]]
             self._kind = image_kind(self._images)
             if self._kind is None:
-                raise self._corrupt(f"dataset {layout['images']!r} does not hold one encoded image per row")
+                raise self._corrupt(f"dataset {layout['images']!r} does not hold one image per row")
             self._n = int(self._images.shape[0])
             try:
                 labels = labels_of(self._file, self._images, layout)
@@ -153,9 +168,11 @@ class ForeignHDF5Reader(ShardReader):
 
     def _sample(self, i: int, data: Any, views: bool = False) -> Sample:
         # the heap's view (kept as one with ``views``: DALI reads it in the file's mapping), or an S string
-        # (bytes, its padding dropped), or a vlen array or opaque V value
-        if isinstance(data, memoryview):
-            value: bytes | memoryview = data if views else bytes(data)
+        # (bytes, its padding dropped), or a vlen array or opaque V value, or pixels (a PNM image)
+        if self._kind in PIXEL_KINDS:
+            value: bytes | memoryview = pnm(data if self._kind == "hwc" else data.transpose(1, 2, 0))
+        elif isinstance(data, memoryview):
+            value = data if views else bytes(data)
         else:
             value = data if isinstance(data, bytes) else data.tobytes()
         sample: Sample = {KEY: f"{self._prefix}/{i:08d}", self._field: value}

@@ -23,6 +23,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from .pixels import pnm
+
 VALUE_KINDS = ("image", "msgpack", "caffe", "pickle")
 IMAGE_MAGIC = {b"\xff\xd8\xff": "jpg", b"\x89PNG": "png", b"RIFF": "webp", b"GIF8": "gif", b"BM": "bmp",
                b"P6": "ppm", b"P5": "ppm"}
@@ -90,9 +92,8 @@ def parse_datum(value: bytes | memoryview) -> tuple[bytes | memoryview, int]:
     if c not in (1, 3) or pixels.size != c * h * w:
         raise RecordError(f"a raw Datum of {pixels.size} bytes for {c} x {h} x {w}")
     if c == 1:
-        return b"P5\n%d %d\n255\n" % (w, h) + pixels.tobytes(), label
-    rgb = pixels.reshape(3, h, w)[::-1].transpose(1, 2, 0)  # CHW BGR -> HWC RGB
-    return b"P6\n%d %d\n255\n" % (w, h) + np.ascontiguousarray(rgb).tobytes(), label
+        return pnm(pixels.reshape(h, w)), label
+    return pnm(pixels.reshape(3, h, w)[::-1].transpose(1, 2, 0)), label  # CHW BGR -> HWC RGB
 
 
 #: where a record's map keeps its label when the label is a class name (a map's other strings, a file

@@ -40,6 +40,28 @@ def h5_vlen(root: Path, files: int = 2, per_file: int = 15) -> Path:
     return root
 
 
+def h5_pixels(root: Path, layout: str = "hwc", files: int = 2, per_file: int = 15) -> Path:
+    """Decoded images as one uint8 array per file, 20 x 24 pixels each: ``hwc`` (rows x columns x RGB,
+    as numpy and PIL lay them out), ``chw`` (RGB x rows x columns, as torchvision does) or ``grey``
+    (rows x columns, as MNIST is stored; the grey level tells the label)."""
+    root.mkdir(parents=True)
+    i = 0
+    for f in range(files):
+        labels = np.arange(i, i + per_file) % CLASSES
+        if layout == "grey":
+            pixels = np.broadcast_to((40 * labels + 20).astype(np.uint8)[:, None, None], (per_file, 20, 24))
+        else:
+            rgb = np.array([colour(int(c)) for c in labels], dtype=np.uint8)
+            pixels = np.broadcast_to(rgb[:, None, None, :], (per_file, 20, 24, 3))
+            if layout == "chw":
+                pixels = pixels.transpose(0, 3, 1, 2)
+        with h5py.File(root / f"part{f}.h5", "w") as h:
+            h["x"] = np.ascontiguousarray(pixels)
+            h["y"] = labels
+        i += per_file
+    return root
+
+
 def h5_one_hot(root: Path, dtype: str = "float32", columns: int = CLASSES) -> Path:
     """As :func:`h5_vlen`, the labels stored one-hot (Keras' ``to_categorical``): a row per image,
     a column per class, ``columns`` of them (more than the classes the images have, if asked)."""

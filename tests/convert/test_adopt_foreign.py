@@ -29,6 +29,8 @@ LAYOUTS: dict[str, tuple[Callable[[Path], Path], list[str], int]] = {
     "h5-one-hot": (fd.h5_one_hot, [], 30),
     "h5-float-labels": (fd.h5_float_labels, [], 30),
     "h5-float-attribute": (lambda p: fd.h5_float_labels(p, attribute=True), [], 30),
+    "h5-pixels": (fd.h5_pixels, [], 30),
+    "h5-pixels-chw": (lambda p: fd.h5_pixels(p, "chw"), [], 30),
     "lmdb-label-in-key": (fd.lmdb_images_label_in_key, [], 25),
     "lmdb-labels-file": (fd.lmdb_images_labels_file, ["--labels-file", "labels.txt"], 25),
     "lmdb-msgpack": (fd.lmdb_msgpack, [], 25),
@@ -173,6 +175,7 @@ def test_datasets_that_are_neither_images_nor_labels_are_passed_over(tmp_path: P
         h["empty"] = np.zeros(0, dtype="S4")
         h["boxes"] = np.zeros((20, 4), dtype=np.float32)
         h["weights"] = np.linspace(0.5, 1.5, 20)  # floats, but no class numbers
+        h["codes"] = np.zeros((20, 4, 4), dtype=np.uint8)  # bytes, but too small to be images
     proc = run_cli("index", root)
     assert proc.returncode == 0, proc.stderr
     assert ddpipe.open_dataset(root).manifest.classes == tuple(sorted(NAMES))
@@ -269,6 +272,19 @@ def test_float_labels_that_are_no_class_numbers_are_refused_naming_one(tmp_path:
     named = run_cli("index", root, "--labels", "labels")
     assert named.returncode == 1 and "label 6 is 6.5" in named.stderr and "part0.h5" in named.stderr, named.stderr
     assert named.stderr.count("\n") == 1 and "Traceback" not in named.stderr
+
+
+def test_grey_pixels_read_as_grey_images(tmp_path: Path) -> None:
+    """MNIST's layout (rows x columns of uint8, a dataset of class numbers beside it)."""
+    root = fd.h5_pixels(tmp_path / "grey", "grey")
+    assert run_cli("index", root).returncode == 0
+    ds = ddpipe.open_dataset(root)
+    for sample in ds:
+        image = Image.open(io.BytesIO(sample["ppm"]))
+        assert image.mode == "L" and image.size == (24, 20)
+        assert set(np.asarray(image).ravel().tolist()) == {40 * int(sample["cls"]) + 20}, sample["__key__"]
+    report = run_cli("verify", root, "--decode")
+    assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
 
 
 def test_ambiguous_hdf5_lists_what_it_found(tmp_path: Path) -> None:
