@@ -16,7 +16,7 @@ def _end_the_job(code: int, error: BaseException | None = None) -> None:
     (``job_wide``): each reports it and leaves on its own."""
     if getattr(error, "job_wide", False):
         return
-    from ..comm.mpi import abort_mpi_job
+    from ..comm.mpi_abort import abort_mpi_job
 
     abort_mpi_job(code)
 

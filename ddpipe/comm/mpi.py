@@ -14,7 +14,6 @@ import contextlib
 import os
 import pickle
 import socket
-import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ import numpy as np
 from .base import DEFAULT_TIMEOUT, Comm, Request, Segment, Watchdog, WhileWaiting, Written, pack_parts, segment_lengths
 from .heartbeat import DEFAULT_SILENCE, Heartbeats
 from .landing import LandingZone, zone_capacity
+from .mpi_abort import abort_world
 from .mpi_peers import MPIPeerLink
 from .node_slots import NodeSlots, slot_capacity
 from .world import World, available_cores
@@ -105,14 +105,14 @@ class MPIComm(Comm):
 
     def abort(self, message: str) -> None:
         print(f"ddpipe: rank {self.world.rank}: {message}", file=sys.stderr, flush=True)
-        _abort(self._mpi.COMM_WORLD, 1)
+        abort_world(self._mpi.COMM_WORLD, 1)
 
     def node_ranks(self) -> list[int]:
         return list(self._node_ranks)
 
     def end_job(self, code: int) -> None:
         self._clean_up()
-        _abort(self._mpi.COMM_WORLD, code)  # the launcher ends every rank
+        abort_world(self._mpi.COMM_WORLD, code)  # the launcher ends every rank
 
     def gradient_channel(self) -> MPIGradientChannel:
         # a watchdog of its own: the loader's producer thread arms this communicator's at the same time
@@ -364,44 +364,6 @@ def world_comm(timeout: float, silence: float = DEFAULT_SILENCE) -> MPIComm:
 
     # our own: the training script may run collectives on COMM_WORLD at the same time
     return MPIComm(MPI.COMM_WORLD.Dup(), timeout, silence)
-
-
-def abort_mpi_job(code: int) -> None:
-    """End every rank of an MPI job now, if this process is one of several (a no-op otherwise)."""
-    mpi = sys.modules.get("mpi4py.MPI")  # loaded only if this process set MPI up
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
-        _abort(mpi.COMM_WORLD, code)
-
-
-def _abort(comm: Any, code: int, drain_seconds: float = 2.0) -> None:
-    """MPI_Abort once the launcher has read what this rank wrote. ``comm`` is COMM_WORLD: MPICH aborts
-    another communicator by messages to its ranks, which a frozen host never reads, and hydra then
-    waits for that host for ever; COMM_WORLD's abort goes to the launcher, which ends the job.
-
-    Hydra's proxy may act on the abort before it drains the rank's output pipes and then drop it, the
-    error message included (1 run in ~10 here); what it has read it forwards before the abort, on the
-    same socket."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    deadline = time.monotonic() + drain_seconds
-    while time.monotonic() < deadline and any(_unread_bytes(fd) for fd in (1, 2)):
-        time.sleep(0.005)
-    comm.Abort(code)
-
-
-def _unread_bytes(fd: int) -> int:
-    """Bytes written to the pipe ``fd`` that its reader has not read yet (0 for a file or terminal)."""
-    import fcntl
-    import struct
-    import termios
-
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return 0
-        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
-    except OSError:
-        return 0
 
 
 def _unname_node_segment() -> None:
