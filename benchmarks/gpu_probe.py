@@ -73,6 +73,13 @@ def probe(root: Path, epochs: int) -> None:
     # graphs run in turn in one process (image_slice, image_random_crop, full decode) gave the same rates
     # within that, whichever ran first: the order of the lines here is not a ranking
     rate("image_slice (ddpipe's graph)", lambda e, s, h: sliced(e, s, h, adjust_orientation=False))
+    # the decoder's whole graph (its columns of numbers, flips, labels to the device, its output type) fed
+    # batches it prepared before, from a list: against the line above, what the rest of the graph costs;
+    # against "DaliDecoder fed from memory" below, what its feed's thread and the hand-over to torch cost
+    in_memory = [(np.arange(b * BATCH, (b + 1) * BATCH), samples[b * BATCH : (b + 1) * BATCH]) for b in range(n)]
+    decoder = DaliDecoder(DecodeOptions(threads=CORES), BATCH, torch.device("cuda"), gpu_decode=True)
+    print(f"DaliDecoder's graph fed prepared batches: {median(graph_rates(decoder, in_memory, epochs)):.0f} img/s",
+          flush=True)
     rate("image_slice, static executor", lambda e, s, h: sliced(e, s, h, adjust_orientation=False), dynamic=False)
     # a deeper prefetch queue (ddpipe's is 2; NVIDIA names a queue of 1 among the causes of a slow
     # external-source pipeline): whether one more batch in flight buys anything on this GPU
@@ -115,7 +122,6 @@ def probe(root: Path, epochs: int) -> None:
               flush=True)
     # ddpipe's own decoder (its feed, crop windows, graph and hand-over to torch) without the Loader's
     # threads: between the graph alone, above, and the Loader, below
-    in_memory = [(np.arange(b * BATCH, (b + 1) * BATCH), samples[b * BATCH : (b + 1) * BATCH]) for b in range(n)]
     # its first epoch builds its pipeline (the nvImageCodec decoders, the hardware decoder, buffers grown
     # over the first batches); later epochs reset it: a pipeline built each epoch cost that every epoch
     first, *later = decoder_from_memory(in_memory, epochs)
@@ -157,6 +163,48 @@ def probe(root: Path, epochs: int) -> None:
     torch.cuda.synchronize()
     print(f"Loader, dali-gpu (local), profiled: {k / (time.perf_counter() - t0):.0f} img/s", flush=True)
     pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+
+
+def graph_rates(decoder: Any, batches: list[tuple[Any, list[Any]]], epochs: int) -> list[float]:
+    """Images/s of ``decoder``'s DALI graph alone, each epoch after the first: fed ``(indices, samples)``
+    batches its feed prepared before the clock starts (headers, crops, the arrays DALI reads), from a
+    list, DALI's outputs left to DALI (no feed thread, no hand-over to torch)."""
+    from ddpipe.decode.batches import EncodedBatch
+
+    def on_bad(index: int, sample: Any, reason: str) -> None:
+        raise RuntimeError(f"sample {index}: {reason}")
+
+    feed = decoder._feed
+    feed._seed, feed._epoch, feed._on_bad = 0, 1, on_bad
+    prepared = [feed._prepared(EncodedBatch.of(indices, samples, on_bad)).fed for indices, samples in batches]
+
+    class Listed:  # the external source: the prepared batches, afresh each epoch (after a reset)
+        def __iter__(self) -> Any:
+            return iter(prepared)
+
+    decoder._feed, rates = Listed(), []
+    try:
+        pipe = decoder._pipeline()
+        for epoch in range(epochs):
+            if epoch:
+                pipe.reset()
+            t0 = time.perf_counter()
+            k = 0
+            try:
+                while True:
+                    images, _ = pipe.run()
+                    k += len(images)
+            except StopIteration:
+                pass
+            if decoder.gpu_decode:
+                import torch
+
+                torch.cuda.synchronize()
+            rates.append(k / (time.perf_counter() - t0))
+    finally:
+        decoder._feed = feed
+        decoder.close()
+    return rates[1:]
 
 
 def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> list[float]:
