@@ -38,11 +38,11 @@ PIXEL_KINDS = ("hwc", "chw")  # the image kinds that are pixels, not encoded ima
 
 def image_kind(dataset: Any) -> str | None:
     """How a dataset holds images, one per row: encoded, ``vlen`` or ``fixed``; or as ``uint8`` pixels,
-    ``hwc`` (rows of height x width x 1 or 3 channels, or height x width: grey) or ``chw`` (3 x height
-    x width, as torchvision lays them out); None if it holds none."""
+    ``hwc`` (rows of height x width x 1 or 3 channels, or height x width: grey) or ``chw`` (1 or 3
+    channels x height x width, as torchvision lays them out); None if it holds none."""
     shape = dataset.shape
     if dataset.dtype == np.uint8 and dataset.ndim in (3, 4):
-        if dataset.ndim == 4 and shape[1] == 3 and shape[3] not in (1, 3) and min(shape[2:]) >= _MIN_SIDE:
+        if dataset.ndim == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3) and min(shape[2:]) >= _MIN_SIDE:
             return "chw"
         if (dataset.ndim == 3 or shape[3] in (1, 3)) and min(shape[1:3]) >= _MIN_SIDE:
             return "hwc"

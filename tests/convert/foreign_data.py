@@ -42,14 +42,17 @@ def h5_vlen(root: Path, files: int = 2, per_file: int = 15) -> Path:
 
 def h5_pixels(root: Path, layout: str = "hwc", files: int = 2, per_file: int = 15) -> Path:
     """Decoded images as one uint8 array per file, 20 x 24 pixels each: ``hwc`` (rows x columns x RGB,
-    as numpy and PIL lay them out), ``chw`` (RGB x rows x columns, as torchvision does) or ``grey``
-    (rows x columns, as MNIST is stored; the grey level tells the label)."""
+    as numpy and PIL lay them out), ``chw`` (RGB x rows x columns, as torchvision does), ``grey``
+    (rows x columns, as MNIST is stored; the grey level tells the label) or ``grey-chw`` (1 x rows x
+    columns)."""
     root.mkdir(parents=True)
     i = 0
     for f in range(files):
         labels = np.arange(i, i + per_file) % CLASSES
-        if layout == "grey":
+        if layout in ("grey", "grey-chw"):
             pixels = np.broadcast_to((40 * labels + 20).astype(np.uint8)[:, None, None], (per_file, 20, 24))
+            if layout == "grey-chw":
+                pixels = pixels[:, None]
         else:
             rgb = np.array([colour(int(c)) for c in labels], dtype=np.uint8)
             pixels = np.broadcast_to(rgb[:, None, None, :], (per_file, 20, 24, 3))

@@ -274,9 +274,10 @@ def test_float_labels_that_are_no_class_numbers_are_refused_naming_one(tmp_path:
     assert named.stderr.count("\n") == 1 and "Traceback" not in named.stderr
 
 
-def test_grey_pixels_read_as_grey_images(tmp_path: Path) -> None:
-    """MNIST's layout (rows x columns of uint8, a dataset of class numbers beside it)."""
-    root = fd.h5_pixels(tmp_path / "grey", "grey")
+@pytest.mark.parametrize("layout", ["grey", "grey-chw"])
+def test_grey_pixels_read_as_grey_images(layout: str, tmp_path: Path) -> None:
+    """MNIST's layout (rows x columns of uint8, a dataset of class numbers beside it), and torchvision's."""
+    root = fd.h5_pixels(tmp_path / "grey", layout)
     assert run_cli("index", root).returncode == 0
     ds = ddpipe.open_dataset(root)
     for sample in ds:
