@@ -105,7 +105,7 @@ def _record(obj: Any) -> tuple[bytes, int | str | None]:
     """(image bytes, label) from a decoded record: a pair, or a map with one bytes value and one int
     (or one class name under a key of :data:`NAME_KEYS`). A label that is a string is a class name."""
     if isinstance(obj, (list, tuple)) and len(obj) >= 2 and isinstance(obj[0], (bytes, bytearray)):
-        return bytes(obj[0]), obj[1] if isinstance(obj[1], str) else int(obj[1])
+        return bytes(obj[0]), obj[1] if isinstance(obj[1], str) else _class_number(obj[1])
     if isinstance(obj, dict):
         images = [v for v in obj.values() if isinstance(v, (bytes, bytearray))]
         labels = [v for v in obj.values() if isinstance(v, int) and not isinstance(v, bool)]
@@ -116,6 +116,16 @@ def _record(obj: Any) -> tuple[bytes, int | str | None]:
     if isinstance(obj, (bytes, bytearray)):
         return bytes(obj), None
     raise RecordError(f"a record of {type(obj).__name__} is not (image bytes, label)")
+
+
+def _class_number(label: Any) -> int:
+    """A pair's label as a class number: an integer, or a whole number stored as a float (3.0); a soft
+    label (0.7), a flag or anything else is refused rather than cut to an integer."""
+    if isinstance(label, float) and label.is_integer() and label >= 0:
+        return int(label)
+    if isinstance(label, bool) or not isinstance(label, int):
+        raise RecordError(f"the label {label!r} is not a class number")
+    return label
 
 
 class _PlainUnpickler(pickle.Unpickler):

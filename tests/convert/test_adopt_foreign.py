@@ -288,6 +288,20 @@ def test_grey_pixels_read_as_grey_images(layout: str, tmp_path: Path) -> None:
     assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
 
 
+def test_msgpack_pairs_with_float_labels_keep_whole_ones_and_refuse_the_rest(tmp_path: Path) -> None:
+    """A pair's 2.0 is class 2; its 2.5 was cut to class 2 without a word."""
+    records = [(b"%08d" % i, msgpack.packb([fd.jpeg(i), float(i % fd.CLASSES)])) for i in range(10)]
+    root = fd._lmdb(tmp_path / "whole", records)
+    assert run_cli("index", root).returncode == 0
+    assert [int(sample["cls"]) for sample in ddpipe.open_dataset(root)] == [i % fd.CLASSES for i in range(10)]
+    records[6] = (records[6][0], msgpack.packb([fd.jpeg(6), 1.5]))
+    root = fd._lmdb(tmp_path / "soft", records)
+    proc = run_cli("index", root)
+    assert proc.returncode == 1 and "00000006" in proc.stderr and "1.5 is not a class number" in proc.stderr, \
+        proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (root / "index.json").exists()
+
+
 def test_ambiguous_hdf5_lists_what_it_found(tmp_path: Path) -> None:
     import h5py
 
