@@ -22,7 +22,7 @@ from ..checksum import file_checksum, pack_digests, sample_digest
 from ..errors import DdpipeError
 from ..manifest import Manifest, ShardInfo, label_runs, save_manifest
 from .adopt import recorded_classes
-from .classes import named_classes
+from .classes import named_classes, refuse_negative
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # an adopted LMDB's manifest records every SEEK_EVERY-th key, so that a rank whose share starts at
@@ -265,6 +265,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
         reader = ForeignHDF5Reader(path, layout)
         with reader:
             if reader.labels:
+                refuse_negative(reader.labels, path)
                 max_label = max(max_label, max(reader.labels))
             checksum = fmt.checksum(reader)  # through the mapping the scan then reads
             digests = pack_digests(sample_digest(sample) for sample in reader.scan())
@@ -346,6 +347,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
                 seek_keys.append(base64.b64encode(raw).decode("ascii"))
         count = len(reader)
     labels = _numbered(stored, layout, classes, given, mdb) if named else [int(v) for v in stored]
+    refuse_negative(labels, mdb)
     classes = layout.get("label_names", classes)
     layout.update(seek_every=seek_every, seek_keys=seek_keys)
     manifest = Manifest(format="lmdb-foreign", fields=tuple(sorted({layout["field"], "cls"})),

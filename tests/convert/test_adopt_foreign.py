@@ -302,6 +302,29 @@ def test_msgpack_pairs_with_float_labels_keep_whole_ones_and_refuse_the_rest(tmp
     assert proc.stderr.count("\n") == 1 and not (root / "index.json").exists()
 
 
+@pytest.mark.parametrize("stored", ["hdf5", "msgpack"])
+def test_a_negative_label_is_refused_naming_its_sample(stored: str, tmp_path: Path) -> None:
+    """-1, the usual mark of an unlabelled image, went through to training, where a loss fails on it
+    (on a GPU, as a device-side assert)."""
+    import h5py
+
+    labels = [i % fd.CLASSES for i in range(15)]
+    labels[3] = -1
+    if stored == "hdf5":
+        root = fd.h5_vlen(tmp_path / "neg", files=1)
+        with h5py.File(root / "part0.h5", "a") as h:
+            del h["labels"]
+            h["labels"] = np.array(labels)
+        where = root / "part0.h5"
+    else:
+        root = fd._lmdb(tmp_path / "neg", [(b"%08d" % i, msgpack.packb([fd.jpeg(i), label]))
+                                            for i, label in enumerate(labels)])
+        where = root / "data.mdb"
+    proc = run_cli("index", root)
+    assert proc.returncode == 1 and f"{where}: sample 3 has the label -1" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (root / "index.json").exists()
+
+
 def test_ambiguous_hdf5_lists_what_it_found(tmp_path: Path) -> None:
     import h5py
 
