@@ -34,7 +34,7 @@ def named_classes(max_label: int, samples: int, classes: list[str] | None,
 def refuse_negative(labels: Sequence[int], where: str | os.PathLike[str]) -> None:
     """Refuse a negative class number, naming the first sample that has one (-1 is the usual mark of an
     unlabelled image): a training loss fails on it, on a GPU as a device-side assert."""
-    if labels and min(labels) < 0:
-        i = next(i for i, label in enumerate(labels) if label < 0)
+    i = next((i for i, label in enumerate(labels) if label < 0), None)
+    if i is not None:
         raise DdpipeError(f"sample {i} has the label {labels[i]}: class numbers count from 0 (a negative label "
                           "usually marks an unlabelled image, which training cannot use)", path=where)

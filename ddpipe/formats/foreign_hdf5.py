@@ -29,8 +29,6 @@ from .pixels import pnm
 
 # rows read at once in a scan: one HDF5 call per block, not per sample
 _BLOCK_ROWS = 256
-
-
 # the smallest side of a pixel array taken for images (MNIST's is 28): a smaller uint8 table is something else
 _MIN_SIDE = 8
 PIXEL_KINDS = ("hwc", "chw")  # the image kinds that are pixels, not encoded images
