@@ -9,6 +9,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from ddpipe.checksum import file_checksum
 from ddpipe.convert import write_dataset
 from ddpipe.formats import get_format
@@ -116,3 +118,19 @@ def as_a_user_file_modes_refuse() -> list[str]:
     if not works:
         pytest.skip("setpriv cannot drop root's override of file modes here")
     return prefix
+
+
+def started_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads started from now on, in order, as they start: a thread whose work is
+    quickly done may have ended before a test looks for it among the living (``threading.enumerate``)."""
+    import threading
+
+    names: list[str] = []
+    start = threading.Thread.start
+
+    def recorded(thread: threading.Thread) -> None:
+        names.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recorded)
+    return names

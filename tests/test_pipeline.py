@@ -15,7 +15,7 @@ import ddpipe
 from ddpipe.errors import CorruptShardError, DdpipeError
 from ddpipe.shufflers import SHUFFLE_MODES
 
-from .helpers import make_dataset
+from .helpers import make_dataset, started_threads
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +84,10 @@ def test_the_loader_reads_while_it_makes_its_decoder(tmp_path: Path, monkeypatch
 
     make = ddpipe.decoding.make_decoder
     reading: list[list[str]] = []
+    started = started_threads(monkeypatch)  # started, not alive: four batches may all be read by then
 
     def seen(*args: Any) -> Any:
-        reading.append(producers())
+        reading.append([name for name in started if name.startswith("ddpipe-producer")])
         return make(*args)
 
     monkeypatch.setattr(ddpipe.decoding, "make_decoder", seen)

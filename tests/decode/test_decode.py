@@ -20,7 +20,7 @@ from ddpipe.decode import DecodeOptions, normalize
 from ddpipe.errors import DdpipeError, SampleError
 from ddpipe.sample import Sample
 
-from ..helpers import alive, descendants
+from ..helpers import alive, descendants, started_threads
 
 COLORS = [(230, 20, 20), (20, 230, 20), (20, 20, 230), (230, 230, 20), (20, 230, 230), (230, 20, 230)]
 DECODERS = ["dali-cpu", "pil"]
@@ -442,7 +442,8 @@ def test_the_pipeline_rebuilt_after_a_bad_image_serves_the_next_epoch(tmp_path: 
     fresh.close()
 
 
-def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_with_the_epoch(tmp_path: Path) -> None:
+def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_with_the_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the GPU path (its transform graph, run here on DALI's CPU operators) DALI runs on a thread
     of the decoder's, not the caller's, and a batch's headers are read and its crops chosen on the
     feed's own thread (a header that does not read is reported from there); an epoch left early,
@@ -466,10 +467,13 @@ def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_wit
     decoder = DaliDecoder(DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1), 4,
                           torch.device("cpu"), gpu_decode=False, transform_in_dali=True)
     for leave_after in (None, 1):
+        started = started_threads(monkeypatch)
         batches = iter(stream)
         decoded = decoder.decode((EncodedBatch.of(b.indices, b.samples, on_bad) for b in batches), 0, 0, on_bad)
         got = [next(decoded)]
-        assert "ddpipe-feed" in ours() and "ddpipe-dali" in ours()
+        # started, not alive: with the whole epoch in DALI's and the threads' queues, the feed's thread may
+        # already have prepared its last batch and ended (a loaded CI machine saw it so)
+        assert {"ddpipe-feed", "ddpipe-dali"} <= set(started)
         if leave_after is None:
             got += list(decoded)
             assert len(got) == 5
