@@ -103,3 +103,7 @@ class DiskFullError(DdpipeError, OSError):
 
 class ConversionConflictError(DdpipeError, FileExistsError):
     """The output directory holds a different dataset or a conversion with other arguments."""
+
+
+class UnlabelledSamplesWarning(UserWarning):
+    """Adopted samples without a class number: training skips or refuses each (``--on-error``)."""

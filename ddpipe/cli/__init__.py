@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import sys
 import traceback
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from ..errors import DdpipeError
 from .parser import parse_command_line
+
+ShowWarning = Callable[[Warning | str, type[Warning], str, int, TextIO | None, str | None], None]
 
 
 def _end_the_job(code: int, error: BaseException | None = None) -> None:
@@ -21,8 +27,24 @@ def _end_the_job(code: int, error: BaseException | None = None) -> None:
     abort_mpi_job(code)
 
 
+def _one_line(python_shows: ShowWarning, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+              file: TextIO | None = None, line: str | None = None) -> None:
+    """ddpipe's own warnings as the command's one line each, as its errors are (not Python's two, the
+    second a line of ddpipe's source); others as Python shows them."""
+    if category.__module__.split(".")[0] == "ddpipe":
+        print(f"ddpipe: warning: {message}", file=file or sys.stderr)
+    else:
+        python_shows(message, category, filename, lineno, file, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command_line(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = functools.partial(_one_line, warnings.showwarning)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code: int = args.func(args)
     except DdpipeError as e:

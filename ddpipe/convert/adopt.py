@@ -8,12 +8,13 @@ header by header (the data is only hashed), DALI index files are written beside 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from ..checksum import file_checksum
-from ..errors import ConversionConflictError, DdpipeError, ManifestError
+from ..errors import ConversionConflictError, DdpipeError, ManifestError, UnlabelledSamplesWarning
 from ..formats.atomic import atomic_write_bytes
-from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members
+from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members, split_member_name
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, load_manifest, save_manifest
 from ..sample import label_of
 from .classes import named_classes
@@ -38,7 +39,8 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
     """Write ``index.json`` (and DALI ``.idx`` files) for the ``*.tar`` shards in ``directory``.
 
     Class names come from ``classes``, else from the manifest already there, else from the largest
-    integer ``cls`` value found.
+    integer ``cls`` value found. Samples without a class number (no ``cls`` among labelled samples, -1,
+    or a name) leave the classes unnamed, with an :class:`~ddpipe.errors.UnlabelledSamplesWarning`.
     """
     root = Path(directory)
     if not root.is_dir():
@@ -50,7 +52,7 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
         raise DdpipeError("no .tar shards found", path=root)
     shards: list[ShardInfo] = []
     fields: set[str] = set()
-    labels: list[bytes] = []
+    labels: list[tuple[str, str, bytes | None]] = []  # each sample's shard, key and cls (None: none)
     for tar in tars:
         groups = scan_tar_members(tar)
         try:
@@ -62,26 +64,37 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
                               path=tar) from None
         atomic_write_bytes(index_path(tar), index)
         fields.update(ext for group in groups for ext, *_ in group)
-        shard_labels: list[bytes] = []
+        shard_labels: list[bytes | None] = [None] * len(groups)
         if any(ext == "cls" for group in groups for ext, *_ in group):
             with TarReader(tar) as reader:
-                shard_labels = [reader[i]["cls"] if any(ext == "cls" for ext, *_ in group) else b""
+                shard_labels = [reader[i]["cls"] if any(ext == "cls" for ext, *_ in group) else None
                                 for i, group in enumerate(groups)]
-        labels.extend(shard_labels)
+        labels += [(tar.name, split_member_name(group[0][3])[0], value)
+                   for group, value in zip(groups, shard_labels, strict=True)]
         shards.append(ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar),
                                 label_runs(_as_int(v) for v in shard_labels)))
-    known = [_as_int(v) for v in labels if v]
+    known = [_as_int(v) for _, _, v in labels if v is not None]
     samples = sum(s.samples for s in shards)
-    # no labels, or some not integers: naming classes is left to the user
+    # no labels, or some not class numbers: naming classes is left to the user
     unnamed = not known or min(known) < 0
     named = tuple(classes or ()) if unnamed else named_classes(max(known), samples, classes, root)
     manifest = Manifest(format="wds", fields=tuple(sorted(fields)), classes=named, shards=tuple(shards))
     save_manifest(root, manifest)
+    without = [(shard, key, v) for shard, key, v in labels if _as_int(v) < 0] if known else []
+    if without:  # a labelled dataset, some of whose samples have no class number
+        shard, key, value = without[0]
+        what = "no .cls" if value is None else f".cls {value!r}"
+        left = "the classes are left unnamed, and " if unnamed else ""
+        warnings.warn(f"{len(without)} of {samples} samples have no class number (the first: {key!r} in "
+                      f"{shard}, {what}): {left}training skips or refuses those samples (--on-error)",
+                      UnlabelledSamplesWarning, stacklevel=2)
     return manifest
 
 
-def _as_int(label: bytes) -> int:
+def _as_int(label: bytes | None) -> int:
     """A ``cls`` value as a class index; -1 where it is missing or not an integer."""
+    if label is None:
+        return -1
     try:
         return label_of({"cls": label})
     except ValueError:

@@ -11,7 +11,7 @@ import webdataset as wds
 
 import ddpipe
 from ddpipe.convert import index_tars
-from ddpipe.errors import ConversionConflictError
+from ddpipe.errors import ConversionConflictError, UnlabelledSamplesWarning
 
 from ..conftest import run_cli
 from ..formats.conformance import example_samples
@@ -112,6 +112,39 @@ def test_a_label_that_is_no_class_index_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ddpipe.DdpipeError, match="a label is 3000000000: as a class index, that makes 3,000,000,001"):
         index_tars(tmp_path)  # its classes were numbered up to it, until memory ran out
     assert not (tmp_path / "index.json").exists()
+
+
+def test_samples_without_a_class_number_are_named_at_adoption(tmp_path: Path) -> None:
+    """A .cls of -1 (no label), a class name, or none among labelled samples: training skips or refuses
+    each such sample, so adoption says so, naming the first, rather than only leaving the classes unnamed."""
+    with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=4, verbose=0) as sink:
+        for i, s in enumerate(example_samples(8)):
+            s = dict(s)
+            if i == 5:
+                s["cls"] = b"-1"
+            elif i == 6:
+                s["cls"] = b"n01440764"
+            elif i == 7:
+                del s["cls"]
+            sink.write(s)
+    with pytest.warns(UnlabelledSamplesWarning) as caught:
+        m = index_tars(tmp_path)
+    assert m.num_samples == 8 and m.classes == ()
+    (message,) = [str(w.message) for w in caught]
+    # shards named as the directory names them, local or a bucket's copy in a temporary one
+    assert message.startswith("3 of 8 samples have no class number")
+    assert "x-000001.tar" in message and "b'-1'" in message  # the first of them
+    proc = run_cli("index", tmp_path, check=True)
+    warned = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(warned) == 1 and warned[0].startswith("ddpipe: warning: ") and "3 of 8 samples" in warned[0]
+
+
+def test_labelled_tars_adopt_without_a_warning(tmp_path: Path) -> None:
+    with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=4, verbose=0) as sink:
+        for s in example_samples(8):
+            sink.write(dict(s))
+    proc = run_cli("index", tmp_path, check=True)
+    assert proc.stderr.strip() == ""
 
 
 def test_truncated_tar_is_refused(tmp_path: Path) -> None:
