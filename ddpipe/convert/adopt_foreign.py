@@ -201,6 +201,29 @@ def _label_names(files: list[Path], layout: dict[str, Any]) -> set[str]:
     return set() if all(name.isdigit() for name in names) else names
 
 
+def _refuse_other_pixels(path: Path, images: str | None) -> None:
+    """Where no images were found (or none of the name given), refuse an array of pixels whose numbers
+    are not uint8 by its name, rather than only saying no images were found."""
+    import h5py
+
+    from ..formats.foreign_hdf5 import pixels_not_uint8
+
+    found: list[tuple[str, str]] = []
+
+    def note(name: str, obj: Any) -> None:
+        what = pixels_not_uint8(obj) if isinstance(obj, h5py.Dataset) else None
+        if what is not None and (images is None or name == images.strip("/")):
+            found.append((name, what))
+
+    with h5py.File(path, "r") as f:
+        f.visititems(note)
+    if found:
+        name, what = found[0]
+        raise DdpipeError(f"{name!r} holds {what}: only uint8 pixels (0-255) are read as images, and these have "
+                          "no one right scale to them; store them as uint8 (values of 0-1 times 255, rounded)",
+                          path=path)
+
+
 def _one(what: str, flag: str, options: list[str], path: Path) -> str:
     if len(options) == 1:
         return options[0]
@@ -227,6 +250,8 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     found_images, found_labels, found_attrs = hdf5_candidates(files[0])
     rows = {n: r for n, _, r in found_images}
     kinds = {n: k for n, k, _ in found_images}
+    if not found_images or (images is not None and images not in rows):
+        _refuse_other_pixels(files[0], images)
     if images is None:
         images = _one("datasets of images (encoded, as variable-length uint8 or fixed-length bytes, or uint8 "
                       "pixels; one per row)",

@@ -38,13 +38,8 @@ def image_kind(dataset: Any) -> str | None:
     """How a dataset holds images, one per row: encoded, ``vlen`` or ``fixed``; or as ``uint8`` pixels,
     ``hwc`` (rows of height x width x 1 or 3 channels, or height x width: grey) or ``chw`` (1 or 3
     channels x height x width, as torchvision lays them out); None if it holds none."""
-    shape = dataset.shape
     if dataset.dtype == np.uint8 and dataset.ndim in (3, 4):
-        if dataset.ndim == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3) and min(shape[2:]) >= _MIN_SIDE:
-            return "chw"
-        if (dataset.ndim == 3 or shape[3] in (1, 3)) and min(shape[1:3]) >= _MIN_SIDE:
-            return "hwc"
-        return None
+        return pixel_layout(dataset.shape)
     if dataset.ndim != 1:
         return None
     vlen = h5py.check_vlen_dtype(dataset.dtype)
@@ -53,6 +48,26 @@ def image_kind(dataset: Any) -> str | None:
     if dataset.dtype.kind in ("S", "V"):
         return "fixed"
     return None
+
+
+def pixel_layout(shape: tuple[int, ...]) -> str | None:
+    """``hwc`` or ``chw`` where an array of this shape holds one image of pixels a row (see
+    :func:`image_kind`), else None."""
+    if len(shape) == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3) and min(shape[2:]) >= _MIN_SIDE:
+        return "chw"
+    if (len(shape) == 3 or (len(shape) == 4 and shape[3] in (1, 3))) and min(shape[1:3]) >= _MIN_SIDE:
+        return "hwc"
+    return None
+
+
+def pixels_not_uint8(dataset: Any) -> str | None:
+    """What a dataset laid out as pixels holds where its numbers are not ``uint8`` (normalised floats,
+    16-bit), which have no one right scale to 8 bits: ``"float32 pixels (6 x 20 x 24 x 3)"``; else None."""
+    if dataset.dtype == np.uint8 or dataset.dtype.kind not in "iuf" or dataset.ndim not in (3, 4):
+        return None
+    if pixel_layout(dataset.shape) is None:
+        return None
+    return f"{dataset.dtype} pixels ({' x '.join(map(str, dataset.shape))})"
 
 
 def label_values(file: Any, images: Any, layout: dict[str, Any]) -> np.ndarray | None:

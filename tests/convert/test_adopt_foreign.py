@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import h5py
 import msgpack
 import numpy as np
 import pytest
@@ -286,6 +287,22 @@ def test_grey_pixels_read_as_grey_images(layout: str, tmp_path: Path) -> None:
         assert set(np.asarray(image).ravel().tolist()) == {40 * int(sample["cls"]) + 20}, sample["__key__"]
     report = run_cli("verify", root, "--decode")
     assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "uint16"])
+@pytest.mark.parametrize("named", [False, True])
+def test_pixels_of_another_type_than_uint8_are_named_with_what_to_do(dtype: str, named: bool, tmp_path: Path) -> None:
+    """Normalised floats (0-1, or a mean taken off) or 16-bit pixels have no one right scale to 8 bits:
+    refused, but naming the array found and its type, not only that no images were found."""
+    root = tmp_path / "floats"
+    root.mkdir()
+    with h5py.File(root / "part0.h5", "w") as h:
+        h["x"] = np.zeros((6, 20, 24, 3), dtype=dtype)
+        h["y"] = np.arange(6) % 3
+    proc = run_cli("index", root, *(["--images", "x"] if named else []))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"'x' holds {dtype} pixels (6 x 20 x 24 x 3)" in proc.stderr and "uint8" in proc.stderr, proc.stderr
+    assert "part0.h5" in proc.stderr and not (root / "index.json").exists()
 
 
 def test_msgpack_pairs_with_float_labels_keep_whole_ones_and_refuse_the_rest(tmp_path: Path) -> None:
