@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..checksum import file_checksum
@@ -35,51 +37,49 @@ def recorded_classes(root: Path) -> list[str] | None:
     return list(recorded.classes) or None
 
 
-def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
-    """Write ``index.json`` (and DALI ``.idx`` files) for the ``*.tar`` shards in ``directory``.
+@dataclass(frozen=True)
+class AdoptedTar:
+    """One tar shard adopted: its manifest entry, its samples' fields, and each sample's key and
+    ``cls`` (None where it has none)."""
 
-    Class names come from ``classes``, else from the manifest already there, else from the largest
-    integer ``cls`` value found. Samples without a class number (no ``cls`` among labelled samples, -1,
-    or a name) leave the classes unnamed, with an :class:`~ddpipe.errors.UnlabelledSamplesWarning`.
-    """
-    root = Path(directory)
-    if not root.is_dir():
-        raise DdpipeError("not a directory", path=root)
-    if classes is None:
-        classes = recorded_classes(root)
-    tars = sorted(p for p in root.glob("*.tar") if not p.name.startswith("."))
-    if not tars:
-        raise DdpipeError("no .tar shards found", path=root)
-    shards: list[ShardInfo] = []
-    fields: set[str] = set()
-    labels: list[tuple[str, str, bytes | None]] = []  # each sample's shard, key and cls (None: none)
-    for tar in tars:
-        groups = scan_tar_members(tar)
-        try:
-            index = format_dali_index(groups).encode()
-        except UnicodeEncodeError as e:  # tarfile keeps undecodable bytes as surrogates
-            line = e.object[e.object.rfind("\n", 0, e.start) + 1:].split("\n", 1)[0]
-            name = line.rsplit(" ", 1)[-1].encode("utf-8", "surrogateescape")
-            raise DdpipeError(f"member {name!r}: its name is not UTF-8; rename it, or repack the tar",
-                              path=tar) from None
-        atomic_write_bytes(index_path(tar), index)
-        fields.update(ext for group in groups for ext, *_ in group)
-        shard_labels: list[bytes | None] = [None] * len(groups)
-        if any(ext == "cls" for group in groups for ext, *_ in group):
-            with TarReader(tar) as reader:
-                shard_labels = [reader[i]["cls"] if any(ext == "cls" for ext, *_ in group) else None
-                                for i, group in enumerate(groups)]
-        labels += [(tar.name, split_member_name(group[0][3])[0], value)
-                   for group, value in zip(groups, shard_labels, strict=True)]
-        shards.append(ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar),
-                                label_runs(_as_int(v) for v in shard_labels)))
+    shard: ShardInfo
+    fields: frozenset[str]
+    labels: tuple[tuple[str, bytes | None], ...]
+
+
+def adopt_tar(tar: Path) -> AdoptedTar:
+    """Read one tar shard header by header, write its DALI index beside it, and say what it holds."""
+    groups = scan_tar_members(tar)
+    try:
+        index = format_dali_index(groups).encode()
+    except UnicodeEncodeError as e:  # tarfile keeps undecodable bytes as surrogates
+        line = e.object[e.object.rfind("\n", 0, e.start) + 1:].split("\n", 1)[0]
+        name = line.rsplit(" ", 1)[-1].encode("utf-8", "surrogateescape")
+        raise DdpipeError(f"member {name!r}: its name is not UTF-8; rename it, or repack the tar", path=tar) from None
+    atomic_write_bytes(index_path(tar), index)
+    labels: list[bytes | None] = [None] * len(groups)
+    if any(ext == "cls" for group in groups for ext, *_ in group):
+        with TarReader(tar) as reader:
+            labels = [reader[i]["cls"] if any(ext == "cls" for ext, *_ in group) else None
+                      for i, group in enumerate(groups)]
+    shard = ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar),
+                      label_runs(_as_int(v) for v in labels))
+    return AdoptedTar(shard, frozenset(ext for group in groups for ext, *_ in group),
+                      tuple((split_member_name(group[0][3])[0], value)
+                            for group, value in zip(groups, labels, strict=True)))
+
+
+def tars_manifest(adopted: Sequence[AdoptedTar], classes: list[str] | None,
+                  where: str | os.PathLike[str]) -> Manifest:
+    """The manifest of tar shards adopted: class names from ``classes``, else from the largest integer
+    ``cls`` value found. Samples without a class number (no ``cls`` among labelled samples, -1, or a
+    name) leave the classes unnamed, with an :class:`~ddpipe.errors.UnlabelledSamplesWarning`."""
+    labels = [(a.shard.file, key, value) for a in adopted for key, value in a.labels]
     known = [_as_int(v) for _, _, v in labels if v is not None]
-    samples = sum(s.samples for s in shards)
+    samples = len(labels)
     # no labels, or some not class numbers: naming classes is left to the user
     unnamed = not known or min(known) < 0
-    named = tuple(classes or ()) if unnamed else named_classes(max(known), samples, classes, root)
-    manifest = Manifest(format="wds", fields=tuple(sorted(fields)), classes=named, shards=tuple(shards))
-    save_manifest(root, manifest)
+    named = tuple(classes or ()) if unnamed else named_classes(max(known), samples, classes, where)
     without = [(shard, key, v) for shard, key, v in labels if _as_int(v) < 0] if known else []
     if without:  # a labelled dataset, some of whose samples have no class number
         shard, key, value = without[0]
@@ -87,7 +87,33 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
         left = "the classes are left unnamed, and " if unnamed else ""
         warnings.warn(f"{len(without)} of {samples} samples have no class number (the first: {key!r} in "
                       f"{shard}, {what}): {left}training skips or refuses those samples (--on-error)",
-                      UnlabelledSamplesWarning, stacklevel=2)
+                      UnlabelledSamplesWarning, stacklevel=3)
+    fields = sorted(set().union(*(a.fields for a in adopted)))
+    return Manifest(format="wds", fields=tuple(fields), classes=named, shards=tuple(a.shard for a in adopted))
+
+
+def tar_names(names: Iterable[str]) -> list[str]:
+    """The tar shards among a directory's (or a prefix's) entries, in the manifest's order: those at its
+    top, not hidden."""
+    return sorted(n for n in names if n.endswith(".tar") and "/" not in n and not n.startswith("."))
+
+
+def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
+    """Write ``index.json`` (and DALI ``.idx`` files) for the ``*.tar`` shards in ``directory``.
+
+    Class names come from ``classes``, else from the manifest already there, else from the largest
+    integer ``cls`` value found (see :func:`tars_manifest`).
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise DdpipeError("not a directory", path=root)
+    if classes is None:
+        classes = recorded_classes(root)
+    tars = tar_names(p.name for p in root.glob("*.tar"))
+    if not tars:
+        raise DdpipeError("no .tar shards found", path=root)
+    manifest = tars_manifest([adopt_tar(root / name) for name in tars], classes, root)
+    save_manifest(root, manifest)
     return manifest
 
 

@@ -2,43 +2,88 @@
 environment adopted where they are. Indexing reads every byte (checksums, sample digests, a tar's
 member offsets), so the objects are fetched into a temporary directory and indexed there as local
 files would be; what indexing made is then written back: ``index.json`` (and a tar's ``.idx``)
-beside the objects, or with ``--out`` a manifest in a local directory that names the objects' URL."""
+beside the objects, or with ``--out`` a manifest in a local directory that names the objects' URL.
+
+Tar shards are fetched one at a time, the next while one is read, and each is removed once read: a
+bucket of ImageNet's tars is 140 GB, more than a node's temporary directory holds. HDF5 files (whose
+layout and class names are found across them all) and an LMDB environment (one file) are fetched
+whole first."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import DdpipeError
 from ..manifest import MANIFEST_NAME, Manifest, save_manifest
-from ..storage import open_storage
+from ..storage import ObjectStorage, open_storage
+from .adopt import AdoptedTar, adopt_tar, tar_names, tars_manifest
 
 
-def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Namespace], Manifest]) -> Manifest:
+def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Namespace], Manifest],
+                  classes: list[str] | None) -> Manifest:
     objects = open_storage(args.dir)
     listing = {n: s for n, s in objects.list().items() if n != MANIFEST_NAME}
     if not listing:
         raise DdpipeError("no objects here to adopt", path=objects.url())
+    top = {n for n in listing if "/" not in n}
     with tempfile.TemporaryDirectory(prefix="ddpipe-index-") as tmp:
         root = Path(tmp)
-        for name, size in listing.items():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            objects.download(name, root / name, size)
-        try:
-            manifest = index_local(argparse.Namespace(**{**vars(args), "dir": str(root), "out": None}))
-        except DdpipeError as e:  # named by the object, not by its copy in a directory about to go
-            if e.path is not None and Path(e.path).is_relative_to(root):
-                e.path = objects.url(Path(e.path).relative_to(root).as_posix())
-            raise
+        with _named_by_url(root, objects):
+            if "data.mdb" not in top and tar_names(top):  # as a directory of them is told apart
+                manifest = tars_manifest(_adopt_tars(objects, listing, root), classes, objects.url())
+                save_manifest(root, manifest)
+                fetched: set[str] = set()  # each tar removed once read: what is left is made here
+            else:
+                fetched = set(listing)
+                for name, size in listing.items():
+                    (root / name).parent.mkdir(parents=True, exist_ok=True)
+                    objects.download(name, root / name, size)
+                manifest = index_local(argparse.Namespace(**{**vars(args), "dir": str(root), "out": None}))
         if args.out is not None:  # a manifest kept elsewhere, naming where the objects are
             manifest = dataclasses.replace(manifest, data_dir=objects.url())
             Path(args.out).mkdir(parents=True, exist_ok=True)
             save_manifest(args.out, manifest)
             return manifest
-        made = [p for p in root.rglob("*") if p.is_file() and str(p.relative_to(root)) not in listing]
+        made = [p for p in root.rglob("*") if p.is_file() and str(p.relative_to(root)) not in fetched]
         for path in sorted(made, key=lambda p: p.name == MANIFEST_NAME):  # index.json last
             objects.put_file(str(path.relative_to(root)), path)
     return manifest
+
+
+def _adopt_tars(objects: ObjectStorage, listing: dict[str, int], root: Path) -> list[AdoptedTar]:
+    """Each tar shard fetched into ``root`` (the next while one is read), adopted, and removed: its
+    ``.idx`` stays, to be written beside it once every shard is adopted."""
+    names = tar_names(listing)
+    adopted: list[AdoptedTar] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="ddpipe-index-fetch") as fetcher:
+        def fetch(name: str) -> Future[int]:
+            return fetcher.submit(objects.download, name, root / name, listing[name])
+
+        coming = fetch(names[0])
+        try:
+            for i, name in enumerate(names):
+                coming.result()
+                if i + 1 < len(names):
+                    coming = fetch(names[i + 1])
+                adopted.append(adopt_tar(root / name))
+                (root / name).unlink()
+        finally:
+            coming.cancel()  # an error: the next shard is not fetched for nothing, if not begun
+    return adopted
+
+
+@contextlib.contextmanager
+def _named_by_url(root: Path, objects: ObjectStorage) -> Iterator[None]:
+    """Errors named by the object, not by its copy in a directory about to go."""
+    try:
+        yield
+    except DdpipeError as e:
+        if e.path is not None and Path(e.path).is_relative_to(root):
+            e.path = objects.url(Path(e.path).relative_to(root).as_posix())
+        raise

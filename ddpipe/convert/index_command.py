@@ -88,19 +88,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Manifest:
+    classes = Path(args.classes).read_text().split() if args.classes else None
     if is_remote(args.dir):
         from .adopt_objects import index_objects
 
         if args.out is not None and is_remote(str(args.out)):
             raise DdpipeError("--out is a local directory; without it index.json goes beside the objects",
                               path=args.out)
-        return index_objects(args, run)
+        return index_objects(args, run, classes)
     root = Path(args.dir)
     if not root.exists():
         raise DdpipeError("no such directory", path=root)
     if not root.is_dir():
         raise DdpipeError("not a directory: give the directory that holds the shards", path=root)
-    classes = Path(args.classes).read_text().split() if args.classes else None
     kind = what_is_in(root)
     out = None if args.out is None else Path(args.out)
     if kind == "tar":

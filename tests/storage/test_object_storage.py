@@ -279,6 +279,35 @@ def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], buck
     assert samples(ddpipe.EncodedStream(url, 4, shuffle="none")) == expected
 
 
+def test_tars_in_a_bucket_are_indexed_a_few_at_a_time_on_this_disk(local_sets: dict[str, Path], bucket: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket of ImageNet's tars holds 140 GB: indexing fetched every object into the temporary
+    directory before reading the first, and a node's /tmp filled. Now at most two are here at once: the
+    one being read, and the next, fetched meanwhile."""
+    from ddpipe.cli import main
+    from ddpipe.storage.objects import ObjectStorage
+
+    url = f"s3://{bucket}/tars"
+    objects = open_storage(url)
+    tars = sorted(local_sets["wds"].glob("*.tar"))
+    for tar in tars:
+        objects.put_file(tar.name, tar)
+    here: list[int] = []
+    fetch = ObjectStorage.download
+
+    def download(self: ObjectStorage, name: str, dest: Path, size: int | None = None) -> int:
+        got = fetch(self, name, dest, size)
+        here.append(len(list(dest.parent.glob("*.tar"))))
+        return got
+
+    monkeypatch.setattr(ObjectStorage, "download", download)
+    assert main(["index", url]) == 0
+    assert len(tars) >= 4 and len(here) == len(tars) and max(here) <= 2, here
+    assert set(objects.list()) == {"index.json", *(t.name for t in tars), *(t.with_suffix(".idx").name for t in tars)}
+    assert samples(ddpipe.EncodedStream(url, 4, shuffle="none")) == \
+        samples(ddpipe.EncodedStream(local_sets["wds"], 4, shuffle="none"))
+
+
 def test_a_tar_in_a_bucket_that_cannot_be_adopted_is_named_by_its_url(bucket: str, tmp_path: Path) -> None:
     """Indexing fetches the objects into a temporary directory: an error named the file there, a path
     the user never gave and that was gone by the time they read it."""
@@ -292,6 +321,28 @@ def test_a_tar_in_a_bucket_that_cannot_be_adopted_is_named_by_its_url(bucket: st
     assert proc.stderr.startswith(f"ddpipe: error: {url}/apart.tar: the files of sample 'a' are not together"), \
         proc.stderr
     assert "ddpipe-index-" not in proc.stderr and set(open_storage(url).list()) == {"apart.tar"}
+
+
+def test_a_bad_tar_among_good_ones_in_a_bucket_writes_nothing_and_leaves_nothing_here(
+        local_sets: dict[str, Path], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found after a good shard was read and while the next was fetched: no .idx, no index.json in the
+    bucket, and no fetched shard left in the temporary directory."""
+    from ..helpers import tar_of
+
+    url = f"s3://{bucket}/mixed"
+    objects = open_storage(url)
+    good = sorted(local_sets["wds"].glob("*.tar"))
+    objects.put_file("a.tar", good[0])
+    objects.put_file("b.tar", tar_of(tmp_path / "b.tar", ["x.jpg", "y.jpg", "x.cls"]))
+    objects.put_file("c.tar", good[1])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    proc = run_cli("index", url)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"ddpipe: error: {url}/b.tar: the files of sample 'x' are not together"), \
+        proc.stderr
+    assert set(objects.list()) == {"a.tar", "b.tar", "c.tar"} and not list(scratch.iterdir())
 
 
 @pytest.mark.parametrize("kind", ["hdf5", "lmdb"])
