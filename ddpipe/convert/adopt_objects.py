@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,20 +23,30 @@ from pathlib import Path
 from ..errors import DdpipeError
 from ..manifest import MANIFEST_NAME, Manifest, save_manifest
 from ..storage import ObjectStorage, open_storage
-from .adopt import AdoptedTar, adopt_tar, tar_names, tars_manifest
+from .adopt import AdoptedTar, adopt_tar, recorded_classes, tar_names, tars_manifest
 
 
 def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Namespace], Manifest],
                   classes: list[str] | None) -> Manifest:
     objects = open_storage(args.dir)
-    listing = {n: s for n, s in objects.list().items() if n != MANIFEST_NAME}
+    everything = objects.list()
+    listing = {n: s for n, s in everything.items() if n != MANIFEST_NAME}
     if not listing:
         raise DdpipeError("no objects here to adopt", path=objects.url())
     top = {n for n in listing if "/" not in n}
     with tempfile.TemporaryDirectory(prefix="ddpipe-index-") as tmp:
         root = Path(tmp)
         with _named_by_url(root, objects):
+            # the manifest already where this one goes, among the objects indexed, as in a directory:
+            # indexing again keeps its class names
+            if args.out is not None:
+                if recorded_classes(Path(args.out)) is not None:  # checked there, named by its path there
+                    shutil.copyfile(Path(args.out) / MANIFEST_NAME, root / MANIFEST_NAME)
+            elif MANIFEST_NAME in everything:
+                objects.download(MANIFEST_NAME, root / MANIFEST_NAME)
             if "data.mdb" not in top and tar_names(top):  # as a directory of them is told apart
+                if classes is None:
+                    classes = recorded_classes(root)
                 manifest = tars_manifest(_adopt_tars(objects, listing, root), classes, objects.url())
                 save_manifest(root, manifest)
                 fetched: set[str] = set()  # each tar removed once read: what is left is made here

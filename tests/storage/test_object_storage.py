@@ -365,6 +365,29 @@ def test_hdf5_files_and_lmdb_environments_in_a_bucket_are_adopted_in_place(kind:
     assert len(expected) in (25, 30)
 
 
+@pytest.mark.parametrize("kind", ["tar", "hdf5"])
+def test_indexing_a_bucket_again_keeps_the_class_names_given_before(kind: str, local_sets: dict[str, Path],
+                                                                     bucket: str, tmp_path: Path) -> None:
+    """As indexing a directory again does (after adding shards, say): the names recorded where the
+    manifest goes, beside the objects or in --out, not numbers in their place."""
+    from ..convert.foreign_data import CLASSES, h5_vlen
+
+    url = f"s3://{bucket}/{kind}"
+    if kind == "tar":  # tars as another tool left them, without the conversion's index.json
+        for tar in sorted(local_sets["wds"].glob("*.tar")):
+            open_storage(url).put_file(tar.name, tar)
+    else:
+        upload_dir(h5_vlen(tmp_path / "h5"), url)
+    names = [f"kind{i}" for i in range(3 if kind == "tar" else CLASSES)]
+    (tmp_path / "names.txt").write_text("\n".join(names) + "\n")
+    for where in ([], ["--out", str(tmp_path / "kept")]):
+        assert run_cli("index", url, *where, "--classes", tmp_path / "names.txt").returncode == 0
+        again = run_cli("index", url, *where)
+        assert again.returncode == 0, again.stderr
+        manifest = ddpipe.load_manifest(tmp_path / "kept") if where else ddpipe.open_dataset(url).manifest
+        assert list(manifest.classes) == names
+
+
 def _keys_in_child(dataset: ddpipe.Dataset, out: Any) -> None:
     try:
         out.put(sorted(s["__key__"] for s in read_samples(dataset, np.arange(len(dataset)))))
