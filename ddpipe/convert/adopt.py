@@ -39,12 +39,18 @@ def recorded_classes(root: Path) -> list[str] | None:
 
 @dataclass(frozen=True)
 class AdoptedTar:
-    """One tar shard adopted: its manifest entry, its samples' fields, and each sample's key and
-    ``cls`` (None where it has none)."""
+    """One tar shard adopted: its manifest entry, its samples' fields, and what its ``cls`` values say:
+    how many samples have one, the largest class number, and the samples without a class number (no
+    ``cls``, a negative one, or a name): how many, and the first's key and ``cls``. Counts, not a
+    value per sample: ImageNet's 1.28 million would take hundreds of MB."""
 
     shard: ShardInfo
     fields: frozenset[str]
-    labels: tuple[tuple[str, bytes | None], ...]
+    labelled: int = 0
+    largest: int = -1
+    without: int = 0
+    first_without: tuple[str, bytes | None] | None = None
+    names_a_class: bool = True  # no cls value is anything but a class number (a missing one is no matter)
 
 
 def adopt_tar(tar: Path) -> AdoptedTar:
@@ -57,16 +63,19 @@ def adopt_tar(tar: Path) -> AdoptedTar:
         name = line.rsplit(" ", 1)[-1].encode("utf-8", "surrogateescape")
         raise DdpipeError(f"member {name!r}: its name is not UTF-8; rename it, or repack the tar", path=tar) from None
     atomic_write_bytes(index_path(tar), index)
-    labels: list[bytes | None] = [None] * len(groups)
-    if any(ext == "cls" for group in groups for ext, *_ in group):
+    fields = frozenset(ext for group in groups for ext, *_ in group)
+    stored: list[bytes | None] = [None] * len(groups)
+    if "cls" in fields:
         with TarReader(tar) as reader:
-            labels = [reader[i]["cls"] if any(ext == "cls" for ext, *_ in group) else None
+            stored = [reader[i]["cls"] if any(ext == "cls" for ext, *_ in group) else None
                       for i, group in enumerate(groups)]
-    shard = ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar),
-                      label_runs(_as_int(v) for v in labels))
-    return AdoptedTar(shard, frozenset(ext for group in groups for ext, *_ in group),
-                      tuple((split_member_name(group[0][3])[0], value)
-                            for group, value in zip(groups, labels, strict=True)))
+    numbers = [_as_int(v) for v in stored]
+    shard = ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar), label_runs(numbers))
+    without = [i for i, n in enumerate(numbers) if n < 0]
+    first = (split_member_name(groups[without[0]][0][3])[0], stored[without[0]]) if without else None
+    return AdoptedTar(shard, fields, labelled=sum(v is not None for v in stored), largest=max(numbers, default=-1),
+                      without=len(without), first_without=first,
+                      names_a_class=all(n >= 0 for n, v in zip(numbers, stored, strict=True) if v is not None))
 
 
 def tars_manifest(adopted: Sequence[AdoptedTar], classes: list[str] | None,
@@ -74,19 +83,21 @@ def tars_manifest(adopted: Sequence[AdoptedTar], classes: list[str] | None,
     """The manifest of tar shards adopted: class names from ``classes``, else from the largest integer
     ``cls`` value found. Samples without a class number (no ``cls`` among labelled samples, -1, or a
     name) leave the classes unnamed, with an :class:`~ddpipe.errors.UnlabelledSamplesWarning`."""
-    labels = [(a.shard.file, key, value) for a in adopted for key, value in a.labels]
-    known = [_as_int(v) for _, _, v in labels if v is not None]
-    samples = len(labels)
+    samples = sum(a.shard.samples for a in adopted)
+    labelled = any(a.labelled for a in adopted)
     # no labels, or some not class numbers: naming classes is left to the user
-    unnamed = not known or min(known) < 0
-    named = tuple(classes or ()) if unnamed else named_classes(max(known), samples, classes, where)
-    without = [(shard, key, v) for shard, key, v in labels if _as_int(v) < 0] if known else []
-    if without:  # a labelled dataset, some of whose samples have no class number
-        shard, key, value = without[0]
+    unnamed = not labelled or not all(a.names_a_class for a in adopted)
+    largest = max(a.largest for a in adopted)
+    named = tuple(classes or ()) if unnamed else named_classes(largest, samples, classes, where)
+    without = sum(a.without for a in adopted)
+    if labelled and without:  # a labelled dataset, some of whose samples have no class number
+        first = next(a for a in adopted if a.first_without is not None)
+        assert first.first_without is not None
+        key, value = first.first_without
         what = "no .cls" if value is None else f".cls {value!r}"
         left = "the classes are left unnamed, and " if unnamed else ""
-        warnings.warn(f"{len(without)} of {samples} samples have no class number (the first: {key!r} in "
-                      f"{shard}, {what}): {left}training skips or refuses those samples (--on-error)",
+        warnings.warn(f"{without} of {samples} samples have no class number (the first: {key!r} in "
+                      f"{first.shard.file}, {what}): {left}training skips or refuses those samples (--on-error)",
                       UnlabelledSamplesWarning, stacklevel=3)
     fields = sorted(set().union(*(a.fields for a in adopted)))
     return Manifest(format="wds", fields=tuple(fields), classes=named, shards=tuple(a.shard for a in adopted))
