@@ -18,3 +18,11 @@ def parse_size(text: str) -> int:
     if unit not in _UNITS or value <= 0:
         raise ValueError(f"cannot parse size {text!r}: use e.g. 256MB, 1GiB or 1000000")
     return int(value * _UNITS[unit])
+
+
+def size_text(n: int) -> str:
+    """``1000`` -> ``"1000 bytes"``; ``140_000_000_000`` -> ``"140.0 GB"``: as ``parse_size`` reads them."""
+    for unit in ("TB", "GB", "MB"):
+        if n >= _UNITS[unit]:
+            return f"{n / _UNITS[unit]:.1f} {unit}"
+    return f"{n} bytes"

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..errors import DdpipeError
 from ..manifest import MANIFEST_NAME, Manifest, save_manifest
 from ..storage import ObjectStorage, open_storage
+from ..units import size_text
 from .adopt import AdoptedTar, adopt_tar, recorded_classes, tar_names, tars_manifest
 
 
@@ -37,14 +38,12 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
     with tempfile.TemporaryDirectory(prefix="ddpipe-index-") as tmp:
         root = Path(tmp)
         with _named_by_url(root, objects):
-            # the manifest already where this one goes, among the objects indexed, as in a directory:
-            # indexing again keeps its class names
-            if args.out is not None:
-                if recorded_classes(Path(args.out)) is not None:  # checked there, named by its path there
-                    shutil.copyfile(Path(args.out) / MANIFEST_NAME, root / MANIFEST_NAME)
-            elif MANIFEST_NAME in everything:
-                objects.download(MANIFEST_NAME, root / MANIFEST_NAME)
-            if "data.mdb" not in top and tar_names(top):  # as a directory of them is told apart
+            tars = tar_names(top) if "data.mdb" not in top else []  # as a directory of them is told apart
+            # a tar shard read while the next is fetched; anything else whole
+            _room_for(sum(sorted((listing[n] for n in tars), reverse=True)[:2]) if tars else sum(listing.values()),
+                      root, objects)
+            _bring_recorded_manifest(args.out, objects if MANIFEST_NAME in everything else None, root)
+            if tars:
                 if classes is None:
                     classes = recorded_classes(root)
                 manifest = tars_manifest(_adopt_tars(objects, listing, root), classes, objects.url())
@@ -87,6 +86,26 @@ def _adopt_tars(objects: ObjectStorage, listing: dict[str, int], root: Path) -> 
         finally:
             coming.cancel()  # an error: the next shard is not fetched for nothing, if not begun
     return adopted
+
+
+def _bring_recorded_manifest(out: str | None, objects: ObjectStorage | None, root: Path) -> None:
+    """The manifest already where this one goes (in ``out``, else among the ``objects``, where they
+    hold one) beside the objects indexed in ``root``, as in a directory: indexing again keeps its class
+    names."""
+    if out is not None:
+        if recorded_classes(Path(out)) is not None:  # checked there, named by its path there
+            shutil.copyfile(Path(out) / MANIFEST_NAME, root / MANIFEST_NAME)
+    elif objects is not None:
+        objects.download(MANIFEST_NAME, root / MANIFEST_NAME)
+
+
+def _room_for(needed: int, root: Path, objects: ObjectStorage) -> None:
+    """Refuse, before fetching, what the temporary directory has no room for: the disk filled part-way,
+    in an error naming a file in a directory the user never gave."""
+    free = shutil.disk_usage(root).free
+    if needed > free:
+        raise DdpipeError(f"adopting fetches the objects into {root.parent} first, {size_text(needed)} at once, but "
+                          f"it has {size_text(free)} free: set TMPDIR to a directory with room", path=objects.url())
 
 
 @contextlib.contextmanager

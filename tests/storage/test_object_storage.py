@@ -388,6 +388,32 @@ def test_indexing_a_bucket_again_keeps_the_class_names_given_before(kind: str, l
         assert list(manifest.classes) == names
 
 
+@pytest.mark.parametrize("kind", ["tar", "hdf5"])
+def test_adopting_a_bucket_without_room_here_says_so_before_fetching(
+        kind: str, local_sets: dict[str, Path], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Fetching more than the temporary directory holds failed part-way, with the disk full, naming a
+    file of a directory the user never gave. Free space is the one thing not real here: a full disk."""
+    import collections
+
+    from ddpipe.cli import main
+    from ddpipe.storage.objects import ObjectStorage
+
+    from ..convert.foreign_data import h5_vlen
+
+    url = f"s3://{bucket}/{kind}"
+    upload_dir(h5_vlen(tmp_path / "h5") if kind == "hdf5" else local_sets["wds"], url)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    fetched: list[str] = []
+    monkeypatch.setattr(ObjectStorage, "download", lambda self, name, *_: fetched.append(name))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert main(["index", url]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"ddpipe: error: {url}: adopting fetches the objects") and "1000 bytes free" in error, error
+    assert "TMPDIR" in error and error.count("\n") == 1 and fetched == []
+
+
 def _keys_in_child(dataset: ddpipe.Dataset, out: Any) -> None:
     try:
         out.put(sorted(s["__key__"] for s in read_samples(dataset, np.arange(len(dataset)))))
