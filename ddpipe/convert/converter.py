@@ -10,10 +10,11 @@ is written last, so a dataset becomes visible only when complete.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -142,8 +143,9 @@ def _shard_fingerprint(plan: str, items: tuple[SourceItem, ...]) -> str:
     return _hash(plan, [(it.path, it.size) for it in items])
 
 
-def _load_record(job: ShardJob) -> ShardResult | None:
-    """The result of an earlier run's finished shard, if its record and file still agree."""
+def _load_record(job: ShardJob, sent: Mapping[str, int] | None = None) -> ShardResult | None:
+    """The result of an earlier run's finished shard, if its record and file still agree; or, given the
+    objects a bucket holds and their sizes (``sent``), if the shard went there whole, with its sidecars."""
     try:
         doc = json.loads(Path(job.record_path).read_text())
     except (OSError, ValueError):
@@ -156,6 +158,9 @@ def _load_record(job: ShardJob) -> ShardResult | None:
     info = ShardInfo.from_dict(doc["shard"])
     path = Path(job.shard_path)
     fmt = get_format(job.format)
+    if sent is not None:
+        whole = sent.get(path.name) == info.bytes and all(p.name in sent for p in fmt.sidecar_files(path))
+        return ShardResult(info, doc["fields"], skipped, reused=True) if whole else None
     if not path.is_file() or path.stat().st_size != info.bytes or any(not p.is_file() for p in fmt.sidecar_files(path)):
         return None
     if file_checksum(path) != info.checksum:
@@ -318,7 +323,13 @@ def convert(
         ]
         mine = list(range(world.rank, len(jobs), world.size))
         results: dict[int, ShardResult] = {}
-        _all_ranks(comm, lambda: results.update(_run_jobs(jobs, mine, options, world.rank == 0)))
+        if objects is None:
+            _all_ranks(comm, lambda: results.update(_run_jobs(jobs, mine, options, world.rank == 0)))
+        else:  # each shard sent as it is finished, and removed here; those sent before are not written again
+            sender = to_objects.ShardSender(objects, out, fmt)
+            results.update({i: r for i in mine if (r := _load_record(jobs[i], sender.present)) is not None})
+            rest = [i for i in mine if i not in results]
+            _all_ranks(comm, lambda: results.update(_run_jobs(jobs, rest, options, world.rank == 0, sender.send)))
 
         gathered = comm.allgather(results)
 
@@ -354,7 +365,11 @@ def convert(
     return finished[0] if finished else load_manifest(out)
 
 
-def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, show: bool) -> dict[int, ShardResult]:
+def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, show: bool,
+              written: Callable[[ShardResult], None] = lambda result: None) -> dict[int, ShardResult]:
+    """Write the shards ``mine`` (by worker processes where there are several), each passed to
+    ``written`` as it is finished, in this process. The workers are given two shards each at a time,
+    not all at once, so that finished shards wait for ``written`` (an upload) a few at a time."""
     total = sum(len(jobs[i].items) for i in mine)
     results: dict[int, ShardResult] = {}
     with tqdm(total=total, unit="img", desc=f"convert -> {options.format}", disable=not (options.progress and show),
@@ -362,15 +377,22 @@ def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, sh
         if options.workers <= 1:
             for i in mine:
                 results[i] = write_shard(jobs[i], on_item=lambda: bar.update(1))
+                written(results[i])
             return results
         with cf.ProcessPoolExecutor(max_workers=options.workers, mp_context=worker_context(),
                                     initializer=bind_to_parent) as pool:
             try:  # from the first submit on: a Ctrl-C that lands while submitting is handled too
-                futures = {pool.submit(write_shard, jobs[i]): i for i in mine}
-                for fut in cf.as_completed(futures):
-                    i = futures[fut]
-                    results[i] = fut.result()
-                    bar.update(len(jobs[i].items))
+                queue = iter(mine)
+                futures = {pool.submit(write_shard, jobs[i]): i for i in itertools.islice(queue, 2 * options.workers)}
+                while futures:
+                    finished, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
+                    for fut in finished:
+                        i = futures.pop(fut)
+                        results[i] = fut.result()
+                        bar.update(len(jobs[i].items))
+                        written(results[i])
+                        for j in itertools.islice(queue, 1):
+                            futures[pool.submit(write_shard, jobs[j])] = j
             except BaseException as e:
                 # an error or Ctrl-C: end the workers now rather than wait for their shards (a worker
                 # blocked on a slow source held the command for as long); what they leave is a hidden

@@ -1,11 +1,12 @@
 """``convert`` into a bucket: shards are written to a node-local work directory as for a local output,
-then uploaded, each as one object (a multipart upload is completed only once every part is in, so no
-half shard is ever visible under its name), and ``index.json`` last: a reader never finds a manifest
-whose shards are not all there.
+and each is uploaded as it is finished, as one object (a multipart upload is completed only once
+every part is in, so no half shard is ever visible under its name), then removed there: the node
+holds a few shards at a time, not the dataset. ``index.json`` goes last: a reader never finds a
+manifest whose shards are not all there.
 
 A conversion stopped part-way is resumed by the same command: the work directory (named after the
-output URL, in the temporary directory) keeps the shards written so far, and objects already in the
-bucket with their recorded size are not sent again.
+output URL, in the temporary directory) keeps the record of each shard finished, and a shard that
+is in the bucket with its recorded size (and its sidecars) is neither written nor sent again.
 """
 
 from __future__ import annotations
@@ -13,18 +14,42 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from ..comm import Comm
-from ..formats import get_format
+from ..formats import ShardFormat, get_format
 from ..manifest import MANIFEST_NAME, Manifest, manifest_from_text
 from ..storage import ObjectStorage
+
+if TYPE_CHECKING:
+    from .converter import ShardResult
 
 
 def work_dir(objects: ObjectStorage) -> Path:
     """Where this node writes the shards of a conversion into ``objects`` before uploading them."""
     return Path(tempfile.gettempdir()) / f"ddpipe-convert-{xxhash.xxh3_64_hexdigest(objects.url().encode())}"
+
+
+class ShardSender:
+    """Sends each shard a conversion into ``objects`` finishes in ``work`` (with its sidecars, such as a
+    tar's ``.idx``, the shard last), then removes it there."""
+
+    def __init__(self, objects: ObjectStorage, work: Path, fmt: ShardFormat) -> None:
+        self.objects, self.work, self.fmt = objects, work, fmt
+        self.present = objects.list()  # what an earlier run sent whole: not sent again
+
+    def send(self, result: ShardResult) -> None:
+        if result.shard is None:  # every item was skipped: no shard
+            return
+        shard = self.work / result.shard.file
+        files = [*self.fmt.sidecar_files(shard), shard]
+        for path in files:
+            if path.exists() and self.present.get(path.name) != path.stat().st_size:
+                self.objects.put_file(path.name, path)
+        for path in files:
+            path.unlink(missing_ok=True)
 
 
 def upload(objects: ObjectStorage, work: Path, manifest: Manifest | None, comm: Comm) -> Manifest:

@@ -232,6 +232,46 @@ def test_an_endpoint_that_refuses_connections_is_one_line_saying_so() -> None:
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Connection refused" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_conversion_into_a_bucket_sends_each_shard_as_it_is_written(raw_images: Path, bucket: str, workers: int,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shard was written to this node's disk before the first was sent: ImageNet's 140 GB of
+    shards on a node's temporary directory, and no upload while the images were read. Now each shard
+    is sent as it is finished and removed here, so a few are here at most: those the workers are
+    writing, and those finished and waiting to be sent."""
+    from ddpipe.convert.to_objects import work_dir
+    from ddpipe.storage.objects import ObjectStorage
+
+    url = f"s3://{bucket}/ds"
+    work = work_dir(open_storage(url))
+    here: list[int] = []
+    put = ObjectStorage.put_file
+
+    def counted(self: ObjectStorage, name: str, path: Path) -> None:
+        here.append(len([p for p in work.glob("*.tar")]))
+        put(self, name, path)
+
+    monkeypatch.setattr(ObjectStorage, "put_file", counted)
+    options = ddpipe.ConvertOptions(format="wds", samples_per_shard=2, workers=workers, progress=False)
+    manifest = ddpipe.convert(raw_images, url, options)
+    assert len(manifest.shards) == 12 and len(here) == 24  # each shard and its .idx
+    assert max(here) <= 2 * workers + 1, here  # at most the workers' window and the one being sent
+    assert not work.exists()
+    assert len(samples(ddpipe.EncodedStream(url, 4))) == 24
+
+
+@pytest.mark.mpi
+def test_a_conversion_into_a_bucket_by_mpi_ranks_gives_what_one_process_gives(raw_images: Path, bucket: str) -> None:
+    """Each rank sends the shards it writes, as it finishes them; rank 0 the manifest, last."""
+    one, two = f"s3://{bucket}/one", f"s3://{bucket}/two"
+    ddpipe.convert(raw_images, one, ddpipe.ConvertOptions(format="wds", samples_per_shard=5, progress=False))
+    proc = mpiexec(2, "-m", "ddpipe", "convert", raw_images, two, "--samples-per-shard", "5", "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, second = open_storage(one), open_storage(two)
+    assert first.list() == second.list()
+    assert all(first.get(name) == second.get(name) for name in first.list())
+
+
 def test_a_stopped_upload_shows_no_dataset_and_resumes(raw_images: Path, bucket: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from ddpipe.storage.objects import ObjectStorage
