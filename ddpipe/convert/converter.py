@@ -14,15 +14,14 @@ import itertools
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import xxhash
 from tqdm import tqdm
 
-from ..checksum import file_checksum
 from ..comm import Comm, init_comm
 from ..dataset import find_manifest
 from ..decode.spec import ON_ERROR
@@ -32,13 +31,9 @@ from ..formats.atomic import atomic_write_bytes
 from ..manifest import (
     MANIFEST_NAME,
     Manifest,
-    ShardInfo,
-    SkippedItem,
-    label_runs,
     load_manifest,
     save_manifest,
 )
-from ..sample import label_of
 from ..storage import is_remote, open_storage
 from ..workers import (
     bind_to_parent,
@@ -50,7 +45,8 @@ from ..workers import (
 from . import to_objects
 from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
-from .sources import ItemLoader, Source, SourceItem, open_source
+from .shard_job import ShardJob, ShardResult, load_record, write_shard
+from .sources import Source, SourceItem, open_source
 
 STATE_DIR = ".ddpipe-convert"
 PLAN_FILE = "plan.json"
@@ -98,29 +94,6 @@ class ConvertOptions:
                 "decode_check": self.decode_check}
 
 
-@dataclass(frozen=True)
-class ShardJob:
-    """Everything a (possibly separate) process needs to write one shard."""
-
-    source_kind: str
-    source_root: str
-    items: tuple[SourceItem, ...]
-    shard_path: str
-    record_path: str
-    format: str
-    on_error: str
-    fingerprint: str
-    decode_check: bool = True
-
-
-@dataclass
-class ShardResult:
-    shard: ShardInfo | None  # None when every item was skipped
-    fields: list[str] = field(default_factory=list)
-    skipped: list[SkippedItem] = field(default_factory=list)
-    reused: bool = False
-
-
 def _hash(*parts: object) -> str:
     h = xxhash.xxh3_128()
     for part in parts:
@@ -141,74 +114,6 @@ def _plan_fingerprint(source: Source, options: ConvertOptions, items: list[Sourc
 
 def _shard_fingerprint(plan: str, items: tuple[SourceItem, ...]) -> str:
     return _hash(plan, [(it.path, it.size) for it in items])
-
-
-def _load_record(job: ShardJob, sent: Mapping[str, int] | None = None) -> ShardResult | None:
-    """The result of an earlier run's finished shard, if its record and file still agree; or, given the
-    objects a bucket holds and their sizes (``sent``), if the shard went there whole, with its sidecars."""
-    try:
-        doc = json.loads(Path(job.record_path).read_text())
-    except (OSError, ValueError):
-        return None
-    if doc.get("fingerprint") != job.fingerprint:
-        return None
-    skipped = [SkippedItem(**s) for s in doc["skipped"]]
-    if doc["shard"] is None:
-        return ShardResult(None, [], skipped, reused=True)
-    info = ShardInfo.from_dict(doc["shard"])
-    path = Path(job.shard_path)
-    fmt = get_format(job.format)
-    if sent is not None:
-        whole = sent.get(path.name) == info.bytes and all(p.name in sent for p in fmt.sidecar_files(path))
-        return ShardResult(info, doc["fields"], skipped, reused=True) if whole else None
-    if not path.is_file() or path.stat().st_size != info.bytes or any(not p.is_file() for p in fmt.sidecar_files(path)):
-        return None
-    if file_checksum(path) != info.checksum:
-        return None
-    return ShardResult(info, doc["fields"], skipped, reused=True)
-
-
-def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> ShardResult:
-    """Write one shard (or reuse it from an earlier run); top-level so worker processes can run it."""
-    done = _load_record(job)
-    if done is not None:
-        return done
-    fmt = get_format(job.format)
-    loader = ItemLoader(job.source_kind, job.source_root, job.decode_check)
-    fields: set[str] = set()
-    skipped: list[SkippedItem] = []
-    labels: list[int] = []
-    try:
-        with fmt.writer(job.shard_path) as writer:
-            for item in job.items:
-                try:
-                    sample = loader.load(item)
-                except SourceError as e:
-                    if job.on_error != "skip":  # a stray notes file in a class directory, often
-                        raise SourceError(f"{e.message} (--on-error skip leaves such files out and lists "
-                                          "them in index.json)", path=e.path) from None
-                    skipped.append(SkippedItem(item.path, e.message))
-                else:
-                    writer.write(sample)
-                    fields.update(k for k in sample if k != "__key__")
-                    labels.append(label_of(sample))
-                if on_item is not None:
-                    on_item()
-            count = writer.count
-    finally:
-        loader.close()
-    path = Path(job.shard_path)
-    info: ShardInfo | None = None
-    if count:
-        info = ShardInfo(path.name, count, path.stat().st_size, file_checksum(path), label_runs(labels))
-    else:  # every item was skipped: no shard at all
-        for p in [path, *fmt.sidecar_files(path)]:
-            p.unlink(missing_ok=True)
-    result = ShardResult(info, sorted(fields), skipped)
-    record = {"fingerprint": job.fingerprint, "shard": info.to_dict() if info else None,
-              "fields": result.fields, "skipped": [asdict(s) for s in skipped]}
-    atomic_write_bytes(job.record_path, json.dumps(record, sort_keys=True).encode())
-    return result
 
 
 def _all_ranks(comm: Comm, action: Callable[[], object]) -> None:
@@ -323,13 +228,18 @@ def convert(
         ]
         mine = list(range(world.rank, len(jobs), world.size))
         results: dict[int, ShardResult] = {}
-        if objects is None:
-            _all_ranks(comm, lambda: results.update(_run_jobs(jobs, mine, options, world.rank == 0)))
-        else:  # each shard sent as it is finished, and removed here; those sent before are not written again
+
+        def write() -> None:
+            if objects is None:
+                results.update(_run_jobs(jobs, mine, options, world.rank == 0))
+                return
+            # into a bucket: each shard sent as it is finished and removed here; one sent before is not written
             sender = to_objects.ShardSender(objects, out, fmt)
-            results.update({i: r for i in mine if (r := _load_record(jobs[i], sender.present)) is not None})
+            results.update({i: r for i in mine if (r := load_record(jobs[i], sender.present)) is not None})
             rest = [i for i in mine if i not in results]
-            _all_ranks(comm, lambda: results.update(_run_jobs(jobs, rest, options, world.rank == 0, sender.send)))
+            results.update(_run_jobs(jobs, rest, options, world.rank == 0, sender.send))
+
+        _all_ranks(comm, write)
 
         gathered = comm.allgather(results)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -22,9 +21,7 @@ from ..comm import Comm
 from ..formats import ShardFormat, get_format
 from ..manifest import MANIFEST_NAME, Manifest, manifest_from_text
 from ..storage import ObjectStorage
-
-if TYPE_CHECKING:
-    from .converter import ShardResult
+from .shard_job import ShardResult
 
 
 def work_dir(objects: ObjectStorage) -> Path:

@@ -1,0 +1,108 @@
+"""One shard of a conversion: the job that says what goes in it (a worker process may run it), its
+result, and the record that lets a rerun keep it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..checksum import file_checksum
+from ..errors import SourceError
+from ..formats import get_format
+from ..formats.atomic import atomic_write_bytes
+from ..manifest import ShardInfo, SkippedItem, label_runs
+from ..sample import label_of
+from .sources import ItemLoader, SourceItem
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Everything a (possibly separate) process needs to write one shard."""
+
+    source_kind: str
+    source_root: str
+    items: tuple[SourceItem, ...]
+    shard_path: str
+    record_path: str
+    format: str
+    on_error: str
+    fingerprint: str
+    decode_check: bool = True
+
+
+@dataclass
+class ShardResult:
+    shard: ShardInfo | None  # None when every item was skipped
+    fields: list[str] = field(default_factory=list)
+    skipped: list[SkippedItem] = field(default_factory=list)
+    reused: bool = False
+
+
+def load_record(job: ShardJob, sent: Mapping[str, int] | None = None) -> ShardResult | None:
+    """The result of an earlier run's finished shard, if its record and file still agree; or, given the
+    objects a bucket holds and their sizes (``sent``), if the shard went there whole, with its sidecars."""
+    try:
+        doc = json.loads(Path(job.record_path).read_text())
+    except (OSError, ValueError):
+        return None
+    if doc.get("fingerprint") != job.fingerprint:
+        return None
+    skipped = [SkippedItem(**s) for s in doc["skipped"]]
+    if doc["shard"] is None:
+        return ShardResult(None, [], skipped, reused=True)
+    info = ShardInfo.from_dict(doc["shard"])
+    path = Path(job.shard_path)
+    fmt = get_format(job.format)
+    if sent is not None:
+        whole = sent.get(path.name) == info.bytes and all(p.name in sent for p in fmt.sidecar_files(path))
+        return ShardResult(info, doc["fields"], skipped, reused=True) if whole else None
+    if not path.is_file() or path.stat().st_size != info.bytes or any(not p.is_file() for p in fmt.sidecar_files(path)):
+        return None
+    if file_checksum(path) != info.checksum:
+        return None
+    return ShardResult(info, doc["fields"], skipped, reused=True)
+
+
+def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> ShardResult:
+    """Write one shard (or reuse it from an earlier run); top-level so worker processes can run it."""
+    done = load_record(job)
+    if done is not None:
+        return done
+    fmt = get_format(job.format)
+    loader = ItemLoader(job.source_kind, job.source_root, job.decode_check)
+    fields: set[str] = set()
+    skipped: list[SkippedItem] = []
+    labels: list[int] = []
+    try:
+        with fmt.writer(job.shard_path) as writer:
+            for item in job.items:
+                try:
+                    sample = loader.load(item)
+                except SourceError as e:
+                    if job.on_error != "skip":  # a stray notes file in a class directory, often
+                        raise SourceError(f"{e.message} (--on-error skip leaves such files out and lists "
+                                          "them in index.json)", path=e.path) from None
+                    skipped.append(SkippedItem(item.path, e.message))
+                else:
+                    writer.write(sample)
+                    fields.update(k for k in sample if k != "__key__")
+                    labels.append(label_of(sample))
+                if on_item is not None:
+                    on_item()
+            count = writer.count
+    finally:
+        loader.close()
+    path = Path(job.shard_path)
+    info: ShardInfo | None = None
+    if count:
+        info = ShardInfo(path.name, count, path.stat().st_size, file_checksum(path), label_runs(labels))
+    else:  # every item was skipped: no shard at all
+        for p in [path, *fmt.sidecar_files(path)]:
+            p.unlink(missing_ok=True)
+    result = ShardResult(info, sorted(fields), skipped)
+    record = {"fingerprint": job.fingerprint, "shard": info.to_dict() if info else None,
+              "fields": result.fields, "skipped": [asdict(s) for s in skipped]}
+    atomic_write_bytes(job.record_path, json.dumps(record, sort_keys=True).encode())
+    return result
