@@ -1,6 +1,7 @@
 """Where does local shuffling lose accuracy at scale, and which exchange fraction Q recovers it?
 
     python benchmarks/shuffle_accuracy.py [--worlds 16 64 256 1024] [--seeds 3] [--epochs 8] [--jobs 2]
+                                          [--per-class 2560]
 
 The problem (ddpipe.bench.class_problem): 100 classes, 256,000 8x8 images written class after class
 into 200 WebDataset shards, so each worker holds a few classes, 250 samples at W = 1,024. For every
@@ -45,6 +46,11 @@ BUFFER_STUDY = ([("local", 0.0), ("partial", 0.3), ("partial", 0.7), ("global", 
 REAL_CHECK: dict[str, Any] = {"world": 4, "mode": "partial", "q": 0.3, "seed": 0, "epochs": 1, "compare_at_step": 50}
 
 
+def per_class_argument(options: cp.ProblemOptions) -> str:
+    """What a record's command adds for a problem of another size than the default."""
+    return "" if options.per_class == cp.ProblemOptions.per_class else f" --per-class {options.per_class}"
+
+
 def configs(fractions: list[float]) -> list[tuple[str, float]]:
     return [("none", 0.0), ("local", 0.0), *(("partial", q) for q in fractions), ("global", 0.0)]
 
@@ -54,8 +60,8 @@ def plan_options(mode: str, q: float, buffer_size: int = BUFFER) -> ddpipe.PlanO
                               buffer_size=buffer_size)
 
 
-def train_virtual(data: Path, world: int, mode: str, q: float, seed: int, epochs: int,
-                  snapshot_at: int = -1, buffer_size: int = BUFFER) -> dict[str, Any]:
+def train_virtual(data: Path, problem_options: cp.ProblemOptions, world: int, mode: str, q: float, seed: int,
+                  epochs: int, snapshot_at: int = -1, buffer_size: int = BUFFER) -> dict[str, Any]:
     """One configuration with W virtual ranks; returns its top-1 on the held-out set (and the weights
     after ``snapshot_at`` steps)."""
     import torch
@@ -63,7 +69,7 @@ def train_virtual(data: Path, world: int, mode: str, q: float, seed: int, epochs
     from ddpipe.train.virtual import per_rank_batch_norm, virtual_batches, virtual_step
 
     torch.set_num_threads(1)  # one configuration per core
-    problem = cp.make_problem()
+    problem = cp.make_problem(problem_options)
     manifest = ddpipe.load_manifest(data)
     images, labels = cp.as_tensor(problem.train_images), torch.from_numpy(problem.train_labels)
     torch.manual_seed(seed)
@@ -93,7 +99,7 @@ def stream_scores(data: Path, problem: cp.Problem, world: int, mode: str, q: flo
     return score_epoch([r.order for r in plan.ranks], problem.train_labels, BATCH).to_dict()
 
 
-def real_worker(data: Path, out: Path) -> None:
+def real_worker(data: Path, out: Path, problem_options: cp.ProblemOptions) -> None:
     """A rank of the real job that REAL_CHECK describes: the Loader over the shards, PNGs decoded
     here, PyTorch DDP over gloo."""
     import torch
@@ -104,7 +110,7 @@ def real_worker(data: Path, out: Path) -> None:
     torch.set_num_threads(1)
     c = REAL_CHECK
     job = ddpipe.distributed.init(device="cpu")
-    problem = cp.make_problem()
+    problem = cp.make_problem(problem_options)
     torch.manual_seed(int(c["seed"]))
     model = cp.make_model(problem.options.classes)
     wrapped = ddpipe.distributed.wrap(model, job, "ddp")
@@ -129,16 +135,16 @@ def real_worker(data: Path, out: Path) -> None:
     ddpipe.distributed.shutdown(job)
 
 
-def real_check(data: Path) -> dict[str, Any]:
+def real_check(data: Path, problem_options: cp.ProblemOptions) -> dict[str, Any]:
     import torch
 
     out = DATA / "shuffle-accuracy-real.pt"
     c = REAL_CHECK
     t0 = time.perf_counter()
-    mpiexec(int(c["world"]), __file__, "--real-worker", data, out)
+    mpiexec(int(c["world"]), __file__, "--real-worker", data, out, "--per-class", str(problem_options.per_class))
     real = torch.load(out)
-    virtual = train_virtual(data, int(c["world"]), str(c["mode"]), float(c["q"]), int(c["seed"]), int(c["epochs"]),
-                            int(c["compare_at_step"]))
+    virtual = train_virtual(data, problem_options, int(c["world"]), str(c["mode"]), float(c["q"]), int(c["seed"]),
+                            int(c["epochs"]), int(c["compare_at_step"]))
     diff = max(float((virtual["state"][k].double() - v.double()).abs().max()) for k, v in real["state"].items())
     return {**c, "real_top1": real["top1"], "virtual_top1": virtual["top1"], "max_weight_difference": diff,
             "seconds": time.perf_counter() - t0}
@@ -208,11 +214,12 @@ def buffer_study(data: Path, problem: cp.Problem, world: int, seeds: int, epochs
     modes, buffers = BUFFER_STUDY
     todo = [(m, q, b, s) for m, q in modes for b in buffers for s in range(seeds) if m != "global" or b == BUFFER]
     with ProcessPoolExecutor(jobs) as pool:
-        runs = [f.result() for f in [pool.submit(train_virtual, data, world, m, q, s, epochs, -1, b)
+        runs = [f.result() for f in [pool.submit(train_virtual, data, problem.options, world, m, q, s, epochs, -1, b)
                                      for m, q, b, s in todo]]
     for run in runs:
         run.pop("state")
-    command = f"python benchmarks/shuffle_accuracy.py --buffer-study {world} --seeds {seeds} --epochs {epochs}"
+    command = (f"python benchmarks/shuffle_accuracy.py --buffer-study {world} --seeds {seeds} --epochs {epochs}"
+               + per_class_argument(problem.options))
     buffer_report(data, problem, world, runs, command, machine())
 
 
@@ -246,6 +253,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="configurations trained at once")
     ap.add_argument("--no-real-check", action="store_true", help="skip the 4-rank mpiexec run")
+    ap.add_argument("--per-class", type=int, default=cp.ProblemOptions.per_class,
+                    help="training images per class (fewer: a quicker run, and a problem of another size)")
     ap.add_argument("--buffer-study", type=int, metavar="W",
                     help="instead: at this W, local, Q = 0.3, 0.7 and global with shuffle buffers of "
                          + ", ".join(map(str, BUFFER_STUDY[1])) + " samples")
@@ -253,11 +262,13 @@ def main() -> None:
                     help="rebuild the saved tables' stream scores from their runs, training nothing")
     ap.add_argument("--real-worker", nargs=2, metavar=("DATA", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    problem_options = cp.ProblemOptions(per_class=args.per_class)
     if args.real_worker:
-        real_worker(Path(args.real_worker[0]), Path(args.real_worker[1]))
+        real_worker(Path(args.real_worker[0]), Path(args.real_worker[1]), problem_options)
         return
-    data = DATA / "shuffle-accuracy" / "train"
-    problem = cp.make_problem()
+    default = problem_options == cp.ProblemOptions()
+    data = DATA / "shuffle-accuracy" / ("train" if default else f"train-{args.per_class}-per-class")
+    problem = cp.make_problem(problem_options)
     if not (data / "index.json").exists():
         cp.write_problem(problem, data)
     if args.buffer_study:
@@ -271,16 +282,16 @@ def main() -> None:
     runs = []
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(train_virtual, data, w, m, q, s, args.epochs) for w, m, q, s in jobs]
+        futures = [pool.submit(train_virtual, data, problem_options, w, m, q, s, args.epochs) for w, m, q, s in jobs]
         for future in futures:
             run = future.result()
             run.pop("state")
             runs.append(run)
             print(f"  W={run['world']} {run['mode']} Q={run['q']} seed={run['seed']}: {100 * run['top1']:.2f}% "
                   f"({run['seconds']:.0f} s)", file=sys.stderr, flush=True)
-    check = None if args.no_real_check else real_check(data)
+    check = None if args.no_real_check else real_check(data, problem_options)
     command = ("python benchmarks/shuffle_accuracy.py --worlds " + " ".join(map(str, args.worlds))
-               + f" --seeds {args.seeds} --epochs {args.epochs}")
+               + f" --seeds {args.seeds} --epochs {args.epochs}" + per_class_argument(problem_options))
     report(data, problem, runs, check, command, {"epochs": args.epochs, "seconds": time.perf_counter() - t0,
                                                  "machine": machine()})
 
