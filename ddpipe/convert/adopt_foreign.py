@@ -11,8 +11,11 @@ guessing.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,8 @@ HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 SEEK_EVERY = 64
 # rows read to tell labels stored as floats or one-hot rows from other numbers when listing candidates
 LABEL_SNIFF_ROWS = 256
+# files kept elsewhere: their names, and a context in which the file at a path is there
+Fetch = tuple[Sequence[str], Callable[[Path], AbstractContextManager[object]]]
 # where plain-image LMDBs usually keep the label in the key: "<label>/<name>", "<name>_<label>"
 KEY_LABEL_PATTERNS = (r"^(?P<label>\d+)[/_]", r"[/_](?P<label>\d+)$")
 
@@ -180,7 +185,8 @@ def class_order(names: set[str], classes: list[str] | None, given: list[str] | N
     return list(classes) if classes and not missing else sorted(names)
 
 
-def _label_names(files: list[Path], layout: dict[str, Any]) -> set[str]:
+def _label_names(files: list[Path], layout: dict[str, Any], fetch: Callable[[Path], AbstractContextManager[object]]
+                 ) -> set[str]:
     """The class names the files' labels hold, where they are names (none where they are numbers, or
     strings of digits)."""
     import h5py
@@ -190,7 +196,7 @@ def _label_names(files: list[Path], layout: dict[str, Any]) -> set[str]:
     names: set[str] = set()
     for path in files:
         try:
-            with h5py.File(path, "r") as f:
+            with fetch(path), h5py.File(path, "r") as f:
                 values = label_values(f, f[layout["images"]], layout)
         except (OSError, KeyError) as e:
             raise DdpipeError(f"unreadable HDF5 file or not the layout of the first: {e}", path=path) from None
@@ -233,62 +239,31 @@ def _one(what: str, flag: str, options: list[str], path: Path) -> str:
 
 
 def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None, labels: str | None = None,
-               label_attr: str | None = None, classes: list[str] | None = None) -> Manifest:
+               label_attr: str | None = None, classes: list[str] | None = None,
+               fetched: Fetch | None = None) -> Manifest:
     """Adopt the HDF5 files in ``data`` (each a shard) in place. Labels that are class names become
-    the classes, in the order ``classes`` gives them if it names them all, else sorted."""
-    import h5py
+    the classes, in the order ``classes`` gives them if it names them all, else sorted. ``fetched``:
+    where the files are elsewhere (a bucket), their names and a context in which one is in ``data``;
+    each file is asked for once (the first up to three times, and each twice where the labels are
+    class names: the classes come from every file before any file's samples are numbered)."""
 
-    from ..formats.foreign_hdf5 import PIXEL_KINDS, ForeignHDF5Format, ForeignHDF5Reader, one_hot_rows
-    from ..formats.lmdb_values import sniff_image_field
-    from ..formats.pixels import PNM_FIELD
+    from ..formats.foreign_hdf5 import ForeignHDF5Format, ForeignHDF5Reader
 
     given = classes
     classes = _given_or_recorded(classes, data, out)
-    files = sorted(p for p in data.iterdir() if p.suffix.lower() in HDF5_SUFFIXES and not p.name.startswith("."))
+    names_here, fetch = fetched or ([p.name for p in data.iterdir()], lambda path: contextlib.nullcontext())
+    files = [data / n for n in hdf5_names(names_here)]
     if not files:
         raise DdpipeError("no HDF5 files (.h5, .hdf5) found", path=data)
-    found_images, found_labels, found_attrs = hdf5_candidates(files[0])
-    rows = {n: r for n, _, r in found_images}
-    kinds = {n: k for n, k, _ in found_images}
-    if not found_images or (images is not None and images not in rows):
-        _refuse_other_pixels(files[0], images)
-    if images is None:
-        images = _one("datasets of images (encoded, as variable-length uint8 or fixed-length bytes, or uint8 "
-                      "pixels; one per row)",
-                      "--images", [n for n, _, _ in found_images], files[0])
-    if images not in rows:
-        listed = ", ".join(f"{n} ({k}, {r} rows)" for n, k, r in found_images) or "none"
-        raise DdpipeError(f"no dataset {images!r} of images; found: {listed}", path=files[0])
-    if labels is None and label_attr is None:
-        fits = [n for n, r in found_labels if r == rows[images]]
-        fit_attrs = [n for n, r in found_attrs if r == rows[images]]
-        if len(fits) + len(fit_attrs) > 1:
-            raise DdpipeError(f"several label candidates of {rows[images]} integers: datasets "
-                              f"{', '.join(fits) or '-'}, attributes {', '.join(fit_attrs) or '-'}; "
-                              "name one with --labels or --label-attr", path=files[0])
-        labels = fits[0] if fits else None
-        label_attr = fit_attrs[0] if fit_attrs else None
-    with h5py.File(files[0], "r") as f:
-        if kinds[images] in PIXEL_KINDS:  # read as PNM images
-            field = PNM_FIELD
-        else:
-            first = f[images][0]
-            field = sniff_image_field(first.tobytes() if hasattr(first, "tobytes") else bytes(first)) or "jpg"
-        # one-hot labels have a column per class, whether or not the files hold an image of each
-        columns = int(f[labels].shape[1]) if labels and labels in f and one_hot_rows(f[labels]) else 0
-    layout: dict[str, Any] = {"images": images, "field": field}
-    if labels:
-        layout["labels"] = labels
-    if label_attr:
-        layout["label_attr"] = label_attr
-    names = _label_names(files, layout)
+    with fetch(files[0]):
+        layout, columns = _hdf5_layout(files[0], images, labels, label_attr)
+    names = _label_names(files, layout, fetch)
     if names:
         layout["label_names"] = classes = class_order(names, classes, given, data)
     shards, max_label = [], columns - 1
     fmt = ForeignHDF5Format(layout)
     for path in files:
-        reader = ForeignHDF5Reader(path, layout)
-        with reader:
+        with fetch(path), ForeignHDF5Reader(path, layout) as reader:
             if reader.labels:
                 refuse_negative(reader.labels, path)
                 max_label = max(max_label, max(reader.labels))
@@ -296,10 +271,63 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
             digests = pack_digests(sample_digest(sample) for sample in reader.scan())
             shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, checksum,
                                     label_runs(reader.labels or ()), digests))
-    fields = tuple(sorted({field} | ({"cls"} if labels or label_attr else set())))
+    fields = tuple(sorted({layout["field"]} | ({"cls"} if "labels" in layout or "label_attr" in layout else set())))
     named = named_classes(max_label, sum(s.samples for s in shards), classes, data)
     manifest = Manifest(format="hdf5-foreign", fields=fields, classes=named, shards=tuple(shards), layout=layout)
     return _write(data, out, manifest)
+
+
+def hdf5_names(names: Iterable[str]) -> list[str]:
+    """The HDF5 files among a directory's (or a prefix's) entries, in the manifest's order: those at its
+    top, not hidden."""
+    return sorted(n for n in names if n.lower().endswith(HDF5_SUFFIXES) and "/" not in n and not n.startswith("."))
+
+
+def _hdf5_layout(first: Path, images: str | None, labels: str | None,
+                 label_attr: str | None) -> tuple[dict[str, Any], int]:
+    """The layout the first file shows (its images, its labels, the field its images go by), and how
+    many columns its labels have where they are one-hot rows (else 0)."""
+    import h5py
+
+    from ..formats.foreign_hdf5 import PIXEL_KINDS, one_hot_rows
+    from ..formats.lmdb_values import sniff_image_field
+    from ..formats.pixels import PNM_FIELD
+
+    found_images, found_labels, found_attrs = hdf5_candidates(first)
+    rows = {n: r for n, _, r in found_images}
+    kinds = {n: k for n, k, _ in found_images}
+    if not found_images or (images is not None and images not in rows):
+        _refuse_other_pixels(first, images)
+    if images is None:
+        images = _one("datasets of images (encoded, as variable-length uint8 or fixed-length bytes, or uint8 "
+                      "pixels; one per row)",
+                      "--images", [n for n, _, _ in found_images], first)
+    if images not in rows:
+        listed = ", ".join(f"{n} ({k}, {r} rows)" for n, k, r in found_images) or "none"
+        raise DdpipeError(f"no dataset {images!r} of images; found: {listed}", path=first)
+    if labels is None and label_attr is None:
+        fits = [n for n, r in found_labels if r == rows[images]]
+        fit_attrs = [n for n, r in found_attrs if r == rows[images]]
+        if len(fits) + len(fit_attrs) > 1:
+            raise DdpipeError(f"several label candidates of {rows[images]} integers: datasets "
+                              f"{', '.join(fits) or '-'}, attributes {', '.join(fit_attrs) or '-'}; "
+                              "name one with --labels or --label-attr", path=first)
+        labels = fits[0] if fits else None
+        label_attr = fit_attrs[0] if fit_attrs else None
+    with h5py.File(first, "r") as f:
+        if kinds[images] in PIXEL_KINDS:  # read as PNM images
+            field = PNM_FIELD
+        else:
+            image = f[images][0]
+            field = sniff_image_field(image.tobytes() if hasattr(image, "tobytes") else bytes(image)) or "jpg"
+        # one-hot labels have a column per class, whether or not the files hold an image of each
+        columns = int(f[labels].shape[1]) if labels and labels in f and one_hot_rows(f[labels]) else 0
+    layout: dict[str, Any] = {"images": images, "field": field}
+    if labels:
+        layout["labels"] = labels
+    if label_attr:
+        layout["label_attr"] = label_attr
+    return layout, columns
 
 
 def _numbered(stored: list[int | str], layout: dict[str, Any], classes: list[str] | None,

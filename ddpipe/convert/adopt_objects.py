@@ -5,9 +5,9 @@ files would be; what indexing made is then written back: ``index.json`` (and a t
 beside the objects, or with ``--out`` a manifest in a local directory that names the objects' URL.
 
 Tar shards are fetched one at a time, the next while one is read, and each is removed once read: a
-bucket of ImageNet's tars is 140 GB, more than a node's temporary directory holds. HDF5 files (whose
-layout and class names are found across them all) and an LMDB environment (one file) are fetched
-whole first."""
+bucket of ImageNet's tars is 140 GB, more than a node's temporary directory holds. HDF5 files are
+fetched one at a time too (twice each where their labels are class names, which are found across
+them all before any file's samples are numbered); an LMDB environment (one file) is fetched whole."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from ..manifest import MANIFEST_NAME, Manifest, save_manifest
 from ..storage import ObjectStorage, open_storage
 from ..units import size_text
 from .adopt import AdoptedTar, adopt_tar, recorded_classes, tar_names, tars_manifest
+from .adopt_foreign import hdf5_names, index_hdf5
 
 
 def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Namespace], Manifest],
@@ -38,17 +39,23 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
     with tempfile.TemporaryDirectory(prefix="ddpipe-index-") as tmp:
         root = Path(tmp)
         with _named_by_url(root, objects):
-            tars = tar_names(top) if "data.mdb" not in top else []  # as a directory of them is told apart
-            # a tar shard read while the next is fetched; anything else whole
-            _room_for(sum(sorted((listing[n] for n in tars), reverse=True)[:2]) if tars else sum(listing.values()),
-                      root, objects)
+            # as a directory of them is told apart
+            tars = tar_names(top) if "data.mdb" not in top else []
+            h5 = hdf5_names(top) if "data.mdb" not in top and not tars else []
+            largest = sorted((listing[n] for n in tars or h5), reverse=True)
+            # a tar shard read while the next is fetched, an HDF5 file on its own; an LMDB whole
+            _room_for(sum(largest[:2 if tars else 1]) if largest else sum(listing.values()), root, objects)
             _bring_recorded_manifest(args.out, objects if MANIFEST_NAME in everything else None, root)
+            fetched: set[str] = set()  # each tar or HDF5 file removed once read: what is left is made here
             if tars:
                 if classes is None:
                     classes = recorded_classes(root)
                 manifest = tars_manifest(_adopt_tars(objects, listing, root), classes, objects.url())
                 save_manifest(root, manifest)
-                fetched: set[str] = set()  # each tar removed once read: what is left is made here
+            elif h5:
+                with _OneAtATime(objects, listing, root) as one:
+                    manifest = index_hdf5(root, images=args.images, labels=args.labels, label_attr=args.label_attr,
+                                          classes=classes, fetched=(h5, one.fetched))
             else:
                 fetched = set(listing)
                 for name, size in listing.items():
@@ -86,6 +93,35 @@ def _adopt_tars(objects: ObjectStorage, listing: dict[str, int], root: Path) -> 
         finally:
             coming.cancel()  # an error: the next shard is not fetched for nothing, if not begun
     return adopted
+
+
+class _OneAtATime:
+    """Objects fetched into ``root`` as indexing asks for each, one kept at a time (asked for again
+    while kept, it is not fetched again); the last removed at the end."""
+
+    def __init__(self, objects: ObjectStorage, listing: dict[str, int], root: Path) -> None:
+        self.objects, self.listing, self.root = objects, listing, root
+        self.held: Path | None = None
+
+    @contextlib.contextmanager
+    def fetched(self, path: Path) -> Iterator[None]:
+        if path != self.held:
+            self._drop()
+            name = path.relative_to(self.root).as_posix()
+            self.objects.download(name, path, self.listing[name])
+            self.held = path
+        yield
+
+    def _drop(self) -> None:
+        if self.held is not None:
+            self.held.unlink(missing_ok=True)
+            self.held = None
+
+    def __enter__(self) -> _OneAtATime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._drop()
 
 
 def _bring_recorded_manifest(out: str | None, objects: ObjectStorage | None, root: Path) -> None:

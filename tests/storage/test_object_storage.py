@@ -385,6 +385,60 @@ def test_a_bad_tar_among_good_ones_in_a_bucket_writes_nothing_and_leaves_nothing
     assert set(objects.list()) == {"a.tar", "b.tar", "c.tar"} and not list(scratch.iterdir())
 
 
+@pytest.mark.parametrize("labels", ["numbers", "names"])
+def test_hdf5_files_in_a_bucket_are_indexed_one_at_a_time_on_this_disk(labels: str, bucket: str, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """As tars are: one file here at a time, whether labels are numbers or names (whose classes are
+    found across every file before any file's samples are numbered)."""
+    from ddpipe.cli import main
+    from ddpipe.storage.objects import ObjectStorage
+
+    from ..convert.foreign_data import h5_class_names, h5_vlen
+
+    if labels == "numbers":
+        local = h5_vlen(tmp_path / "h5", files=3)
+    else:
+        local = tmp_path / "h5"
+        local.mkdir()
+        for k, names in enumerate([["ant", "bee", "cat", "dog", "eel"], ["fox", "ant", "bee", "cat", "dog"],
+                                   ["gnu", "ant", "bee", "cat", "dog"]]):
+            h5_class_names(tmp_path / f"one{k}", names, n=10)
+            (tmp_path / f"one{k}" / "train.h5").rename(local / f"part{k}.h5")
+    here_adopted = run_cli("index", local, "--out", tmp_path / "here")
+    assert here_adopted.returncode == 0, here_adopted.stderr
+    url = f"s3://{bucket}/h5-{labels}"
+    upload_dir(local, url)
+    held: list[int] = []
+    fetch = ObjectStorage.download
+
+    def download(self: ObjectStorage, name: str, dest: Path, size: int | None = None) -> int:
+        got = fetch(self, name, dest, size)
+        held.append(len(list(dest.parent.glob("*.h5"))))
+        return got
+
+    monkeypatch.setattr(ObjectStorage, "download", download)
+    assert main(["index", url]) == 0
+    assert held and max(held) == 1, held
+    expected = ddpipe.open_dataset(tmp_path / "here")
+    adopted = ddpipe.open_dataset(url)
+    assert adopted.manifest.classes == expected.manifest.classes and len(adopted.manifest.classes) == 7 - 2 * (
+        labels == "numbers")
+    assert samples(ddpipe.EncodedStream(url, 5, shuffle="none")) == \
+        samples(ddpipe.EncodedStream(tmp_path / "here", 5, shuffle="none"))
+
+
+def test_an_hdf5_file_in_a_bucket_that_is_not_one_is_named_by_its_url(bucket: str, tmp_path: Path) -> None:
+    from ..convert.foreign_data import h5_vlen
+
+    url = f"s3://{bucket}/h5-bad"
+    upload_dir(h5_vlen(tmp_path / "h5"), url)
+    open_storage(url).put_bytes("part9.h5", b"not HDF5 at all")
+    proc = run_cli("index", url)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"ddpipe: error: {url}/part9.h5: "), proc.stderr
+    assert "ddpipe-index-" not in proc.stderr and "index.json" not in open_storage(url).list()
+
+
 @pytest.mark.parametrize("kind", ["hdf5", "lmdb"])
 def test_hdf5_files_and_lmdb_environments_in_a_bucket_are_adopted_in_place(kind: str, bucket: str,
                                                                            tmp_path: Path) -> None:
