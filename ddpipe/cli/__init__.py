@@ -39,9 +39,14 @@ def _one_line(python_shows: ShowWarning, message: Warning | str, category: type[
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command_line(argv)
-    with warnings.catch_warnings():
-        warnings.showwarning = functools.partial(_one_line, warnings.showwarning)
+    # showwarning alone, not warnings.catch_warnings(): that resets which warnings were shown, and a
+    # script that made a Loader before calling main() saw its once-a-process warning twice
+    python_shows = warnings.showwarning
+    warnings.showwarning = functools.partial(_one_line, python_shows)
+    try:
         return _run(args)
+    finally:
+        warnings.showwarning = python_shows
 
 
 def _run(args: argparse.Namespace) -> int:
