@@ -234,10 +234,10 @@ def convert(
                 results.update(_run_jobs(jobs, mine, options, world.rank == 0))
                 return
             # into a bucket: each shard sent as it is finished and removed here; one sent before is not written
-            sender = to_objects.ShardSender(objects, out, fmt)
-            results.update({i: r for i in mine if (r := load_record(jobs[i], sender.present)) is not None})
-            rest = [i for i in mine if i not in results]
-            results.update(_run_jobs(jobs, rest, options, world.rank == 0, sender.send))
+            with to_objects.ShardSender(objects, out, fmt) as sender:
+                results.update({i: r for i in mine if (r := load_record(jobs[i], sender.present)) is not None})
+                rest = [i for i in mine if i not in results]
+                results.update(_run_jobs(jobs, rest, options, world.rank == 0, sender.send))
 
         _all_ranks(comm, write)
 

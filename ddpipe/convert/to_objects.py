@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import xxhash
@@ -31,22 +33,44 @@ def work_dir(objects: ObjectStorage) -> Path:
 
 class ShardSender:
     """Sends each shard a conversion into ``objects`` finishes in ``work`` (with its sidecars, such as a
-    tar's ``.idx``, the shard last), then removes it there."""
+    tar's ``.idx``, the shard last), then removes it there. Sending is a thread's, so that the next
+    shard is written meanwhile (one worker, the command's default, would otherwise wait for each
+    upload); a shard finished while one is sent waits its turn, and the one after it waits to be
+    handed over, so that a few shards are here at most. A failed upload is raised by the next
+    ``send`` or by the end of the ``with`` block; the shard stays here, for a rerun to send."""
+
+    QUEUED = 1  # shards finished and waiting while one is sent
 
     def __init__(self, objects: ObjectStorage, work: Path, fmt: ShardFormat) -> None:
         self.objects, self.work, self.fmt = objects, work, fmt
         self.present = objects.list()  # what an earlier run sent whole: not sent again
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-send")
+        self._sending: deque[Future[None]] = deque()
 
     def send(self, result: ShardResult) -> None:
         if result.shard is None:  # every item was skipped: no shard
             return
-        shard = self.work / result.shard.file
+        while self._sending and (self._sending[0].done() or len(self._sending) > self.QUEUED):
+            self._sending.popleft().result()
+        self._sending.append(self._thread.submit(self._send, self.work / result.shard.file))
+
+    def _send(self, shard: Path) -> None:
         files = [*self.fmt.sidecar_files(shard), shard]
         for path in files:
             if path.exists() and self.present.get(path.name) != path.stat().st_size:
                 self.objects.put_file(path.name, path)
         for path in files:
             path.unlink(missing_ok=True)
+
+    def __enter__(self) -> ShardSender:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        # after an error, the shards not yet sent stay here, for a rerun; else each is waited for
+        self._thread.shutdown(wait=True, cancel_futures=kind is not None)
+        if kind is None:
+            while self._sending:
+                self._sending.popleft().result()
 
 
 def upload(objects: ObjectStorage, work: Path, manifest: Manifest | None, comm: Comm) -> Manifest:
