@@ -25,6 +25,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # script -> arguments for a small run (on 2 cores each took a minute at most)
 SMALL = {
     "allreduce.py": ["--repeats", "1"],
+    "convert.py": ["--n", "120", "--workers", "2", "--repeats", "1"],
     "decode_service.py": ["--images", "128", "--batch-size", "32", "--repeats", "1"],
     "exchange.py": ["--n", "300", "--ranks", "2", "--repeats", "1", "--round-size", "128", "--torchrun-ranks", "2"],
     "feed.py": ["--n", "300", "--repeats", "1", "--epochs", "2", "--kinds", "stream", "loader"],

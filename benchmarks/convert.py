@@ -1,0 +1,144 @@
+"""What making shards costs: ``ddpipe convert`` of an ImageFolder of JPEGs into tar shards, against
+the limits of the same cores and disk measured in the same run, and against the webdataset library's
+own writer.
+
+    python benchmarks/convert.py [--n 3000] [--workers 2] [--repeats 3] [--shard-size 16MB]
+
+Data: synth ImageNet-like JPEGs (about 110 KB each) in class directories, read warm (from the page
+cache: every row reads the same files, the first run brings them in), written to the benchmark's data
+directory, emptied before each run, as shards of ``--shard-size`` (16 MB: a few thousand images make
+enough shards for every worker, as ImageNet's 140 GB make of 256 MB, the default for a folder of
+images). Rows, each the median of the repeats:
+
+- ddpipe convert, with its check (every image decoded whole, at 1/8 scale, so that one cut short is
+  found before training; the default), and without it (``--no-decode-check``), ``--workers`` each;
+- the check's limit: the same check (PIL's decode of every image, at 1/8 scale) in as many
+  processes, the files read, nothing written: what the check costs these cores by itself;
+- the write's limit: GNU ``tar`` packing the same files into one archive (C, one process, nothing
+  else done), then flushed to the disk (``fsync``, as ddpipe makes each shard durable before naming
+  it): what reading and writing the bytes costs this disk;
+- the peers' way: the webdataset library's ``ShardWriter`` fed by one process reading the files (no
+  check, no checksum, no index, and nothing flushed: its shards may still be in memory when it ends).
+
+*/ limit*: a conversion's rate over its limit's (with the check: the check's; without: the write's);
+*/ webdataset*: over the webdataset library's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from _common import DATA, save, synth_images
+
+import ddpipe
+from ddpipe.bench.harness import machine, median, table
+from ddpipe.units import parse_size
+
+
+def images_of(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+
+
+def convert(src: Path, out: Path, shard_bytes: int, workers: int, check: bool) -> None:
+    ddpipe.convert(src, out, ddpipe.ConvertOptions(format="wds", shard_bytes=shard_bytes, workers=workers,
+                                                   decode_check=check, progress=False))
+
+
+def check_some(paths: list[Path]) -> int:
+    """The conversion's check on each file: read, then decoded whole at 1/8 scale."""
+    from ddpipe.decode.spec import decode_check
+
+    for path in paths:
+        decode_check(path.read_bytes(), draft=True)
+    return len(paths)
+
+
+def check_limit(files: list[Path], workers: int) -> None:
+    with ProcessPoolExecutor(workers) as pool:
+        for _ in pool.map(check_some, [files[i::workers] for i in range(workers)]):
+            pass
+
+
+def tar_limit(src: Path, out: Path) -> None:
+    """GNU tar packing the files, then its archive flushed to the disk, as ddpipe makes each shard
+    durable before it names it."""
+    subprocess.run(["tar", "-C", str(src), "-cf", str(out / "all.tar"), "."], check=True)
+    fd = os.open(out / "all.tar", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def webdataset_writer(src: Path, out: Path, files: list[Path], shard_bytes: int) -> None:
+    import webdataset as wds
+
+    classes = {d.name: i for i, d in enumerate(sorted(p for p in src.iterdir() if p.is_dir()))}
+    with wds.ShardWriter(str(out / "shard-%06d.tar"), maxsize=shard_bytes, verbose=0) as sink:
+        for path in files:
+            sink.write({"__key__": f"{path.parent.name}/{path.stem}", "jpg": path.read_bytes(),
+                        "cls": b"%d" % classes[path.parent.name]})
+
+
+def timed(action: Any, out: Path) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    action()
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(out, ignore_errors=True)
+    return seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--shard-size", default="16MB")
+    args = ap.parse_args()
+    shard_bytes = parse_size(args.shard_size)
+    src = synth_images(args.n)
+    files = images_of(src)
+    megabytes = sum(p.stat().st_size for p in files) / 1e6
+    out = DATA / "convert-out"
+    w = args.workers
+    ways = {
+        f"ddpipe convert, check, {w} workers": lambda: convert(src, out, shard_bytes, w, True),
+        f"ddpipe convert, no check, {w} workers": lambda: convert(src, out, shard_bytes, w, False),
+        f"the check alone (PIL, 1/8 scale), {w} processes": lambda: check_limit(files, w),
+        "GNU tar of the same files, then fsync": lambda: tar_limit(src, out),
+        "webdataset ShardWriter, 1 process (no check)": lambda: webdataset_writer(src, out, files, shard_bytes),
+    }
+    check_some(files)  # the files into the page cache, for every row alike
+    runs: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(args.repeats):  # the ways in turn, so that a slow moment of the machine is shared
+        for name, action in ways.items():
+            runs[name].append(timed(action, out))
+    rate = {name: len(files) / median(seconds) for name, seconds in runs.items()}
+    limit_of = {f"ddpipe convert, check, {w} workers": f"the check alone (PIL, 1/8 scale), {w} processes",
+                f"ddpipe convert, no check, {w} workers": "GNU tar of the same files, then fsync"}
+    wds_rate = rate["webdataset ShardWriter, 1 process (no check)"]
+    rows = [{"way": name, "img_s": rate[name], "mb_s": megabytes * rate[name] / len(files),
+             "of_limit": rate[name] / rate[limit_of[name]] if name in limit_of else None,
+             "vs_webdataset": rate[name] / wds_rate if name in limit_of else None} for name in ways]
+    text = table(rows, [("way", "way", "s"), ("img_s", "images/s", ".0f"), ("mb_s", "MB/s", ".0f"),
+                        ("of_limit", "/ limit", ".2f"), ("vs_webdataset", "/ webdataset", ".2f")])
+    command = (f"python benchmarks/convert.py --n {args.n} --workers {w} --repeats {args.repeats} "
+               f"--shard-size {args.shard_size}")
+    path = save("convert", {"benchmark": "convert", "command": command, "machine": machine(), "images": len(files),
+                            "megabytes": megabytes, "rows": rows, "runs": runs, "table": text})
+    print(text)
+    print(f"\nwrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
