@@ -50,7 +50,7 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
             if tars:
                 if classes is None:
                     classes = recorded_classes(root)
-                manifest = tars_manifest(_adopt_tars(objects, listing, root), classes, objects.url())
+                manifest = tars_manifest(_adopt_tars(objects, tars, listing, root), classes, objects.url())
                 save_manifest(root, manifest)
             elif h5:
                 with _OneAtATime(objects, listing, root) as one:
@@ -73,10 +73,9 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
     return manifest
 
 
-def _adopt_tars(objects: ObjectStorage, listing: dict[str, int], root: Path) -> list[AdoptedTar]:
-    """Each tar shard fetched into ``root`` (the next while one is read), adopted, and removed: its
-    ``.idx`` stays, to be written beside it once every shard is adopted."""
-    names = tar_names(listing)
+def _adopt_tars(objects: ObjectStorage, names: list[str], listing: dict[str, int], root: Path) -> list[AdoptedTar]:
+    """Each tar shard ``names`` lists fetched into ``root`` (the next while one is read), adopted, and
+    removed: its ``.idx`` stays, to be written beside it once every shard is adopted."""
     adopted: list[AdoptedTar] = []
     with ThreadPoolExecutor(1, thread_name_prefix="ddpipe-index-fetch") as fetcher:
         def fetch(name: str) -> Future[int]:

@@ -32,6 +32,23 @@ def samples(loader: Iterable[Any]) -> dict[str, tuple[bytes, bytes]]:
     return {s["__key__"]: (bytes(s["jpg"]), bytes(s["cls"])) for batch in loader for s in batch}
 
 
+def files_here_at_each_download(monkeypatch: pytest.MonkeyPatch, pattern: str) -> list[int]:
+    """How many files matching ``pattern`` the download's directory holds once each download is in:
+    the list fills as the code under test fetches."""
+    from ddpipe.storage.objects import ObjectStorage
+
+    counts: list[int] = []
+    fetch = ObjectStorage.download
+
+    def download(self: ObjectStorage, name: str, dest: Path, size: int | None = None) -> int:
+        got = fetch(self, name, dest, size)
+        counts.append(len(list(dest.parent.glob(pattern))))
+        return got
+
+    monkeypatch.setattr(ObjectStorage, "download", download)
+    return counts
+
+
 def upload_dir(local: Path, url: str) -> None:
     objects = open_storage(url)
     for path in sorted(p for p in local.rglob("*") if p.is_file()):
@@ -325,22 +342,13 @@ def test_tars_in_a_bucket_are_indexed_a_few_at_a_time_on_this_disk(local_sets: d
     directory before reading the first, and a node's /tmp filled. Now at most two are here at once: the
     one being read, and the next, fetched meanwhile."""
     from ddpipe.cli import main
-    from ddpipe.storage.objects import ObjectStorage
 
     url = f"s3://{bucket}/tars"
     objects = open_storage(url)
     tars = sorted(local_sets["wds"].glob("*.tar"))
     for tar in tars:
         objects.put_file(tar.name, tar)
-    here: list[int] = []
-    fetch = ObjectStorage.download
-
-    def download(self: ObjectStorage, name: str, dest: Path, size: int | None = None) -> int:
-        got = fetch(self, name, dest, size)
-        here.append(len(list(dest.parent.glob("*.tar"))))
-        return got
-
-    monkeypatch.setattr(ObjectStorage, "download", download)
+    here = files_here_at_each_download(monkeypatch, "*.tar")
     assert main(["index", url]) == 0
     assert len(tars) >= 4 and len(here) == len(tars) and max(here) <= 2, here
     assert set(objects.list()) == {"index.json", *(t.name for t in tars), *(t.with_suffix(".idx").name for t in tars)}
@@ -391,7 +399,6 @@ def test_hdf5_files_in_a_bucket_are_indexed_one_at_a_time_on_this_disk(labels: s
     """As tars are: one file here at a time, whether labels are numbers or names (whose classes are
     found across every file before any file's samples are numbered)."""
     from ddpipe.cli import main
-    from ddpipe.storage.objects import ObjectStorage
 
     from ..convert.foreign_data import h5_class_names, h5_vlen
 
@@ -408,15 +415,7 @@ def test_hdf5_files_in_a_bucket_are_indexed_one_at_a_time_on_this_disk(labels: s
     assert here_adopted.returncode == 0, here_adopted.stderr
     url = f"s3://{bucket}/h5-{labels}"
     upload_dir(local, url)
-    held: list[int] = []
-    fetch = ObjectStorage.download
-
-    def download(self: ObjectStorage, name: str, dest: Path, size: int | None = None) -> int:
-        got = fetch(self, name, dest, size)
-        held.append(len(list(dest.parent.glob("*.h5"))))
-        return got
-
-    monkeypatch.setattr(ObjectStorage, "download", download)
+    held = files_here_at_each_download(monkeypatch, "*.h5")
     assert main(["index", url]) == 0
     assert held and max(held) == 1, held
     expected = ddpipe.open_dataset(tmp_path / "here")
