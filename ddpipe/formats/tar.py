@@ -13,8 +13,6 @@ ddpipe for random access and for sequential reads that skip tar header parsing.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
 import os
 import tarfile
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..sample import KEY, Sample, field_names, owned
+from ..sample import KEY, Sample, owned
 from .base import ShardFormat, ShardReader, ShardWriter
 from .mapped import MappedFile, ShardMapping
 
@@ -275,36 +273,6 @@ class TarReader(ShardReader):
         self._file.close()
 
 
-class TarWriter(ShardWriter):
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(path)
-        self._idx_final = index_path(self.path)
-        self._idx_tmp = self._idx_final.with_name(f".{self._idx_final.name}.partial")
-        self._tar = tarfile.open(self.tmp_path, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 - closed in _finish
-
-    def _write(self, sample: Sample) -> None:
-        key = sample[KEY]
-        for name in field_names(sample):
-            data = bytes(sample[name])
-            info = tarfile.TarInfo(f"{key}.{name}")
-            info.size = len(data)
-            info.mtime = 0
-            info.mode = 0o444
-            info.uname = info.gname = ""
-            self._tar.addfile(info, io.BytesIO(data))
-
-    def _finish(self) -> None:
-        self._tar.close()
-        write_dali_index(self.tmp_path, self._idx_tmp)
-
-    def _sidecars(self) -> list[tuple[Path, Path]]:
-        return [(self._idx_tmp, self._idx_final)]
-
-    def _close_quietly(self) -> None:
-        with contextlib.suppress(OSError):
-            self._tar.close()
-
-
 class TarFormat(ShardFormat):
     min_sample_bytes = 512  # a sample is at least one member: a 512-byte header
     reads_mapped = True
@@ -317,6 +285,8 @@ class TarFormat(ShardFormat):
         return TarReader(path)
 
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
+        from .tar_writer import TarWriter  # it builds on this module
+
         return TarWriter(path)
 
     def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:
