@@ -15,6 +15,7 @@ from pathlib import Path
 from PIL import UnidentifiedImageError
 
 from ..dataset import Dataset, open_dataset
+from ..decode.jpeg_header import jpeg_size
 from ..decode.spec import PixelLimitError, check_pixels, decode_check, open_image
 from ..errors import DdpipeError, SourceError
 from ..formats import ShardReader
@@ -211,6 +212,19 @@ def _dataset_source(root: str | Path) -> Source:
                   ds.manifest.format, ds.manifest.skipped)
 
 
+def _image_format(data: bytes) -> str:
+    """PIL's name for the image's format, once its header is read and its size found within the pixel
+    limit. A JPEG's header is read here (jpeg_size: ~2 us, against PIL's ~200 us, which was a fifth of
+    a conversion's time without its check); any other image, or a JPEG header it does not read, is PIL's."""
+    size = jpeg_size(data)
+    if size is not None:
+        check_pixels(*size)
+        return "JPEG"
+    with open_image(data) as img:
+        check_pixels(*img.size)
+        return str(img.format or "")
+
+
 class ItemLoader:
     """Turns source items into samples; keeps one shard reader open for dataset sources."""
 
@@ -228,10 +242,7 @@ class ItemLoader:
         except OSError as e:
             raise SourceError(f"cannot read: {e.strerror or e}", path=item.path) from None
         try:
-            with open_image(data) as img:
-                kind = img.format or ""
-                width, height = img.size
-                check_pixels(width, height)
+            kind = _image_format(data)
         except PixelLimitError as e:
             raise SourceError(f"does not decode: {e}", path=item.path) from None
         except (UnidentifiedImageError, OSError, ValueError):
