@@ -9,8 +9,6 @@ is written last, so a dataset becomes visible only when complete.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import itertools
 import json
 import os
 import shutil
@@ -20,7 +18,6 @@ from pathlib import Path
 from typing import Literal
 
 import xxhash
-from tqdm import tqdm
 
 from ..comm import Comm, init_comm
 from ..dataset import find_manifest
@@ -35,17 +32,12 @@ from ..manifest import (
     save_manifest,
 )
 from ..storage import is_remote, open_storage
-from ..workers import (
-    bind_to_parent,
-    end_if_importing_parents_script,
-    ended_as_they_started,
-    stop_workers,
-    worker_context,
-)
+from ..workers import end_if_importing_parents_script
 from . import to_objects
 from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
-from .shard_job import ShardJob, ShardResult, load_record, write_shard
+from .shard_job import ShardJob, ShardResult, load_record
+from .shard_runner import run_jobs
 from .sources import Source, SourceItem, open_source
 
 STATE_DIR = ".ddpipe-convert"
@@ -231,13 +223,13 @@ def convert(
 
         def write() -> None:
             if objects is None:
-                results.update(_run_jobs(jobs, mine, options, world.rank == 0))
+                results.update(run_jobs(jobs, mine, options, world.rank == 0))
                 return
             # into a bucket: each shard sent as it is finished and removed here; one sent before is not written
             with to_objects.ShardSender(objects, out, fmt) as sender:
                 results.update({i: r for i in mine if (r := load_record(jobs[i], sender.present)) is not None})
                 rest = [i for i in mine if i not in results]
-                results.update(_run_jobs(jobs, rest, options, world.rank == 0, sender.send))
+                results.update(run_jobs(jobs, rest, options, world.rank == 0, sender.send))
 
         _all_ranks(comm, write)
 
@@ -273,43 +265,3 @@ def convert(
         _all_ranks(comm, lambda: uploaded.append(to_objects.upload(objects, out, made, comm)))
         return uploaded[0]
     return finished[0] if finished else load_manifest(out)
-
-
-def _run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, show: bool,
-              written: Callable[[ShardResult], None] = lambda result: None) -> dict[int, ShardResult]:
-    """Write the shards ``mine`` (by worker processes where there are several), each passed to
-    ``written`` as it is finished, in this process. The workers are given two shards each at a time,
-    not all at once, so that finished shards wait for ``written`` (an upload) a few at a time."""
-    total = sum(len(jobs[i].items) for i in mine)
-    results: dict[int, ShardResult] = {}
-    with tqdm(total=total, unit="img", desc=f"convert -> {options.format}", disable=not (options.progress and show),
-              dynamic_ncols=True) as bar:
-        if options.workers <= 1:
-            for i in mine:
-                results[i] = write_shard(jobs[i], on_item=lambda: bar.update(1))
-                written(results[i])
-            return results
-        with cf.ProcessPoolExecutor(max_workers=options.workers, mp_context=worker_context(),
-                                    initializer=bind_to_parent) as pool:
-            try:  # from the first submit on: a Ctrl-C that lands while submitting is handled too
-                queue = iter(mine)
-                futures = {pool.submit(write_shard, jobs[i]): i for i in itertools.islice(queue, 2 * options.workers)}
-                while futures:
-                    finished, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
-                    for fut in finished:
-                        i = futures.pop(fut)
-                        results[i] = fut.result()
-                        bar.update(len(jobs[i].items))
-                        written(results[i])
-                        for j in itertools.islice(queue, 1):
-                            futures[pool.submit(write_shard, jobs[j])] = j
-            except BaseException as e:
-                # an error or Ctrl-C: end the workers now rather than wait for their shards (a worker
-                # blocked on a slow source held the command for as long); what they leave is a hidden
-                # partial file, which a rerun discards
-                stop_workers(pool)
-                pool.shutdown(wait=True, cancel_futures=True)
-                if isinstance(e, cf.process.BrokenProcessPool) and not results:
-                    raise ended_as_they_started("the conversion's worker processes") from None
-                raise
-    return results

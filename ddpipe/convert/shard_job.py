@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..checksum import file_checksum
 from ..errors import SourceError
 from ..formats import get_format
-from ..formats.atomic import atomic_write_bytes
+from ..formats.atomic import Finished, atomic_write_bytes, discard, partial_path
 from ..manifest import ShardInfo, SkippedItem, label_runs
 from ..sample import label_of
 from .sources import ItemLoader, SourceItem
@@ -38,6 +38,7 @@ class ShardResult:
     fields: list[str] = field(default_factory=list)
     skipped: list[SkippedItem] = field(default_factory=list)
     reused: bool = False
+    finished: Finished | None = None  # written, not yet flushed nor named: publish() does it
 
 
 def load_record(job: ShardJob, sent: Mapping[str, int] | None = None) -> ShardResult | None:
@@ -65,8 +66,10 @@ def load_record(job: ShardJob, sent: Mapping[str, int] | None = None) -> ShardRe
     return ShardResult(info, doc["fields"], skipped, reused=True)
 
 
-def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> ShardResult:
-    """Write one shard (or reuse it from an earlier run); top-level so worker processes can run it."""
+def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None, *, commit: bool = True) -> ShardResult:
+    """Write one shard (or reuse it from an earlier run); top-level so worker processes can run it.
+    ``commit=False`` leaves it finished but not yet flushed nor named (``ShardResult.finished``), for
+    :func:`publish` in the process that gathers the results: a worker does not wait for the disk."""
     done = load_record(job)
     if done is not None:
         return done
@@ -75,34 +78,53 @@ def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None) -> Sha
     fields: set[str] = set()
     skipped: list[SkippedItem] = []
     labels: list[int] = []
+    writer = fmt.writer(job.shard_path)
     try:
-        with fmt.writer(job.shard_path) as writer:
-            for item in job.items:
-                try:
-                    sample = loader.load(item)
-                except SourceError as e:
-                    if job.on_error != "skip":  # a stray notes file in a class directory, often
-                        raise SourceError(f"{e.message} (--on-error skip leaves such files out and lists "
-                                          "them in index.json)", path=e.path) from None
-                    skipped.append(SkippedItem(item.path, e.message))
-                else:
-                    writer.write(sample)
-                    fields.update(k for k in sample if k != "__key__")
-                    labels.append(label_of(sample))
-                if on_item is not None:
-                    on_item()
-            count = writer.count
+        for item in job.items:
+            try:
+                sample = loader.load(item)
+            except SourceError as e:
+                if job.on_error != "skip":  # a stray notes file in a class directory, often
+                    raise SourceError(f"{e.message} (--on-error skip leaves such files out and lists "
+                                      "them in index.json)", path=e.path) from None
+                skipped.append(SkippedItem(item.path, e.message))
+            else:
+                writer.write(sample)
+                fields.update(k for k in sample if k != "__key__")
+                labels.append(label_of(sample))
+            if on_item is not None:
+                on_item()
+        finished = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
     finally:
         loader.close()
-    path = Path(job.shard_path)
     info: ShardInfo | None = None
-    if count:
-        info = ShardInfo(path.name, count, path.stat().st_size, file_checksum(path), label_runs(labels))
-    else:  # every item was skipped: no shard at all
-        for p in [path, *fmt.sidecar_files(path)]:
+    if writer.count:
+        info = ShardInfo(Path(job.shard_path).name, writer.count, writer.tmp_path.stat().st_size,
+                         file_checksum(writer.tmp_path), label_runs(labels))
+    else:  # every item was skipped: no shard at all, nor one an earlier run left under its name
+        finished.discard()
+        for p in [Path(job.shard_path), *fmt.sidecar_files(job.shard_path)]:
             p.unlink(missing_ok=True)
-    result = ShardResult(info, sorted(fields), skipped)
-    record = {"fingerprint": job.fingerprint, "shard": info.to_dict() if info else None,
-              "fields": result.fields, "skipped": [asdict(s) for s in skipped]}
+    result = ShardResult(info, sorted(fields), skipped, finished=finished if info else None)
+    return publish(job, result) if commit else result
+
+
+def publish(job: ShardJob, result: ShardResult) -> ShardResult:
+    """Make a shard :func:`write_shard` finished durable and name it, then record it for a rerun."""
+    if result.reused:
+        return result
+    if result.finished is not None:
+        result.finished.commit()
+    record = {"fingerprint": job.fingerprint, "shard": result.shard.to_dict() if result.shard else None,
+              "fields": result.fields, "skipped": [asdict(s) for s in result.skipped]}
     atomic_write_bytes(job.record_path, json.dumps(record, sort_keys=True).encode())
-    return result
+    return replace(result, finished=None)
+
+
+def discard_partial(job: ShardJob) -> None:
+    """Remove what a worker stopped while writing ``job`` left under hidden names."""
+    for path in [Path(job.shard_path), *get_format(job.format).sidecar_files(job.shard_path)]:
+        discard(partial_path(path))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DiskFullError
@@ -40,6 +41,40 @@ def commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str], *, durabl
     os.replace(tmp, final)
     if durable:
         fsync_dir(Path(final).parent)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Files written whole under their hidden temporary names, not yet flushed to the disk nor named:
+    whoever holds this (a thread, or the process a worker returned it to) makes them durable and
+    names them with :meth:`commit`, so that the one that wrote them goes on to its next file rather
+    than wait for the disk."""
+
+    files: tuple[tuple[str, str], ...]  # (temporary, final), named in this order: a shard after its sidecars
+
+    def commit(self) -> None:
+        """Flush every file, rename each to its final name in order, then flush the renames; the
+        temporary files are removed on failure."""
+        try:
+            for tmp, _ in self.files:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            for tmp, final in self.files:
+                os.replace(tmp, final)
+            for directory in dict.fromkeys(Path(final).parent for _, final in self.files):
+                fsync_dir(directory)
+        except OSError as e:
+            self.discard()
+            if self.files:
+                raise_if_disk_full(e, self.files[-1][1])
+            raise
+
+    def discard(self) -> None:
+        for tmp, _ in self.files:
+            discard(tmp)
 
 
 def discard(tmp: str | os.PathLike[str]) -> None:

@@ -129,19 +129,22 @@ class ShardWriter(abc.ABC):
 
     def commit(self) -> Path:
         """Finish the shard and rename it (and its sidecars) into place; return the final path."""
+        self.finish().commit()
+        return self.path
+
+    def finish(self) -> atomic.Finished:
+        """Finish the shard under its temporary name, for whoever makes it durable and names it."""
         if self._done:
             raise RuntimeError(f"{self.path}: writer already closed")
         try:
             self._finish()
-            for tmp, final in self._sidecars():
-                atomic.commit(tmp, final)
-            atomic.commit(self.tmp_path, self.path)
         except OSError as e:
             self.abort()
             atomic.raise_if_disk_full(e, self.path)
             raise
         self._done = True
-        return self.path
+        files = [*self._sidecars(), (self.tmp_path, self.path)]
+        return atomic.Finished(tuple((str(tmp), str(final)) for tmp, final in files))
 
     def abort(self) -> None:
         """Discard everything written so far; the final name is never touched."""
