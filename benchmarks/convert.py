@@ -11,17 +11,21 @@ enough shards for every worker, as ImageNet's 140 GB make of 256 MB, the default
 images). Rows, each the median of the repeats:
 
 - ddpipe convert, with its check (every image decoded whole, at 1/8 scale, so that one cut short is
-  found before training; the default), and without it (``--no-decode-check``), ``--workers`` each;
+  found before training; the default), and without it (``--no-decode-check``), ``--workers`` each,
+  and without it in one worker, the default (the main process: no worker processes to start);
 - the check's limit: the same check (PIL's decode of every image, at 1/8 scale) in as many
   processes, the files read, nothing written: what the check costs these cores by itself;
-- the write's limit: GNU ``tar`` packing the same files into one archive (C, one process, nothing
-  else done), then flushed to the disk (``fsync``, as ddpipe makes each shard durable before naming
-  it): what reading and writing the bytes costs this disk;
+- the write's limit: as many bytes as the images hold, written by ``dd`` straight to the disk
+  (``oflag=direct``, 16 MB at a time): ddpipe makes each shard durable before naming it, so no
+  conversion ends before its bytes are on the disk;
+- GNU ``tar`` packing the same files into one archive (C, one process, nothing else done), then
+  flushed: the way by hand, writing first and flushing after (ddpipe flushes each shard while it
+  writes the next, so it may beat it);
 - the peers' way: the webdataset library's ``ShardWriter`` fed by one process reading the files (no
   check, no checksum, no index, and nothing flushed: its shards may still be in memory when it ends).
 
 */ limit*: a conversion's rate over its limit's (with the check: the check's; without: the write's);
-*/ webdataset*: over the webdataset library's.
+*/ tar*: over GNU tar's, then flushed; */ webdataset*: over the webdataset library's.
 """
 
 from __future__ import annotations
@@ -65,6 +69,17 @@ def check_limit(files: list[Path], workers: int) -> None:
     with ProcessPoolExecutor(workers) as pool:
         for _ in pool.map(check_some, [files[i::workers] for i in range(workers)]):
             pass
+
+
+def disk_limit(out: Path, nbytes: int) -> None:
+    """As many bytes as the images hold written straight to the disk, 16 MB at a time (``dd
+    oflag=direct``): what the disk allows a conversion, which ends only once its shards are on it.
+    (Written to the page cache and flushed after, as ``conv=fsync`` does, the flush waits for all of
+    them at the end, as GNU tar's row does, and ddpipe, flushing each shard while it writes the
+    next, beat it.)"""
+    blocks = -(-nbytes // (16 << 20))
+    subprocess.run(["dd", "if=/dev/zero", f"of={out / 'all'}", "bs=16M", f"count={blocks}", "oflag=direct",
+                    "status=none"], check=True)
 
 
 def tar_limit(src: Path, out: Path) -> None:
@@ -114,8 +129,10 @@ def main() -> None:
     ways = {
         f"ddpipe convert, check, {w} workers": lambda: convert(src, out, shard_bytes, w, True),
         f"ddpipe convert, no check, {w} workers": lambda: convert(src, out, shard_bytes, w, False),
+        "ddpipe convert, no check, 1 worker": lambda: convert(src, out, shard_bytes, 1, False),
         f"the check alone (PIL, 1/8 scale), {w} processes": lambda: check_limit(files, w),
         "GNU tar of the same files, then fsync": lambda: tar_limit(src, out),
+        "the disk: dd of as many bytes, direct": lambda: disk_limit(out, int(megabytes * 1e6)),
         "webdataset ShardWriter, 1 process (no check)": lambda: webdataset_writer(src, out, files, shard_bytes),
     }
     check_some(files)  # the files into the page cache, for every row alike
@@ -125,13 +142,17 @@ def main() -> None:
             runs[name].append(timed(action, out))
     rate = {name: len(files) / median(seconds) for name, seconds in runs.items()}
     limit_of = {f"ddpipe convert, check, {w} workers": f"the check alone (PIL, 1/8 scale), {w} processes",
-                f"ddpipe convert, no check, {w} workers": "GNU tar of the same files, then fsync"}
+                f"ddpipe convert, no check, {w} workers": "the disk: dd of as many bytes, direct",
+                "ddpipe convert, no check, 1 worker": "the disk: dd of as many bytes, direct"}
     wds_rate = rate["webdataset ShardWriter, 1 process (no check)"]
+    tar_rate = rate["GNU tar of the same files, then fsync"]
     rows = [{"way": name, "img_s": rate[name], "mb_s": megabytes * rate[name] / len(files),
              "of_limit": rate[name] / rate[limit_of[name]] if name in limit_of else None,
+             "vs_tar": rate[name] / tar_rate if name in limit_of else None,
              "vs_webdataset": rate[name] / wds_rate if name in limit_of else None} for name in ways]
     text = table(rows, [("way", "way", "s"), ("img_s", "images/s", ".0f"), ("mb_s", "MB/s", ".0f"),
-                        ("of_limit", "/ limit", ".2f"), ("vs_webdataset", "/ webdataset", ".2f")])
+                        ("of_limit", "/ limit", ".2f"), ("vs_tar", "/ tar", ".2f"),
+                        ("vs_webdataset", "/ webdataset", ".2f")])
     command = (f"python benchmarks/convert.py --n {args.n} --workers {w} --repeats {args.repeats} "
                f"--shard-size {args.shard_size}")
     path = save("convert", {"benchmark": "convert", "command": command, "machine": machine(), "images": len(files),
