@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import ddpipe
 
 from ..conftest import run_cli
@@ -63,3 +66,65 @@ def test_a_class_directory_without_images_is_refused_unless_allowed(raw_copy: Pa
     kept = run_cli("convert", raw_copy, tmp_path / "out", "--allow-empty", "--quiet")
     assert kept.returncode == 0, kept.stderr
     assert ddpipe.load_manifest(tmp_path / "out").classes[0] == "__MACOSX"  # kept, as asked
+
+
+def _pil_verdict(data: bytes, draft: bool) -> bool:
+    """Whether PIL alone decodes the image whole: the check's verdict, by its definition."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if draft:
+                img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
+            img.load()
+    except (OSError, ValueError, SyntaxError):
+        return False
+    return True
+
+
+def _jpegs() -> list[bytes]:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    pixels = (rng.random((96, 128, 3)) * 255).astype(np.uint8)
+    made = []
+    kinds: list[tuple[str, dict[str, object]]] = [("RGB", {}), ("RGB", {"progressive": True}), ("L", {}), ("CMYK", {}),
+                     ("RGB", {"subsampling": 0, "quality": 95})]
+    for mode, kw in kinds:
+        buf = io.BytesIO()
+        Image.fromarray(pixels).convert(mode).save(buf, format="JPEG", **kw)
+        made.append(buf.getvalue())
+    return made
+
+
+JPEGS = _jpegs()
+
+
+@settings(max_examples=300, deadline=None)
+@given(which=st.integers(0, len(JPEGS) - 1), draft=st.booleans(), cut=st.floats(0.0, 1.0),
+       damage=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(0, 255)), max_size=4),
+       how=st.sampled_from(["whole", "cut", "damaged", "both"]))
+def test_the_check_passes_what_pil_decodes_and_no_more(which: int, draft: bool, cut: float,
+                                                       damage: list[tuple[float, int]], how: str) -> None:
+    """The check decodes a JPEG with libjpeg-turbo first and asks PIL only of one that fails there:
+    its verdict is PIL's on JPEGs whole, cut short, or with bytes overwritten (baseline, progressive,
+    grayscale, CMYK and 4:4:4 ones), in both scales."""
+    from ddpipe.decode.spec import decode_check
+
+    data = bytearray(JPEGS[which])
+    if how in ("damaged", "both"):
+        for where, value in damage:
+            data[min(len(data) - 1, int(where * len(data)))] = value
+    if how in ("cut", "both"):
+        data = data[: max(4, int(cut * len(data)))]
+    try:
+        decode_check(bytes(data), draft=draft)
+        passed = True
+    except (OSError, ValueError, SyntaxError):
+        passed = False
+    assert passed == _pil_verdict(bytes(data), draft)
