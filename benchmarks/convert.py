@@ -13,7 +13,7 @@ images). Rows, each the median of the repeats:
 - ddpipe convert, with its check (every image decoded whole, at 1/8 scale, so that one cut short is
   found before training; the default), and without it (``--no-decode-check``), ``--workers`` each,
   and without it in one worker, the default (the main process: no worker processes to start);
-- the check's limit: the same check (PIL's decode of every image, at 1/8 scale) in as many
+- the check's limit: the same check (every image decoded at 1/8 scale, decode_check) in as many
   processes, the files read, nothing written: what the check costs these cores by itself;
 - the write's limit: as many bytes as the images hold, written by ``dd`` straight to the disk
   (``oflag=direct``, 16 MB at a time): ddpipe makes each shard durable before naming it, so no
@@ -130,7 +130,7 @@ def main() -> None:
         f"ddpipe convert, check, {w} workers": lambda: convert(src, out, shard_bytes, w, True),
         f"ddpipe convert, no check, {w} workers": lambda: convert(src, out, shard_bytes, w, False),
         "ddpipe convert, no check, 1 worker": lambda: convert(src, out, shard_bytes, 1, False),
-        f"the check alone (PIL, 1/8 scale), {w} processes": lambda: check_limit(files, w),
+        f"the check alone (1/8 scale), {w} processes": lambda: check_limit(files, w),
         "GNU tar of the same files, then fsync": lambda: tar_limit(src, out),
         "the disk: dd of as many bytes, direct": lambda: disk_limit(out, int(megabytes * 1e6)),
         "webdataset ShardWriter, 1 process (no check)": lambda: webdataset_writer(src, out, files, shard_bytes),
@@ -141,7 +141,7 @@ def main() -> None:
         for name, action in ways.items():
             runs[name].append(timed(action, out))
     rate = {name: len(files) / median(seconds) for name, seconds in runs.items()}
-    limit_of = {f"ddpipe convert, check, {w} workers": f"the check alone (PIL, 1/8 scale), {w} processes",
+    limit_of = {f"ddpipe convert, check, {w} workers": f"the check alone (1/8 scale), {w} processes",
                 f"ddpipe convert, no check, {w} workers": "the disk: dd of as many bytes, direct",
                 "ddpipe convert, no check, 1 worker": "the disk: dd of as many bytes, direct"}
     wds_rate = rate["webdataset ShardWriter, 1 process (no check)"]
