@@ -352,8 +352,7 @@ class LMDBWriter(ShardWriter):
         try:
             with self._lmdb_errors():
                 self._txn.put(META_KEY, meta, append=True)
-                self._txn.commit()
-                self._env.sync(True)
+                self._txn.commit()  # no sync here: whoever commits the shard flushes it (atomic.Finished)
         finally:
             self._env.close()
 
