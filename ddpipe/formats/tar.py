@@ -24,6 +24,7 @@ import numpy as np
 from ..sample import KEY, Sample, owned
 from .base import ShardFormat, ShardReader, ShardWriter
 from .mapped import MappedFile, ShardMapping
+from .tar_scan import list_plain_tar
 
 IDX_VERSION = "v1.2"
 # (extension, data offset, size, member name) of one tar member
@@ -53,37 +54,46 @@ def scan_tar_members(path: str | os.PathLike[str]) -> list[list[Member]]:
     groups: list[list[Member]] = []
     last_key: str | None = None
     first_of: dict[str, str] = {}  # each sample's first member, to name one whose files are apart
-    try:
-        with tarfile.open(path, mode="r:") as tf:
-            for info in tf:
-                if not info.isfile():
-                    continue
-                key, ext = split_member_name(info.name)
-                base = key.rsplit("/", 1)[-1]
-                if not base or not ext or base.startswith("."):
-                    continue  # hidden or extension-less files are not sample fields (as in webdataset)
-                member = (ext, info.offset_data, info.size, info.name)
-                if key == last_key:
-                    if any(m[0] == ext for m in groups[-1]):
-                        raise CorruptShardError(f"sample {key!r} has field {ext!r} twice", path=path)
-                    groups[-1].append(member)
-                else:
-                    if key in first_of:
-                        raise CorruptShardError(
-                            f"the files of sample {key!r} are not together ({first_of[key]!r}, then other samples' "
-                            f"files, then {info.name!r}): readers group a sample's adjacent files only; pack the "
-                            "tar with `tar --sort=name`", path=path)
-                    first_of[key] = info.name
-                    groups.append([member])
-                    last_key = key
-    except (tarfile.TarError, EOFError) as e:
-        raise CorruptShardError(f"truncated or corrupt tar: {e}", path=path) from None
+    for name, offset, length in _regular_files(path):
+        key, ext = split_member_name(name)
+        base = key.rsplit("/", 1)[-1]
+        if not base or not ext or base.startswith("."):
+            continue  # hidden or extension-less files are not sample fields (as in webdataset)
+        member = (ext, offset, length, name)
+        if key == last_key:
+            if any(m[0] == ext for m in groups[-1]):
+                raise CorruptShardError(f"sample {key!r} has field {ext!r} twice", path=path)
+            groups[-1].append(member)
+        else:
+            if key in first_of:
+                raise CorruptShardError(
+                    f"the files of sample {key!r} are not together ({first_of[key]!r}, then other samples' "
+                    f"files, then {name!r}): readers group a sample's adjacent files only; pack the "
+                    "tar with `tar --sort=name`", path=path)
+            first_of[key] = name
+            groups.append([member])
+            last_key = key
     size = os.path.getsize(path)
     for group in groups:
         for _, offset, length, name in group:
             if offset + length > size:
                 raise CorruptShardError(f"truncated tar: member {name!r} runs past the end", path=path)
     return groups
+
+
+def _regular_files(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
+    """(name, data offset, size) of the tar's regular files: read from its headers where they are the
+    common kinds (tar_scan.py), else as Python's tarfile lists them."""
+    from ..errors import CorruptShardError
+
+    listed = list_plain_tar(path)
+    if listed is not None:
+        return listed
+    try:
+        with tarfile.open(path, mode="r:") as tf:
+            return [(info.name, info.offset_data, info.size) for info in tf if info.isfile()]
+    except (tarfile.TarError, EOFError) as e:
+        raise CorruptShardError(f"truncated or corrupt tar: {e}", path=path) from None
 
 
 def format_dali_index(groups: list[list[Member]]) -> str:
