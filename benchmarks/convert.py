@@ -24,6 +24,10 @@ images). Rows, each the median of the repeats:
 - the peers' way: the webdataset library's ``ShardWriter`` fed by one process reading the files (no
   check, no checksum, no index, and nothing flushed: its shards may still be in memory when it ends).
 
+Then indexing the tars a conversion made, as ``ddpipe index`` does (DALI's index from each tar's
+headers), by ddpipe and by DALI's own ``wds2idx`` (GNU tar's listing), in turns, the indexes
+compared byte for byte.
+
 */ limit*: a conversion's rate over its limit's (with the check: the check's; without: the write's);
 */ tar*: over GNU tar's, then flushed; */ webdataset*: over the webdataset library's.
 """
@@ -44,6 +48,7 @@ from _common import DATA, save, synth_images
 
 import ddpipe
 from ddpipe.bench.harness import machine, median, table
+from ddpipe.formats.tar import scan_tar_members, write_dali_index
 from ddpipe.units import parse_size
 
 
@@ -103,6 +108,42 @@ def webdataset_writer(src: Path, out: Path, files: list[Path], shard_bytes: int)
                         "cls": b"%d" % classes[path.parent.name]})
 
 
+def index_shards(shards: list[Path], theirs: bool) -> None:
+    """Each shard's DALI index made from its tar headers, by ddpipe or by DALI's own wds2idx (which
+    lists the tar with GNU tar)."""
+    for shard in shards:
+        if theirs:
+            import wds2idx  # ships with nvidia-dali
+
+            with wds2idx.IndexCreator(str(shard), str(shard.with_suffix(".theirs.idx")), verbose=False) as creator:
+                creator.create_index()
+        else:
+            write_dali_index(shard, shard.with_suffix(".ours.idx"))
+
+
+def index_rows(src: Path, shard_bytes: int, repeats: int) -> list[dict[str, Any]]:
+    """Indexing the tars a conversion made (``ddpipe index`` of a directory of tars, less the
+    checksums), against DALI's wds2idx, in turns."""
+    made = DATA / "convert-index"
+    shutil.rmtree(made, ignore_errors=True)
+    convert(src, made, shard_bytes, 1, False)
+    shards = sorted(made.glob("*.tar"))
+    samples = sum(len(scan_tar_members(shard)) for shard in shards)
+    ways = {"ddpipe (tar_scan)": False, "DALI's wds2idx (GNU tar)": True}
+    runs: dict[str, list[float]] = {w: [] for w in ways}
+    for _ in range(repeats):
+        for way, theirs in ways.items():
+            t0 = time.perf_counter()
+            index_shards(shards, theirs)
+            runs[way].append(time.perf_counter() - t0)
+    same = all(p.with_suffix(".ours.idx").read_bytes() == p.with_suffix(".theirs.idx").read_bytes() for p in shards)
+    shutil.rmtree(made, ignore_errors=True)
+    dali = samples / median(runs["DALI's wds2idx (GNU tar)"])
+    return [{"way": way, "shards": len(shards), "samples_s": samples / median(seconds),
+             "vs_dali": samples / median(seconds) / dali, "same_index": same, "runs": seconds}
+            for way, seconds in runs.items()]
+
+
 def timed(action: Any, out: Path) -> float:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -153,10 +194,16 @@ def main() -> None:
     text = table(rows, [("way", "way", "s"), ("img_s", "images/s", ".0f"), ("mb_s", "MB/s", ".0f"),
                         ("of_limit", "/ limit", ".2f"), ("vs_tar", "/ tar", ".2f"),
                         ("vs_webdataset", "/ webdataset", ".2f")])
+    indexing = index_rows(src, shard_bytes, args.repeats)
+    text += "\n\nIndexing the tars made (the same indexes, byte for byte: " + \
+        ("yes" if all(r["same_index"] for r in indexing) else "NO") + "):\n\n" + \
+        table(indexing, [("way", "way", "s"), ("shards", "shards", "d"), ("samples_s", "samples/s", ".0f"),
+                         ("vs_dali", "/ DALI's", ".2f")])
     command = (f"python benchmarks/convert.py --n {args.n} --workers {w} --repeats {args.repeats} "
                f"--shard-size {args.shard_size}")
     path = save("convert", {"benchmark": "convert", "command": command, "machine": machine(), "images": len(files),
-                            "megabytes": megabytes, "rows": rows, "runs": runs, "table": text})
+                            "megabytes": megabytes, "rows": rows, "runs": runs, "indexing": indexing,
+                            "table": text})
     print(text)
     print(f"\nwrote {path}", file=sys.stderr)
 
