@@ -191,10 +191,12 @@ def _written_by_tarfile(path: Path, samples: list[dict[str, bytes | str]]) -> No
     """The same samples written member by member by Python's tarfile, with ddpipe's fixed metadata."""
     with tarfile.open(path, mode="w", format=tarfile.PAX_FORMAT) as tf:
         for s in samples:
+            key = s[KEY]
+            assert isinstance(key, str)
             for field in sorted(k for k in s if k != KEY):
                 data = s[field]
                 assert isinstance(data, bytes)
-                info = tarfile.TarInfo(f"{s[KEY]}.{field}")
+                info = tarfile.TarInfo(f"{key}.{field}")
                 info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o444, "", ""
                 tf.addfile(info, io.BytesIO(data))
 
