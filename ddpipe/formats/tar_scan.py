@@ -38,10 +38,11 @@ def _walk(data: mmap.mmap, size: int) -> Listed | None:
     listed: Listed = []
     at = 0
     name: str | None = None  # from a PAX header or a GNU long name, for the next header
+    extended = False  # whether the header before was one of those
     while at + _BLOCK <= size:
         header = data[at : at + _BLOCK]
         if header == _ZERO_BLOCK:
-            return listed if name is None else None
+            return listed if not extended else None
         recorded = _octal(header[148:156])
         if recorded is None or recorded != sum(header) - sum(header[148:156]) + 8 * 32:
             return None
@@ -50,6 +51,9 @@ def _walk(data: mmap.mmap, size: int) -> Listed | None:
         if member_size is None:
             return None
         body = at + _BLOCK
+        if extended and kind in (_PAX, _GNU_LONG_NAME):
+            return None  # two in a row: tarfile merges them in an order of its own
+        extended = kind in (_PAX, _GNU_LONG_NAME)
         if kind in _FILE_TYPES:
             own = _text(header[0:100])
             prefix = _text(header[345:500])
@@ -79,7 +83,7 @@ def _walk(data: mmap.mmap, size: int) -> Listed | None:
             return None
     # no end-of-archive block: whole only where the last member ends the file; a header or data cut
     # short is tarfile's to judge (it refuses some and passes others)
-    return listed if at == size and name is None else None
+    return listed if at == size and not extended else None
 
 
 def _octal(field: bytes) -> int | None:

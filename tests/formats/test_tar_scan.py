@@ -92,3 +92,21 @@ def test_gnu_tars_archives_are_read_as_tarfile_reads_them(tmp_path: Path, fmt: s
     subprocess.run(["tar", f"--format={fmt}", "-C", str(tree), "-cf", str(path), "."], capture_output=True)
     ours = list_plain_tar(path)
     assert ours is None or ours == tarfiles_listing(path)  # a symbolic link: tarfile's to read
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "pax"])
+def test_two_extended_headers_in_a_row_name_the_member_as_tarfile_does(tmp_path: Path, fmt: str) -> None:
+    """A long name's extended header written twice before its member, with two names: ddpipe's index
+    names the member as tarfile does (the outer one)."""
+    from ddpipe.formats.tar import scan_tar_members
+
+    one, two = tmp_path / "one.tar", tmp_path / "two.tar"
+    write_tar(one, fmt, [("a" * 120 + "/x.jpg", "file", 10)])
+    write_tar(two, fmt, [("b" * 120 + "/x.jpg", "file", 10)])
+    first, second = one.read_bytes(), two.read_bytes()
+    extended = 1024  # the extended header and its one block of data (the long name)
+    path = tmp_path / "both.tar"
+    path.write_bytes(second[:extended] + first)
+    expected = tarfiles_listing(path)
+    assert expected is not None
+    assert [(m[3], m[1], m[2]) for g in scan_tar_members(path) for m in g] == expected
