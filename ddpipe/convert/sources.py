@@ -220,8 +220,8 @@ def _dataset_source(root: str | Path) -> Source:
 
 def _image_format(data: bytes) -> str:
     """PIL's name for the image's format, once its header is read and its size found within the pixel
-    limit. A JPEG's header is read here (jpeg_size: ~2 us, against PIL's ~200 us, which was a fifth of
-    a conversion's time without its check); any other image, or a JPEG header it does not read, is PIL's."""
+    limit. A JPEG's header is read here (jpeg_size: 6 us, against PIL's 128 us to open it, a fifth of a
+    profiled conversion without its check); any other image, or a JPEG header it does not read, is PIL's."""
     size = jpeg_size(data)
     if size is not None:
         check_pixels(*size)

@@ -24,7 +24,7 @@ import numpy as np
 from ..sample import KEY, Sample, owned
 from .base import ShardFormat, ShardReader, ShardWriter
 from .mapped import MappedFile, ShardMapping
-from .tar_scan import list_plain_tar
+from .tar_scan import Listed, list_plain_tar
 
 IDX_VERSION = "v1.2"
 # (extension, data offset, size, member name) of one tar member
@@ -81,7 +81,7 @@ def scan_tar_members(path: str | os.PathLike[str]) -> list[list[Member]]:
     return groups
 
 
-def _regular_files(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
+def _regular_files(path: str | os.PathLike[str]) -> Listed:
     """(name, data offset, size) of the tar's regular files: read from its headers where they are the
     common kinds (tar_scan.py), else as Python's tarfile lists them."""
     from ..errors import CorruptShardError
