@@ -36,12 +36,13 @@ from ..workers import end_if_importing_parents_script
 from . import to_objects
 from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
-from .shard_job import ShardJob, ShardResult, load_record
+from .shard_job import ShardJob, ShardResult
 from .shard_runner import run_jobs
 from .sources import Source, SourceItem, open_source
 
 STATE_DIR = ".ddpipe-convert"
 PLAN_FILE = "plan.json"
+SENT_DIR = "sent"  # into a bucket: what each shard's upload left there (to_objects.ShardSender)
 
 
 @dataclass(frozen=True)
@@ -226,8 +227,8 @@ def convert(
                 results.update(run_jobs(jobs, mine, options, world.rank == 0))
                 return
             # into a bucket: each shard sent as it is finished and removed here; one sent before is not written
-            with to_objects.ShardSender(objects, out, fmt) as sender:
-                results.update({i: r for i in mine if (r := load_record(jobs[i], sender.present)) is not None})
+            with to_objects.ShardSender(objects, out, fmt, state / SENT_DIR) as sender:
+                results.update({i: r for i in mine if (r := sender.sent_before(jobs[i])) is not None})
                 rest = [i for i in mine if i not in results]
                 results.update(run_jobs(jobs, rest, options, world.rank == 0, sender.send))
 

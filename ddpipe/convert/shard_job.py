@@ -4,7 +4,7 @@ result, and the record that lets a rerun keep it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -41,9 +41,8 @@ class ShardResult:
     finished: Finished | None = None  # written, not yet flushed nor named: publish() does it
 
 
-def load_record(job: ShardJob, sent: Mapping[str, int] | None = None) -> ShardResult | None:
-    """The result of an earlier run's finished shard, if its record and file still agree; or, given the
-    objects a bucket holds and their sizes (``sent``), if the shard went there whole, with its sidecars."""
+def read_record(job: ShardJob) -> ShardResult | None:
+    """What an earlier run recorded of this job's shard, if it ran the same job; its file unchecked."""
     try:
         doc = json.loads(Path(job.record_path).read_text())
     except (OSError, ValueError):
@@ -51,19 +50,20 @@ def load_record(job: ShardJob, sent: Mapping[str, int] | None = None) -> ShardRe
     if doc.get("fingerprint") != job.fingerprint:
         return None
     skipped = [SkippedItem(**s) for s in doc["skipped"]]
-    if doc["shard"] is None:
-        return ShardResult(None, [], skipped, reused=True)
-    info = ShardInfo.from_dict(doc["shard"])
+    shard = None if doc["shard"] is None else ShardInfo.from_dict(doc["shard"])
+    return ShardResult(shard, doc["fields"] if shard is not None else [], skipped, reused=True)
+
+
+def load_record(job: ShardJob) -> ShardResult | None:
+    """The result of an earlier run's finished shard, if its record and file (with its sidecars) still agree."""
+    done = read_record(job)
+    if done is None or done.shard is None:
+        return done
     path = Path(job.shard_path)
-    fmt = get_format(job.format)
-    if sent is not None:
-        whole = sent.get(path.name) == info.bytes and all(p.name in sent for p in fmt.sidecar_files(path))
-        return ShardResult(info, doc["fields"], skipped, reused=True) if whole else None
-    if not path.is_file() or path.stat().st_size != info.bytes or any(not p.is_file() for p in fmt.sidecar_files(path)):
+    if not path.is_file() or path.stat().st_size != done.shard.bytes \
+            or any(not p.is_file() for p in get_format(job.format).sidecar_files(path)):
         return None
-    if file_checksum(path) != info.checksum:
-        return None
-    return ShardResult(info, doc["fields"], skipped, reused=True)
+    return done if file_checksum(path) == done.shard.checksum else None
 
 
 def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None, *, commit: bool = True) -> ShardResult:

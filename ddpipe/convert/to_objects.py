@@ -5,12 +5,16 @@ holds a few shards at a time, not the dataset. ``index.json`` goes last: a reade
 manifest whose shards are not all there.
 
 A conversion stopped part-way is resumed by the same command: the work directory (named after the
-output URL, in the temporary directory) keeps the record of each shard finished, and a shard that
-is in the bucket with its recorded size (and its sidecars) is neither written nor sent again.
+output URL, in the temporary directory) keeps the record of each shard finished and of each sent,
+with the entity tag the bucket gave each of its objects; a shard whose objects the bucket still
+holds under those tags is neither written nor sent again. Size alone would not do: an object left
+by an earlier conversion of other input can have a new shard's size to the byte (tar counts in
+512-byte blocks), and the dataset would hold the old bytes under the new manifest.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections import deque
@@ -21,9 +25,10 @@ import xxhash
 
 from ..comm import Comm
 from ..formats import ShardFormat, get_format
-from ..manifest import MANIFEST_NAME, Manifest, manifest_from_text
+from ..formats.atomic import atomic_write_bytes
+from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, manifest_from_text
 from ..storage import ObjectStorage
-from .shard_job import ShardResult
+from .shard_job import ShardJob, ShardResult, read_record
 
 
 def work_dir(objects: ObjectStorage) -> Path:
@@ -41,26 +46,45 @@ class ShardSender:
 
     QUEUED = 1  # shards finished and waiting while one is sent
 
-    def __init__(self, objects: ObjectStorage, work: Path, fmt: ShardFormat) -> None:
-        self.objects, self.work, self.fmt = objects, work, fmt
-        self.present = objects.list()  # what an earlier run sent whole: not sent again
+    def __init__(self, objects: ObjectStorage, work: Path, fmt: ShardFormat, marks: Path) -> None:
+        self.objects, self.work, self.fmt, self.marks = objects, work, fmt, marks
+        marks.mkdir(parents=True, exist_ok=True)
+        self.tags = objects.tags()  # what the bucket holds now, by the tag of each object's upload
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-send")
         self._sending: deque[Future[None]] = deque()
+
+    def _mark(self, shard: str) -> Path:
+        return self.marks / f"{shard}.json"
+
+    def sent_before(self, job: ShardJob) -> ShardResult | None:
+        """An earlier run's result for ``job`` if this work directory sent its shard whole and the
+        bucket still holds each of its objects as that upload left it (or the job made no shard)."""
+        done = read_record(job)
+        if done is None or done.shard is None:
+            return done
+        try:
+            mark = json.loads(self._mark(done.shard.file).read_text())
+        except (OSError, ValueError):
+            return None
+        sent: dict[str, str | None] = mark.get("objects") or {}
+        whole = mark.get("checksum") == done.shard.checksum and Path(job.shard_path).name in sent
+        return done if whole and all(tag is not None and self.tags.get(name) == tag for name, tag in sent.items()) \
+            else None
 
     def send(self, result: ShardResult) -> None:
         if result.shard is None:  # every item was skipped: no shard
             return
         while self._sending and (self._sending[0].done() or len(self._sending) > self.QUEUED):
             self._sending.popleft().result()
-        self._sending.append(self._thread.submit(self._send, self.work / result.shard.file))
+        self._sending.append(self._thread.submit(self._send, result.shard))
 
-    def _send(self, shard: Path) -> None:
-        files = [*self.fmt.sidecar_files(shard), shard]
+    def _send(self, info: ShardInfo) -> None:
+        shard = self.work / info.file
+        files = [p for p in (*self.fmt.sidecar_files(shard), shard) if p.exists()]
+        tags = {path.name: self.objects.put_file(path.name, path) for path in files}
+        atomic_write_bytes(self._mark(info.file), json.dumps({"checksum": info.checksum, "objects": tags}).encode())
         for path in files:
-            if path.exists() and self.present.get(path.name) != path.stat().st_size:
-                self.objects.put_file(path.name, path)
-        for path in files:
-            path.unlink(missing_ok=True)
+            path.unlink()
 
     def __enter__(self) -> ShardSender:
         return self
@@ -80,15 +104,12 @@ def upload(objects: ObjectStorage, work: Path, manifest: Manifest | None, comm: 
     assert text is not None, "rank 0 finished the conversion"
     manifest = manifest_from_text(text.encode(), objects.url(MANIFEST_NAME))
     fmt = get_format(manifest.format)
-    present = objects.list()
     for info in manifest.shards:
         local = work / info.file
-        if not local.exists():  # another node's
+        if not local.exists():  # sent, and removed, or another node's
             continue
         for path in (local, *[p for p in fmt.sidecar_files(local) if p.exists()]):
-            name = str(path.relative_to(work))
-            if present.get(name) != path.stat().st_size:
-                objects.put_file(name, path)
+            objects.put_file(str(path.relative_to(work)), path)
     comm.barrier()
     if comm.world.rank == 0:
         objects.put_bytes(MANIFEST_NAME, manifest.to_json().encode())

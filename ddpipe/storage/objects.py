@@ -201,29 +201,38 @@ class ObjectStorage:
 
     def list(self, name: str = "") -> dict[str, int]:
         """Object name (relative to the location) -> size, for every object under ``name``."""
+        return {rel: int(meta["size"]) for rel, meta in self._listed(name)}
+
+    def tags(self, name: str = "") -> dict[str, str | None]:
+        """Object name -> the entity tag the store gave its last upload (None where it gives none),
+        for every object under ``name``: what tells two uploads of the same size apart."""
+        return {rel: meta.get("e_tag") for rel, meta in self._listed(name)}
+
+    def _listed(self, name: str) -> Iterator[tuple[str, Any]]:
+        """(name relative to the location, obstore's metadata) of every object under ``name``."""
         import obstore
 
         prefix = self.location.key(name)
-        out: dict[str, int] = {}
         try:
             for page in obstore.list(self._client(), prefix + "/" if prefix else None, chunk_size=1000):
                 for meta in page:
                     path = str(meta["path"])
-                    rel = path[len(self.location.prefix) :].lstrip("/") if self.location.prefix else path
-                    out[rel] = int(meta["size"])
+                    yield path[len(self.location.prefix) :].lstrip("/") if self.location.prefix else path, meta
         except Exception as e:
             raise self._failed(e, name) from None
-        return out
 
     # ---- writing --------------------------------------------------------------------------------
 
-    def put_file(self, name: str, path: Path) -> None:
+    def put_file(self, name: str, path: Path) -> str | None:
         """Upload a file: one request, or a multipart upload completed only once every part is in, so
-        that no partial object is ever visible under ``name``."""
+        that no partial object is ever visible under ``name``. Returns the upload's entity tag (as
+        :meth:`tags` lists it), None where the store gives none."""
         import obstore
 
-        self._call(name, obstore.put, path, chunk_size=max(self.options.chunk_bytes, 5 << 20),
-                   max_concurrency=self.options.concurrency)
+        put = self._call(name, obstore.put, path, chunk_size=max(self.options.chunk_bytes, 5 << 20),
+                         max_concurrency=self.options.concurrency)
+        tag = put.get("e_tag")
+        return None if tag is None else str(tag)
 
     def put_bytes(self, name: str, data: bytes) -> None:
         import obstore
