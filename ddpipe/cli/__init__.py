@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import signal
 import sys
+import threading
 import traceback
+import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
 from ..errors import DdpipeError
@@ -37,6 +41,31 @@ def _one_line(python_shows: ShowWarning, message: Warning | str, category: type[
         python_shows(message, category, filename, lineno, file, line)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, ``timeout``'s, ``kill``'s), raised where Ctrl-C's KeyboardInterrupt
+    would be, so that a command so ended unwinds as a Ctrl-C'd one does: its workers ended, what it
+    was writing discarded, one line said. Python's default ended the process on the spot, silently,
+    and the resource tracker then warned of the workers' leaked semaphores."""
+
+
+def _terminated(signum: int, frame: types.FrameType | None) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Within it, SIGTERM raises :class:`Terminated` (``train`` and ``serve`` answer it their own way
+    while they run: a step's stop, a server's). Signals are the main thread's only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command_line(argv)
     # showwarning alone, not warnings.catch_warnings(): that resets which warnings were shown, and a
@@ -44,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     python_shows = warnings.showwarning
     warnings.showwarning = functools.partial(_one_line, python_shows)
     try:
-        return _run(args)
+        with _sigterm_unwinds():
+            return _run(args)
     finally:
         warnings.showwarning = python_shows
 
@@ -56,10 +86,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"ddpipe: error: {e}", file=sys.stderr)
         _end_the_job(1, e)
         return 1
-    except KeyboardInterrupt:
-        print("ddpipe: interrupted", file=sys.stderr)
-        _end_the_job(130)
-        return 130
+    except KeyboardInterrupt as e:
+        ended = 128 + signal.SIGTERM if isinstance(e, Terminated) else 130
+        print("ddpipe: terminated" if isinstance(e, Terminated) else "ddpipe: interrupted", file=sys.stderr)
+        _end_the_job(ended)
+        return ended
     except OSError as e:
         if e.filename is None:
             raise
