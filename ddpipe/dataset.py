@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Protocol
@@ -175,16 +176,18 @@ class Dataset:
             with contextlib.suppress(MissingShardError):  # a tar without an index is scanned instead
                 self.storage.download(name, dest_dir / Path(name).name)
 
-    def copy_shard(self, shard: int, dest: Path, limits: SourceLimits | None = None) -> None:
+    def copy_shard(self, shard: int, dest: Path, limits: SourceLimits | None = None,
+                   stop: threading.Event | None = None) -> None:
         """Copy a shard from its source to ``dest``, hashed on the way and renamed into place only if
-        it matches the manifest (see ``shard_copy.py``)."""
+        it matches the manifest (see ``shard_copy.py``); ``stop`` set gives it up, leaving nothing."""
         from .shard_copy import verified_copy, verified_stream
 
         info = self.manifest.shards[shard]
         if self.storage is None:
-            verified_copy(self.shard_path(shard), dest, info, limits)
+            verified_copy(self.shard_path(shard), dest, info, limits, stop)
         else:
-            verified_stream(self.storage.chunks(info.file, info.bytes), dest, info, self.storage.url(info.file), limits)
+            verified_stream(self.storage.chunks(info.file, info.bytes), dest, info, self.storage.url(info.file), limits,
+                            stop)
 
     def check_files_of(self, shard: int) -> None:
         """:meth:`check_files` for one shard."""

@@ -3,6 +3,7 @@ manifest, then renamed into place, so a reader never sees a partial or corrupt c
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -17,21 +18,29 @@ from .throttle import SourceLimits
 _CHUNK = 8 << 20
 
 
+class CopyStopped(Exception):
+    """A copy given up because whoever made it was told to stop (a stager closed); nothing of it is left."""
+
+
 # write(chunk) for each chunk of a copy; a fill returns False when it has nothing to give
 Write = Callable[[memoryview], None]
 
 
-def write_verified(dest: Path, info: ShardInfo, fill: Callable[[Write], bool], *, named: str | Path) -> bool:
+def write_verified(dest: Path, info: ShardInfo, fill: Callable[[Write], bool], *, named: str | Path,
+                   stop: threading.Event | None = None) -> bool:
     """Write ``dest`` from the chunks ``fill`` hands its argument, under a hidden temporary name,
     hashed on the way, and rename it into place only if it matches ``info`` (checksum and size).
     False, leaving ``dest`` as it was, if ``fill`` had nothing to give; a mismatch raises
-    :class:`ChecksumMismatchError` naming ``named``, a full disk :class:`DiskFullError`."""
+    :class:`ChecksumMismatchError` naming ``named``, a full disk :class:`DiskFullError`, and ``stop``
+    set :class:`CopyStopped` at the next chunk, the temporary file removed."""
     tmp = atomic.partial_path(dest)
     h = xxhash.xxh3_64()
     copied = 0
 
     def write(chunk: memoryview) -> None:
         nonlocal copied
+        if stop is not None and stop.is_set():
+            raise CopyStopped(f"the copy of {named} was stopped")
         h.update(chunk)
         out.write(chunk)
         copied += len(chunk)
@@ -56,7 +65,8 @@ def write_verified(dest: Path, info: ShardInfo, fill: Callable[[Write], bool], *
     return True
 
 
-def verified_copy(source: Path, dest: Path, info: ShardInfo, limits: SourceLimits | None = None) -> int:
+def verified_copy(source: Path, dest: Path, info: ShardInfo, limits: SourceLimits | None = None,
+                  stop: threading.Event | None = None) -> int:
     """Copy ``source`` to ``dest`` if its bytes hash to ``info.checksum``; return the bytes copied.
 
     The copy is written under a hidden temporary name and renamed only once verified. A missing
@@ -78,12 +88,12 @@ def verified_copy(source: Path, dest: Path, info: ShardInfo, limits: SourceLimit
                 write(view[:n])
         return True
 
-    write_verified(dest, info, fill, named=source)
+    write_verified(dest, info, fill, named=source, stop=stop)
     return info.bytes
 
 
 def verified_stream(chunks: Iterable[memoryview], dest: Path, info: ShardInfo, named: str,
-                    limits: SourceLimits | None = None) -> int:
+                    limits: SourceLimits | None = None, stop: threading.Event | None = None) -> int:
     """:func:`verified_copy` from a stream of chunks (an object read by ranged requests) named ``named``."""
     def fill(write: Write) -> bool:
         if limits:
@@ -94,7 +104,7 @@ def verified_stream(chunks: Iterable[memoryview], dest: Path, info: ShardInfo, n
             write(chunk)
         return True
 
-    write_verified(dest, info, fill, named=named)
+    write_verified(dest, info, fill, named=named, stop=stop)
     return info.bytes
 
 

@@ -123,12 +123,15 @@ def cmd_stage(args: argparse.Namespace) -> int:
     assert stager is not None
     show = stager.is_leader and not args.quiet
     t0 = time.perf_counter()
-    for epoch in range(args.epochs):
-        stream.set_epoch(epoch)
-        with tqdm(desc=f"stage epoch {epoch}", unit="shard", disable=not show, dynamic_ncols=True) as bar:
-            stager.on_staged = lambda _: bar.update(1)
-            stream.start_staging(stream.plan())
-            stager.wait()
+    try:
+        for epoch in range(args.epochs):
+            stream.set_epoch(epoch)
+            with tqdm(desc=f"stage epoch {epoch}", unit="shard", disable=not show, dynamic_ncols=True) as bar:
+                stager.on_staged = lambda _: bar.update(1)
+                stream.start_staging(stream.plan())
+                stager.wait()
+    finally:  # Ctrl-C or SIGTERM: the copy under way is given up and removed
+        stager.close()
     seconds = time.perf_counter() - t0
     totals = comm.allgather(dict(stager.stats))
     comm.barrier()

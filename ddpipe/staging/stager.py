@@ -15,6 +15,7 @@ a ``.failed`` note per shard the stager could not copy, and per-rank ``.done`` n
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import sys
@@ -30,7 +31,7 @@ from ..comm import Comm
 from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
 from ..formats.atomic import atomic_write_bytes, discard
-from ..shard_copy import is_staged, remove_staged, write_stamp
+from ..shard_copy import CopyStopped, is_staged, remove_staged, write_stamp
 from ..throttle import SourceLimits
 from .peers import fetch_from_peer, holders, inventory_bits
 
@@ -81,6 +82,7 @@ class NodeStager:
         self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0,
                       "peer_copied": 0, "peer_bytes": 0}
         self._thread: threading.Thread | None = None
+        self._thread_ended = threading.Event()  # set by the thread as it ends (see _join)
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._epoch = 0
@@ -110,9 +112,13 @@ class NodeStager:
                                     self.comm.world.node, len(shards))
         self._stop.clear()
         if self.is_leader:
+            self._thread_ended.clear()
             self._thread = threading.Thread(target=self._stage_all, args=(order, staged), daemon=True,
                                              name="ddpipe-stager")
             self._thread.start()
+            # a process that ends while a copy is under way (a script's Ctrl-C) stops it first: the
+            # thread, killed at exit, left the copy under its hidden name, for a rerun to remove
+            atexit.register(self._stop_at_exit)
 
     def _stage_all(self, order: list[int], staged: list[int]) -> None:
         """Stage ``order``; ``staged``: what the node holds already, which counts against the capacity."""
@@ -128,8 +134,12 @@ class NodeStager:
                     staged.append(shard)
                 if self.on_staged is not None:
                     self.on_staged(shard)
+        except CopyStopped:  # closed: nothing of the copy is left
+            return
         except BaseException as e:  # reaches the readers through path()
             self._error = e
+        finally:
+            self._thread_ended.set()
 
     def _stage_one(self, shard: int) -> None:
         info = self.dataset.manifest.shards[shard]
@@ -148,7 +158,7 @@ class NodeStager:
                     self.stats["peer_copied"] += 1
                     self.stats["peer_bytes"] += info.bytes
                 else:
-                    self.dataset.copy_shard(shard, dest, self.options.limits)
+                    self.dataset.copy_shard(shard, dest, self.options.limits, self._stop)
             except DiskFullError as e:
                 print(f"ddpipe: warning: {e}; readers use the source for {info.file}", file=sys.stderr, flush=True)
                 atomic_write_bytes(self._failed(dest), str(e).encode())
@@ -257,13 +267,23 @@ class NodeStager:
 
     def wait(self) -> None:
         """Block until this epoch's staging is done (on the leader); raise what stopped it."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._join()
         self.check()
 
     def close(self) -> None:
+        """Stop staging: a copy under way is given up at its next chunk, and removed."""
         self._stop.set()
-        if self._thread is not None:
+        self._join()
+
+    def _stop_at_exit(self) -> None:
+        self._stop.set()
+        self._join(timeout=10)  # a hang bound: a chunk from a slow source, or a lock another job holds
+
+    def _join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end, on the event it sets as it does, not on Thread.join() alone: a
+        join that a signal's exception interrupted (Ctrl-C or SIGTERM in wait()) left the thread marked
+        ended while it still ran (CPython 3.11), and a join after it returned at once."""
+        if self._thread is not None and self._thread_ended.wait(timeout):
             self._thread.join()
             self._thread = None
+            atexit.unregister(self._stop_at_exit)

@@ -174,6 +174,53 @@ def test_killed_stager_resumes_with_the_rest(data: Path, tmp_path: Path) -> None
     assert set(keys(ddpipe.EncodedStream(data, 8, stage_dir=stage))) == ALL
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stopped_stage_command_leaves_no_partial_copy(data: Path, tmp_path: Path, sig: str) -> None:
+    """Ctrl-C or SIGTERM while a shard is copied: the copy was left under its hidden name (the stager's
+    thread died with the process), for a rerun to remove. The stager is now stopped within a chunk,
+    and removes it; the command says why it ended, in one line."""
+    import os
+    import signal
+
+    stage = tmp_path / "stage"
+    local = staged(stage, data)
+    cmd = [sys.executable, "-m", "ddpipe", "stage", str(data), "--local-dir", str(stage), "--quiet",
+           "--source-throttle", "40KB/s"]  # ~0.7 s a shard: a copy is under way most of the time
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    try:
+        deadline = time.monotonic() + 60
+        while not (list(local.glob(".*.verified")) and list(local.glob(".*.partial"))):
+            assert proc.poll() is None and time.monotonic() < deadline, "stager ended before it could be stopped"
+            time.sleep(0.01)
+        proc.send_signal(getattr(signal, sig))
+        output, _ = proc.communicate(timeout=60)  # a hang bound: it ends within one throttled chunk
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    said = "ddpipe: interrupted" if sig == "SIGINT" else "ddpipe: terminated"
+    assert proc.returncode == (130 if sig == "SIGINT" else 143) and output.strip().splitlines() == [said], output
+    assert not list(local.glob(".*.partial"))
+    assert 1 <= len(list(local.glob(".*.verified"))) < 5
+
+
+def test_a_script_that_ends_mid_epoch_leaves_no_partial_copy(tmp_path: Path) -> None:
+    """A training script that stops (an error, its own limit on steps) while the next shard is copied:
+    the stager's thread was killed at exit with the copy under its hidden name. It is now stopped as
+    the interpreter exits, and removes it."""
+    data = make_dataset(tmp_path / "src", "wds", [12] * 20, payload=2048)
+    stage = tmp_path / "stage"
+    code = ("import sys, ddpipe; l = ddpipe.EncodedStream(sys.argv[1], 8, shuffle='none', stage_dir=sys.argv[2], "
+            "source_limits='80KB/s'); next(iter(l)); print('one batch')")  # ~0.4 s a shard
+    proc = subprocess.run([sys.executable, "-c", code, str(data), str(stage)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "one batch" in proc.stdout, proc.stdout + proc.stderr
+    local = staged(stage, data)
+    assert 1 <= len(list(local.glob(".*.verified"))) < 20  # it ended while staging went on
+    assert not list(local.glob(".*.partial"))
+
+
 def test_failure_of_an_earlier_run_is_tried_again(data: Path, tmp_path: Path) -> None:
     local = staged(tmp_path / "stage", data)
     local.mkdir(parents=True)
