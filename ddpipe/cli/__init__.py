@@ -62,8 +62,8 @@ def _sigterm_unwinds() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # None: a handler not set from Python, put back as the default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
