@@ -217,6 +217,12 @@ class Dataset:
         path = store.path(shard) if store is not None else source
         try:
             return self._open(info, path, verify, hashed)
+        except MissingShardError:
+            if store is None or path == source:
+                raise
+            # evicted since the store named it: a node short of room takes back the copy needed latest,
+            # which a rank reading ahead of the stager (a copy left from an earlier epoch) may be opening
+            return self._open(info, source, verify)
         except CorruptShardError as e:
             if store is None or path == source:
                 raise

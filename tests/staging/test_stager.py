@@ -221,6 +221,29 @@ def test_a_script_that_ends_mid_epoch_leaves_no_partial_copy(tmp_path: Path) -> 
     assert not list(local.glob(".*.partial"))
 
 
+def test_a_copy_evicted_between_its_naming_and_its_opening_is_read_from_the_source(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node short of room takes back the staged copy needed latest in the epoch; a rank reading ahead
+    of the stager (the copy left from an earlier epoch) may have been given its path a moment before,
+    and failed opening it (tests/mpi/test_nodes_mpi.py's capacity test, once under load). Here the
+    eviction comes at that moment every time: the rank reads the source instead, every sample."""
+    from ddpipe.shard_copy import remove_staged
+    from ddpipe.staging.stager import NodeStager
+
+    stream = ddpipe.EncodedStream(data, 8, shuffle="none", stage_dir=tmp_path / "stage")
+    assert set(keys(stream)) == ALL  # every shard staged
+    named = NodeStager.path
+
+    def evicted_once_named(self: NodeStager, shard: int) -> Path:
+        path = named(self, shard)
+        remove_staged(path)  # what _make_room does
+        return path
+
+    monkeypatch.setattr(NodeStager, "path", evicted_once_named)
+    stream.set_epoch(1)
+    assert sorted(keys(stream)) == sorted(ALL)
+
+
 def test_failure_of_an_earlier_run_is_tried_again(data: Path, tmp_path: Path) -> None:
     local = staged(tmp_path / "stage", data)
     local.mkdir(parents=True)
