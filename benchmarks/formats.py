@@ -127,7 +127,8 @@ def foreign_datasets(images: Path, work: Path, shard_bytes: int) -> list[tuple[s
     import lmdb
     import numpy as np
 
-    from ddpipe.convert.adopt_foreign import index_hdf5, index_lmdb
+    from ddpipe.convert.adopt_hdf5 import index_hdf5
+    from ddpipe.convert.adopt_lmdb import index_lmdb
 
     classes = sorted(p.name for p in images.iterdir() if p.is_dir())
     items = [(p, classes.index(p.parent.name)) for p in sorted(images.rglob("*.jpg"))]

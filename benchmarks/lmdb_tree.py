@@ -34,7 +34,7 @@ from _common import DATA, cold, read_ahead_kb, save, synth_images, synth_shards
 
 import ddpipe
 from ddpipe.bench.harness import machine, median, table
-from ddpipe.convert.adopt_foreign import index_lmdb
+from ddpipe.convert.adopt_lmdb import index_lmdb
 from ddpipe.formats import lmdb_env
 from ddpipe.formats.lmdb_tree import check_tree, tree_keys, tree_pages
 from ddpipe.reading import read_samples

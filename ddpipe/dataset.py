@@ -17,7 +17,7 @@ from .errors import CorruptShardError, ManifestError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .formats.base import LayoutError
 from .formats.mapped import HashedFile, advise_willneed
-from .manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_from_text
+from .manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, load_manifest_from
 from .sample import BAD, KEY, Sample
 from .storage import ObjectCache, ObjectStorage, StorageOptions, is_remote, open_storage, parse_location
 from .throttle import SourceLimits
@@ -389,20 +389,3 @@ def dataset_at(path: str | os.PathLike[str], storage: StorageOptions | None = No
         dataset = Dataset(path, manifest, objects)
     return dataset
 
-
-def load_manifest_from(objects: ObjectStorage) -> Manifest:
-    """Read and validate the ``index.json`` object under a remote location."""
-    manifest = find_manifest(objects)
-    if manifest is None:
-        raise ManifestError("no index.json: not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')",
-                            path=objects.url(MANIFEST_NAME))
-    return manifest
-
-
-def find_manifest(objects: ObjectStorage) -> Manifest | None:
-    """The ``index.json`` object under a remote location, validated, or None if there is none."""
-    try:
-        text = objects.get(MANIFEST_NAME)
-    except MissingShardError:
-        return None
-    return manifest_from_text(text, objects.url(MANIFEST_NAME))

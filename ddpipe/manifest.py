@@ -34,14 +34,17 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .checksum import unpack_digests
-from .errors import DdpipeError, ManifestError
+from .errors import DdpipeError, ManifestError, MissingShardError
 from .fields import checked, kind_of, whole_number
 from .formats.atomic import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from .storage import ObjectStorage
 
 MANIFEST_NAME = "index.json"
 MANIFEST_VERSION = 1
@@ -283,3 +286,21 @@ def save_manifest(dataset: str | os.PathLike[str], manifest: Manifest) -> Path:
     path = Path(dataset) / MANIFEST_NAME
     atomic_write_bytes(path, manifest.to_json().encode())
     return path
+
+
+def load_manifest_from(objects: ObjectStorage) -> Manifest:
+    """Read and validate the ``index.json`` object under a remote location."""
+    manifest = find_manifest(objects)
+    if manifest is None:
+        raise ManifestError("no index.json: not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')",
+                            path=objects.url(MANIFEST_NAME))
+    return manifest
+
+
+def find_manifest(objects: ObjectStorage) -> Manifest | None:
+    """The ``index.json`` object under a remote location, validated, or None if there is none."""
+    try:
+        text = objects.get(MANIFEST_NAME)
+    except MissingShardError:
+        return None
+    return manifest_from_text(text, objects.url(MANIFEST_NAME))

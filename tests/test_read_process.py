@@ -131,7 +131,8 @@ def test_adopted_images_are_read_where_the_reading_process_found_them(tmp_path: 
     """Data another tool wrote, adopted in place (Caffe's encoded datums in an LMDB, variable-length
     rows of HDF5 files): its images cross as places in its files too, which the training process
     maps; the same batches as threads give."""
-    from ddpipe.convert.adopt_foreign import index_hdf5, index_lmdb
+    from ddpipe.convert.adopt_hdf5 import index_hdf5
+    from ddpipe.convert.adopt_lmdb import index_lmdb
     from tests.convert.foreign_data import h5_vlen, lmdb_caffe
 
     if layout == "caffe":
@@ -263,7 +264,7 @@ def test_batches_that_find_no_room_in_the_buffer_still_come(tmp_path: Path, monk
     ahead), so batches that wait for room in vain, and those larger than the buffer, go through the
     connection; nothing hangs, nothing differs."""
     from ddpipe import read_process
-    from ddpipe.convert.adopt_foreign import index_lmdb
+    from ddpipe.convert.adopt_lmdb import index_lmdb
     from tests.convert.foreign_data import lmdb_msgpack
 
     root = lmdb_msgpack(tmp_path / "foreign", n=60)

@@ -37,6 +37,27 @@ def recorded_classes(root: Path) -> list[str] | None:
     return list(recorded.classes) or None
 
 
+def given_or_recorded(classes: list[str] | None, data: Path, out: Path | None) -> list[str] | None:
+    """The class names given, else those of the manifest already where this one goes (indexing again
+    keeps them); refuses, before any work, to replace an ``index.json`` that is not ddpipe's."""
+    target = out or data
+    recorded = recorded_classes(target) if target.is_dir() else None
+    return classes if classes is not None else recorded
+
+
+def write_adopted(data: Path, out: Path | None, manifest: Manifest) -> Manifest:
+    """Save ``manifest`` beside the adopted files in ``data``, or in ``out`` naming ``data`` relative to it
+    (a read-only data directory must be given one)."""
+    target = out or data
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        manifest = Manifest(**{**manifest.__dict__, "data_dir": os.path.relpath(data.resolve(), out.resolve())})
+    elif not os.access(data, os.W_OK):
+        raise DdpipeError("the data directory is read-only: write the manifest elsewhere with --out DIR", path=data)
+    save_manifest(target, manifest)
+    return manifest
+
+
 @dataclass(frozen=True)
 class AdoptedTar:
     """One tar shard adopted: its manifest entry, its samples' fields, and what its ``cls`` values say:

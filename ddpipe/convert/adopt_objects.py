@@ -25,7 +25,7 @@ from ..manifest import MANIFEST_NAME, Manifest, save_manifest
 from ..storage import ObjectStorage, open_storage
 from ..units import size_text
 from .adopt import AdoptedTar, adopt_tar, recorded_classes, tar_names, tars_manifest
-from .adopt_foreign import hdf5_names, index_hdf5
+from .adopt_hdf5 import hdf5_names, index_hdf5
 
 
 def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Namespace], Manifest],

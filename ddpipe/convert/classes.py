@@ -38,3 +38,17 @@ def refuse_negative(labels: Sequence[int], where: str | os.PathLike[str]) -> Non
     if i is not None:
         raise DdpipeError(f"sample {i} has the label {labels[i]}: class numbers count from 0 (a negative label "
                           "usually marks an unlabelled image, which training cannot use)", path=where)
+
+
+def class_order(names: set[str], classes: list[str] | None, given: list[str] | None,
+                where: str | os.PathLike[str]) -> list[str]:
+    """The classes of labels stored as names: in the order of ``classes`` (given, or recorded by the
+    manifest already there) where it names them all, else sorted; refused where class names given
+    lack some."""
+    if "" in names or any(not name.strip() for name in names):  # an unlabelled image, most likely
+        raise DdpipeError("a label is an empty or blank class name: every image needs its class", path=where)
+    missing = sorted(names - set(classes or ()))
+    if missing and given is not None:
+        raise DdpipeError(f"the labels name classes the class names given lack: {', '.join(missing[:5])}"
+                          f"{' ...' if len(missing) > 5 else ''}", path=where)
+    return list(classes) if classes and not missing else sorted(names)

@@ -20,17 +20,11 @@ from typing import Literal
 import xxhash
 
 from ..comm import Comm, init_comm
-from ..dataset import find_manifest
 from ..decode.spec import ON_ERROR
 from ..errors import ConversionConflictError, DdpipeError, OptionError, SourceError
 from ..formats import FORMAT_NAMES, get_format
 from ..formats.atomic import atomic_write_bytes
-from ..manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    load_manifest,
-    save_manifest,
-)
+from ..manifest import MANIFEST_NAME, Manifest, find_manifest, load_manifest, save_manifest
 from ..storage import is_remote, open_storage
 from ..workers import end_if_importing_parents_script
 from . import to_objects

@@ -14,7 +14,8 @@ from ..errors import DdpipeError
 from ..manifest import Manifest
 from ..storage import is_remote
 from .adopt import index_tars
-from .adopt_foreign import HDF5_SUFFIXES, index_hdf5, index_lmdb
+from .adopt_hdf5 import HDF5_SUFFIXES, index_hdf5
+from .adopt_lmdb import index_lmdb
 
 # what an ImageFolder's class directories hold: the names a sample's image field goes by
 _IMAGE_SUFFIXES = tuple(f".{name}" for name in IMAGE_FIELDS)

@@ -509,7 +509,7 @@ def test_indexing_again_keeps_the_class_names_and_never_replaces_a_foreign_index
 def test_an_adopted_lmdb_scans_from_any_sample_by_the_keys_it_recorded(every: int, tmp_path: Path) -> None:
     """A rank's share of an adopted LMDB starts near its first sample by a key the manifest recorded
     (every ``every``-th), not after reading every record before it; either way, the same samples."""
-    from ddpipe.convert.adopt_foreign import index_lmdb
+    from ddpipe.convert.adopt_lmdb import index_lmdb
 
     root = fd.lmdb_caffe(tmp_path / "caffe")
     index_lmdb(root, seek_every=every)
@@ -529,7 +529,7 @@ def test_an_adopted_lmdb_that_lost_a_record_is_an_error_naming_it(tmp_path: Path
 
     import lmdb
 
-    from ddpipe.convert.adopt_foreign import index_lmdb
+    from ddpipe.convert.adopt_lmdb import index_lmdb
     from ddpipe.errors import CorruptShardError
 
     root = fd.lmdb_caffe(tmp_path / "caffe")
