@@ -42,7 +42,7 @@ def _share(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dataset")
+    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix (only its index.json is read)")
     p.add_argument("--world-size", "-W", type=int, required=True, help="ranks of the job (GPUs)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--exchange-fraction", type=float, nargs="+", default=list(DEFAULT_FRACTIONS), metavar="Q",
@@ -50,10 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--within", type=_share, default=0.25,
                    help="choose the smallest Q leaving at most this share of local shuffling's batch-skew "
                         "gap to a global shuffle (default 0.25; the README relates it to accuracy)")
-    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
-    p.add_argument("--buffer-size", type=int, default=PlanOptions.buffer_size)
-    p.add_argument("--round-size", type=int, default=PlanOptions.round_size)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky",
+                   help="sticky: each rank reads the same shards every epoch; rotate: new ones each epoch")
+    p.add_argument("--buffer-size", type=int, default=PlanOptions.buffer_size,
+                   help="samples in each rank's shuffle buffer (local shuffle)")
+    p.add_argument("--round-size", type=int, default=PlanOptions.round_size,
+                   help="samples each rank reads between two exchanges (partial shuffle)")
+    p.add_argument("--seed", type=int, default=0, help="the epoch plan's seed")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
 
 

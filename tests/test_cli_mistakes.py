@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,41 @@ def test_help_shows_defaults_and_unknown_loader_keywords_list_the_known(tmp_path
     with pytest.raises(TypeError, match=r"unexpected keyword arguments: sizes; its keywords are .*shuffle"):
         ddpipe.Loader(tmp_path, 4, sizes=3)  # type: ignore[call-arg]
 
+
+
+def _help_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    from ddpipe.cli.parser import parse_command_line
+
+    with pytest.raises(SystemExit) as stop:
+        parse_command_line([*argv, "--help"])
+    assert stop.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_every_argument_of_every_command_says_what_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """A newcomer reads ``--help``: an option listed bare (``--exchange-fraction EXCHANGE_FRACTION`` and
+    nothing more) sends them to the source. An argument's entry is its line (two spaces in) and the lines
+    indented further below it; its help is whatever follows its name there."""
+    commands = re.search(r"\{([a-z,]+)\}", _help_of(capsys)).group(1).split(",")  # type: ignore[union-attr]
+    assert {"convert", "train", "bench", "serve"} <= set(commands)
+    bare = []
+    for command in commands:
+        text = _help_of(capsys, command)
+        assert "(default: [])" not in text and "(default: None)" not in text, command
+        entries: list[list[str]] = []
+        for line in text.split("\n\n", 1)[1].splitlines():  # past the usage
+            if re.match(r"^  \S", line):
+                entries.append([line])
+            elif re.match(r"^   +\S", line) and entries:
+                entries[-1].append(line)
+            elif entries and entries[-1]:  # a section heading or a blank line ends an entry
+                entries.append([])
+        for entry in filter(None, entries):
+            name = entry[0].split()[0].rstrip(",")
+            said = re.split(r"\s{2,}", entry[0].strip(), maxsplit=1)[1:] + entry[1:]
+            if name not in ("-h", "--help") and not " ".join(said).strip():
+                bare.append(f"{command} {name}")
+    assert not bare, f"arguments with no help: {', '.join(bare)}"
 
 
 def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path) -> None:

@@ -15,14 +15,27 @@ from ..shufflers import SHUFFLERS
 from ..throttle import ENV_VAR as THROTTLE_ENV
 from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_serve, cmd_stage, cmd_synth, cmd_train, cmd_verify
 
+# the help of options several commands share
+SHUFFLE_HELP = ("partial: each rank shuffles what it reads and exchanges a fraction Q of it across the job; "
+                "local: within each rank only; global: one permutation of the dataset (random reads); "
+                "none: stored order")
+EXCHANGE_HELP = "partial shuffle: the fraction Q of each rank's samples exchanged with other ranks (0 to 1)"
+ASSIGNMENT_HELP = ("sticky: each rank reads the same shards every epoch (node-local copies are reused); "
+                   "rotate: new ones each epoch")
+DECODE_HELP = ("dali-gpu, dali-cpu or pil (auto: the GPU where CUDA and DALI are present, else DALI on the CPU, "
+               "else PIL)")
+IMAGE_SIZE_HELP = "side of the square images in a batch, in pixels"
+SEED_HELP = "the epoch plan's seed: shard order, shuffles and augmentation"
+
 
 class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
-    """Every subcommand's ``--help`` shows each option's default: where it has one (not None, not a
-    flag's False) and its help does not already say it."""
+    """Every subcommand's ``--help`` shows each option's default: where it has one (not None or an empty
+    list, not a flag's False) and its help does not already say it (nor, for a default of 0, what 0 means)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.default is None or action.nargs == 0 or "default" in text:
+        if action.default in (None, []) or action.nargs == 0 or "default" in text \
+                or (action.default == 0 and "(0: " in text):
             return text
         return super()._get_help_string(action)
 
@@ -134,23 +147,25 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     command = functools.partial(sub.add_parser, formatter_class=HelpWithDefaults)  # each command's parser
 
     p = command("synth", help="write an ImageNet-like ImageFolder of real JPEGs")
-    p.add_argument("out")
+    p.add_argument("out", help="directory to write: OUT/<class>/<image>.jpg")
     p.add_argument("--n", type=_positive, default=1000, help="number of images")
-    p.add_argument("--classes", type=_positive, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--classes", type=_positive, default=10, help="number of classes, the images split evenly")
+    p.add_argument("--seed", type=int, default=0, help="the same seed writes the same images")
     p.add_argument("--quality", type=_jpeg_quality, default=90, help="JPEG quality, 1 to 100")
-    p.add_argument("--workers", type=_positive, default=1)
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--workers", type=_positive, default=1, help="processes encoding images")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_synth)
 
     p = command("convert", help="convert an ImageFolder, a list file or a dataset into shards")
     p.add_argument("src", help="ImageFolder root, list file (.csv/.tsv of 'path,label', Caffe's .txt of "
                                    "'path label', im2rec's .lst), or a ddpipe dataset")
-    p.add_argument("out")
-    p.add_argument("--format", choices=FORMAT_NAMES, default="wds")
+    p.add_argument("out", help="directory, or s3:// prefix, to write the shards and index.json to")
+    p.add_argument("--format", choices=FORMAT_NAMES, default="wds",
+                   help="wds: WebDataset tar shards; hdf5 or lmdb: one file per shard")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", type=_size, default=None, help="target shard size, e.g. 256MB (default)")
-    size.add_argument("--samples-per-shard", type=_positive, default=None)
+    size.add_argument("--samples-per-shard", type=_positive, default=None,
+                      help="a fixed number of samples per shard instead of a size")
     p.add_argument("--seed", type=int, default=None, help="shuffle samples across shards (default: keep source order)")
     p.add_argument("--workers", type=_positive, default=1, help="parallel shard writers")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
@@ -163,7 +178,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--synsets", help="the synset list (LOC_synset_mapping.txt, map_clsloc.txt)")
     p.add_argument("--no-decode-check", action="store_true",
                    help="check only each image's header, not that it decodes whole (faster; see README)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_convert)
 
     p = command("index", help="adopt tar shards, HDF5 files or an LMDB in place: write their index.json")
@@ -179,7 +194,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.set_defaults(func=plan_command.main)
 
     p = command("stage", help="copy this node's shards to node-local storage ahead of a job")
-    p.add_argument("dataset")
+    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--local-dir", required=True,
                    help="node-local directory (an SSD, or memory); {node} gives each node its own, "
                         "$VAR takes it from the node's environment")
@@ -187,51 +202,57 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--epochs", type=_positive, default=1, help="stage the shards of this many epochs")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial",
                    help="the training job's shuffle mode (decides which shards each node reads)")
-    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=ASSIGNMENT_HELP)
+    p.add_argument("--seed", type=int, default=0, help="the training job's seed (decides its shard order)")
     p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_stage)
 
     p = command("train", help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
-    p.add_argument("dataset")
+    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--model", default="resnet50", help="resnet18, resnet34, resnet50, resnet101 or smallcnn")
-    p.add_argument("--epochs", type=_positive, default=1)
+    p.add_argument("--epochs", type=_positive, default=1, help="epochs to train")
     p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
-    p.add_argument("--allreduce", choices=["ddp", "mpi"], default="ddp")
+    p.add_argument("--allreduce", choices=["ddp", "mpi"], default="ddp",
+                   help="average gradients with torch's DistributedDataParallel, or over MPI (under mpiexec)")
     p.add_argument("--lr", type=_above_zero, default=0.1, help="for a global batch of 256, scaled linearly")
-    p.add_argument("--warmup-epochs", type=_at_least_zero, default=0.0)
+    p.add_argument("--warmup-epochs", type=_at_least_zero, default=0.0,
+                   help="epochs over which the learning rate rises linearly to --lr")
     p.add_argument("--eval", help="a held-out dataset: top-1 accuracy after each epoch")
-    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--image-size", type=int, default=224, help=IMAGE_SIZE_HELP)
     p.add_argument("--dtype", choices=DTYPES, default="uint8",
                    help="loader output; uint8 is normalised on the training device")
-    p.add_argument("--decode", default="auto", choices=DECODERS)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--decode", default="auto", choices=DECODERS, help=DECODE_HELP)
+    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: this rank's GPU by local rank, "
+                   "else the CPU)")
     _decode_service_argument(p)
     _read_in_argument(p)
     p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
-    p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial")
-    p.add_argument("--exchange-fraction", type=float, default=0.3)
-    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky")
+    p.add_argument("--channels-last", action="store_true", help="the model and batches in channels-last layout")
+    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=SHUFFLE_HELP)
+    p.add_argument("--exchange-fraction", type=float, default=0.3, help=EXCHANGE_HELP)
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=ASSIGNMENT_HELP)
     p.add_argument("--stage-dir", default=None,
                    help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR; {node} and $VAR are resolved "
                         "on each node)")
-    p.add_argument("--stage-capacity", type=_size, default=None)
+    p.add_argument("--stage-capacity", type=_size, default=None,
+                   help="bytes of node-local storage to use, e.g. 100GB (default: no limit)")
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="file to save to and resume from (also saved when SIGTERM or SIGUSR1 stops the job)")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between mid-epoch checkpoints")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps, saving the checkpoint")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps between mid-epoch checkpoints (0: at the end of each epoch only)")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="stop after this many steps, saving the checkpoint (0: no limit)")
     p.add_argument("--log-every", type=int, default=50, help="a progress line every this many steps (0: epochs only)")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="an image that does not decode: stop naming it, or skip and count it")
     p.add_argument("--num-classes", type=int, default=1000, help="when the dataset names no classes")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     p.set_defaults(func=cmd_train)
 
     p = command("bench", help="measure each stage and the data wait of a training step, on this dataset")
-    p.add_argument("dataset")
+    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
     p.add_argument("--step-time", type=_seconds, default=0.05, help="seconds of a simulated training step")
     p.add_argument("--model", default=None, help="time a real model's SGD step instead of a simulated one: "
@@ -241,14 +262,14 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
     p.add_argument("--compare-dir", default=None, help="where the peers' inputs are written once (default: temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or phase lines")
-    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial")
-    p.add_argument("--exchange-fraction", type=float, default=0.3)
-    p.add_argument("--decode", default="auto", choices=DECODERS)
+    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=SHUFFLE_HELP)
+    p.add_argument("--exchange-fraction", type=float, default=0.3, help=EXCHANGE_HELP)
+    p.add_argument("--decode", default="auto", choices=DECODERS, help=DECODE_HELP)
     _decode_service_argument(p)
     _read_in_argument(p)
-    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--image-size", type=int, default=224, help=IMAGE_SIZE_HELP)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
-    p.add_argument("--stage-dir", default=None)
+    p.add_argument("--stage-dir", default=None, help="node-local directory to stage the shards to first")
     p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
     p.add_argument("--json", default=None, help="write every figure and the machine to this file")
@@ -256,16 +277,16 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--project", type=_node_counts, default=None, metavar="nodes=1,8,64,512",
                    help="project to these cluster sizes")
     p.add_argument("--project-images", type=_positive, default=None, help="dataset size to project (default: this one)")
-    p.add_argument("--gpus-per-node", type=_positive, default=4)
+    p.add_argument("--gpus-per-node", type=_positive, default=4, help="ranks per node of the projected clusters")
     p.add_argument("--fs-bandwidth", type=_size, default=10 * 10**9, help="shared file system, aggregate, per second")
     p.add_argument("--local-bandwidth", type=_size, default=3 * 10**9, help="node-local storage, per second")
-    p.add_argument("--local-capacity", type=_size, default=3800 * 10**9)
+    p.add_argument("--local-capacity", type=_size, default=3800 * 10**9, help="node-local storage, bytes per node")
     p.add_argument("--link-bandwidth", type=_size, default=25 * 10**9, help="per node, per second")
     p.add_argument("--link-latency", type=_seconds, default=5e-6, help="seconds per message")
     p.add_argument("--model-step-time", type=_seconds, default=0.0, help="the real model's step (default: --step-time)")
     p.add_argument("--decode-rate", type=_at_least_zero, default=0.0,
                    help="images/s one rank decodes on the cluster (default: measured here)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     p.set_defaults(func=cmd_bench)
 
     p = command("serve", help="decode batches for trainers on other nodes (DecodeOptions(service=...))")
@@ -280,15 +301,15 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.set_defaults(func=cmd_serve)
 
     p = command("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
-    p.add_argument("dataset")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-scan", action="store_true", help="manifest only; skip per-field sizes")
     p.set_defaults(func=cmd_inspect)
 
     p = command("verify", help="check checksums and sample counts (and with --decode, every image)")
-    p.add_argument("dataset")
-    p.add_argument("--decode", action="store_true")
+    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
+    p.add_argument("--decode", action="store_true", help="also decode every image (slower)")
     p.add_argument("--stage-dir", default=None, help="check this dataset's copies staged in this directory instead")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_verify)
     return parser, sub
