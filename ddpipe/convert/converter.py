@@ -254,9 +254,16 @@ def convert(
             finished.append(manifest)
 
         _all_ranks(comm, finish)
-    if objects is not None:
-        uploaded: list[Manifest] = []
-        made = finished[0] if finished else load_manifest(out) if world.rank == 0 else None
-        _all_ranks(comm, lambda: uploaded.append(to_objects.upload(objects, out, made, comm)))
-        return uploaded[0]
+    if objects is not None:  # the shards each rank left here, then (rank 0) the manifest; a failure is every rank's
+        made = finished[0] if finished else load_manifest(out) if (out / MANIFEST_NAME).exists() else None
+        manifest, run = to_objects.agreed_manifest(objects, made, comm)
+        _all_ranks(comm, lambda: to_objects.send_leftovers(objects, out, manifest, run))
+
+        def publish() -> None:
+            if world.rank == 0:
+                to_objects.publish_manifest(objects, manifest)
+
+        _all_ranks(comm, publish)
+        shutil.rmtree(out, ignore_errors=True)
+        return manifest
     return finished[0] if finished else load_manifest(out)

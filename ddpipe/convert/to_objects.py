@@ -15,8 +15,9 @@ by an earlier conversion of other input can have a new shard's size to the byte 
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import tempfile
+import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import xxhash
 
 from ..comm import Comm
+from ..errors import DdpipeError
 from ..formats import ShardFormat, get_format
 from ..formats.atomic import atomic_write_bytes
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, manifest_from_text
@@ -97,22 +99,48 @@ class ShardSender:
                 self._sending.popleft().result()
 
 
-def upload(objects: ObjectStorage, work: Path, manifest: Manifest | None, comm: Comm) -> Manifest:
-    """Send the shards this rank holds in ``work`` (and their sidecars), then, once every rank has,
-    rank 0 sends ``index.json``; every rank returns the manifest (rank 0's, which only it may hold)."""
-    text = comm.allgather(manifest.to_json() if manifest is not None and comm.world.rank == 0 else None)[0]
-    assert text is not None, "rank 0 finished the conversion"
-    manifest = manifest_from_text(text.encode(), objects.url(MANIFEST_NAME))
+def agreed_manifest(objects: ObjectStorage, manifest: Manifest | None, comm: Comm) -> tuple[Manifest, str]:
+    """The conversion's manifest (which rank 0 wrote, on its node: a rank of another node may hold it
+    where a rerun placed the ranks otherwise) on every rank, with a name for this run of the upload
+    that every rank shares."""
+    offered = comm.allgather((manifest.to_json() if manifest is not None else None, uuid.uuid4().hex))
+    text = next((text for text, _ in offered if text is not None), None)
+    if text is None:  # every rank alike, so each raises it
+        raise DdpipeError("no rank of this job holds the conversion's index.json", path=objects.url(MANIFEST_NAME))
+    return manifest_from_text(text.encode(), objects.url(MANIFEST_NAME)), offered[0][1]
+
+
+def send_leftovers(objects: ObjectStorage, work: Path, manifest: Manifest, run: str) -> None:
+    """Send the shards (and their sidecars) still in ``work``: each by the first of the ranks sharing
+    this node's work directory to claim it in this ``run`` (each of them would otherwise send all)."""
     fmt = get_format(manifest.format)
+    claims = work / f".sending-{run}"
+    claims.mkdir(parents=True, exist_ok=True)
     for info in manifest.shards:
         local = work / info.file
-        if not local.exists():  # sent, and removed, or another node's
+        if not local.exists() or not _claimed(claims / info.file):  # sent and removed, another node's, or taken
             continue
         for path in (local, *[p for p in fmt.sidecar_files(local) if p.exists()]):
             objects.put_file(str(path.relative_to(work)), path)
-    comm.barrier()
-    if comm.world.rank == 0:
-        objects.put_bytes(MANIFEST_NAME, manifest.to_json().encode())
-    comm.barrier()
-    shutil.rmtree(work, ignore_errors=True)
-    return manifest
+
+
+def _claimed(mark: Path) -> bool:
+    try:
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def publish_manifest(objects: ObjectStorage, manifest: Manifest) -> None:
+    """Send ``index.json``, once the bucket holds every shard it names whole (at its size): a reader
+    never finds a manifest whose shards are not all there. A shard missing (removed from the bucket
+    since it was sent, or left unsent in the work directory of a node not in this job) is named."""
+    held = objects.list()
+    for info in manifest.shards:
+        if held.get(info.file) != info.bytes:
+            found = "missing" if info.file not in held else f"{held[info.file]:,} bytes, not {info.bytes:,}"
+            raise DdpipeError(f"{found}: no index.json sent, as the dataset would not be whole (convert again "
+                              "on the nodes that wrote it, or remove its work directory on each node to start over)",
+                              path=objects.url(info.file))
+    objects.put_bytes(MANIFEST_NAME, manifest.to_json().encode())

@@ -289,6 +289,73 @@ def test_a_conversion_into_a_bucket_by_mpi_ranks_gives_what_one_process_gives(ra
     assert all(first.get(name) == second.get(name) for name in first.list())
 
 
+@pytest.mark.mpi
+def test_a_manifest_upload_that_fails_on_rank_0_ends_every_rank(raw_images: Path, bucket: str) -> None:
+    """Rank 0 sends ``index.json`` once every rank has sent its shards; when that fails (a lost
+    connection, a full quota), the other ranks, past that point, must learn of it rather than wait
+    for rank 0 in a collective it never enters. Then the same command, run again, finishes the job."""
+    url = f"s3://{bucket}/ds"
+    proc = mpiexec(2, Path(__file__).with_name("convert_worker.py"), raw_images, url, timeout=240)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "connection lost" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "index.json" not in open_storage(url).list()
+    proc = mpiexec(2, "-m", "ddpipe", "convert", raw_images, url, "--samples-per-shard", "5", "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(samples(ddpipe.EncodedStream(url, 4))) == 24
+
+
+def test_no_manifest_is_sent_while_a_shard_it_names_is_not_in_the_bucket(raw_images: Path, bucket: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upload's last step sends ``index.json``; a rerun after it failed sends only that. A shard
+    gone from the bucket meanwhile (a lifecycle rule, a user's clean-up) would leave a manifest naming
+    an object that is not there: the rerun names the shard instead, and sends nothing."""
+    import boto3
+
+    from ddpipe.storage.objects import ObjectStorage
+
+    url = f"s3://{bucket}/ds"
+    real_put = ObjectStorage.put_bytes
+
+    def lost(self: ObjectStorage, name: str, data: bytes) -> None:
+        raise StorageError("connection lost", path=self.url(name))
+
+    options = ddpipe.ConvertOptions(format="wds", samples_per_shard=5, progress=False)
+    monkeypatch.setattr(ObjectStorage, "put_bytes", lost)
+    with pytest.raises(StorageError, match="connection lost"):
+        ddpipe.convert(raw_images, url, options)
+    monkeypatch.setattr(ObjectStorage, "put_bytes", real_put)
+    boto3.client("s3").delete_object(Bucket=bucket, Key="ds/shard-000002.tar")
+    with pytest.raises(DdpipeError, match=r"ds/shard-000002\.tar: missing: no index\.json sent"):
+        ddpipe.convert(raw_images, url, options)
+    assert "index.json" not in open_storage(url).list()
+
+
+def test_shards_left_in_a_shared_work_directory_are_sent_once(raw_images: Path, bucket: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks of a node share its work directory: each sent every shard left there, as many times as
+    the node has ranks. Now the first to claim a shard sends it."""
+    from ddpipe.convert.to_objects import send_leftovers
+    from ddpipe.storage.objects import ObjectStorage
+
+    work = tmp_path / "work"
+    manifest = ddpipe.convert(raw_images, work, ddpipe.ConvertOptions(format="wds", samples_per_shard=3,
+                                                                        progress=False))
+    sent: list[str] = []
+    real_put = ObjectStorage.put_file
+
+    def counted(self: ObjectStorage, name: str, path: Path) -> str | None:
+        sent.append(name)
+        return real_put(self, name, path)
+
+    monkeypatch.setattr(ObjectStorage, "put_file", counted)
+    objects = open_storage(f"s3://{bucket}/ds")
+    with ThreadPoolExecutor(4) as ranks:
+        for done in [ranks.submit(send_leftovers, objects, work, manifest, "run-1") for _ in range(4)]:
+            done.result()
+    shards = [info.file for info in manifest.shards]
+    assert sorted(sent) == sorted([*shards, *(name.replace(".tar", ".idx") for name in shards)])
+
+
 def test_a_stopped_upload_shows_no_dataset_and_resumes(raw_images: Path, bucket: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from ddpipe.storage.objects import ObjectStorage
