@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .cli import arguments as arg
 from .errors import DdpipeError
 from .manifest import numbered_class_limit
 from .plan import ASSIGNMENTS, PlanOptions
@@ -43,8 +44,8 @@ def _share(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix (only its index.json is read)")
-    p.add_argument("--world-size", "-W", type=int, required=True, help="ranks of the job (GPUs)")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--world-size", "-W", type=arg.positive, required=True, help="ranks of the job (GPUs)")
+    p.add_argument("--batch-size", type=arg.positive, default=32, help="per rank")
     p.add_argument("--exchange-fraction", type=float, nargs="+", default=list(DEFAULT_FRACTIONS), metavar="Q",
                    help="the Q values to score")
     p.add_argument("--within", type=_share, default=0.25,
@@ -52,9 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "gap to a global shuffle (default 0.25; the README relates it to accuracy)")
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky",
                    help="sticky: each rank reads the same shards every epoch; rotate: new ones each epoch")
-    p.add_argument("--buffer-size", type=int, default=PlanOptions.buffer_size,
+    p.add_argument("--buffer-size", type=arg.count, default=PlanOptions.buffer_size,
                    help="samples in each rank's shuffle buffer (local shuffle)")
-    p.add_argument("--round-size", type=int, default=PlanOptions.round_size,
+    p.add_argument("--round-size", type=arg.positive, default=PlanOptions.round_size,
                    help="samples each rank reads between two exchanges (partial shuffle)")
     p.add_argument("--seed", type=int, default=0, help="the epoch plan's seed")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
@@ -87,8 +88,6 @@ def sample_labels(data: Dataset) -> np.ndarray:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.world_size < 1 or args.batch_size < 1:
-        raise DdpipeError("--world-size and --batch-size must be at least 1")
     if any(not 0 < q <= 1 for q in args.exchange_fraction):
         raise DdpipeError("each --exchange-fraction must be in (0, 1]")
     from .dataset import open_dataset

@@ -109,7 +109,7 @@ def test_label_runs() -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["-W", "0"], "--world-size and --batch-size must be at least 1"),
+    (["-W", "0"], "argument --world-size/-W: must be at least 1"),
     (["-W", "4", "--exchange-fraction", "1.5"], "must be in (0, 1]"),
     (["-W", "100000"], "cannot be shared by 100000 ranks"),
     (["-W", "8"], "holds 30 samples, less than one batch of 32"),

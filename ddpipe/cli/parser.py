@@ -13,6 +13,7 @@ from ..formats import FORMAT_NAMES
 from ..plan import ASSIGNMENTS
 from ..shufflers import SHUFFLERS
 from ..throttle import ENV_VAR as THROTTLE_ENV
+from . import arguments as arg
 from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_serve, cmd_stage, cmd_synth, cmd_train, cmd_verify
 
 # the help of options several commands share
@@ -38,83 +39,6 @@ class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
                 or (action.default == 0 and "(0: " in text):
             return text
         return super()._get_help_string(action)
-
-
-def _size(text: str) -> int:
-    from ..convert.layout import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError("must be 0 or more seconds")
-    return value
-
-
-def _finite(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not -float("inf") < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number, not {text}")
-    return value
-
-
-def _at_least_zero(text: str) -> float:
-    """A finite number, 0 or more (a learning rate's warm-up, a rate where 0 means "measure it")."""
-    value = _finite(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
-    return value
-
-
-def _above_zero(text: str) -> float:
-    """A finite number more than 0 (a learning rate, seconds between log lines)."""
-    value = _finite(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
-    return value
-
-
-def _whole(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-
-
-def _positive(text: str) -> int:
-    value = _whole(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _node_counts(text: str) -> tuple[int, ...]:
-    """--project's cluster sizes, ``nodes=1,8,64`` (or ``1,8,64``): read now, not after the benchmark."""
-    try:
-        nodes = tuple(int(n) for n in text.removeprefix("nodes=").split(",") if n.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"give node counts as nodes=1,8,64, not {text!r}") from None
-    if not nodes or min(nodes) < 1:
-        raise argparse.ArgumentTypeError(f"give node counts of at least 1, as nodes=1,8,64, not {text!r}")
-    return nodes
-
-
-def _jpeg_quality(text: str) -> int:
-    value = _whole(text)
-    if not 1 <= value <= 100:  # PIL takes more, and writes what 100 writes
-        raise argparse.ArgumentTypeError(f"must be 1 to 100, not {text}")
-    return value
 
 
 def _decode_service_argument(p: argparse.ArgumentParser) -> None:
@@ -148,11 +72,11 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
 
     p = command("synth", help="write an ImageNet-like ImageFolder of real JPEGs")
     p.add_argument("out", help="directory to write: OUT/<class>/<image>.jpg")
-    p.add_argument("--n", type=_positive, default=1000, help="number of images")
-    p.add_argument("--classes", type=_positive, default=10, help="number of classes, the images split evenly")
+    p.add_argument("--n", type=arg.positive, default=1000, help="number of images")
+    p.add_argument("--classes", type=arg.positive, default=10, help="number of classes, the images split evenly")
     p.add_argument("--seed", type=int, default=0, help="the same seed writes the same images")
-    p.add_argument("--quality", type=_jpeg_quality, default=90, help="JPEG quality, 1 to 100")
-    p.add_argument("--workers", type=_positive, default=1, help="processes encoding images")
+    p.add_argument("--quality", type=arg.jpeg_quality, default=90, help="JPEG quality, 1 to 100")
+    p.add_argument("--workers", type=arg.positive, default=1, help="processes encoding images")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_synth)
 
@@ -163,11 +87,11 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--format", choices=FORMAT_NAMES, default="wds",
                    help="wds: WebDataset tar shards; hdf5 or lmdb: one file per shard")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--shard-size", type=_size, default=None, help="target shard size, e.g. 256MB (default)")
-    size.add_argument("--samples-per-shard", type=_positive, default=None,
+    size.add_argument("--shard-size", type=arg.size, default=None, help="target shard size, e.g. 256MB (default)")
+    size.add_argument("--samples-per-shard", type=arg.positive, default=None,
                       help="a fixed number of samples per shard instead of a size")
     p.add_argument("--seed", type=int, default=None, help="shuffle samples across shards (default: keep source order)")
-    p.add_argument("--workers", type=_positive, default=1, help="parallel shard writers")
+    p.add_argument("--workers", type=arg.positive, default=1, help="parallel shard writers")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="an unreadable or non-image input: stop (default) or skip and record it")
     p.add_argument("--allow-empty", action="store_true",
@@ -198,8 +122,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--local-dir", required=True,
                    help="node-local directory (an SSD, or memory); {node} gives each node its own, "
                         "$VAR takes it from the node's environment")
-    p.add_argument("--capacity", type=_size, default=None, help="bytes of local storage to use, e.g. 100GB")
-    p.add_argument("--epochs", type=_positive, default=1, help="stage the shards of this many epochs")
+    p.add_argument("--capacity", type=arg.size, default=None, help="bytes of local storage to use, e.g. 100GB")
+    p.add_argument("--epochs", type=arg.positive, default=1, help="stage the shards of this many epochs")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial",
                    help="the training job's shuffle mode (decides which shards each node reads)")
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=ASSIGNMENT_HELP)
@@ -212,15 +136,15 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p = command("train", help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
     p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--model", default="resnet50", help="resnet18, resnet34, resnet50, resnet101 or smallcnn")
-    p.add_argument("--epochs", type=_positive, default=1, help="epochs to train")
-    p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
+    p.add_argument("--epochs", type=arg.positive, default=1, help="epochs to train")
+    p.add_argument("--batch-size", type=arg.positive, default=64, help="per rank")
     p.add_argument("--allreduce", choices=["ddp", "mpi"], default="ddp",
                    help="average gradients with torch's DistributedDataParallel, or over MPI (under mpiexec)")
-    p.add_argument("--lr", type=_above_zero, default=0.1, help="for a global batch of 256, scaled linearly")
-    p.add_argument("--warmup-epochs", type=_at_least_zero, default=0.0,
+    p.add_argument("--lr", type=arg.above_zero, default=0.1, help="for a global batch of 256, scaled linearly")
+    p.add_argument("--warmup-epochs", type=arg.at_least_zero, default=0.0,
                    help="epochs over which the learning rate rises linearly to --lr")
     p.add_argument("--eval", help="a held-out dataset: top-1 accuracy after each epoch")
-    p.add_argument("--image-size", type=int, default=224, help=IMAGE_SIZE_HELP)
+    p.add_argument("--image-size", type=arg.positive, default=224, help=IMAGE_SIZE_HELP)
     p.add_argument("--dtype", choices=DTYPES, default="uint8",
                    help="loader output; uint8 is normalised on the training device")
     p.add_argument("--decode", default="auto", choices=DECODERS, help=DECODE_HELP)
@@ -231,60 +155,64 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
     p.add_argument("--channels-last", action="store_true", help="the model and batches in channels-last layout")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=SHUFFLE_HELP)
-    p.add_argument("--exchange-fraction", type=float, default=0.3, help=EXCHANGE_HELP)
+    p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=EXCHANGE_HELP)
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=ASSIGNMENT_HELP)
     p.add_argument("--stage-dir", default=None,
                    help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR; {node} and $VAR are resolved "
                         "on each node)")
-    p.add_argument("--stage-capacity", type=_size, default=None,
+    p.add_argument("--stage-capacity", type=arg.size, default=None,
                    help="bytes of node-local storage to use, e.g. 100GB (default: no limit)")
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="file to save to and resume from (also saved when SIGTERM or SIGUSR1 stops the job)")
-    p.add_argument("--checkpoint-every", type=int, default=0,
+    p.add_argument("--checkpoint-every", type=arg.count, default=0,
                    help="steps between mid-epoch checkpoints (0: at the end of each epoch only)")
-    p.add_argument("--max-steps", type=int, default=0,
+    p.add_argument("--max-steps", type=arg.count, default=0,
                    help="stop after this many steps, saving the checkpoint (0: no limit)")
-    p.add_argument("--log-every", type=int, default=50, help="a progress line every this many steps (0: epochs only)")
+    p.add_argument("--log-every", type=arg.count, default=50,
+                   help="a progress line every this many steps (0: epochs only)")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="an image that does not decode: stop naming it, or skip and count it")
-    p.add_argument("--num-classes", type=int, default=1000, help="when the dataset names no classes")
+    p.add_argument("--num-classes", type=arg.positive, default=1000, help="when the dataset names no classes")
     p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     p.set_defaults(func=cmd_train)
 
     p = command("bench", help="measure each stage and the data wait of a training step, on this dataset")
     p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
-    p.add_argument("--batch-size", type=_positive, default=64, help="per rank")
-    p.add_argument("--step-time", type=_seconds, default=0.05, help="seconds of a simulated training step")
+    p.add_argument("--batch-size", type=arg.positive, default=64, help="per rank")
+    p.add_argument("--step-time", type=arg.seconds, default=0.05, help="seconds of a simulated training step")
     p.add_argument("--model", default=None, help="time a real model's SGD step instead of a simulated one: "
                    "resnet18, resnet34, resnet50, resnet101 or smallcnn")
-    p.add_argument("--epochs", type=_positive, default=1, help="epochs of the full pipeline feeding the step")
+    p.add_argument("--epochs", type=arg.positive, default=1, help="epochs of the full pipeline feeding the step")
     p.add_argument("--compare", nargs="*", default=None, choices=list(PEERS), metavar="PEER",
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
     p.add_argument("--compare-dir", default=None, help="where the peers' inputs are written once (default: temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or phase lines")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=SHUFFLE_HELP)
-    p.add_argument("--exchange-fraction", type=float, default=0.3, help=EXCHANGE_HELP)
+    p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=EXCHANGE_HELP)
     p.add_argument("--decode", default="auto", choices=DECODERS, help=DECODE_HELP)
     _decode_service_argument(p)
     _read_in_argument(p)
-    p.add_argument("--image-size", type=int, default=224, help=IMAGE_SIZE_HELP)
+    p.add_argument("--image-size", type=arg.positive, default=224, help=IMAGE_SIZE_HELP)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
     p.add_argument("--stage-dir", default=None, help="node-local directory to stage the shards to first")
     p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
     p.add_argument("--json", default=None, help="write every figure and the machine to this file")
     p.add_argument("--plot", default=None, help="write a PNG of throughput by stage and stall over the epoch")
-    p.add_argument("--project", type=_node_counts, default=None, metavar="nodes=1,8,64,512",
+    p.add_argument("--project", type=arg.node_counts, default=None, metavar="nodes=1,8,64,512",
                    help="project to these cluster sizes")
-    p.add_argument("--project-images", type=_positive, default=None, help="dataset size to project (default: this one)")
-    p.add_argument("--gpus-per-node", type=_positive, default=4, help="ranks per node of the projected clusters")
-    p.add_argument("--fs-bandwidth", type=_size, default=10 * 10**9, help="shared file system, aggregate, per second")
-    p.add_argument("--local-bandwidth", type=_size, default=3 * 10**9, help="node-local storage, per second")
-    p.add_argument("--local-capacity", type=_size, default=3800 * 10**9, help="node-local storage, bytes per node")
-    p.add_argument("--link-bandwidth", type=_size, default=25 * 10**9, help="per node, per second")
-    p.add_argument("--link-latency", type=_seconds, default=5e-6, help="seconds per message")
-    p.add_argument("--model-step-time", type=_seconds, default=0.0, help="the real model's step (default: --step-time)")
-    p.add_argument("--decode-rate", type=_at_least_zero, default=0.0,
+    p.add_argument("--project-images", type=arg.positive, default=None,
+                   help="dataset size to project (default: this one)")
+    p.add_argument("--gpus-per-node", type=arg.positive, default=4, help="ranks per node of the projected clusters")
+    p.add_argument("--fs-bandwidth", type=arg.size, default=10 * 10**9,
+                   help="shared file system, aggregate, per second")
+    p.add_argument("--local-bandwidth", type=arg.size, default=3 * 10**9, help="node-local storage, per second")
+    p.add_argument("--local-capacity", type=arg.size, default=3800 * 10**9, help="node-local storage, bytes per node")
+    p.add_argument("--link-bandwidth", type=arg.size, default=25 * 10**9, help="per node, per second")
+    p.add_argument("--link-latency", type=arg.seconds, default=5e-6, help="seconds per message")
+    p.add_argument("--model-step-time", type=arg.seconds, default=0.0,
+                   help="the real model's step (default: --step-time)")
+    p.add_argument("--decode-rate", type=arg.at_least_zero, default=0.0,
                    help="images/s one rank decodes on the cluster (default: measured here)")
     p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     p.set_defaults(func=cmd_bench)
@@ -292,12 +220,12 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p = command("serve", help="decode batches for trainers on other nodes (DecodeOptions(service=...))")
     p.add_argument("--listen", default="127.0.0.1:5555",
                    help="HOST:PORT to listen on (0.0.0.0 for every interface; port 0: any free one)")
-    p.add_argument("--workers", type=_positive, default=max(1, len(os.sched_getaffinity(0))),
+    p.add_argument("--workers", type=arg.positive, default=max(1, len(os.sched_getaffinity(0))),
                    help="batches decoded at once, one core each (default: this process's cores)")
-    p.add_argument("--queue", type=int, default=0, help="requests waiting for a worker (default: 2 per worker); "
+    p.add_argument("--queue", type=arg.count, default=0, help="requests waiting for a worker (default: 2 per worker); "
                    "past it, trainers are told the server is busy")
-    p.add_argument("--max-request", type=_size, default=512 << 20, help="largest request taken, e.g. 512MB")
-    p.add_argument("--log-every", type=_above_zero, default=60.0, help="seconds between log lines")
+    p.add_argument("--max-request", type=arg.size, default=512 << 20, help="largest request taken, e.g. 512MB")
+    p.add_argument("--log-every", type=arg.above_zero, default=60.0, help="seconds between log lines")
     p.set_defaults(func=cmd_serve)
 
     p = command("inspect", help="format, shards, samples, bytes, classes, per-field sizes")

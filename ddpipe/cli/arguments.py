@@ -1,0 +1,100 @@
+"""The types of the command line's arguments: each reads one value and refuses, as that argument's
+usage error, what the command cannot take (argparse names the argument: ``argument --lr: must be more
+than 0, not -1``), before any work starts."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def size(text: str) -> int:
+    from ..convert.layout import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must be 0 or more seconds")
+    return value
+
+
+def finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not -float("inf") < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number, not {text}")
+    return value
+
+
+def at_least_zero(text: str) -> float:
+    """A finite number, 0 or more (a learning rate's warm-up, a rate where 0 means "measure it")."""
+    value = finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def above_zero(text: str) -> float:
+    """A finite number more than 0 (a learning rate, seconds between log lines)."""
+    value = finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
+def whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
+def positive(text: str) -> int:
+    value = whole(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def node_counts(text: str) -> tuple[int, ...]:
+    """--project's cluster sizes, ``nodes=1,8,64`` (or ``1,8,64``): read now, not after the benchmark."""
+    try:
+        nodes = tuple(int(n) for n in text.removeprefix("nodes=").split(",") if n.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give node counts as nodes=1,8,64, not {text!r}") from None
+    if not nodes or min(nodes) < 1:
+        raise argparse.ArgumentTypeError(f"give node counts of at least 1, as nodes=1,8,64, not {text!r}")
+    return nodes
+
+
+def jpeg_quality(text: str) -> int:
+    value = whole(text)
+    if not 1 <= value <= 100:  # PIL takes more, and writes what 100 writes
+        raise argparse.ArgumentTypeError(f"must be 1 to 100, not {text}")
+    return value
+
+
+def count(text: str) -> int:
+    """A whole number, 0 or more (steps between checkpoints, where 0 says "never"; a buffer's size)."""
+    value = whole(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A share of something, in [0, 1] (the fraction of samples a partial shuffle exchanges)."""
+    value = finite(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], not {text}")
+    return value
