@@ -261,7 +261,7 @@ def convert(
 
         def publish() -> None:
             if world.rank == 0:
-                to_objects.publish_manifest(objects, manifest)
+                to_objects.publish_manifest(objects, manifest, out)
 
         _all_ranks(comm, publish)
         shutil.rmtree(out, ignore_errors=True)

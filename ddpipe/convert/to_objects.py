@@ -132,7 +132,7 @@ def _claimed(mark: Path) -> bool:
     return True
 
 
-def publish_manifest(objects: ObjectStorage, manifest: Manifest) -> None:
+def publish_manifest(objects: ObjectStorage, manifest: Manifest, work: Path) -> None:
     """Send ``index.json``, once the bucket holds every shard it names whole (at its size): a reader
     never finds a manifest whose shards are not all there. A shard missing (removed from the bucket
     since it was sent, or left unsent in the work directory of a node not in this job) is named."""
@@ -140,7 +140,7 @@ def publish_manifest(objects: ObjectStorage, manifest: Manifest) -> None:
     for info in manifest.shards:
         if held.get(info.file) != info.bytes:
             found = "missing" if info.file not in held else f"{held[info.file]:,} bytes, not {info.bytes:,}"
-            raise DdpipeError(f"{found}: no index.json sent, as the dataset would not be whole (convert again "
-                              "on the nodes that wrote it, or remove its work directory on each node to start over)",
-                              path=objects.url(info.file))
+            raise DdpipeError(f"{found}: index.json not sent, as the dataset would not be whole (a node of an "
+                              f"earlier run may hold the shard in {work}: convert again with that node in the job, "
+                              f"or remove {work} on every node to start over)", path=objects.url(info.file))
     objects.put_bytes(MANIFEST_NAME, manifest.to_json().encode())
