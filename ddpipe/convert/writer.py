@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,7 +16,11 @@ from ..sample import KEY, Sample, class_of
 
 def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, format: str = "wds",
                   samples_per_shard: int = 1000, classes: Iterable[str] = ()) -> Manifest:
-    """Write ``samples`` in order, ``samples_per_shard`` to a shard; the manifest comes last."""
+    """Write ``samples`` in order, ``samples_per_shard`` to a shard; the manifest comes last. A sample
+    is a dict of ``__key__`` (a string) and fields of bytes; ``cls``, the class number, may be an int
+    (stored as its text, as every shard holds it). Whatever stops the writing (a refused sample, an
+    error raised by ``samples`` itself, Ctrl-C) leaves the shards finished before it and no part of
+    the one under way."""
     if samples_per_shard < 1:
         raise ValueError("samples_per_shard must be at least 1")
     root = Path(out)
@@ -28,30 +33,38 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     writer = None
     labels: list[int] = []
     names = tuple(classes)
-    for written, sample in enumerate(samples):
-        try:
-            label = _label(sample, names, written + 1)
-        except SampleError:  # refused before it is written
-            if writer is not None:
-                writer.abort()
-            raise
-        if writer is None:
-            writer = fmt.writer(root / f"shard-{len(shards):06d}{fmt.suffix}")
-        try:
+    try:
+        for written, given in enumerate(samples):
+            sample = _as_stored(given, written)
+            label = _label(sample, names, written + 1)  # refused before it is written
+            if writer is None:
+                writer = fmt.writer(root / f"shard-{len(shards):06d}{fmt.suffix}")
             writer.write(sample)
-        except BaseException:
-            writer.abort()
-            raise
-        fields.update(k for k in sample if k != KEY)
-        labels.append(label)
-        if writer.count == samples_per_shard:
+            fields.update(k for k in sample if k != KEY)
+            labels.append(label)
+            if writer.count == samples_per_shard:
+                shards.append(_commit(writer, labels))
+                writer, labels = None, []
+        if writer is not None:
             shards.append(_commit(writer, labels))
-            writer, labels = None, []
-    if writer is not None:
-        shards.append(_commit(writer, labels))
+            writer = None
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
     manifest = Manifest(format, tuple(sorted(fields)), names, tuple(shards))
     save_manifest(root, manifest)
     return manifest
+
+
+def _as_stored(sample: Sample, position: int) -> Sample:
+    """``sample`` with a ``cls`` given as a number as its text (what webdataset's writer does with one)."""
+    if not isinstance(sample, dict):
+        raise SampleError(f"sample {position} is a {type(sample).__name__}, not a dict of fields")
+    value = sample.get("cls")
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return {**sample, "cls": b"%d" % int(value)}
+    return sample
 
 
 def _label(sample: Sample, names: tuple[str, ...], samples: int) -> int:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -322,6 +324,32 @@ def test_write_dataset_refuses_a_class_without_a_name_and_writes_nothing(tmp_pat
     with pytest.raises(ddpipe.SampleError, match=r"sample 'k/5': cls 3000000000 is too large to be a class index"):
         ddpipe.write_dataset(tmp_path / "e", iter(items), samples_per_shard=4)
     assert not (tmp_path / "e" / "index.json").exists()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_write_dataset_stopped_by_its_own_samples_leaves_no_part_of_a_shard(tmp_path: Path, fmt: str) -> None:
+    """The samples come from the caller's code, which can fail (or be interrupted) between two of them:
+    the shard under way was left as a hidden partial file, its handle open."""
+    def samples() -> Iterator[dict[str, Any]]:
+        for i in range(5):
+            yield {KEY: f"k/{i}", "txt": b"x", "cls": b"0"}
+        raise RuntimeError("the source broke")
+
+    with pytest.raises(RuntimeError, match="the source broke"):
+        ddpipe.write_dataset(tmp_path / "d", samples(), format=fmt, samples_per_shard=3)
+    left = sorted(p.name for p in (tmp_path / "d").iterdir())
+    assert left == sorted(p.name for p in (tmp_path / "d").glob("shard-000000*")) and left, left
+    with pytest.raises(ddpipe.SampleError, match="sample 1 is a list, not a dict of fields"):
+        ddpipe.write_dataset(tmp_path / "e", [{KEY: "a", "txt": b"x"}, ["b", b"x"]])  # type: ignore[list-item]
+    assert not list((tmp_path / "e").iterdir())
+
+
+def test_write_dataset_takes_a_class_number_as_an_int(tmp_path: Path) -> None:
+    """What webdataset's writer takes; here it was refused as "cls 3 is not an integer"."""
+    items = [{KEY: f"k/{i}", "txt": b"x", "cls": i % 3} for i in range(6)]
+    manifest = ddpipe.write_dataset(tmp_path / "d", items, samples_per_shard=4)
+    assert [s.labels for s in manifest.shards] == [((0, 1), (1, 1), (2, 1), (0, 1)), ((1, 1), (2, 1))]
+    assert [s["cls"] for s in ddpipe.open_dataset(tmp_path / "d")] == [b"%d" % (i % 3) for i in range(6)]
 
 
 def test_a_list_files_label_that_is_no_class_index_is_one_line_and_writes_nothing(raw_images: Path,
