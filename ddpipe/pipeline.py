@@ -83,8 +83,10 @@ class Loader:
         return self.decoding.service_stats
 
     def close(self) -> None:
-        """Release the decoder (its DALI pipeline, threads or processes); iterating again makes a new one."""
+        """Release the decoder (its DALI pipeline, threads or processes) and stop staging; iterating again
+        makes a new decoder and stages the epoch's shards afresh."""
         self.decoding.close()
+        self.stream.close()
 
     def __enter__(self) -> Loader:
         return self

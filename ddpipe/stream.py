@@ -213,6 +213,19 @@ class EncodedStream:
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         bound_to_its_process(self)
 
+    def close(self) -> None:
+        """End the loop held (its next ``next()`` says so) and stop staging: a copy under way is given up
+        at its next chunk, and removed. Iterating again starts both afresh."""
+        self._loop.end("the stream's close()")
+        if self.stager is not None:
+            self.stager.close()
+
+    def __enter__(self) -> EncodedStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __len__(self) -> int:
         """Batches this epoch yields (what is left of it, after :meth:`load_state_dict`)."""
         return self.plan().num_batches

@@ -221,6 +221,34 @@ def test_a_script_that_ends_mid_epoch_leaves_no_partial_copy(tmp_path: Path) -> 
     assert not list(local.glob(".*.partial"))
 
 
+@pytest.mark.parametrize("make", ["stream", "loader"])
+def test_close_stops_staging_and_leaves_no_partial_copy(tmp_path: Path, make: str) -> None:
+    """A script that leaves an epoch early and closes its loader, as the guide says, to release its
+    threads: staging went on copying the epoch's shards behind it, to the end of the epoch or of the
+    process. Closed, it stops within a chunk; iterating again stages the rest."""
+    import threading
+
+    from ddpipe.synth import encode_jpeg, render_image
+
+    data = tmp_path / "src"
+    jpeg = encode_jpeg(render_image(0, seed=1, long_side=48))
+    ddpipe.write_dataset(data, ({"__key__": f"s/{i:06d}", "jpg": jpeg + bytes(2048), "cls": i % 4} for i in range(240)),
+                         samples_per_shard=12)
+    stage = tmp_path / "stage"
+    # ~0.4 s a shard from the source: a copy is under way when the first batch is taken
+    loader: ddpipe.EncodedStream | ddpipe.Loader = \
+        ddpipe.EncodedStream(data, 8, shuffle="none", stage_dir=stage, source_limits="80KB/s") if make == "stream" \
+        else ddpipe.Loader(data, 8, shuffle="none", stage_dir=stage, source_limits="80KB/s", decoder="pil")
+    with loader:
+        next(iter(loader))
+    assert not [t for t in threading.enumerate() if t.name == "ddpipe-stager"]
+    local = staged(stage, data)
+    assert 1 <= len(list(local.glob(".*.verified"))) < 20 and not list(local.glob(".*.partial"))
+    if make == "stream":
+        assert len(keys(loader)) == 240  # type: ignore[arg-type]
+        assert len(list(local.glob(".*.verified"))) == 20
+
+
 def test_a_copy_evicted_between_its_naming_and_its_opening_is_read_from_the_source(
         data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A node short of room takes back the staged copy needed latest in the epoch; a rank reading ahead
