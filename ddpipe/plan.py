@@ -70,11 +70,8 @@ class PlanOptions:
                               f"not {self.shard_assignment!r}")
         if isinstance(self.exchange_fraction, (bool, str)) or not 0.0 <= self.exchange_fraction <= 1.0:
             raise OptionError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction!r}")
-        for name in ("batch_size", "round_size", "buffer_size"):
-            whole_option(getattr(self, name), name)
-        if self.batch_size < 1 or self.round_size < 1 or self.buffer_size < 0:
-            raise OptionError(f"batch_size and round_size must be at least 1, buffer_size at least 0, not "
-                              f"{self.batch_size}, {self.round_size} and {self.buffer_size}")
+        for name, least in (("batch_size", 1), ("round_size", 1), ("buffer_size", 0)):
+            whole_option(getattr(self, name), name, least)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 import ddpipe
 from ddpipe import DecodeOptions, OptionError, PlanOptions, ReadOptions, SourceLimits, StageOptions
 from ddpipe.options import LOADER_STAGES, STREAM_STAGES, LoaderKeywords, StreamKeywords, apply_keywords, keyword_fields
+from ddpipe.service.server import ServeOptions
+from ddpipe.train.loop import TrainOptions
 
 from .decode.test_decode import labelled_samples
 
@@ -160,6 +163,26 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
     with pytest.raises(OptionError, match=name if name != "stage_capacity" else "needs stage_dir"):
         ddpipe.Loader(data, **{"batch_size": 4, "decoder": "pil", **bad})  # type: ignore[arg-type]
     assert set(os.listdir("/dev/shm")) <= before
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: PlanOptions(batch_size=0), "batch_size must be a whole number of at least 1, not 0"),
+    (lambda: PlanOptions(buffer_size=-1), "buffer_size must be a whole number of at least 0, not -1"),
+    (lambda: DecodeOptions(size=0), "size must be a whole number of at least 1, not 0"),
+    (lambda: DecodeOptions(size=64, resize_shorter=32),
+     "resize_shorter must be a whole number of at least 64, not 32"),
+    (lambda: TrainOptions(checkpoint_every=-1), "checkpoint_every must be a whole number of at least 0, not -1"),
+    (lambda: TrainOptions(momentum=1.0), "momentum must be in [0, 1), not 1.0"),
+    (lambda: TrainOptions(weight_decay=float("nan")), "weight_decay must be a finite number, 0 or more, not nan"),
+    (lambda: ServeOptions(queue=-1), "queue must be a whole number of at least 0, not -1"),
+])
+def test_an_option_out_of_bounds_is_named_alone_with_its_value(make: Callable[[], object], says: str) -> None:
+    """Each refusal named every bound of its group and none of the values ("batch_size and round_size
+    must be at least 1, buffer_size at least 0, not 0, 512 and 1024"; "size must be positive and
+    resize_shorter at least size"): the caller had to find which of them was theirs."""
+    with pytest.raises(OptionError) as refused:
+        make()
+    assert str(refused.value) == says
 
 
 def test_a_decoder_for_an_undecoded_stream_points_to_the_stream() -> None:

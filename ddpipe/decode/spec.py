@@ -114,10 +114,9 @@ class DecodeOptions:
             raise OptionError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
         if self.dtype not in DTYPES:
             raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
-        for name in ("size", "resize_shorter", "threads"):
-            whole_option(getattr(self, name), name)
-        if self.size < 1 or self.resize_shorter < self.size:
-            raise OptionError("size must be positive and resize_shorter at least size")
+        whole_option(self.size, "size", 1)
+        whole_option(self.resize_shorter, "resize_shorter", self.size)  # the crop is taken from the resized image
+        whole_option(self.threads, "threads")
         side, name = (self.size, "size") if self.train else (self.resize_shorter, "resize_shorter")
         if side ** 2 > self.max_pixels:  # no image made is larger than any image read may be
             raise OptionError(f"{name} {side} makes images of at least {side ** 2:,} pixels, more than max_pixels "

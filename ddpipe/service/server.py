@@ -13,6 +13,7 @@ the queue at most ``queue`` requests, each request at most ``max_request_bytes``
 
 from __future__ import annotations
 
+import math
 import queue
 import sys
 import threading
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DdpipeError, OptionError
+from ..fields import whole_option
 from . import wire
 from .transport import Listener, listen
 
@@ -40,10 +42,10 @@ class ServeOptions:
     log_every: float = 60.0  # seconds between log lines
 
     def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise OptionError(f"workers must be at least 1, not {self.workers}")
-        if self.queue < 0 or self.max_request_bytes < 1 or self.max_samples < 1 or not self.log_every > 0:
-            raise OptionError("queue must be at least 0; max_request_bytes, max_samples and log_every positive")
+        for name, least in (("workers", 1), ("queue", 0), ("max_request_bytes", 1), ("max_samples", 1)):
+            whole_option(getattr(self, name), name, least)
+        if not 0 < self.log_every < math.inf:
+            raise OptionError(f"log_every must be a finite number of seconds more than 0, not {self.log_every}")
 
     @property
     def queue_size(self) -> int:

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..decode import normalize
 from ..errors import DdpipeError, OptionError
+from ..fields import whole_option
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
 from .distributed import DataParallel, Job, wrap
@@ -51,15 +52,16 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.allreduce not in ("ddp", "mpi"):
             raise OptionError(f"allreduce must be 'ddp' or 'mpi', not {self.allreduce!r}")
-        if not (0 < self.lr < math.inf and 0 <= self.warmup_epochs < math.inf and 0 <= self.momentum < 1
-                and 0 <= self.weight_decay < math.inf):  # NaN fails every comparison
-            raise OptionError(f"lr must be a finite number more than 0, warmup_epochs and weight_decay finite and 0 "
-                              f"or more, momentum in [0, 1): not {self.lr}, {self.warmup_epochs}, "
-                              f"{self.weight_decay} and {self.momentum}")
-        if min(self.epochs, self.reference_batch, self.bucket_bytes) < 1 \
-                or min(self.checkpoint_every, self.max_steps, self.log_every) < 0:
-            raise OptionError("epochs, reference_batch and bucket_bytes must be at least 1; checkpoint_every, "
-                              "max_steps and log_every at least 0")
+        if not 0 < self.lr < math.inf:  # NaN fails every comparison
+            raise OptionError(f"lr must be a finite number more than 0, not {self.lr}")
+        for name in ("warmup_epochs", "weight_decay"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise OptionError(f"{name} must be a finite number, 0 or more, not {getattr(self, name)}")
+        if not 0 <= self.momentum < 1:
+            raise OptionError(f"momentum must be in [0, 1), not {self.momentum}")
+        for name, least in (("epochs", 1), ("reference_batch", 1), ("bucket_bytes", 1), ("checkpoint_every", 0),
+                            ("max_steps", 0), ("log_every", 0)):
+            whole_option(getattr(self, name), name, least)
 
 
 @dataclass
