@@ -105,5 +105,10 @@ class ConversionConflictError(DdpipeError, FileExistsError):
     """The output directory holds a different dataset or a conversion with other arguments."""
 
 
+class NoBatchWarning(UserWarning):
+    """An epoch yields no batch on this rank (a batch larger than its share, with ``drop_last``; an
+    empty dataset): a training loop over it would do nothing, silently."""
+
+
 class UnlabelledSamplesWarning(UserWarning):
     """Adopted samples without a class number: training skips or refuses each (``--on-error``)."""

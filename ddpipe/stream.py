@@ -19,6 +19,7 @@ import os
 import queue
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -29,7 +30,14 @@ import numpy as np
 
 from .comm import Comm, init_comm
 from .dataset import Dataset, open_dataset
-from .errors import CorruptShardError, DdpipeError, DigestMismatchError, SampleError, bound_to_its_process
+from .errors import (
+    CorruptShardError,
+    DdpipeError,
+    DigestMismatchError,
+    NoBatchWarning,
+    SampleError,
+    bound_to_its_process,
+)
 from .fields import whole_option
 from .handoff import END, Ahead, SampleQueue, groups
 from .loader_stats import ReadStats, SkippedSample
@@ -120,6 +128,7 @@ class EncodedStream:
         self._plan: EpochPlan | None = None
         self._planned_ahead: tuple[tuple[int, int], Ahead[EpochPlan]] | None = None  # (seed, epoch), its plan
         self._finished_an_epoch = False
+        self._said_no_batch = False  # NoBatchWarning, once
         self._loop: HeldLoop[SampleBatch] = HeldLoop("stream")
         limits = self.read_options.source_limits
         if limits is not None and limits.bandwidth and self.comm.world.local_size > 1:
@@ -196,7 +205,20 @@ class EncodedStream:
                 self._plan = next(ahead[1])
             else:
                 self._plan = self._planned(self.seed, self.epoch, self._pending)
+            if self._plan.num_batches == 0 and self._pending is None and not self._said_no_batch:
+                self._said_no_batch = True
+                warnings.warn(self._no_batch(), NoBatchWarning, stacklevel=3)
         return self._plan
+
+    def _no_batch(self) -> str:
+        """Why a whole epoch yields no batch on this rank: what the caller can change."""
+        n, size = len(self.dataset), self.comm.world.size
+        share, batch = n // size, self.options.batch_size
+        if n == 0:
+            return f"{self.dataset.where}: the dataset holds no samples, so an epoch has no batch"
+        return (f"{self.dataset.where}: batch_size {batch} is more than a rank's share of the dataset ({share} of "
+                f"{n} samples on {size} rank(s)) and drop_last is set, so an epoch has no batch: use a smaller "
+                "batch size or fewer ranks")
 
     def plan_ahead(self, epoch: int) -> None:
         """Start making the plan of ``epoch`` (this seed, every sample) on a thread of its own, for

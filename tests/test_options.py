@@ -185,6 +185,25 @@ def test_an_option_out_of_bounds_is_named_alone_with_its_value(make: Callable[[]
     assert str(refused.value) == says
 
 
+@pytest.mark.parametrize("make", [ddpipe.EncodedStream, ddpipe.Loader])
+def test_an_epoch_with_no_batch_is_said_once(data: Path, make: type) -> None:
+    """A batch larger than a rank's share, with drop_last: every epoch was empty, and a training loop
+    over it did nothing, without a word (``ddpipe train`` refuses it; a script did not hear of it)."""
+    import warnings
+
+    from ddpipe.errors import NoBatchWarning
+
+    loader = make(data, 64, drop_last=True, decoder="pil") if make is ddpipe.Loader else make(data, 64, drop_last=True)
+    with pytest.warns(NoBatchWarning, match=r"/wds: batch_size 64 is more than a rank's share of the dataset "
+                                            r"\(30 of 30 samples on 1 rank\(s\)\) and drop_last is set"):
+        assert list(loader) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.set_epoch(1)
+        assert list(loader) == [] and len(loader) == 0
+    loader.close()
+
+
 def test_a_decoder_for_an_undecoded_stream_points_to_the_stream() -> None:
     with pytest.raises(OptionError, match="EncodedStream"):
         DecodeOptions(decoder="none")

@@ -7,8 +7,11 @@ import dataclasses
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ..errors import NoBatchWarning
 
 if TYPE_CHECKING:
     from ..bench import BenchReport
@@ -178,7 +181,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             _check_labelled(data)
             _check_labels_fit(data, classes, numbered=not loader.dataset.classes)
     model = build_model(args.model, classes)
-    if loader.batches_per_epoch == 0:  # every rank plans alike: each says so and leaves
+    with warnings.catch_warnings():  # said below as the command's error, in its own words
+        warnings.simplefilter("ignore", NoBatchWarning)
+        no_batch = loader.batches_per_epoch == 0
+    if no_batch:  # every rank plans alike: each says so and leaves
         from ..errors import DdpipeError
 
         share = len(loader.dataset) // job.size
