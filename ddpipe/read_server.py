@@ -11,6 +11,7 @@ import os
 import select
 import sys
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import numpy as np
 
 from .comm.base import pack_parts
 from .epoch_ahead import READ_AHEAD_BATCHES, likely_next, may_read_ahead, serves
-from .errors import DdpipeError
+from .errors import DdpipeError, NoBatchWarning
 from .shard_places import IN_BUFFER, PlaceFinder
 from .workers import leave_signals_to_parent
 
@@ -296,6 +297,7 @@ def main(argv: list[str]) -> None:
     # when the parent goes, however it goes: a receive then ends, a send fails, and this process exits.
     # A Ctrl-C (the terminal's or the launcher's, to the whole group) is the parent's to answer
     leave_signals_to_parent()
+    warnings.simplefilter("ignore", NoBatchWarning)  # the training process's stream says it, once
     buf_fd, ring_bytes, area = (int(a) for a in argv[:3])
     conn_fd, *relay_fd = (int(a) for a in argv[3:])
     whole = memoryview(mmap.mmap(buf_fd, 0))
