@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..checksum import file_checksum
 from ..errors import ConversionConflictError, SampleError
+from ..fields import whole_option
 from ..formats import ShardWriter, get_format
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, numbered_class_limit, save_manifest
 from ..sample import KEY, Sample, class_of
@@ -21,8 +22,7 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     (stored as its text, as every shard holds it). Whatever stops the writing (a refused sample, an
     error raised by ``samples`` itself, Ctrl-C) leaves the shards finished before it and no part of
     the one under way."""
-    if samples_per_shard < 1:
-        raise ValueError("samples_per_shard must be at least 1")
+    whole_option(samples_per_shard, "samples_per_shard", 1)
     root = Path(out)
     if (root / MANIFEST_NAME).exists():
         raise ConversionConflictError("already holds a dataset", path=root)

@@ -339,6 +339,8 @@ def test_write_dataset_stopped_by_its_own_samples_leaves_no_part_of_a_shard(tmp_
         ddpipe.write_dataset(tmp_path / "d", samples(), format=fmt, samples_per_shard=3)
     left = sorted(p.name for p in (tmp_path / "d").iterdir())
     assert left == sorted(p.name for p in (tmp_path / "d").glob("shard-000000*")) and left, left
+    with pytest.raises(ddpipe.OptionError, match=r"samples_per_shard must be a whole number of at least 1, not 2\.5"):
+        ddpipe.write_dataset(tmp_path / "e", [], samples_per_shard=2.5)  # type: ignore[arg-type]
     with pytest.raises(ddpipe.SampleError, match="sample 1 is a list, not a dict of fields"):
         ddpipe.write_dataset(tmp_path / "e", [{KEY: "a", "txt": b"x"}, ["b", b"x"]])  # type: ignore[list-item]
     assert not list((tmp_path / "e").iterdir())
