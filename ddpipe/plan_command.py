@@ -51,13 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--within", type=_share, default=0.25,
                    help="choose the smallest Q leaving at most this share of local shuffling's batch-skew "
                         "gap to a global shuffle (default 0.25; the README relates it to accuracy)")
-    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky",
-                   help="sticky: each rank reads the same shards every epoch; rotate: new ones each epoch")
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=arg.ASSIGNMENT_HELP)
     p.add_argument("--buffer-size", type=arg.count, default=PlanOptions.buffer_size,
                    help="samples in each rank's shuffle buffer (local shuffle)")
     p.add_argument("--round-size", type=arg.positive, default=PlanOptions.round_size,
                    help="samples each rank reads between two exchanges (partial shuffle)")
-    p.add_argument("--seed", type=int, default=0, help="the epoch plan's seed")
+    p.add_argument("--seed", type=int, default=0, help=arg.SEED_HELP)
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
 
 

@@ -1,10 +1,22 @@
-"""The types of the command line's arguments: each reads one value and refuses, as that argument's
-usage error, what the command cannot take (argparse names the argument: ``argument --lr: must be more
-than 0, not -1``), before any work starts."""
+"""What the commands' arguments share: their types, each reading one value and refusing, as that
+argument's usage error, what the command cannot take (argparse names the argument: ``argument --lr:
+must be more than 0, not -1``) before any work starts; and the help of options several commands take."""
 
 from __future__ import annotations
 
 import argparse
+
+# the help of options several commands share
+SHUFFLE_HELP = ("partial: each rank shuffles what it reads and exchanges a fraction Q of it across the job; "
+                "local: within each rank only; global: one permutation of the dataset (random reads); "
+                "none: stored order")
+EXCHANGE_HELP = "partial shuffle: the fraction Q of each rank's samples exchanged with other ranks (0 to 1)"
+ASSIGNMENT_HELP = ("sticky: each rank reads the same shards every epoch (node-local copies are reused); "
+                   "rotate: new ones each epoch")
+DECODE_HELP = ("dali-gpu, dali-cpu or pil (auto: the GPU where CUDA and DALI are present, else DALI on the CPU, "
+               "else PIL)")
+IMAGE_SIZE_HELP = "side of the square images in a batch, in pixels"
+SEED_HELP = "the epoch plan's seed: shard order, shuffles and augmentation"
 
 
 def size(text: str) -> int:

@@ -16,18 +16,6 @@ from ..throttle import ENV_VAR as THROTTLE_ENV
 from . import arguments as arg
 from .commands import cmd_bench, cmd_convert, cmd_inspect, cmd_serve, cmd_stage, cmd_synth, cmd_train, cmd_verify
 
-# the help of options several commands share
-SHUFFLE_HELP = ("partial: each rank shuffles what it reads and exchanges a fraction Q of it across the job; "
-                "local: within each rank only; global: one permutation of the dataset (random reads); "
-                "none: stored order")
-EXCHANGE_HELP = "partial shuffle: the fraction Q of each rank's samples exchanged with other ranks (0 to 1)"
-ASSIGNMENT_HELP = ("sticky: each rank reads the same shards every epoch (node-local copies are reused); "
-                   "rotate: new ones each epoch")
-DECODE_HELP = ("dali-gpu, dali-cpu or pil (auto: the GPU where CUDA and DALI are present, else DALI on the CPU, "
-               "else PIL)")
-IMAGE_SIZE_HELP = "side of the square images in a batch, in pixels"
-SEED_HELP = "the epoch plan's seed: shard order, shuffles and augmentation"
-
 
 class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
     """Every subcommand's ``--help`` shows each option's default: where it has one (not None or an empty
@@ -126,7 +114,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--epochs", type=arg.positive, default=1, help="stage the shards of this many epochs")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial",
                    help="the training job's shuffle mode (decides which shards each node reads)")
-    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=ASSIGNMENT_HELP)
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=arg.ASSIGNMENT_HELP)
     p.add_argument("--seed", type=int, default=0, help="the training job's seed (decides its shard order)")
     p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
@@ -144,19 +132,19 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--warmup-epochs", type=arg.at_least_zero, default=0.0,
                    help="epochs over which the learning rate rises linearly to --lr")
     p.add_argument("--eval", help="a held-out dataset: top-1 accuracy after each epoch")
-    p.add_argument("--image-size", type=arg.positive, default=224, help=IMAGE_SIZE_HELP)
+    p.add_argument("--image-size", type=arg.positive, default=224, help=arg.IMAGE_SIZE_HELP)
     p.add_argument("--dtype", choices=DTYPES, default="uint8",
                    help="loader output; uint8 is normalised on the training device")
-    p.add_argument("--decode", default="auto", choices=DECODERS, help=DECODE_HELP)
+    p.add_argument("--decode", default="auto", choices=DECODERS, help=arg.DECODE_HELP)
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: this rank's GPU by local rank, "
                    "else the CPU)")
     _decode_service_argument(p)
     _read_in_argument(p)
     p.add_argument("--amp", action="store_true", help="mixed precision (GPU)")
     p.add_argument("--channels-last", action="store_true", help="the model and batches in channels-last layout")
-    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=SHUFFLE_HELP)
-    p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=EXCHANGE_HELP)
-    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=ASSIGNMENT_HELP)
+    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=arg.SHUFFLE_HELP)
+    p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=arg.EXCHANGE_HELP)
+    p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=arg.ASSIGNMENT_HELP)
     p.add_argument("--stage-dir", default=None,
                    help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR; {node} and $VAR are resolved "
                         "on each node)")
@@ -173,7 +161,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="an image that does not decode: stop naming it, or skip and count it")
     p.add_argument("--num-classes", type=arg.positive, default=1000, help="when the dataset names no classes")
-    p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
+    p.add_argument("--seed", type=int, default=0, help=arg.SEED_HELP)
     p.set_defaults(func=cmd_train)
 
     p = command("bench", help="measure each stage and the data wait of a training step, on this dataset")
@@ -187,12 +175,12 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
     p.add_argument("--compare-dir", default=None, help="where the peers' inputs are written once (default: temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or phase lines")
-    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=SHUFFLE_HELP)
-    p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=EXCHANGE_HELP)
-    p.add_argument("--decode", default="auto", choices=DECODERS, help=DECODE_HELP)
+    p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=arg.SHUFFLE_HELP)
+    p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=arg.EXCHANGE_HELP)
+    p.add_argument("--decode", default="auto", choices=DECODERS, help=arg.DECODE_HELP)
     _decode_service_argument(p)
     _read_in_argument(p)
-    p.add_argument("--image-size", type=arg.positive, default=224, help=IMAGE_SIZE_HELP)
+    p.add_argument("--image-size", type=arg.positive, default=224, help=arg.IMAGE_SIZE_HELP)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
     p.add_argument("--stage-dir", default=None, help="node-local directory to stage the shards to first")
     p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
@@ -214,7 +202,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
                    help="the real model's step (default: --step-time)")
     p.add_argument("--decode-rate", type=arg.at_least_zero, default=0.0,
                    help="images/s one rank decodes on the cluster (default: measured here)")
-    p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
+    p.add_argument("--seed", type=int, default=0, help=arg.SEED_HELP)
     p.set_defaults(func=cmd_bench)
 
     p = command("serve", help="decode batches for trainers on other nodes (DecodeOptions(service=...))")
