@@ -15,33 +15,44 @@ from ..errors import NoBatchWarning
 
 if TYPE_CHECKING:
     from ..bench import BenchReport
+    from ..comm import Comm
     from ..dataset import Dataset
 
 
-def _writable_later(path: str | Path | None, flag: str) -> None:
-    """A file the command writes after its work: a file, in a directory that exists and takes one, before
-    the work starts (a checkpoint that could not be written was found at the end of the first epoch)."""
+def _writable_later(path: str | Path | None, flag: str, comm: Comm) -> None:
+    """A file rank 0 writes after the command's work: a file, in a directory that exists and takes one,
+    before the work starts (a checkpoint that could not be written was found at the end of the first
+    epoch). Rank 0 checks and every rank takes its answer: a path local to rank 0's node is as good as
+    a shared one, and a rank elsewhere that had failed its own check alone left the others waiting."""
     if path is None:
         return
-    import tempfile
-
     from ..errors import DdpipeError
 
     where, why = Path(path).resolve().parent, ""
-    if Path(path).is_dir():
-        where, why = Path(path), f"is a directory: give {flag} a file's name"
-    elif not where.is_dir():
-        why = f"the directory for {flag} does not exist"
-    else:
-        try:  # what writing it later does, in the same directory: a file made, then removed
-            with tempfile.NamedTemporaryFile(dir=where, prefix=".ddpipe-probe-"):
-                pass
-        except OSError as e:
-            why = f"the directory for {flag} cannot be written to: {e.strerror or e}"
+    if comm.world.rank == 0:
+        where, why = _not_writable(Path(path), flag)
+    where, why = comm.allgather((where, why))[0]
     if why:
         error = DdpipeError(why, path=where)
-        error.job_wide = True  # every rank checks the same path
+        error.job_wide = True  # every rank has rank 0's answer
         raise error
+
+
+def _not_writable(path: Path, flag: str) -> tuple[Path, str]:
+    """Where and why ``path`` cannot be written as a file; why is "" where it can."""
+    import tempfile
+
+    if path.is_dir():
+        return path, f"is a directory: give {flag} a file's name"
+    where = path.resolve().parent
+    if not where.is_dir():
+        return where, f"the directory for {flag} does not exist"
+    try:  # what writing it later does, in the same directory: a file made, then removed
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".ddpipe-probe-"):
+            pass
+    except OSError as e:
+        return where, f"the directory for {flag} cannot be written to: {e.strerror or e}"
+    return where, ""
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -158,8 +169,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..train.loop import Trainer, TrainOptions
     from ..train.models import build_model
 
-    _writable_later(args.checkpoint, "--checkpoint")
     job = distributed.init(args.device)
+    _writable_later(args.checkpoint, "--checkpoint", job.comm)
     torch.manual_seed(args.seed)
     size = DecodeOptions(decoder=args.decode, device=str(job.device), size=args.image_size,
                          resize_shorter=max(args.image_size, round(args.image_size * 8 / 7)), dtype=args.dtype,
@@ -281,9 +292,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..staging import StageOptions
     from ..throttle import SourceLimits
 
-    _writable_later(args.json, "--json")
-    _writable_later(args.plot, "--plot")
     comm = init_comm()
+    _writable_later(args.json, "--json", comm)
+    _writable_later(args.plot, "--plot", comm)
     from ..bench.peers import PEERS, available_peers
 
     compare: tuple[str, ...] = ()

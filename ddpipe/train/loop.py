@@ -118,8 +118,10 @@ class Trainer:
         self.epoch = 0
         self._vote = stop  # ddpipe.distributed.stop_on_signals's: the ranks agree on the step to stop after
         self.stopped_by_signal = False
-        if options.checkpoint is not None and options.checkpoint.exists():
-            self._restore(options.checkpoint)
+        if options.checkpoint is not None:
+            saved = self._read_checkpoint(options.checkpoint)
+            if saved is not None:
+                self._restore(options.checkpoint, saved)
 
     @property
     def global_batch(self) -> int:
@@ -262,22 +264,40 @@ class Trainer:
             atomic_write_bytes(path, buf.getvalue())
         self.comm.barrier()
 
-    def _restore(self, path: Path) -> None:
+    def _read_checkpoint(self, path: Path) -> bytes | None:
+        """The checkpoint's bytes as rank 0 reads them, on every rank; None where rank 0 has none. Rank 0
+        writes it (:meth:`save`), so it alone need see the path: a node-local one on other nodes either held
+        nothing, and those ranks started afresh beside a rank 0 that resumed (their epochs' plans apart, the
+        exchange failed on them), or an older run's file."""
+        found: tuple[bytes | None, str] = (None, "")
+        if self.comm.world.rank == 0 and path.exists():
+            try:
+                found = (path.read_bytes(), "")
+            except OSError as e:
+                found = (None, f"the checkpoint cannot be read: {e.strerror or e}")
+        data, why = self.comm.allgather(found if self.comm.world.rank == 0 else (None, ""))[0]
+        if why:
+            raise _everywhere(DdpipeError(why, path=path))
+        return data
+
+    def _restore(self, path: Path, saved: bytes) -> None:
+        # every rank has the same bytes: each fails alike, and says so without ending the others
         # weights_only: tensors and plain values, never code (a checkpoint is a file like any input)
         try:
-            state: dict[str, Any] = torch.load(path, map_location=self.device, weights_only=True)
+            state: dict[str, Any] = torch.load(io.BytesIO(saved), map_location=self.device, weights_only=True)
             if not isinstance(state, dict) or not {"model", "optimizer", "step", "epoch", "loader"} <= set(state):
                 raise ValueError("not a ddpipe train checkpoint (model, optimizer, step, epoch, loader)")
         except pickle.UnpicklingError:  # torch's own message runs to a paragraph
-            raise DdpipeError("not a checkpoint ddpipe train can resume from: not a PyTorch file of tensors and plain "
-                              "values", path=path) from None
+            raise _everywhere(DdpipeError("not a checkpoint ddpipe train can resume from: not a PyTorch file of "
+                                          "tensors and plain values", path=path)) from None
         except (RuntimeError, ValueError, EOFError, OSError) as e:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise DdpipeError(f"not a checkpoint ddpipe train can resume from: {reason}", path=path) from None
+            raise _everywhere(DdpipeError(f"not a checkpoint ddpipe train can resume from: {reason}",
+                                          path=path)) from None
         mismatch = _model_mismatch(self.model.state_dict(), state["model"])
         if mismatch:  # torch's own error lists every key, over many lines
-            raise DdpipeError(f"a checkpoint of another model ({mismatch}): resume with the --model, and the classes, "
-                              "it was saved with, or give another --checkpoint", path=path)
+            raise _everywhere(DdpipeError(f"a checkpoint of another model ({mismatch}): resume with the --model, and "
+                                          "the classes, it was saved with, or give another --checkpoint", path=path))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
@@ -286,6 +306,12 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         self.log(f"resumed from {path}: epoch {self.epoch}, step {self.step}, "
                  f"{len(self.loader)} batches left in the epoch")
+
+
+def _everywhere(error: DdpipeError) -> DdpipeError:
+    """``error``, raised by every rank alike: each says it and leaves, none ends the others."""
+    error.job_wide = True
+    return error
 
 
 def _model_mismatch(ours: dict[str, Any], saved: object) -> str:
