@@ -45,6 +45,7 @@ from .loop import HeldLoop, Loop
 from .options import STREAM_STAGES, ReadOptions, apply_keywords
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .producer import Producer
+from .rank_agreement import RankView, check_ranks_agree
 from .reading import read_samples
 from .reorder import batches_in_order
 from .resume import epoch_state, remaining
@@ -135,35 +136,30 @@ class EncodedStream:
             # the modelled link is the node's: ranks reading the source directly share it
             limits = SourceLimits(limits.bandwidth / self.comm.world.local_size, limits.latency)
         self._source_limits = limits
-        self.stager = self._stager(options[StageOptions])
+        stage = self._node_stage(options[StageOptions])
+        manifest, world = self.dataset.manifest, self.comm.world
+        check_ranks_agree(self.comm, RankView(world.node, world.host, manifest.content_id, manifest.num_samples,
+                                              len(manifest.shards), self.options, self.seed,
+                                              str(Path(stage.stage_dir).resolve()) if stage is not None else None),
+                          self.dataset.where)
+        self.stager = self._stager(stage)
+
+    def _node_stage(self, stage: StageOptions | None) -> StageOptions | None:
+        """``stage`` as this node takes it: the job names one local directory; each node resolves it to its own."""
+        if stage is None:
+            return None
+        world, environ = self.comm.world, self.comm.environ
+        template = default_stage_dir(environ) if str(stage.stage_dir) == "auto" else stage.stage_dir
+        return dataclasses.replace(stage, stage_dir=node_local_dir(template, world.node, world.host, environ),
+                                   limits=stage.limits or self.read_options.source_limits)
 
     def _stager(self, stage: StageOptions | None) -> NodeStager | None:
-        if stage is not None:  # the job names one local directory; each node resolves it to its own
-            world, environ = self.comm.world, self.comm.environ
-            template = default_stage_dir(environ) if str(stage.stage_dir) == "auto" else stage.stage_dir
-            stage = dataclasses.replace(stage, stage_dir=node_local_dir(template, world.node, world.host, environ),
-                                        limits=stage.limits or self.read_options.source_limits)
-        self._check_one_stage_dir_per_node(stage)
         if stage is None:
             return None
         if stage.capacity is not None and get_shuffler(self.options.shuffle).random_access:
             raise DdpipeError("a staging capacity needs sequential reading: use shuffle='partial' or 'local' "
                               "with stage_capacity, or stage the whole share (no capacity) for 'global'")
         return NodeStager(self.dataset, stage, self.comm)
-
-    def _check_one_stage_dir_per_node(self, stage: StageOptions | None) -> None:
-        """The ranks of a node share one staged copy of each shard: refuse, on every rank at once, a job
-        whose ranks on one node name different staging directories (they would wait on each other)."""
-        if self.comm.world.size == 1:
-            return
-        mine = str(Path(stage.stage_dir).resolve()) if stage is not None else None
-        named = [d for n, d in self.comm.allgather((self.comm.world.node, mine)) if n == self.comm.world.node]
-        if len(set(named)) > 1:
-            a, b = sorted(set(named), key=str)[:2]
-            error = DdpipeError(f"ranks of node {self.comm.world.node} were given different staging directories: "
-                                f"{a or 'none'} and {b or 'none'}; give every rank of a node the same one")
-            error.job_wide = True  # every rank raises it: none need end the others
-            raise error
 
     @property
     def rank(self) -> int:

@@ -19,7 +19,7 @@ from .test_train_command import TRAIN
 pytestmark = pytest.mark.mpi
 
 HOST_LOCAL = Path("/dev/shm/ddpipe-test-checkpoints")
-ON_HOSTS = Path(__file__).with_name("on_hosts.py")
+ON_HOSTS = Path(__file__).parents[1] / "hosts" / "on_hosts.py"
 CHECKPOINT = HOST_LOCAL / "ckpt.pt"
 
 
