@@ -125,6 +125,22 @@ def _all_ranks(comm: Comm, action: Callable[[], object]) -> None:
             raise agreed
 
 
+def _see_what_rank_0_made(out: Path, made: tuple[Path, ...], host: str, patience: float = 5.0) -> None:
+    """The ranks write one dataset in ``out``: each must see there what rank 0 found or made (``made``, one of
+    them), or it would write its shards where rank 0 never looks. On a node-local path of each node, those
+    of the other nodes failed writing their first shard's record, naming only that file. A shared file system
+    may show another client's new file late: it is looked for again, for ``patience`` seconds."""
+    import time
+
+    deadline = time.monotonic() + patience
+    while not any(path.exists() for path in made):
+        if time.monotonic() > deadline:
+            raise DdpipeError(f"not seen{f' from {host}' if host else ''} as rank 0 left it (with "
+                              f"{' or '.join(p.name for p in made)}): give an output every node sees (a shared file "
+                              "system), or an s3:// prefix", path=out)
+        time.sleep(0.1)
+
+
 def convert(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -200,6 +216,8 @@ def convert(
         atomic_write_bytes(state / PLAN_FILE, json.dumps({"fingerprint": plan_fp}).encode())
 
     _all_ranks(comm, prepare)
+    if objects is None:  # into a bucket, each node writes in a work directory of its own (to_objects.py)
+        _all_ranks(comm, lambda: _see_what_rank_0_made(out, (out / MANIFEST_NAME, state / PLAN_FILE), world.host))
     if objects is None and (out / MANIFEST_NAME).exists():  # converted before with the same arguments
         return load_manifest(out)
 

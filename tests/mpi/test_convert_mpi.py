@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,19 @@ def test_a_failing_rank_fails_every_rank(raw_copy: Path, tmp_path: Path) -> None
     assert proc.returncode != 0
     assert bad.name in proc.stderr and "rank 1 failed" in proc.stderr
     assert not (tmp_path / "o" / "index.json").exists()
+
+
+def test_an_output_on_each_node_of_its_own_is_refused_before_a_shard_is_written(raw_images: Path) -> None:
+    """Two real hosts (tests/hosts/ssh-ns), each with a directory of its own at the output's path: mnode2's
+    ranks failed writing their first shard's record, and said only that that file did not exist."""
+    out = "/dev/shm/ddpipe-test-convert"
+    setup = {"mnode1": [["mkdir", out]], "mnode2": [["mkdir", out]]}
+    proc = mpiexec(4, Path(__file__).parents[1] / "hosts" / "on_hosts.py", json.dumps(setup), "convert", raw_images,
+                   out, "--samples-per-shard", "5", "--quiet", timeout=200, hosts=2)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    said = (f"{out}: not seen from mnode2 as rank 0 left it (with index.json or plan.json): give an output every node "
+            "sees (a shared file system), or an s3:// prefix")
+    lines = proc.stderr.replace("ddpipe: error:", "\nddpipe: error:").split("\n")
+    assert sorted(line.strip() for line in lines if line.strip()) == sorted(
+        [f"ddpipe: error: {said}"] * 2 + [f"ddpipe: error: rank 2 failed: {said}"] * 2), proc.stderr
+    assert ".shard-" not in proc.stderr
