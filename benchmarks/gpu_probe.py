@@ -3,7 +3,8 @@
 DALI graphs fed from memory as ddpipe feeds them, one thing changed in each; the Loader's encoded
 stream and its reads alone; ddpipe's DALI decoder fed from memory, first epoch and later ones; the
 Loader as it is, read in a process (DALI's prefetch queue at 2 and at 3), and under a shorter
-interpreter switch interval; and a profile of the Loader's calling thread.
+interpreter switch interval; a profile of the Loader's threads; and the decoder fed from memory with
+and without the hand-over of its outputs to torch, and its profile.
 Prints; records nothing (the figures worth keeping go through benchmarks/gpu.py).
 """
 
@@ -80,23 +81,8 @@ def probe(root: Path, epochs: int) -> None:
     decoder = DaliDecoder(DecodeOptions(threads=CORES), BATCH, torch.device("cuda"), gpu_decode=True)
     print(f"DaliDecoder's graph fed prepared batches: {median(graph_rates(decoder, in_memory, epochs)):.0f} img/s",
           flush=True)
-    rate("image_slice, static executor", lambda e, s, h: sliced(e, s, h, adjust_orientation=False), dynamic=False)
-    # a deeper prefetch queue (ddpipe's is 2; NVIDIA names a queue of 1 among the causes of a slow
-    # external-source pipeline): whether one more batch in flight buys anything on this GPU
-    for depth in (1, 3):
-        rate(f"image_slice, prefetch queue {depth}", lambda e, s, h: sliced(e, s, h, adjust_orientation=False),
-             depth=depth)
-    # every image to the hardware decoder: no faster beyond that noise, and a corrupt image then came out
-    # as pixels instead of an error (tests/decode's bad-image test on the GPU): not ddpipe's setting
-    rate("image_slice, hw_decoder_load=1", lambda e, s, h: sliced(e, s, h, hw_decoder_load=1.0))
-    # the hardware decoder kept out: where ddpipe's graph runs at this rate, it is not getting it
-    rate("image_slice, hw_decoder_load=0", lambda e, s, h: sliced(e, s, h, hw_decoder_load=0.0))
-    rate("full decode, then slice on the GPU", lambda e, s, h: fn.slice(
-        fn.decoders.image(e, device="mixed", output_type=types.RGB), s, h, axis_names="WH"))
     rate("image_random_crop (DALI's own)", lambda e, s, h: fn.decoders.image_random_crop(
         e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0]))
-    rate("image_random_crop, hw_decoder_load=0", lambda e, s, h: fn.decoders.image_random_crop(
-        e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0], hw_decoder_load=0.0))
     encoded = ddpipe.EncodedStream(root, BATCH, shuffle="local")
     encoded.views = True  # as the Loader reads for DALI: samples in place, not copied out (an H200 run without
     # this timed the copies, 26,000 samples/s, for a stream that gives DALI views)
@@ -127,9 +113,23 @@ def probe(root: Path, epochs: int) -> None:
     first, *later = decoder_from_memory(in_memory, epochs)
     print(f"DaliDecoder fed from memory: first epoch {first:.0f} img/s, later {median(later):.0f} img/s",
           flush=True)
+    # in the profile of the Loader's threads (below; Python 3.12's cProfile sees every thread), torch.from_dlpack
+    # of DALI's outputs took the largest share at 887db6d. The decoder alone, without and with that hand-over,
+    # then its profile: a gap between the two rates is the hand-over's own cost; if from_dlpack is large in the
+    # profile here and not in the rates, it was waiting, for the GPU or for the interpreter lock on its way out
+    try:
+        bare = decoder_from_memory(in_memory, epochs, hand_over=False)[1:]
+        print(f"DaliDecoder fed from memory, outputs left to DALI (no torch.from_dlpack): {median(bare):.0f} img/s",
+              flush=True)
+        profile = cProfile.Profile()
+        decoder_from_memory(in_memory, 2, profile=profile)
+        print("DaliDecoder fed from memory, profiled (two epochs, the first building its pipeline):", flush=True)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(10)
+    except Exception as e:  # a probe's row: what failed is said, and the rows after it still run
+        print(f"DaliDecoder fed from memory without the hand-over, or profiled: failed: {e!r}", flush=True)
     # the Loader as it is (its threads); then its batches read and prepared in a process of their own (what is
     # left here is wrapping them for DALI), and with one batch more in DALI's prefetch queue (the graph alone
-    # ran faster at 3 than at 2 above); these first, should the probe's time run out
+    # ran faster at 3 than at 2 in one run, slower in the next); these before the DALI knobs, at the end
     loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local")
     rates = epoch_rates(lambda ld=loader: (x for x, _ in ld), epochs)
     default_interval = sys.getswitchinterval()
@@ -163,6 +163,23 @@ def probe(root: Path, epochs: int) -> None:
     torch.cuda.synchronize()
     print(f"Loader, dali-gpu (local), profiled: {k / (time.perf_counter() - t0):.0f} img/s", flush=True)
     pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+    # last, should the probe's time run out: the DALI knobs each run before (the same graph alone, one thing
+    # changed), whose rates have moved within the spread of runs
+    rate("image_slice, static executor", lambda e, s, h: sliced(e, s, h, adjust_orientation=False), dynamic=False)
+    # a deeper prefetch queue (ddpipe's is 2; NVIDIA names a queue of 1 among the causes of a slow
+    # external-source pipeline): whether one more batch in flight buys anything on this GPU
+    for depth in (1, 3):
+        rate(f"image_slice, prefetch queue {depth}", lambda e, s, h: sliced(e, s, h, adjust_orientation=False),
+             depth=depth)
+    # every image to the hardware decoder: no faster beyond that noise, and a corrupt image then came out
+    # as pixels instead of an error (tests/decode's bad-image test on the GPU): not ddpipe's setting
+    rate("image_slice, hw_decoder_load=1", lambda e, s, h: sliced(e, s, h, hw_decoder_load=1.0))
+    # the hardware decoder kept out: where ddpipe's graph runs at this rate, it is not getting it
+    rate("image_slice, hw_decoder_load=0", lambda e, s, h: sliced(e, s, h, hw_decoder_load=0.0))
+    rate("full decode, then slice on the GPU", lambda e, s, h: fn.slice(
+        fn.decoders.image(e, device="mixed", output_type=types.RGB), s, h, axis_names="WH"))
+    rate("image_random_crop, hw_decoder_load=0", lambda e, s, h: fn.decoders.image_random_crop(
+        e, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0], hw_decoder_load=0.0))
 
 
 def graph_rates(decoder: Any, batches: list[tuple[Any, list[Any]]], epochs: int) -> list[float]:
@@ -207,10 +224,12 @@ def graph_rates(decoder: Any, batches: list[tuple[Any, list[Any]]], epochs: int)
     return rates[1:]
 
 
-def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> list[float]:
+def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int, hand_over: bool = True,
+                        profile: Any = None) -> list[float]:
     """Images/s of ddpipe's DALI decoder alone (``mixed``, the training transform) over encoded
     ``(indices, samples)`` batches held in memory, each epoch, the first (which builds its pipeline)
-    included."""
+    included. Without ``hand_over``, DALI's outputs are yielded as they are, not as torch tensors;
+    ``profile`` (a ``cProfile.Profile``) is enabled over the epochs."""
     import torch
 
     from ddpipe.decode import DecodeOptions
@@ -220,7 +239,12 @@ def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> li
     def on_bad(index: int, sample: Any, reason: str) -> None:
         raise RuntimeError(f"sample {index}: {reason}")
 
-    decoder = DaliDecoder(DecodeOptions(threads=CORES), BATCH, torch.device("cuda"), gpu_decode=True)
+    class OutputsLeftToDali(DaliDecoder):
+        def _to_torch(self, images: Any, labels: Any, batch: EncodedBatch) -> Any:
+            return images, labels
+
+    kind = DaliDecoder if hand_over else OutputsLeftToDali
+    decoder = kind(DecodeOptions(threads=CORES), BATCH, torch.device("cuda"), gpu_decode=True)
     epoch = [0]
 
     def decoded():  # type: ignore[no-untyped-def]
@@ -228,9 +252,13 @@ def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> li
         epoch[0] += 1
         return (images for images, _ in decoder.decode(encoded, 0, epoch[0], on_bad))
 
+    if profile is not None:
+        profile.enable()
     try:
         return epoch_rates(decoded, epochs, first=True)
     finally:
+        if profile is not None:
+            profile.disable()
         decoder.close()
 
 
