@@ -49,11 +49,13 @@ def disagreement(views: list[RankView]) -> str:
             ours, theirs = ((getattr(v.plan, name) if differ else v.seed) for v in (first, view))
             return (f"the ranks were given different options: {name} {ours!r} on {first.where(0)}, {theirs!r} on "
                     f"{view.where(rank)}; give every rank the same")
+    named: dict[int, set[str | None]] = {}  # by node, in rank order: one pass over thousands of ranks
     for view in views:
-        named = {v.stage_dir for v in views if v.node == view.node}
-        if len(named) > 1:
-            a, b = sorted(named, key=str)[:2]
-            return (f"ranks of node {view.node} were given different staging directories: {a or 'none'} and "
+        named.setdefault(view.node, set()).add(view.stage_dir)
+    for node, dirs in named.items():
+        if len(dirs) > 1:
+            a, b = sorted(dirs, key=str)[:2]
+            return (f"ranks of node {node} were given different staging directories: {a or 'none'} and "
                     f"{b or 'none'}; give every rank of a node the same one")
     return ""
 
