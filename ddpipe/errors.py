@@ -22,6 +22,11 @@ class DdpipeError(Exception):
         self.message = message
         self.path = os.fspath(path) if path is not None else None
 
+    def everywhere(self) -> DdpipeError:
+        """This error, marked :attr:`job_wide`: every rank raises it alike, says it and leaves."""
+        self.job_wide = True
+        return self
+
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
 

@@ -66,6 +66,4 @@ def check_ranks_agree(comm: Comm, mine: RankView, dataset: str | Path) -> None:
         return
     why = disagreement(comm.allgather(mine))
     if why:
-        error = DdpipeError(why, path=dataset)
-        error.job_wide = True  # every rank raises it: none need end the others
-        raise error
+        raise DdpipeError(why, path=dataset).everywhere()

@@ -28,14 +28,10 @@ def _writable_later(path: str | Path | None, flag: str, comm: Comm) -> None:
         return
     from ..errors import DdpipeError
 
-    where, why = Path(path).resolve().parent, ""
-    if comm.world.rank == 0:
-        where, why = _not_writable(Path(path), flag)
-    where, why = comm.allgather((where, why))[0]
+    mine = _not_writable(Path(path), flag) if comm.world.rank == 0 else (Path(path), "")
+    where, why = comm.allgather(mine)[0]  # rank 0's answer, on every rank
     if why:
-        error = DdpipeError(why, path=where)
-        error.job_wide = True  # every rank has rank 0's answer
-        raise error
+        raise DdpipeError(why, path=where).everywhere()
 
 
 def _not_writable(path: Path, flag: str) -> tuple[Path, str]:

@@ -275,9 +275,9 @@ class Trainer:
                 found = (path.read_bytes(), "")
             except OSError as e:
                 found = (None, f"the checkpoint cannot be read: {e.strerror or e}")
-        data, why = self.comm.allgather(found if self.comm.world.rank == 0 else (None, ""))[0]
+        data, why = self.comm.allgather(found)[0]
         if why:
-            raise _everywhere(DdpipeError(why, path=path))
+            raise DdpipeError(why, path=path).everywhere()
         return data
 
     def _restore(self, path: Path, saved: bytes) -> None:
@@ -288,16 +288,16 @@ class Trainer:
             if not isinstance(state, dict) or not {"model", "optimizer", "step", "epoch", "loader"} <= set(state):
                 raise ValueError("not a ddpipe train checkpoint (model, optimizer, step, epoch, loader)")
         except pickle.UnpicklingError:  # torch's own message runs to a paragraph
-            raise _everywhere(DdpipeError("not a checkpoint ddpipe train can resume from: not a PyTorch file of "
-                                          "tensors and plain values", path=path)) from None
+            raise DdpipeError("not a checkpoint ddpipe train can resume from: not a PyTorch file of tensors and plain "
+                              "values", path=path).everywhere() from None
         except (RuntimeError, ValueError, EOFError, OSError) as e:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise _everywhere(DdpipeError(f"not a checkpoint ddpipe train can resume from: {reason}",
-                                          path=path)) from None
+            raise DdpipeError(f"not a checkpoint ddpipe train can resume from: {reason}",
+                              path=path).everywhere() from None
         mismatch = _model_mismatch(self.model.state_dict(), state["model"])
         if mismatch:  # torch's own error lists every key, over many lines
-            raise _everywhere(DdpipeError(f"a checkpoint of another model ({mismatch}): resume with the --model, and "
-                                          "the classes, it was saved with, or give another --checkpoint", path=path))
+            raise DdpipeError(f"a checkpoint of another model ({mismatch}): resume with the --model, and the classes, "
+                              "it was saved with, or give another --checkpoint", path=path).everywhere()
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
@@ -306,12 +306,6 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         self.log(f"resumed from {path}: epoch {self.epoch}, step {self.step}, "
                  f"{len(self.loader)} batches left in the epoch")
-
-
-def _everywhere(error: DdpipeError) -> DdpipeError:
-    """``error``, raised by every rank alike: each says it and leaves, none ends the others."""
-    error.job_wide = True
-    return error
 
 
 def _model_mismatch(ours: dict[str, Any], saved: object) -> str:
