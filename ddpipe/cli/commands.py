@@ -132,6 +132,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     stager = stream.stager
     assert stager is not None
     show = stager.is_leader and not args.quiet
+    stager.fill_only = True  # no rank reads here: with a capacity, stage what fits and stop
     t0 = time.perf_counter()
     try:
         for epoch in range(args.epochs):
@@ -140,6 +141,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
                 stager.on_staged = lambda _: bar.update(1)
                 stream.start_staging(stream.plan())
                 stager.wait()
+            if any(comm.allgather(stager.stats["not_fitted"])):
+                break  # the next epoch's first shards would take the room of this one's, which the job reads first
     finally:  # Ctrl-C or SIGTERM: the copy under way is given up and removed
         stager.close()
     seconds = time.perf_counter() - t0
@@ -151,6 +154,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
         print(f"{stager.dir}: staged {copied} shards ({nbytes / 1e6:.1f} MB) in {seconds:.1f} s, "
               f"{nbytes / 1e6 / max(seconds, 1e-9):.1f} MB/s; {sum(t['reused'] for t in totals)} already staged; "
               f"{comm.world.num_nodes} node(s)")
+        not_fitted = sum(t["not_fitted"] for t in totals)
+        if not_fitted:
+            print(f"{not_fitted} shard(s) of epoch {epoch} did not fit in the capacity: the job stages them as its "
+                  "ranks read")
     return 0
 
 

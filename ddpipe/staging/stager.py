@@ -80,7 +80,7 @@ class NodeStager:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.is_leader = copies and comm.world.local_rank == 0
         self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0,
-                      "peer_copied": 0, "peer_bytes": 0}
+                      "peer_copied": 0, "peer_bytes": 0, "not_fitted": 0}
         self._thread: threading.Thread | None = None
         self._thread_ended = threading.Event()  # set by the thread as it ends (see _join)
         self._stop = threading.Event()
@@ -89,6 +89,9 @@ class NodeStager:
         self._readers: dict[int, int] = {}  # shard -> how many local ranks read it this epoch
         self._my_runs: dict[int, int] = {}  # shard -> runs of it left in this rank's reads
         self.on_staged: Callable[[int], None] | None = None  # called by the leader after each shard
+        #: no rank reads (``ddpipe stage`` ahead of a job): stop at the first shard that does not fit in the
+        #: capacity, rather than wait for readers to be done with the staged ones
+        self.fill_only = False
         self._link = comm.peer_link() if copies and options.peers and comm.world.num_nodes > 1 else None
         self._holders: dict[int, int] = {}  # shard -> the leader rank of another node that holds it
         if self._link is not None and self.is_leader:
@@ -127,8 +130,11 @@ class NodeStager:
             for i, shard in enumerate(order):
                 if self._stop.is_set():
                     return
-                if self.options.capacity is not None and shard not in staged:
-                    self._make_room(shard, staged, position, i)
+                if self.options.capacity is not None and shard not in staged and not self._make_room(
+                        shard, staged, position, i):
+                    if not self._stop.is_set():  # the shards left: staged as the job's readers make room
+                        self.stats["not_fitted"] += sum(1 for s in order[i:] if s not in staged)
+                    return
                 self._stage_one(shard)
                 if shard not in staged:
                     staged.append(shard)
@@ -181,10 +187,11 @@ class NodeStager:
         dest = self.dir / shards[shard].file
         return str(dest) if is_staged(dest, shards[shard]) else None
 
-    def _make_room(self, shard: int, staged: list[int], position: dict[int, int], now: int) -> None:
+    def _make_room(self, shard: int, staged: list[int], position: dict[int, int], now: int) -> bool:
         """Evict until ``shard`` fits: first shards this epoch is done with (every local reader finished,
         or not read at all), else the staged shard needed latest (staged again when its turn comes; a rank
-        that has it open keeps reading the unlinked file). Wait for readers only when neither exists."""
+        that has it open keeps reading the unlinked file). Wait for readers only when neither exists, and
+        then, with :attr:`fill_only` or once stopped, say that it does not fit (False)."""
         shards = self.dataset.manifest.shards
         need = shards[shard].bytes
         while sum(shards[s].bytes for s in staged) + need > self.options.capacity and staged:  # type: ignore[operator]
@@ -195,8 +202,9 @@ class NodeStager:
                 remove_staged(self.dir / shards[victim].file)
                 staged.remove(victim)
                 self.stats["evicted"] += 1
-            elif self._stop.wait(0.01):
-                return
+            elif self.fill_only or self._stop.wait(0.01):
+                return False
+        return True
 
     @contextlib.contextmanager
     def _locked(self, dest: Path) -> Iterator[None]:

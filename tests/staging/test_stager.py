@@ -295,3 +295,20 @@ def test_the_stage_directory_is_resolved_from_what_the_edge_read(data: Path, tmp
     assert set(keys(stream)) == ALL and not (tmp_path / "from-os-environ").exists()
     edge = ddpipe.init_comm()  # the edge: this process's environment and host name
     assert edge.environ["SCRATCH"] == str(tmp_path / "from-os-environ") and edge.world.host
+
+
+def test_stage_ahead_with_a_capacity_stages_what_the_job_reads_first_and_ends(data: Path, tmp_path: Path) -> None:
+    """``ddpipe stage --capacity`` under the node's share: no rank reads there to make room, so it
+    stages the first epoch's first shards that fit and ends (it waited for ever for readers); the
+    job then starts on those copies rather than evicting them."""
+    from ..conftest import run_cli
+
+    capacity = 2 * max(s.bytes for s in load_manifest(data).shards) + 100
+    proc = run_cli("stage", data, "--local-dir", tmp_path / "stage", "--capacity", str(capacity), "--epochs", "2",
+                   "--quiet", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 shard(s) of epoch 0 did not fit in the capacity" in proc.stdout
+    assert len(list(staged(tmp_path / "stage", data).glob("*.tar"))) == 2
+    job = ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage", stage_capacity=capacity)
+    assert len(set(keys(job))) == 60
+    assert job.stager is not None and job.stager.stats["reused"] == 2
