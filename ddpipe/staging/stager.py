@@ -34,6 +34,7 @@ from ..formats.atomic import atomic_write_bytes, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, write_stamp
 from ..throttle import SourceLimits
 from .peers import fetch_from_peer, holders, inventory_bits
+from .shared_dir import nodes_sharing
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,16 @@ def dataset_stage_dir(root: Path, dataset: Dataset) -> Path:
     return root / f"ddpipe-{h}"
 
 
+def _refuse_a_shared_capacity(comm: Comm, stage_dir: Path, directory: Path, leader: bool) -> None:
+    """Refuse, on every rank at once, a capacity for a directory two nodes share (see shared_dir)."""
+    shared = nodes_sharing(comm, directory, leader)
+    if shared is not None:
+        raise OptionError(f"nodes {shared[0]} and {shared[1]} stage into one directory, {stage_dir} (a file system "
+                          "they share), where a staging capacity has each node evict the other's copies: give each "
+                          "node its own directory ({node} in the name: "
+                          f"{stage_dir / 'node{node}'}), or give no capacity").everywhere()
+
+
 class NodeStager:
     """A node's staged copies, as one process of it sees them. ``copies``: whether this process makes
     them where it is local rank 0 (a rank's reading process only reads them: its parent copies)."""
@@ -79,6 +90,8 @@ class NodeStager:
         self.dir = dataset_stage_dir(Path(options.stage_dir), dataset)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.is_leader = copies and comm.world.local_rank == 0
+        if options.capacity is not None and copies and comm.world.num_nodes > 1:
+            _refuse_a_shared_capacity(comm, Path(options.stage_dir), self.dir, self.is_leader)
         self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0,
                       "peer_copied": 0, "peer_bytes": 0, "not_fitted": 0}
         self._thread: threading.Thread | None = None

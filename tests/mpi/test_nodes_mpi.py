@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +131,38 @@ def test_two_node_leaders_fetching_from_each_other_at_once_get_their_own_answers
     proc = mpiexec(2, Path(__file__).with_name("peer_both_worker.py"), tmp_path, timeout=300, **on(place, 2))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0: 0 wrong" in proc.stdout and "rank 1: 0 wrong" in proc.stdout, proc.stdout + proc.stderr
+
+
+def stage(data: Path, local_dir: str | Path, place: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``ddpipe stage`` on two nodes of two ranks each."""
+    return mpiexec(4, "-m", "ddpipe", "stage", data, "--local-dir", local_dir, "--epochs", "2", "--quiet", *extra,
+                   timeout=200, **on(place, 2))
+
+
+def test_nodes_sharing_a_staging_directory_with_a_capacity_are_refused(data: Path, tmp_path: Path,
+                                                                        place: str) -> None:
+    """One directory that both nodes see (this machine's /tmp, for the hosts too): each node's capacity
+    would evict the other's copies, and a job like this hung in three runs of five. Refused at start on
+    every rank, in one line naming the directory, with nothing staged and no marker left behind."""
+    shared = tmp_path / "stage"
+    proc = stage(data, shared, place, "--capacity", str(3 * PER_SHARD * (PAYLOAD + 1024)))
+    assert proc.returncode != 0
+    assert f"ddpipe: error: nodes 0 and 1 stage into one directory, {shared} " in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert [p.name for p in shared.rglob("*") if p.is_file()] == []
+
+
+def test_nodes_sharing_a_staging_directory_without_a_capacity_share_its_copies(data: Path, tmp_path: Path) -> None:
+    shared = tmp_path / "stage"
+    proc = stage(data, shared, "cliques")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    copies = sorted(p.name for p in shared.rglob("*.tar"))
+    assert copies == sorted(p.name for p in data.glob("*.tar"))  # each node's share, once, side by side
+
+
+def test_hosts_naming_one_directory_on_their_own_disks_may_have_a_capacity(data: Path) -> None:
+    """The same name on every host, each host's own storage (its /dev/shm): not shared, not refused."""
+    proc = stage(data, f"/dev/shm/ddpipe-test-{os.getpid()}", "hosts", "--capacity",
+                 str(3 * PER_SHARD * (PAYLOAD + 1024)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "one directory" not in proc.stderr

@@ -1,0 +1,43 @@
+"""Whether two nodes of a job stage into one directory: one that a shared file system gives them both.
+
+A staging directory named without ``{node}`` is one directory per node on node-local disks, but one
+for the whole job on a shared file system. Without a capacity that is harmless (the nodes share the
+copies, each locked while it is made). With one, each node's leader counts the other's copies
+against its own capacity and evicts them (they are not in its plan), so the other node's readers
+waited for shards its stager had already made: a job of two emulated nodes with a capacity hung in
+three of five runs. Names cannot tell (``/tmp/stage`` is node-local on one cluster and shared on
+another), so the leaders look: each leaves a marker of its own in its directory, and looks for the
+others' markers once every marker is made.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from ..comm import Comm
+from ..formats.atomic import discard
+
+
+def first_shared(seen: list[tuple[int, list[int]]]) -> tuple[int, int] | None:
+    """The first pair of nodes (lower first) of which one found the other's marker, from each leader's
+    ``(node, the nodes whose markers it found)``; None if none did."""
+    pairs = sorted((min(node, other), max(node, other)) for node, others in seen for other in others)
+    return pairs[0] if pairs else None
+
+
+def nodes_sharing(comm: Comm, directory: Path, leader: bool) -> tuple[int, int] | None:
+    """Two nodes whose leaders see one ``directory`` (see the module); every rank of the job calls it
+    and gets the same answer. ``leader``: this rank looks for its node."""
+    marker = f".ddpipe-node-{uuid.uuid4().hex}" if leader else None
+    if marker is not None:
+        (directory / marker).touch()
+    try:
+        markers = comm.allgather((comm.world.node, marker))  # once gathered, every leader's marker is made
+        found = [node for node, theirs in markers
+                 if leader and theirs is not None and node != comm.world.node and (directory / theirs).exists()]
+        seen = comm.allgather((comm.world.node, found))  # once gathered, every leader has looked
+    finally:
+        if marker is not None:
+            discard(directory / marker)
+    return first_shared([(node, found) for node, found in seen if found])
