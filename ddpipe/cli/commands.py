@@ -205,8 +205,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         error = DdpipeError(f"--batch-size {args.batch_size} is more than a rank's share of the dataset ({share} of "
                             f"{len(loader.dataset)} samples on {job.size} rank(s)), so an epoch has no full batch: "
                             f"use a smaller batch size or fewer ranks", path=loader.dataset.where)
-        error.job_wide = True
-        raise error
+        raise error.everywhere()
     options = TrainOptions(epochs=args.epochs, allreduce=args.allreduce, lr=args.lr, warmup_epochs=args.warmup_epochs,
                            amp=args.amp, channels_last=args.channels_last, checkpoint=args.checkpoint,
                            checkpoint_every=args.checkpoint_every, max_steps=args.max_steps, log_every=args.log_every)
@@ -249,8 +248,7 @@ def _check_labelled(data: Dataset) -> None:
     from ..errors import DdpipeError
 
     error = DdpipeError(f"{wrong}: ddpipe train learns each image's class from its cls", path=data.where)
-    error.job_wide = True  # every rank read the same manifest: each says so and leaves
-    raise error
+    raise error.everywhere()  # every rank read the same manifest: each says so and leaves
 
 
 def _check_labels_fit(data: Dataset, classes: int, *, numbered: bool) -> None:
@@ -265,8 +263,7 @@ def _check_labels_fit(data: Dataset, classes: int, *, numbered: bool) -> None:
     model = (f"--num-classes {classes} (the training dataset names no classes): give {top + 1} or more" if numbered
              else f"the training dataset's {classes} classes")
     error = DdpipeError(f"a sample's label is {top}, but the model has {model}", path=data.where)
-    error.job_wide = True  # every rank read the same manifest: each says so and leaves
-    raise error
+    raise error.everywhere()  # every rank read the same manifest: each says so and leaves
 
 
 def _check_same_classes(named: tuple[str, ...], held_out: Dataset) -> None:
@@ -281,8 +278,7 @@ def _check_same_classes(named: tuple[str, ...], held_out: Dataset) -> None:
     there, here = (repr(c[k]) if k < len(c) else "none" for c in (theirs, named))
     error = DdpipeError(f"--eval names other classes than the training dataset (class {k}: {there} there, {here} "
                         "here): its labels would be scored against the wrong classes", path=held_out.where)
-    error.job_wide = True  # every rank read the same manifests: each says so and leaves
-    raise error
+    raise error.everywhere()  # every rank read the same manifests: each says so and leaves
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -120,9 +120,7 @@ def _all_ranks(comm: Comm, action: Callable[[], object]) -> None:
         raise caught
     for rank, message in enumerate(errors):
         if message is not None:
-            agreed = DdpipeError(f"rank {rank} failed: {message}")
-            agreed.job_wide = True
-            raise agreed
+            raise DdpipeError(f"rank {rank} failed: {message}").everywhere()
 
 
 def _see_what_rank_0_made(out: Path, made: tuple[Path, ...], host: str, patience: float = 5.0) -> None:

@@ -83,10 +83,9 @@ class NodeStager:
         self.comm = comm
         largest = max(dataset.manifest.shards, key=lambda s: s.bytes, default=None)
         if options.capacity is not None and largest is not None and largest.bytes > options.capacity:
-            error = OptionError(f"a staging capacity of {options.capacity:,} bytes is less than the largest shard "
-                                f"({largest.file}, {largest.bytes:,} bytes): a shard is staged whole")
-            error.job_wide = True  # every rank checks the same manifest and options
-            raise error
+            raise OptionError(f"a staging capacity of {options.capacity:,} bytes is less than the largest shard "
+                              f"({largest.file}, {largest.bytes:,} bytes): a shard is staged whole"
+                              ).everywhere()  # every rank checks the same manifest and options
         self.dir = dataset_stage_dir(Path(options.stage_dir), dataset)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.is_leader = copies and comm.world.local_rank == 0
