@@ -7,7 +7,8 @@ against its own capacity and evicts them (they are not in its plan), so the othe
 waited for shards its stager had already made: a job of two emulated nodes with a capacity hung in
 three of five runs. Names cannot tell (``/tmp/stage`` is node-local on one cluster and shared on
 another), so the leaders look: each leaves a marker of its own in its directory, and looks for the
-others' markers once every marker is made.
+others' markers once every marker is made. Each marker's name is new (a random one), so no client of
+a network file system holds a cached "no such file" for it.
 """
 
 from __future__ import annotations
