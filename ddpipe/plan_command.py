@@ -43,7 +43,8 @@ def _share(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix (only its index.json is read)")
+    p.add_argument("dataset", type=arg.path,
+                   help="dataset directory, or s3:// or http(s):// prefix (only its index.json is read)")
     p.add_argument("--world-size", "-W", type=arg.positive, required=True, help="ranks of the job (GPUs)")
     p.add_argument("--batch-size", type=arg.positive, default=32, help="per rank")
     p.add_argument("--exchange-fraction", type=float, nargs="+", default=list(DEFAULT_FRACTIONS), metavar="Q",

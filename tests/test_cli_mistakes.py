@@ -247,3 +247,47 @@ def test_a_checkpoint_that_could_not_be_written_is_refused_before_training(raw_i
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "epoch 0" not in proc.stdout, proc.stderr
     assert f"{locked}: the directory for --checkpoint cannot be written to: Permission denied" in proc.stderr
     assert list(locked.iterdir()) == []
+
+
+def test_a_tilde_the_shell_left_is_the_home_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The shell expands ``~`` only at a word's start and unquoted: ``--local-dir=~/stage`` came to ddpipe
+    as it is and made a directory named ``~`` in the working directory. Every path a command takes is
+    expanded as the shell would."""
+    from ddpipe.cli.parser import parse_command_line
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    given = {
+        ("synth", "~/o"): ["out"],
+        ("convert", "~/s", "~/o", "--val-labels=~/v", "--synsets=~/y"): ["src", "out", "val_labels", "synsets"],
+        ("index", "~/d", "--classes=~/c", "--out=~/o", "--labels-file=~/l"): ["dir", "classes", "out", "labels_file"],
+        ("plan", "~/d", "-W", "8"): ["dataset"],
+        ("stage", "~/d", "--local-dir=~/l"): ["dataset", "local_dir"],
+        ("train", "~/d", "--eval=~/e", "--stage-dir=~/s", "--checkpoint=~/c"): ["dataset", "eval", "stage_dir",
+                                                                                "checkpoint"],
+        ("bench", "~/d", "--compare-dir=~/c", "--stage-dir=~/s", "--json=~/j", "--plot=~/p"): [
+            "dataset", "compare_dir", "stage_dir", "json", "plot"],
+        ("inspect", "~/d"): ["dataset"],
+        ("verify", "~/d", "--stage-dir=~/s"): ["dataset", "stage_dir"],
+    }
+    for argv, paths in given.items():
+        args = vars(parse_command_line(argv))
+        for name in paths:
+            assert str(args[name]).startswith(f"{tmp_path}/"), (argv, name, args[name])
+    assert parse_command_line(["inspect", "s3://b/~d"]).dataset == "s3://b/~d"  # a URL is left as it is
+
+
+def test_a_tilde_in_an_option_stages_under_home_not_in_the_working_directory(raw_images: Path,
+                                                                              tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    ddpipe.convert(raw_images, tmp_path / "ds", ddpipe.ConvertOptions(progress=False))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "work").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "ddpipe", "stage", str(tmp_path / "ds"), "--local-dir=~/stage",
+                           "--quiet"], cwd=tmp_path / "work", env={**os.environ, "HOME": str(tmp_path / "home")},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "work").iterdir()) == []
+    assert list((tmp_path / "home" / "stage").rglob("*.tar"))

@@ -5,6 +5,8 @@ must be more than 0, not -1``) before any work starts; and the help of options s
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 # the help of options several commands share
 SHUFFLE_HELP = ("partial: each rank shuffles what it reads and exchanges a fraction Q of it across the job; "
@@ -17,6 +19,17 @@ DECODE_HELP = ("dali-gpu, dali-cpu or pil (auto: the GPU where CUDA and DALI are
                "else PIL)")
 IMAGE_SIZE_HELP = "side of the square images in a batch, in pixels"
 SEED_HELP = "the epoch plan's seed: shard order, shuffles and augmentation"
+
+
+def path(text: str) -> str:
+    """A path (or a URL: left as it is), ``~`` expanded as the shell expands it, since the shell does not
+    after ``--option=`` or in quotes: ``--local-dir=~/stage`` made a directory named ``~`` in the
+    working directory."""
+    return os.path.expanduser(text)
+
+
+def local_path(text: str) -> Path:
+    return Path(path(text))
 
 
 def size(text: str) -> int:

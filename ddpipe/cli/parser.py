@@ -6,7 +6,6 @@ import argparse
 import functools
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from ..decode.spec import DECODERS, DTYPES, ON_ERROR, READ_IN
 from ..formats import FORMAT_NAMES
@@ -59,7 +58,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     command = functools.partial(sub.add_parser, formatter_class=HelpWithDefaults)  # each command's parser
 
     p = command("synth", help="write an ImageNet-like ImageFolder of real JPEGs")
-    p.add_argument("out", help="directory to write: OUT/<class>/<image>.jpg")
+    p.add_argument("out", type=arg.path, help="directory to write: OUT/<class>/<image>.jpg")
     p.add_argument("--n", type=arg.positive, default=1000, help="number of images")
     p.add_argument("--classes", type=arg.positive, default=10, help="number of classes, the images split evenly")
     p.add_argument("--seed", type=int, default=0, help="the same seed writes the same images")
@@ -69,9 +68,9 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.set_defaults(func=cmd_synth)
 
     p = command("convert", help="convert an ImageFolder, a list file or a dataset into shards")
-    p.add_argument("src", help="ImageFolder root, list file (.csv/.tsv of 'path,label', Caffe's .txt of "
+    p.add_argument("src", type=arg.path, help="ImageFolder root, list file (.csv/.tsv of 'path,label', Caffe's .txt of "
                                    "'path label', im2rec's .lst), or a ddpipe dataset")
-    p.add_argument("out", help="directory, or s3:// prefix, to write the shards and index.json to")
+    p.add_argument("out", type=arg.path, help="directory, or s3:// prefix, to write the shards and index.json to")
     p.add_argument("--format", choices=FORMAT_NAMES, default="wds",
                    help="wds: WebDataset tar shards; hdf5 or lmdb: one file per shard")
     size = p.add_mutually_exclusive_group()
@@ -85,9 +84,9 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--allow-empty", action="store_true",
                    help="write an empty dataset if every input is skipped, and keep class directories without "
                         "images as classes of no samples")
-    p.add_argument("--val-labels", help="ImageNet's validation ground truth (LOC_val_solution.csv or "
+    p.add_argument("--val-labels", type=arg.path, help="ImageNet's validation ground truth (LOC_val_solution.csv or "
                    "ILSVRC2012_validation_ground_truth.txt) for SRC, its flat directory")
-    p.add_argument("--synsets", help="the synset list (LOC_synset_mapping.txt, map_clsloc.txt)")
+    p.add_argument("--synsets", type=arg.path, help="the synset list (LOC_synset_mapping.txt, map_clsloc.txt)")
     p.add_argument("--no-decode-check", action="store_true",
                    help="check only each image's header, not that it decodes whole (faster; see README)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -106,8 +105,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.set_defaults(func=plan_command.main)
 
     p = command("stage", help="copy this node's shards to node-local storage ahead of a job")
-    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
-    p.add_argument("--local-dir", required=True,
+    p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
+    p.add_argument("--local-dir", type=arg.path, required=True,
                    help="node-local directory (an SSD, or memory); {node} gives each node its own, "
                         "$VAR takes it from the node's environment")
     p.add_argument("--capacity", type=arg.size, default=None, help="bytes of local storage to use, e.g. 100GB")
@@ -122,7 +121,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.set_defaults(func=cmd_stage)
 
     p = command("train", help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
-    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
+    p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--model", default="resnet50", help="resnet18, resnet34, resnet50, resnet101 or smallcnn")
     p.add_argument("--epochs", type=arg.positive, default=1, help="epochs to train")
     p.add_argument("--batch-size", type=arg.positive, default=64, help="per rank")
@@ -131,7 +130,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--lr", type=arg.above_zero, default=0.1, help="for a global batch of 256, scaled linearly")
     p.add_argument("--warmup-epochs", type=arg.at_least_zero, default=0.0,
                    help="epochs over which the learning rate rises linearly to --lr")
-    p.add_argument("--eval", help="a held-out dataset: top-1 accuracy after each epoch")
+    p.add_argument("--eval", type=arg.path, help="a held-out dataset: top-1 accuracy after each epoch")
     p.add_argument("--image-size", type=arg.positive, default=224, help=arg.IMAGE_SIZE_HELP)
     p.add_argument("--dtype", choices=DTYPES, default="uint8",
                    help="loader output; uint8 is normalised on the training device")
@@ -145,12 +144,12 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=arg.SHUFFLE_HELP)
     p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=arg.EXCHANGE_HELP)
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=arg.ASSIGNMENT_HELP)
-    p.add_argument("--stage-dir", default=None,
+    p.add_argument("--stage-dir", type=arg.path, default=None,
                    help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR; {node} and $VAR are resolved "
                         "on each node)")
     p.add_argument("--stage-capacity", type=arg.size, default=None,
                    help="bytes of node-local storage to use, e.g. 100GB (default: no limit)")
-    p.add_argument("--checkpoint", type=Path, default=None,
+    p.add_argument("--checkpoint", type=arg.local_path, default=None,
                    help="file to save to and resume from (also saved when SIGTERM or SIGUSR1 stops the job)")
     p.add_argument("--checkpoint-every", type=arg.count, default=0,
                    help="steps between mid-epoch checkpoints (0: at the end of each epoch only)")
@@ -165,7 +164,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.set_defaults(func=cmd_train)
 
     p = command("bench", help="measure each stage and the data wait of a training step, on this dataset")
-    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
+    p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--batch-size", type=arg.positive, default=64, help="per rank")
     p.add_argument("--step-time", type=arg.seconds, default=0.05, help="seconds of a simulated training step")
     p.add_argument("--model", default=None, help="time a real model's SGD step instead of a simulated one: "
@@ -173,7 +172,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--epochs", type=arg.positive, default=1, help="epochs of the full pipeline feeding the step")
     p.add_argument("--compare", nargs="*", default=None, choices=list(PEERS), metavar="PEER",
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
-    p.add_argument("--compare-dir", default=None, help="where the peers' inputs are written once (default: temp dir)")
+    p.add_argument("--compare-dir", type=arg.path, default=None,
+                   help="where the peers' inputs are written once (default: temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or phase lines")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=arg.SHUFFLE_HELP)
     p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=arg.EXCHANGE_HELP)
@@ -182,11 +182,12 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     _read_in_argument(p)
     p.add_argument("--image-size", type=arg.positive, default=224, help=arg.IMAGE_SIZE_HELP)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
-    p.add_argument("--stage-dir", default=None, help="node-local directory to stage the shards to first")
+    p.add_argument("--stage-dir", type=arg.path, default=None, help="node-local directory to stage the shards to first")
     p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
-    p.add_argument("--json", default=None, help="write every figure and the machine to this file")
-    p.add_argument("--plot", default=None, help="write a PNG of throughput by stage and stall over the epoch")
+    p.add_argument("--json", type=arg.path, default=None, help="write every figure and the machine to this file")
+    p.add_argument("--plot", type=arg.path, default=None,
+                   help="write a PNG of throughput by stage and stall over the epoch")
     p.add_argument("--project", type=arg.node_counts, default=None, metavar="nodes=1,8,64,512",
                    help="project to these cluster sizes")
     p.add_argument("--project-images", type=arg.positive, default=None,
@@ -217,15 +218,16 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.set_defaults(func=cmd_serve)
 
     p = command("inspect", help="format, shards, samples, bytes, classes, per-field sizes")
-    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
+    p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-scan", action="store_true", help="manifest only; skip per-field sizes")
     p.set_defaults(func=cmd_inspect)
 
     p = command("verify", help="check checksums and sample counts (and with --decode, every image)")
-    p.add_argument("dataset", help="dataset directory, or s3:// or http(s):// prefix")
+    p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--decode", action="store_true", help="also decode every image (slower)")
-    p.add_argument("--stage-dir", default=None, help="check this dataset's copies staged in this directory instead")
+    p.add_argument("--stage-dir", type=arg.path, default=None,
+                   help="check this dataset's copies staged in this directory instead")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_verify)
     return parser, sub

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..cli import arguments as arg
 from ..decode.spec import IMAGE_FIELDS
 from ..errors import DdpipeError
 from ..manifest import Manifest
@@ -69,10 +70,11 @@ def hint(path: Path) -> str | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", help="a directory (or s3:// or http(s):// prefix) of tar shards, of HDF5 files, or an "
-                               "LMDB environment")
-    p.add_argument("--classes", help="file of class names, one per line, in label order")
-    p.add_argument("--out", default=None,
+    p.add_argument("dir", type=arg.path,
+                   help="a directory (or s3:// or http(s):// prefix) of tar shards, of HDF5 files, or an "
+                        "LMDB environment")
+    p.add_argument("--classes", type=arg.path, help="file of class names, one per line, in label order")
+    p.add_argument("--out", type=arg.path, default=None,
                    help="write index.json here instead of beside the data (when the data is read-only)")
     g = p.add_argument_group("HDF5")
     g.add_argument("--images", help="the dataset of images, one per row, encoded or uint8 pixels (asked for when "
@@ -83,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--values", choices=["image", "msgpack", "caffe", "pickle"], default=None,
                    help="what each value holds (guessed from the first when not given)")
     g.add_argument("--label-regex", help="for plain images: a pattern with a group (?P<label>...) found in the key")
-    g.add_argument("--labels-file", help="for plain images: a file of 'key label' lines beside data.mdb")
+    g.add_argument("--labels-file", type=arg.path, help="for plain images: a file of 'key label' lines beside data.mdb")
     g.add_argument("--allow-pickle", action="store_true",
                    help="read values that are Python pickles (unpickling runs code: only data you trust)")
 

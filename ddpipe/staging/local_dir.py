@@ -29,8 +29,11 @@ def default_stage_dir(environ: Mapping[str, str]) -> Path:
 
 def node_local_dir(template: str | os.PathLike[str], node: int, host: str, environ: Mapping[str, str]) -> Path:
     """``template`` for one node: ``{node}`` becomes the node's index in the job (0, 1, ...), ``{host}``
-    its host name, and ``$VAR`` or ``${VAR}`` the variable from the node's environment."""
+    its host name, ``$VAR`` or ``${VAR}`` the variable from the node's environment, and a leading ``~``
+    its ``$HOME``."""
     text = str(template)
+    if text == "~" or text.startswith("~/"):
+        text = "$HOME" + text[1:]
 
     def var(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2)

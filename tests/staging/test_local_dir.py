@@ -41,3 +41,8 @@ def test_a_name_that_cannot_be_resolved_says_why(template: str, message: str) ->
 def test_auto_is_the_environments_choice() -> None:
     assert default_stage_dir({"DDPIPE_LOCAL_DIR": "/fast/{node}"}) == Path("/fast/{node}")
     assert default_stage_dir({}).name == "ddpipe-stage"
+
+
+def test_a_leading_tilde_is_the_nodes_home() -> None:
+    assert node_local_dir("~/stage/{node}", 2, "h", {"HOME": "/home/ada"}) == Path("/home/ada/stage/2")
+    assert node_local_dir("/data/~x", 0, "h", {"HOME": "/home/ada"}) == Path("/data/~x")  # only where it leads
