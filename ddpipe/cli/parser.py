@@ -109,7 +109,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--local-dir", type=arg.path, required=True,
                    help="node-local directory (an SSD, or memory); {node} gives each node its own, "
                         "$VAR takes it from the node's environment")
-    p.add_argument("--capacity", type=arg.size, default=None, help="bytes of local storage to use, e.g. 100GB")
+    p.add_argument("--capacity", type=arg.size, default=None,
+                   help="bytes of local storage to use, e.g. 100GB: the first epoch's shards that fit are staged")
     p.add_argument("--epochs", type=arg.positive, default=1, help="stage the shards of this many epochs")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial",
                    help="the training job's shuffle mode (decides which shards each node reads)")
