@@ -7,7 +7,8 @@ against its own capacity and evicts them (they are not in its plan), so the othe
 waited for shards its stager had already made: a job of two emulated nodes with a capacity hung in
 three of five runs. Names cannot tell (``/tmp/stage`` is node-local on one cluster and shared on
 another), so the leaders look: each leaves a marker of its own in its directory, and looks for the
-others' markers once every marker is made. Each marker's name is new (a random one), so no client of
+markers of the nodes that name the same directory once every marker is made (nodes whose names
+differ, with ``{node}`` in them, are taken to differ). Each marker's name is new (a random one), so no client of
 a network file system holds a cached "no such file" for it.
 """
 
@@ -20,10 +21,10 @@ from ..comm import Comm
 from ..formats.atomic import discard
 
 
-def first_shared(seen: list[tuple[int, list[int]]]) -> tuple[int, int] | None:
+def first_shared(seen: list[tuple[int, int | None]]) -> tuple[int, int] | None:
     """The first pair of nodes (lower first) of which one found the other's marker, from each leader's
-    ``(node, the nodes whose markers it found)``; None if none did."""
-    pairs = sorted((min(node, other), max(node, other)) for node, others in seen for other in others)
+    ``(node, the node whose marker it found, or None)``; None if none did."""
+    pairs = sorted((min(node, other), max(node, other)) for node, other in seen if other is not None)
     return pairs[0] if pairs else None
 
 
@@ -34,11 +35,14 @@ def nodes_sharing(comm: Comm, directory: Path, leader: bool) -> tuple[int, int] 
     if marker is not None:
         (directory / marker).touch()
     try:
-        markers = comm.allgather((comm.world.node, marker))  # once gathered, every leader's marker is made
-        found = [node for node, theirs in markers
-                 if leader and theirs is not None and node != comm.world.node and (directory / theirs).exists()]
-        seen = comm.allgather((comm.world.node, found))  # once gathered, every leader has looked
+        markers = comm.allgather((comm.world.node, str(directory), marker))  # once gathered, every marker is made
+        # a leader looks only for the markers of nodes that name the same directory, and stops at the
+        # first it finds: on a shared file system, one lookup rather than one per node of the job
+        others = [(node, theirs) for node, named, theirs in markers
+                  if leader and theirs is not None and node != comm.world.node and named == str(directory)]
+        sharer = next((node for node, theirs in others if (directory / theirs).exists()), None)
+        seen = comm.allgather((comm.world.node, sharer))  # once gathered, every leader has looked
     finally:
         if marker is not None:
             discard(directory / marker)
-    return first_shared([(node, found) for node, found in seen if found])
+    return first_shared(seen)
