@@ -14,9 +14,11 @@ import pytest
 def test_settings_apply_and_fork_nothing() -> None:
     code = ("import resource; from ddpipe.memory import keep_freed_memory, release_freed_memory; "
             "big = bytearray(300 << 20); "
-            "assert keep_freed_memory() and release_freed_memory() and release_freed_memory(); "
+            "assert keep_freed_memory(); release_freed_memory(); release_freed_memory(); "
             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # (malloc_trim says whether it gave memory back, which depends on the heap: not asserted here; the
+    # next test measures it)
     assert int(out.stdout) == 0  # no child process was ever waited for
 
 
