@@ -276,18 +276,13 @@ def test_a_tilde_the_shell_left_is_the_home_directory(monkeypatch: pytest.Monkey
     assert parse_command_line(["inspect", "s3://b/~d"]).dataset == "s3://b/~d"  # a URL is left as it is
 
 
-def test_a_tilde_in_an_option_stages_under_home_not_in_the_working_directory(raw_images: Path,
-                                                                              tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
+def test_a_tilde_in_an_option_stages_under_home_not_in_the_working_directory(
+        raw_images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ddpipe.convert(raw_images, tmp_path / "ds", ddpipe.ConvertOptions(progress=False))
     (tmp_path / "home").mkdir()
     (tmp_path / "work").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "ddpipe", "stage", str(tmp_path / "ds"), "--local-dir=~/stage",
-                           "--quiet"], cwd=tmp_path / "work", env={**os.environ, "HOME": str(tmp_path / "home")},
-                          capture_output=True, text=True, timeout=120)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    proc = run_cli("stage", tmp_path / "ds", "--local-dir=~/stage", "--quiet", cwd=tmp_path / "work")
     assert proc.returncode == 0, proc.stderr
     assert list((tmp_path / "work").iterdir()) == []
     assert list((tmp_path / "home" / "stage").rglob("*.tar"))

@@ -68,8 +68,9 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.set_defaults(func=cmd_synth)
 
     p = command("convert", help="convert an ImageFolder, a list file or a dataset into shards")
-    p.add_argument("src", type=arg.path, help="ImageFolder root, list file (.csv/.tsv of 'path,label', Caffe's .txt of "
-                                   "'path label', im2rec's .lst), or a ddpipe dataset")
+    p.add_argument("src", type=arg.path,
+                   help="ImageFolder root, list file (.csv/.tsv of 'path,label', Caffe's .txt of 'path label', "
+                        "im2rec's .lst), or a ddpipe dataset")
     p.add_argument("out", type=arg.path, help="directory, or s3:// prefix, to write the shards and index.json to")
     p.add_argument("--format", choices=FORMAT_NAMES, default="wds",
                    help="wds: WebDataset tar shards; hdf5 or lmdb: one file per shard")
@@ -84,8 +85,9 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--allow-empty", action="store_true",
                    help="write an empty dataset if every input is skipped, and keep class directories without "
                         "images as classes of no samples")
-    p.add_argument("--val-labels", type=arg.path, help="ImageNet's validation ground truth (LOC_val_solution.csv or "
-                   "ILSVRC2012_validation_ground_truth.txt) for SRC, its flat directory")
+    p.add_argument("--val-labels", type=arg.path,
+                   help="ImageNet's validation ground truth (LOC_val_solution.csv or "
+                        "ILSVRC2012_validation_ground_truth.txt) for SRC, its flat directory")
     p.add_argument("--synsets", type=arg.path, help="the synset list (LOC_synset_mapping.txt, map_clsloc.txt)")
     p.add_argument("--no-decode-check", action="store_true",
                    help="check only each image's header, not that it decodes whole (faster; see README)")

@@ -8,8 +8,8 @@ waited for shards its stager had already made: a job of two emulated nodes with 
 three of five runs. Names cannot tell (``/tmp/stage`` is node-local on one cluster and shared on
 another), so the leaders look: each leaves a marker of its own in its directory, and looks for the
 markers of the nodes that name the same directory once every marker is made (nodes whose names
-differ, with ``{node}`` in them, are taken to differ). Each marker's name is new (a random one), so no client of
-a network file system holds a cached "no such file" for it.
+differ, with ``{node}`` in them, are taken to differ). Each marker's name is new (a random one), so
+no client of a network file system holds a cached "no such file" for it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from ..comm import Comm
+from ..errors import OptionError
 from ..formats.atomic import discard
 
 
@@ -46,3 +47,14 @@ def nodes_sharing(comm: Comm, directory: Path, leader: bool) -> tuple[int, int] 
         if marker is not None:
             discard(directory / marker)
     return first_shared(seen)
+
+
+def refuse_a_shared_capacity(comm: Comm, stage_dir: Path, directory: Path, leader: bool) -> None:
+    """Refuse, on every rank at once, a capacity for a directory two nodes share. ``stage_dir``: the
+    staging directory as named (``directory`` is the dataset's own under it)."""
+    shared = nodes_sharing(comm, directory, leader)
+    if shared is not None:
+        raise OptionError(f"nodes {shared[0]} and {shared[1]} stage into one directory, {stage_dir} (a file system "
+                          "they share), where a staging capacity has each node evict the other's copies: give each "
+                          "node its own directory ({node} in the name: "
+                          f"{stage_dir / 'node{node}'}), or give no capacity").everywhere()

@@ -34,7 +34,7 @@ from ..formats.atomic import atomic_write_bytes, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, write_stamp
 from ..throttle import SourceLimits
 from .peers import fetch_from_peer, holders, inventory_bits
-from .shared_dir import nodes_sharing
+from .shared_dir import refuse_a_shared_capacity
 
 
 @dataclass(frozen=True)
@@ -63,16 +63,6 @@ def dataset_stage_dir(root: Path, dataset: Dataset) -> Path:
     return root / f"ddpipe-{h}"
 
 
-def _refuse_a_shared_capacity(comm: Comm, stage_dir: Path, directory: Path, leader: bool) -> None:
-    """Refuse, on every rank at once, a capacity for a directory two nodes share (see shared_dir)."""
-    shared = nodes_sharing(comm, directory, leader)
-    if shared is not None:
-        raise OptionError(f"nodes {shared[0]} and {shared[1]} stage into one directory, {stage_dir} (a file system "
-                          "they share), where a staging capacity has each node evict the other's copies: give each "
-                          "node its own directory ({node} in the name: "
-                          f"{stage_dir / 'node{node}'}), or give no capacity").everywhere()
-
-
 class NodeStager:
     """A node's staged copies, as one process of it sees them. ``copies``: whether this process makes
     them where it is local rank 0 (a rank's reading process only reads them: its parent copies)."""
@@ -90,7 +80,7 @@ class NodeStager:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.is_leader = copies and comm.world.local_rank == 0
         if options.capacity is not None and copies and comm.world.num_nodes > 1:
-            _refuse_a_shared_capacity(comm, Path(options.stage_dir), self.dir, self.is_leader)
+            refuse_a_shared_capacity(comm, Path(options.stage_dir), self.dir, self.is_leader)
         self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0,
                       "peer_copied": 0, "peer_bytes": 0, "not_fitted": 0}
         self._thread: threading.Thread | None = None
@@ -145,7 +135,7 @@ class NodeStager:
                 if self.options.capacity is not None and shard not in staged and not self._make_room(
                         shard, staged, position, i):
                     if not self._stop.is_set():  # the shards left: staged as the job's readers make room
-                        self.stats["not_fitted"] += sum(1 for s in order[i:] if s not in staged)
+                        self.stats["not_fitted"] += len(set(order[i:]) - set(staged))
                     return
                 self._stage_one(shard)
                 if shard not in staged:

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.mpi
 WORKER = Path(__file__).with_name("nodes_worker.py")
 SHARDS, PER_SHARD, PAYLOAD = 12, 10, 2600
 TOTAL = SHARDS * PER_SHARD
+CAPACITY = 3 * PER_SHARD * (PAYLOAD + 1024)  # three shards of a node's six
 
 
 @pytest.fixture(params=["cliques", "hosts"])
@@ -80,8 +81,7 @@ def test_nodes_stage_one_copy_each_and_yield_every_sample_once(data: Path, tmp_p
 
 
 def test_capacity_evicts_on_each_node(data: Path, tmp_path: Path, place: str) -> None:
-    capacity = 3 * PER_SHARD * (PAYLOAD + 1024)  # three shards of the node's six
-    report = launch(data, tmp_path, place, 2, "run", str(capacity))
+    report = launch(data, tmp_path, place, 2, "run", str(CAPACITY))
     leaders = [r for r in report if r["local_rank"] == 0]
     for r in leaders:
         assert r["evicted"] > 0 and r["copied"] > len(r["staged"])  # evicted shards staged again
@@ -145,7 +145,7 @@ def test_nodes_sharing_a_staging_directory_with_a_capacity_are_refused(data: Pat
     would evict the other's copies, and a job like this hung in three runs of five. Refused at start on
     every rank, in one line naming the directory, with nothing staged and no marker left behind."""
     shared = tmp_path / "stage"
-    proc = stage(data, shared, place, "--capacity", str(3 * PER_SHARD * (PAYLOAD + 1024)))
+    proc = stage(data, shared, place, "--capacity", str(CAPACITY))
     assert proc.returncode != 0
     assert f"ddpipe: error: nodes 0 and 1 stage into one directory, {shared} " in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -162,7 +162,6 @@ def test_nodes_sharing_a_staging_directory_without_a_capacity_share_its_copies(d
 
 def test_hosts_naming_one_directory_on_their_own_disks_may_have_a_capacity(data: Path) -> None:
     """The same name on every host, each host's own storage (its /dev/shm): not shared, not refused."""
-    proc = stage(data, f"/dev/shm/ddpipe-test-{os.getpid()}", "hosts", "--capacity",
-                 str(3 * PER_SHARD * (PAYLOAD + 1024)))
+    proc = stage(data, f"/dev/shm/ddpipe-test-{os.getpid()}", "hosts", "--capacity", str(CAPACITY))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "one directory" not in proc.stderr
