@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,21 +41,19 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
     (and each sample's digest, where the manifest records them), each sample's label a class the
     manifest names;
     with ``decode``, that every image field decodes. With ``stage_dir``, check instead the copies of
-    this dataset staged there (those staged: a partial stage is not a problem). Problems are
-    collected, not raised."""
+    this dataset staged there (those staged: a partial stage is not a problem), named as the job named
+    it: ``"auto"``, ``$VAR`` and ``{host}`` as on this machine, and with ``{node}`` every node's
+    directory this machine can see. Problems are collected, not raised."""
     dataset = dataset_at(path)
     report = VerifyReport()
     shards = list(enumerate(dataset.manifest.shards))
-    where: dict[int, Path | None] = {i: None for i, _ in shards}  # the dataset's own: fetched as checked
+    where: list[tuple[int, Path | None]] = [(i, None) for i, _ in shards]  # the dataset's own: fetched as checked
     if stage_dir is not None:
-        from .staging.stager import dataset_stage_dir
-
-        copies = dataset_stage_dir(Path(stage_dir), dataset)
-        if not copies.is_dir():
-            report.problems.append(f"{copies}: nothing of this dataset is staged in {stage_dir}")
+        where = _staged_copies(dataset, stage_dir)
+        if not where:
+            report.problems.append(f"{stage_dir}: nothing of this dataset is staged there")
             return report
-        where = {i: copies / info.file for i, info in shards if (copies / info.file).exists()}
-    with tqdm(where.items(), unit="shard", desc="verify", disable=not progress, dynamic_ncols=True) as bar:
+    with tqdm(where, unit="shard", desc="verify", disable=not progress, dynamic_ncols=True) as bar:
         for i, shard_path in bar:
             report.shards += 1
             try:
@@ -64,6 +63,19 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
             except OSError as e:  # unreadable (its permissions, say): a problem of this shard, not the end of the check
                 report.problems.append(f"{e.filename or dataset.manifest.shards[i].file}: {e.strerror or e}")
     return report
+
+
+def _staged_copies(dataset: Dataset, stage_dir: str | os.PathLike[str]) -> list[tuple[int, Path | None]]:
+    """Each staged copy of the dataset's shards under the directories ``stage_dir`` names, by shard."""
+    from .staging.local_dir import visible_local_dirs
+    from .staging.stager import dataset_stage_dir
+
+    copies: list[tuple[int, Path | None]] = []
+    for node_dir in visible_local_dirs(stage_dir, socket.gethostname(), os.environ):
+        staged = dataset_stage_dir(node_dir, dataset)
+        copies += [(i, staged / info.file) for i, info in enumerate(dataset.manifest.shards)
+                   if (staged / info.file).exists()]
+    return copies
 
 
 def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, report: VerifyReport) -> None:

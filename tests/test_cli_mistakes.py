@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,24 @@ def test_verify_checks_a_staging_directory(raw_images: Path, tmp_path: Path) -> 
     copy.write_bytes(bytes(data))
     proc = run_cli("verify", ds, "--stage-dir", stage, "--quiet")
     assert proc.returncode == 1 and str(copy) in proc.stderr and "checksum mismatch" in proc.stderr
+
+
+def test_verify_checks_every_nodes_staging_directory_by_the_jobs_name_for_it(raw_images: Path, tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+    ddpipe.convert(raw_images, ds, ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    template = str(tmp_path / "stage-{node}")
+    list(ddpipe.EncodedStream(ds, 4, stage_dir=template))  # one process: node 0
+    shutil.copytree(tmp_path / "stage-0", tmp_path / "stage-1")  # as node 1 of a job would have left it
+    staged = len(list((tmp_path / "stage-0").rglob("shard-*.tar")))
+    copy = next((tmp_path / "stage-1").rglob("shard-000001.tar"))
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 1
+    copy.write_bytes(bytes(data))
+    proc = run_cli("verify", ds, "--stage-dir", template, "--quiet")
+    assert proc.returncode == 1 and f"{copy}: checksum mismatch" in proc.stderr, proc.stderr
+    assert f"FAILED (1 problem(s)): {2 * staged} shards" in proc.stdout
+    proc = run_cli("verify", ds, "--stage-dir", tmp_path / "none-{node}", "--quiet")
+    assert proc.returncode == 1 and "none-{node}: nothing of this dataset is staged there" in proc.stderr
 
 
 def test_indexing_again_keeps_the_class_names(raw_images: Path, tmp_path: Path) -> None:

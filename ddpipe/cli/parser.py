@@ -230,7 +230,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--decode", action="store_true", help="also decode every image (slower)")
     p.add_argument("--stage-dir", type=arg.path, default=None,
-                   help="check this dataset's copies staged in this directory instead")
+                   help="check this dataset's copies staged there instead, named as the job named it ({node}: every "
+                        "node's this machine sees)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_verify)
     return parser, sub

@@ -8,6 +8,7 @@ directory) they need different directories: ``{node}`` in the name gives each it
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import string
@@ -31,6 +32,41 @@ def node_local_dir(template: str | os.PathLike[str], node: int, host: str, envir
     """``template`` for one node: ``{node}`` becomes the node's index in the job (0, 1, ...), ``{host}``
     its host name, ``$VAR`` or ``${VAR}`` the variable from the node's environment, and a leading ``~``
     its ``$HOME``."""
+    return Path(_expanded(template, environ, f"node {node}").format(node=node, host=host))
+
+
+def visible_local_dirs(template: str | os.PathLike[str], host: str, environ: Mapping[str, str]) -> list[Path]:
+    """The directories ``template`` names that exist on this machine (``host``, ``environ``), for
+    checking a stage after the job: every node's where the name has ``{node}`` (on a shared file
+    system, or emulated nodes), in node order; else the one this machine's node would use."""
+    if str(template) == "auto":
+        template = default_stage_dir(environ)
+    text = _expanded(template, environ, "this machine")
+    if "node" not in _fields(text, template):
+        return [p for p in [Path(text.format(host=host))] if p.is_dir()]
+    pieces = text.format(node=_NodeMark(), host=host).split(_NodeMark.MARK)
+    found: dict[int, Path] = {}
+    named = re.compile("(.+?)".join(re.escape(p) for p in pieces))
+    for match in glob.glob("*".join(glob.escape(p) for p in pieces)):
+        m = named.fullmatch(match)
+        nodes = {g for g in m.groups() if g.isdigit()} if m else set()
+        for node in map(int, nodes):  # the name read back: a directory the template would not make is not a node's
+            if str(node_local_dir(template, node, host, environ)) == match and Path(match).is_dir():
+                found[node] = Path(match)
+    return [found[n] for n in sorted(found)]
+
+
+class _NodeMark:
+    """Stands for ``{node}`` whatever its format spec, so a template can be turned into a pattern."""
+
+    MARK = "\x00"
+
+    def __format__(self, spec: str) -> str:
+        return self.MARK
+
+
+def _expanded(template: str | os.PathLike[str], environ: Mapping[str, str], where: str) -> str:
+    """``template`` with ``~`` and ``$VAR`` replaced and its ``{fields}`` checked, still to be formatted."""
     text = str(template)
     if text == "~" or text.startswith("~/"):
         text = "$HOME" + text[1:]
@@ -38,16 +74,21 @@ def node_local_dir(template: str | os.PathLike[str], node: int, host: str, envir
     def var(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2)
         if name not in environ:
-            raise DdpipeError(f"the local directory {text!r} names ${name}, which is not set on node {node}")
+            raise DdpipeError(f"the local directory {text!r} names ${name}, which is not set on {where}")
         return environ[name]
 
     text = _VAR.sub(var, text)
+    _fields(text, template)
+    return text
+
+
+def _fields(text: str, template: str | os.PathLike[str]) -> set[str]:
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+        fields = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
     except ValueError as e:
         raise DdpipeError(f"the local directory {str(template)!r} is not a valid template: {e}") from None
-    unknown = sorted({f for f in fields if f not in FIELDS})
+    unknown = sorted(fields - set(FIELDS))
     if unknown:
         raise DdpipeError(f"the local directory {str(template)!r} names {{{unknown[0]}}}; "
                           f"it may name {', '.join('{' + f + '}' for f in FIELDS)} and $VARIABLES")
-    return Path(text.format(node=node, host=host))
+    return fields

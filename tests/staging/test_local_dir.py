@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from ddpipe.errors import DdpipeError
 from ddpipe.staging import default_stage_dir, node_local_dir
+from ddpipe.staging.local_dir import visible_local_dirs
 
 
 @given(st.lists(st.integers(0, 4096), min_size=2, max_size=8, unique=True))
@@ -46,3 +48,24 @@ def test_auto_is_the_environments_choice() -> None:
 def test_a_leading_tilde_is_the_nodes_home() -> None:
     assert node_local_dir("~/stage/{node}", 2, "h", {"HOME": "/home/ada"}) == Path("/home/ada/stage/2")
     assert node_local_dir("/data/~x", 0, "h", {"HOME": "/home/ada"}) == Path("/data/~x")  # only where it leads
+
+
+@given(st.sets(st.integers(0, 120), max_size=6), st.sampled_from(["{node}", "{node:03d}", "n{node}-{host}"]))
+def test_every_nodes_directory_is_found_after_the_job(nodes: set[int], name: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        template = f"$SCRATCH/stage/{name}"
+        env = {"SCRATCH": tmp}
+        made = [node_local_dir(template, n, "gpu07", env) for n in sorted(nodes)]
+        for d in made:
+            d.mkdir(parents=True)
+        (Path(tmp) / "stage" / "other").mkdir(parents=True, exist_ok=True)  # no node's: left out
+        (Path(tmp) / "stage" / "007x").mkdir(exist_ok=True)
+        (Path(tmp) / "stage" / "n3-gpu08").mkdir(exist_ok=True)  # another host's name
+        assert visible_local_dirs(template, "gpu07", env) == made
+
+
+def test_a_name_without_node_is_this_machines_directory(tmp_path: Path) -> None:
+    assert visible_local_dirs(tmp_path / "{host}", "gpu07", {}) == []
+    (tmp_path / "gpu07").mkdir()
+    assert visible_local_dirs(tmp_path / "{host}", "gpu07", {}) == [tmp_path / "gpu07"]
+    assert visible_local_dirs("auto", "h", {"DDPIPE_LOCAL_DIR": str(tmp_path / "gpu07")}) == [tmp_path / "gpu07"]
