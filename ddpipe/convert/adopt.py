@@ -7,15 +7,16 @@ header by header (the data is only hashed), DALI index files are written beside 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..checksum import file_checksum
 from ..errors import ConversionConflictError, DdpipeError, ManifestError, UnlabelledSamplesWarning
-from ..formats.atomic import atomic_write_bytes
+from ..formats.atomic import Finished, discard, partial_path, raise_if_disk_full
 from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members, split_member_name
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, load_manifest, save_manifest
 from ..sample import label_of
@@ -60,12 +61,14 @@ def write_adopted(data: Path, out: Path | None, manifest: Manifest) -> Manifest:
 
 @dataclass(frozen=True)
 class AdoptedTar:
-    """One tar shard adopted: its manifest entry, its samples' fields, and what its ``cls`` values say:
+    """One tar shard adopted: its manifest entry, its DALI index (written beside it, not yet named: see
+    :func:`indexes_named_at_the_end`), its samples' fields, and what its ``cls`` values say:
     how many samples have one, the largest class number, and the samples without a class number (no
     ``cls``, a negative one, or a name): how many, and the first's key and ``cls``. Counts, not a
     value per sample: ImageNet's 1.28 million would take hundreds of MB."""
 
     shard: ShardInfo
+    index: Finished
     fields: frozenset[str]
     labelled: int = 0
     largest: int = -1
@@ -75,7 +78,8 @@ class AdoptedTar:
 
 
 def adopt_tar(tar: Path) -> AdoptedTar:
-    """Read one tar shard header by header, write its DALI index beside it, and say what it holds."""
+    """Read one tar shard header by header, write its DALI index beside it under a temporary name, and
+    say what it holds."""
     groups = scan_tar_members(tar)
     try:
         index = format_dali_index(groups).encode()
@@ -83,20 +87,45 @@ def adopt_tar(tar: Path) -> AdoptedTar:
         line = e.object[e.object.rfind("\n", 0, e.start) + 1:].split("\n", 1)[0]
         name = line.rsplit(" ", 1)[-1].encode("utf-8", "surrogateescape")
         raise DdpipeError(f"member {name!r}: its name is not UTF-8; rename it, or repack the tar", path=tar) from None
-    atomic_write_bytes(index_path(tar), index)
     fields = frozenset(ext for group in groups for ext, *_ in group)
     stored: list[bytes | None] = [None] * len(groups)
     if "cls" in fields:
-        with TarReader(tar) as reader:
+        with TarReader(tar, groups) as reader:
             stored = [reader[i]["cls"] if any(ext == "cls" for ext, *_ in group) else None
                       for i, group in enumerate(groups)]
     numbers = [_as_int(v) for v in stored]
     shard = ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar), label_runs(numbers))
     without = [i for i, n in enumerate(numbers) if n < 0]
     first = (split_member_name(groups[without[0]][0][3])[0], stored[without[0]]) if without else None
-    return AdoptedTar(shard, fields, labelled=sum(v is not None for v in stored), largest=max(numbers, default=-1),
+    return AdoptedTar(shard, _written(index_path(tar), index), fields,
+                      labelled=sum(v is not None for v in stored), largest=max(numbers, default=-1),
                       without=len(without), first_without=first,
                       names_a_class=all(n >= 0 for n, v in zip(numbers, stored, strict=True) if v is not None))
+
+
+def _written(final: Path, data: bytes) -> Finished:
+    tmp = partial_path(final)
+    try:
+        tmp.write_bytes(data)
+    except OSError as e:
+        discard(tmp)
+        raise_if_disk_full(e, final)
+        raise
+    return Finished(((str(tmp), str(final)),))
+
+
+@contextlib.contextmanager
+def indexes_named_at_the_end() -> Iterator[list[AdoptedTar]]:
+    """A list to adopt tar shards into: their DALI indexes are named beside them when the block ends
+    well, and removed when it fails, so that a failed ``ddpipe index`` leaves no file of its own."""
+    adopted: list[AdoptedTar] = []
+    try:
+        yield adopted
+    except BaseException:
+        for a in adopted:
+            a.index.discard()
+        raise
+    Finished(tuple(f for a in adopted for f in a.index.files)).commit()
 
 
 def tars_manifest(adopted: Sequence[AdoptedTar], classes: list[str] | None,
@@ -144,7 +173,10 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
     tars = tar_names(p.name for p in root.glob("*.tar"))
     if not tars:
         raise DdpipeError("no .tar shards found", path=root)
-    manifest = tars_manifest([adopt_tar(root / name) for name in tars], classes, root)
+    with indexes_named_at_the_end() as adopted:
+        for name in tars:
+            adopted.append(adopt_tar(root / name))
+        manifest = tars_manifest(adopted, classes, root)
     save_manifest(root, manifest)
     return manifest
 

@@ -24,7 +24,7 @@ from ..errors import DdpipeError
 from ..manifest import MANIFEST_NAME, Manifest, save_manifest
 from ..storage import ObjectStorage, open_storage
 from ..units import size_text
-from .adopt import AdoptedTar, adopt_tar, recorded_classes, tar_names, tars_manifest
+from .adopt import AdoptedTar, adopt_tar, indexes_named_at_the_end, recorded_classes, tar_names, tars_manifest
 from .adopt_hdf5 import hdf5_names, index_hdf5
 
 
@@ -50,7 +50,9 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
             if tars:
                 if classes is None:
                     classes = recorded_classes(root)
-                manifest = tars_manifest(_adopt_tars(objects, tars, listing, root), classes, objects.url())
+                with indexes_named_at_the_end() as adopted:
+                    _adopt_tars(objects, tars, listing, root, adopted)
+                    manifest = tars_manifest(adopted, classes, objects.url())
                 save_manifest(root, manifest)
             elif h5:
                 with _OneAtATime(objects, listing, root) as one:
@@ -73,10 +75,10 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
     return manifest
 
 
-def _adopt_tars(objects: ObjectStorage, names: list[str], listing: dict[str, int], root: Path) -> list[AdoptedTar]:
-    """Each tar shard ``names`` lists fetched into ``root`` (the next while one is read), adopted, and
-    removed: its ``.idx`` stays, to be written beside it once every shard is adopted."""
-    adopted: list[AdoptedTar] = []
+def _adopt_tars(objects: ObjectStorage, names: list[str], listing: dict[str, int], root: Path,
+                adopted: list[AdoptedTar]) -> None:
+    """Each tar shard ``names`` lists fetched into ``root`` (the next while one is read), adopted into
+    ``adopted``, and removed: its ``.idx`` stays, to be written beside it once every shard is adopted."""
     with ThreadPoolExecutor(1, thread_name_prefix="ddpipe-index-fetch") as fetcher:
         def fetch(name: str) -> Future[int]:
             return fetcher.submit(objects.download, name, root / name, listing[name])
@@ -91,7 +93,6 @@ def _adopt_tars(objects: ObjectStorage, names: list[str], listing: dict[str, int
                 (root / name).unlink()
         finally:
             coming.cancel()  # an error: the next shard is not fetched for nothing, if not begun
-    return adopted
 
 
 class _OneAtATime:

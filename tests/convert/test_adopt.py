@@ -158,6 +158,23 @@ def test_truncated_tar_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "index.json").exists()
 
 
+def test_a_failed_index_leaves_the_directory_as_it_was(tmp_path: Path) -> None:
+    """The shards before the bad one had their DALI index written (or replaced) beside them."""
+    with wds.ShardWriter(str(tmp_path / "x-%06d.tar"), maxcount=2, verbose=0) as sink:
+        for s in example_samples(7):
+            sink.write(dict(s))
+    (tmp_path / "x-000000.idx").write_text("an index of its own\n")
+    last = tmp_path / "x-000003.tar"
+    last.write_bytes(last.read_bytes()[:700])
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    proc = run_cli("index", tmp_path)
+    assert proc.returncode == 1 and "x-000003.tar: truncated" in proc.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    last.unlink()
+    assert run_cli("index", tmp_path).returncode == 0  # the index there was not read: the headers were
+    assert len(list(ddpipe.open_dataset(tmp_path))) == 6
+
+
 @pytest.mark.parametrize("mode", [0o000, 0o311])
 def test_a_directory_that_cannot_be_listed_is_named_as_such(tmp_path: Path, mode: int) -> None:
     """Unreadable and untraversable (0), it was reported as '.../data.mdb: Permission denied', a file it
