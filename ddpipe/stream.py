@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import functools
 import os
 import queue
@@ -51,7 +50,7 @@ from .reorder import batches_in_order
 from .resume import epoch_state, remaining
 from .sample import BAD, KEY, Sample
 from .shufflers import get_shuffler
-from .staging import NodeStager, StageOptions, default_stage_dir, node_local_dir
+from .staging import NodeStager, StageOptions
 from .staging.order import node_shard_order
 from .throttle import SourceLimits
 
@@ -136,22 +135,16 @@ class EncodedStream:
             # the modelled link is the node's: ranks reading the source directly share it
             limits = SourceLimits(limits.bandwidth / self.comm.world.local_size, limits.latency)
         self._source_limits = limits
-        stage = self._node_stage(options[StageOptions])
+        stage = options[StageOptions]
+        if stage is not None:  # the job names one local directory; each node resolves it to its own
+            stage = stage.on_node(self.comm.world.node, self.comm.world.host, self.comm.environ,
+                                  self.read_options.source_limits)
         manifest, world = self.dataset.manifest, self.comm.world
         check_ranks_agree(self.comm, RankView(world.node, world.host, manifest.content_id, manifest.num_samples,
                                               len(manifest.shards), self.options, self.seed,
                                               str(Path(stage.stage_dir).resolve()) if stage is not None else None),
                           self.dataset.where)
         self.stager = self._stager(stage)
-
-    def _node_stage(self, stage: StageOptions | None) -> StageOptions | None:
-        """``stage`` as this node takes it: the job names one local directory; each node resolves it to its own."""
-        if stage is None:
-            return None
-        world, environ = self.comm.world, self.comm.environ
-        template = default_stage_dir(environ) if str(stage.stage_dir) == "auto" else stage.stage_dir
-        return dataclasses.replace(stage, stage_dir=node_local_dir(template, world.node, world.host, environ),
-                                   limits=stage.limits or self.read_options.source_limits)
 
     def _stager(self, stage: StageOptions | None) -> NodeStager | None:
         if stage is None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import fcntl
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionEr
 from ..formats.atomic import atomic_write_bytes, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, write_stamp
 from ..throttle import SourceLimits
+from .local_dir import default_stage_dir, node_local_dir
 from .peers import fetch_from_peer, holders, inventory_bits
 from .shared_dir import refuse_a_shared_capacity
 
@@ -54,6 +56,13 @@ class StageOptions:
             raise OptionError(f"stage_capacity must be a positive number of bytes, not {self.capacity}")
         if not self.wait_timeout > 0:  # NaN too
             raise OptionError(f"stage_wait_timeout must be positive, not {self.wait_timeout}")
+
+    def on_node(self, node: int, host: str, environ: Mapping[str, str], limits: SourceLimits | None) -> StageOptions:
+        """These options as one node takes them: its own directory, and the source's ``limits`` where
+        none are given here."""
+        template = default_stage_dir(environ) if str(self.stage_dir) == "auto" else self.stage_dir
+        return dataclasses.replace(self, stage_dir=node_local_dir(template, node, host, environ),
+                                   limits=self.limits or limits)
 
 
 def dataset_stage_dir(root: Path, dataset: Dataset) -> Path:
