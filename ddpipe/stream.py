@@ -96,9 +96,11 @@ class EncodedStream:
     What constructing one asks of the other ranks, and why: without ``comm``, it calls
     :func:`ddpipe.init_comm` (the job's world: MPI's own set-up, under MPI); with staging on more
     than one rank, one ``allgather`` of each rank's staging directory (the ranks of a node must share
-    one, or they would wait on each other's copies: refused on every rank at once), and on several
-    nodes one communicator duplicated for the peers' copies. Nothing else: each epoch's collectives
-    happen while it is iterated.
+    one, or they would wait on each other's copies: refused on every rank at once), one of whether
+    another job's staging there refuses this one (staging/job_lock.py), with a capacity on several
+    nodes two of whether they share a directory (staging/shared_dir.py), and on several nodes one
+    communicator duplicated for the peers' copies. Nothing else: each epoch's collectives happen
+    while it is iterated.
     """
 
     def __init__(self, path: str | os.PathLike[str] | Dataset, batch_size: int | None = None, *,

@@ -9,8 +9,9 @@ the readers and evicts shards every local rank has finished with. On several nod
 another node holds is fetched from that node rather than from the source (``peers.py``).
 
 Coordination between the processes of a node goes through the stage directory: a verification
-stamp per staged shard, a ``flock`` per shard while it is copied (two jobs may share a directory),
-a ``.failed`` note per shard the stager could not copy, and per-rank ``.done`` notes for eviction.
+stamp per staged shard, a ``flock`` per shard while it is copied (two jobs may share a directory,
+but not if either has a capacity: ``job_lock.py``), a ``.failed`` note per shard the stager could
+not copy, and per-rank ``.done`` notes for eviction.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionEr
 from ..formats.atomic import atomic_write_bytes, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, write_stamp
 from ..throttle import SourceLimits
+from .job_lock import hold_directory
 from .local_dir import default_stage_dir, node_local_dir
 from .peers import fetch_from_peer, holders, inventory_bits
 from .shared_dir import refuse_a_shared_capacity
@@ -90,6 +92,8 @@ class NodeStager:
         self.is_leader = copies and comm.world.local_rank == 0
         if options.capacity is not None and copies and comm.world.num_nodes > 1:
             refuse_a_shared_capacity(comm, Path(options.stage_dir), self.dir, self.is_leader)
+        if copies:
+            self._refuse_another_jobs_capacity()
         self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0,
                       "peer_copied": 0, "peer_bytes": 0, "not_fitted": 0}
         self._thread: threading.Thread | None = None
@@ -107,6 +111,15 @@ class NodeStager:
         self._holders: dict[int, int] = {}  # shard -> the leader rank of another node that holds it
         if self._link is not None and self.is_leader:
             self._link.serve(self._serve_lookup)
+
+    def _refuse_another_jobs_capacity(self) -> None:
+        """Refuse, on every rank at once, to stage where another job stages this dataset, if either has
+        a capacity (job_lock.py); the leaders look."""
+        refusal = hold_directory(self, self.dir, self.options.capacity is not None) if self.is_leader else None
+        if self.comm.world.size > 1:
+            refusal = next((r for r in self.comm.allgather(refusal) if r is not None), None)
+        if refusal is not None:
+            raise OptionError(refusal).everywhere()
 
     # ---- leader ----------------------------------------------------------------------------------
 

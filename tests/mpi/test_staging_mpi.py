@@ -53,6 +53,28 @@ def test_ranks_of_one_node_with_different_staging_directories_are_refused(tmp_pa
     assert elapsed < 100  # refused at start, not after the 300 s collective timeout (it takes ~2 s)
 
 
+def test_a_job_with_a_capacity_beside_another_staging_the_same_dataset_is_refused_on_every_rank(
+        tmp_path: Path) -> None:
+    """Only local rank 0 can see the other job's lock; every rank says why and leaves, none is aborted."""
+    import subprocess
+    import sys
+
+    data = make_dataset(tmp_path / "wds", "wds", [13] * 6, payload=2600)
+    code = ("import sys, ddpipe; l = ddpipe.EncodedStream(sys.argv[1], 4, stage_dir=sys.argv[2]); "
+            "print('staging', flush=True); sys.stdin.read()")
+    other = subprocess.Popen([sys.executable, "-c", code, str(data), str(tmp_path / "stage")], text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "staging\n"
+        proc = mpiexec(2, "-m", "ddpipe", "stage", data, "--local-dir", tmp_path / "stage", "--capacity",
+                       str(3 * 13 * 2600), "--quiet", timeout=200)
+    finally:
+        other.communicate("", timeout=60)
+    # each rank's line (mpiexec may put one inside the other's: their output comes through one pipe)
+    said = proc.stderr.count("ddpipe: error: another job stages this dataset")
+    assert proc.returncode != 0 and said == 2 and "Traceback" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("hosts", [None, 2])
 def test_ctrl_c_while_staging_from_a_slow_source_ends_at_once(tmp_path: Path, hosts: int | None) -> None:
     """On one host, and on two real hosts (each node staging its own copy): the launcher's SIGINT ends

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 import ddpipe
-from ddpipe.errors import ChecksumMismatchError, MissingShardError
+from ddpipe.errors import ChecksumMismatchError, MissingShardError, OptionError
 from ddpipe.manifest import load_manifest
 from ddpipe.shard_copy import verified_copy
 from ddpipe.staging import SourceLimits
 from ddpipe.staging.stager import dataset_stage_dir
 
+from ..conftest import run_cli
 from ..helpers import make_dataset
 
 ALL = {f"s/{i:06d}" for i in range(60)}
@@ -117,6 +118,36 @@ def test_two_jobs_share_a_stage_directory(data: Path, tmp_path: Path) -> None:
     assert all(p.returncode == 0 for p in procs)
     assert [o[0] for o in outs] == ["60", "60"]
     assert sum(int(o[1]) for o in outs) == 5  # each shard copied once between the two jobs
+
+
+@pytest.mark.parametrize(("theirs", "mine"), [(True, False), (False, True), (True, True)])
+def test_a_capacity_is_refused_beside_another_job_staging_the_same_dataset(data: Path, tmp_path: Path, theirs: bool,
+                                                                           mine: bool) -> None:
+    """Its stager would evict the copies the other job's readers wait for (they waited out the timeout)."""
+    capacity = 3 * max(s.bytes for s in load_manifest(data).shards)
+    code = ("import sys, ddpipe; l = ddpipe.EncodedStream(sys.argv[1], 8, stage_dir=sys.argv[2], "
+            f"stage_capacity={capacity if theirs else None}); print('staging', flush=True); sys.stdin.read()")
+    other = subprocess.Popen([sys.executable, "-c", code, str(data), str(tmp_path / "stage")], text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "staging\n"
+        with pytest.raises(OptionError, match=r"another job stages this dataset into .*stage now"):
+            ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage", stage_capacity=capacity if mine else None)
+        if mine:
+            proc = run_cli("stage", data, "--local-dir", tmp_path / "stage", "--capacity", str(capacity))
+            lines = proc.stderr.splitlines()
+            assert proc.returncode == 1 and len(lines) == 1 and "another job stages" in lines[0], proc.stderr
+    finally:
+        other.communicate("", timeout=60)
+    assert other.returncode == 0
+    ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage", stage_capacity=capacity if mine else None)  # it ended
+
+
+def test_streams_of_one_process_share_a_directory_with_a_capacity(data: Path, tmp_path: Path) -> None:
+    capacity = 3 * max(s.bytes for s in load_manifest(data).shards)
+    train = ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage", stage_capacity=capacity)
+    again = ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage")
+    assert set(keys(again)) == set(keys(train)) == ALL
 
 
 def test_full_local_disk_falls_back_to_the_source(data: Path, tmp_path: Path) -> None:
