@@ -6,8 +6,9 @@ other job's readers may still wait for (they were in no plan of its own), and th
 node's rank is done with a shard are named by epoch and local rank, which the other job's ranks
 have too. Two one-process jobs with capacities on one directory, started together: in three runs
 of four, one waited for a copy until its timeout, then said its local rank 0 might be dead, and the
-other was still running long after its epochs should have ended. So each node's stager holds a lock on the dataset's directory while it stages:
-shared without a capacity, exclusive with one; a job that cannot take it is refused at start.
+other was still running long after its epochs should have ended. So each node's stager holds a
+lock on the dataset's directory while it stages: shared without a capacity, exclusive with one; a
+job that cannot take it is refused at start.
 
 The lock is a POSIX record lock (``fcntl.lockf``), which belongs to the process, not to one open
 file: streams of one process (a script's training and evaluation streams) never refuse each other,

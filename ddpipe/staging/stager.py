@@ -93,7 +93,7 @@ class NodeStager:
         if options.capacity is not None and copies and comm.world.num_nodes > 1:
             refuse_a_shared_capacity(comm, Path(options.stage_dir), self.dir, self.is_leader)
         if copies:
-            self._refuse_another_jobs_capacity()
+            self._take_the_directory()
         self.stats = {"copied": 0, "reused": 0, "bytes": 0, "seconds": 0.0, "evicted": 0, "fallbacks": 0,
                       "peer_copied": 0, "peer_bytes": 0, "not_fitted": 0}
         self._thread: threading.Thread | None = None
@@ -112,10 +112,15 @@ class NodeStager:
         if self._link is not None and self.is_leader:
             self._link.serve(self._serve_lookup)
 
-    def _refuse_another_jobs_capacity(self) -> None:
+    def _take_the_directory(self) -> None:
         """Refuse, on every rank at once, to stage where another job stages this dataset, if either has
-        a capacity (job_lock.py); the leaders look."""
+        a capacity (job_lock.py); the leaders look. Once a leader holds it with a capacity, it removes
+        the notes an earlier run left of shards its ranks were done with, before any rank of this one
+        reads: they are named by epoch and local rank, and counted for this run's ranks, the stager
+        evicted copies no reader had read yet (a rerun of a job waited out the timeout for them)."""
         refusal = hold_directory(self, self.dir, self.options.capacity is not None) if self.is_leader else None
+        if self.is_leader and refusal is None and self.options.capacity is not None:
+            self._remove_done_notes(before=None)
         if self.comm.world.size > 1:
             refusal = next((r for r in self.comm.allgather(refusal) if r is not None), None)
         if refusal is not None:
@@ -129,6 +134,8 @@ class NodeStager:
         this rank reads (it is done with a shard after the last)."""
         self.close()
         self._epoch, self._readers, self._my_runs = epoch, readers, dict(my_runs)
+        if self.is_leader and self.options.capacity is not None:  # no longer counted: a note a shard for each
+            self._remove_done_notes(before=epoch)
         shards = self.dataset.manifest.shards
         # what this node already holds: copies of earlier epochs or runs (the leader looks)
         staged = [s for s, info in enumerate(shards) if is_staged(self.dir / info.file, info)] if self.is_leader else []
@@ -283,6 +290,13 @@ class NodeStager:
         info = self.dataset.manifest.shards[shard]
         marker = self.dir / f".{info.file}.done.{self._epoch}.{self.comm.world.local_rank}"
         marker.touch()
+
+    def _remove_done_notes(self, before: int | None) -> None:
+        """Remove the notes of :meth:`release` of epochs before ``before`` (None: every epoch's)."""
+        for note in self.dir.glob(".*.done.*.*"):
+            epoch = note.name.rsplit(".", 2)[-2]
+            if before is None or (epoch.isdigit() and int(epoch) < before):
+                discard(note)
 
     def _all_done(self, shard: int) -> bool:
         name = self.dataset.manifest.shards[shard].file

@@ -98,6 +98,21 @@ def test_capacity_evicts_and_keeps_every_sample_once(data: Path, tmp_path: Path)
     assert len(list(staged(tmp_path / "stage", data).glob("shard-*.tar"))) <= 2
 
 
+def test_a_rerun_with_a_capacity_reads_every_sample(data: Path, tmp_path: Path) -> None:
+    """The notes of the run before (which shards its ranks were done with, by epoch and local rank)
+    were counted for this one's: its stager evicted copies not yet read, and the rerun waited out
+    the timeout (a hang bound here)."""
+    one = max(s.bytes for s in load_manifest(data).shards)
+    for run in range(2):
+        with ddpipe.EncodedStream(data, 8, shuffle="local", stage_dir=tmp_path / "stage", stage_capacity=2 * one + 100,
+                                  stage_wait_timeout=60) as stream:
+            for epoch in range(2):
+                stream.set_epoch(epoch)
+                assert set(keys(stream)) == ALL, (run, epoch)
+    notes = sorted(p.name.split(".done.")[1] for p in staged(tmp_path / "stage", data).glob(".*.done.*"))
+    assert set(notes) <= {"1.0"}  # only the last epoch's are kept, the earlier removed as each starts
+
+
 def test_throttled_source_is_slow(data: Path, tmp_path: Path) -> None:
     nbytes = sum(s.bytes for s in load_manifest(data).shards)
     limits = SourceLimits.parse(f"{nbytes * 4}B/s,20ms")  # a quarter of a second, plus 5 x 20 ms of opens
