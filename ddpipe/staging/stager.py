@@ -230,7 +230,10 @@ class NodeStager:
             later = [s for s in staged if position.get(s, -1) > now]
             if done or later:
                 victim = done[0] if done else max(later, key=lambda s: position[s])
-                remove_staged(self.dir / shards[victim].file)
+                evicted = self.dir / shards[victim].file
+                remove_staged(evicted)
+                for sidecar in self.dataset.format.sidecar_files(evicted):  # a tar's index: staged with it again
+                    discard(sidecar)
                 staged.remove(victim)
                 self.stats["evicted"] += 1
             elif self.fill_only or self._stop.wait(0.01):

@@ -96,6 +96,7 @@ def test_capacity_evicts_and_keeps_every_sample_once(data: Path, tmp_path: Path)
         assert len(got) == 60 and set(got) == ALL
     assert loader.stager is not None and loader.stager.stats["evicted"] >= 3
     assert len(list(staged(tmp_path / "stage", data).glob("shard-*.tar"))) <= 2
+    assert len(list(staged(tmp_path / "stage", data).glob("shard-*.idx"))) <= 2  # a tar's index goes with it
 
 
 def test_a_rerun_with_a_capacity_reads_every_sample(data: Path, tmp_path: Path) -> None:
