@@ -5,9 +5,9 @@
 The source is read through ddpipe's slow-source model (the node's link: 100 MB/s and 5 ms per open
 by default, shared by the node's ranks). On 2 ranks, loader epochs (encoded samples, partial
 shuffle) are timed: straight from the slow source; epoch 1 with staging (copying as it reads);
-epochs 2 and 3 with staging (the copies reused); an epoch with a staging capacity of a third of
-the data, in two runs one after the other into one directory; and the same shards read from local disk without
-staging or throttling (the reference): epochs 2 and 3 of a loader of its own, in turns with
+epochs 2 and 3 with staging (the copies reused); an epoch with a staging capacity of a third of the
+data (two shards at least), in two runs one after the other into one directory; and the same shards
+read from local disk without staging or throttling (the reference): epochs 2 and 3 of a loader of its own, in turns with
 staging's (each order once; the means of the two). Each measured epoch starts with the files it
 reads evicted from the page cache. Also: the staging copy's throughput as a ratio of the source's
 bandwidth.
@@ -82,7 +82,8 @@ def worker(root: Path, stage: Path, throttle: str, out: Path) -> None:
     if comm.world.rank == 0:
         shutil.rmtree(capped, ignore_errors=True)
     comm.barrier()
-    capacity = sum(s.bytes for s in dataset.manifest.shards) // 3
+    shards = dataset.manifest.shards
+    capacity = max(sum(s.bytes for s in shards) // 3, 2 * max(s.bytes for s in shards))  # two: a small --n
     for run in ("capacity_run1", "capacity_run2"):
         with loader(source_limits=throttle, stage_dir=capped, stage_capacity=capacity) as capped_loader:
             result[run] = timed_epoch(capped_loader, source)
