@@ -12,7 +12,8 @@ job that cannot take it is refused at start.
 
 The lock is a POSIX record lock (``fcntl.lockf``), which belongs to the process, not to one open
 file: streams of one process (a script's training and evaluation streams) never refuse each other,
-and the lock manager of a network file system sees it from every node.
+and the lock manager of a network file system sees it from every node. By POSIX's rule it goes when
+any of them lets its descriptor go: a script that drops one of two such streams is no longer guarded.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ def hold_directory(owner: object, directory: Path, exclusive: bool) -> str | Non
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.lockf(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except OSError:  # EACCES or EAGAIN: another process holds it the other way
+    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: another process holds it the other way
         os.close(fd)
         mine = "with a capacity" if exclusive else "without a capacity"
         return (f"another job stages this dataset into {directory.parent} now, and one of the two has a staging "
                 f"capacity (this one is {mine}): it would evict the copies the other reads. Give this job a "
                 "directory of its own, or give neither a capacity")
+    except BaseException:
+        os.close(fd)
+        raise
     weakref.finalize(owner, os.close, fd)  # the lock goes with the descriptor
     return None
