@@ -14,6 +14,7 @@ disconnection comes from.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import threading
 import time
@@ -98,7 +99,9 @@ class ZmqListener:
         except zmq.ZMQError as e:
             self._socket.close(linger=0)
             self._context.term()
-            raise OptionError(f"cannot listen on {address}: {e}") from None
+            # ZeroMQ's word for a host it cannot resolve to one of this machine's interfaces
+            why = "no interface of this machine has that name or address" if e.errno == errno.ENODEV else str(e)
+            raise OptionError(f"cannot listen on {address}: {why}") from None
         self.endpoint: str = bound_endpoint(self._socket.getsockopt(zmq.LAST_ENDPOINT).decode())
         # replies from the decoding threads come to this thread through an in-process queue: only
         # this thread touches the ROUTER socket

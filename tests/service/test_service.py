@@ -289,7 +289,10 @@ def test_service_options_are_checked() -> None:
 
 @pytest.mark.parametrize(("address", "says"), [("nonsense", "nonsense"),
                                                # ZeroMQ took it as port 34463 (99999 modulo 65536)
-                                               ("tcp://127.0.0.1:99999", "port 99999 is not one to listen on")])
+                                               ("tcp://127.0.0.1:99999", "port 99999 is not one to listen on"),
+                                               # ZeroMQ said "No such device"
+                                               ("nosuchhost.invalid:5555", "no interface of this machine has"),
+                                               ("192.0.2.1:5555", "Cannot assign requested address")])
 def test_serve_refuses_a_bad_address_in_one_line(address: str, says: str) -> None:
     from ..conftest import run_cli
 
