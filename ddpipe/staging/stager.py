@@ -11,7 +11,8 @@ another node holds is fetched from that node rather than from the source (``peer
 Coordination between the processes of a node goes through the stage directory: a verification
 stamp per staged shard, a ``flock`` per shard while it is copied (two jobs may share a directory,
 but not if either has a capacity: ``job_lock.py``), a ``.failed`` note per shard the stager could
-not copy, and per-rank ``.done`` notes for eviction.
+not copy, per-rank ``.done`` notes for eviction, and with a capacity a ``.reached`` note of how far
+the stager has come (a reader waiting for a copy the stager has gone past reads the source's).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import xxhash
 from ..comm import Comm
 from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
-from ..formats.atomic import atomic_write_bytes, discard
+from ..formats.atomic import atomic_write_bytes, commit, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, write_stamp
 from ..throttle import SourceLimits
 from .job_lock import hold_directory
@@ -102,6 +103,7 @@ class NodeStager:
         self._error: BaseException | None = None
         self._epoch = 0
         self._readers: dict[int, int] = {}  # shard -> how many local ranks read it this epoch
+        self._position: dict[int, int] = {}  # shard -> its place in the node's order this epoch
         self._my_runs: dict[int, int] = {}  # shard -> runs of it left in this rank's reads
         self.on_staged: Callable[[int], None] | None = None  # called by the leader after each shard
         #: no rank reads (``ddpipe stage`` ahead of a job): stop at the first shard that does not fit in the
@@ -115,12 +117,13 @@ class NodeStager:
     def _take_the_directory(self) -> None:
         """Refuse, on every rank at once, to stage where another job stages this dataset, if either has
         a capacity (job_lock.py); the leaders look. Once a leader holds it with a capacity, it removes
-        the notes an earlier run left of shards its ranks were done with, before any rank of this one
-        reads: they are named by epoch and local rank, and counted for this run's ranks, the stager
-        evicted copies no reader had read yet (a rerun of a job waited out the timeout for them)."""
+        the notes an earlier run left of the shards its ranks were done with, before any rank of this
+        run reads: they are named by epoch and local rank only, so the stager took them for this run's
+        and evicted copies no reader had read yet (a rerun waited out the timeout for them)."""
         refusal = hold_directory(self, self.dir, self.options.capacity is not None) if self.is_leader else None
         if self.is_leader and refusal is None and self.options.capacity is not None:
             self._remove_done_notes(before=None)
+            discard(self.dir / ".reached")  # and how far its stager came
         if self.comm.world.size > 1:
             refusal = next((r for r in self.comm.allgather(refusal) if r is not None), None)
         if refusal is not None:
@@ -134,7 +137,8 @@ class NodeStager:
         this rank reads (it is done with a shard after the last)."""
         self.close()
         self._epoch, self._readers, self._my_runs = epoch, readers, dict(my_runs)
-        if self.is_leader and self.options.capacity is not None:  # no longer counted: a note a shard for each
+        self._position = {s: i for i, s in enumerate(order)}
+        if self.is_leader and self.options.capacity is not None:  # else they pile up, one per shard and rank
             self._remove_done_notes(before=epoch)
         shards = self.dataset.manifest.shards
         # what this node already holds: copies of earlier epochs or runs (the leader looks)
@@ -146,6 +150,8 @@ class NodeStager:
                                     self.comm.world.node, len(shards))
         self._stop.clear()
         if self.is_leader:
+            if self.options.capacity is not None:
+                self._say_reached(0)
             self._thread_ended.clear()
             self._thread = threading.Thread(target=self._stage_all, args=(order, staged), daemon=True,
                                              name="ddpipe-stager")
@@ -161,6 +167,8 @@ class NodeStager:
             for i, shard in enumerate(order):
                 if self._stop.is_set():
                     return
+                if self.options.capacity is not None:
+                    self._say_reached(i)
                 if self.options.capacity is not None and shard not in staged and not self._make_room(
                         shard, staged, position, i):
                     if not self._stop.is_set():  # the shards left: staged as the job's readers make room
@@ -259,7 +267,7 @@ class NodeStager:
         deadline = time.monotonic() + self.options.wait_timeout
         delay = 1e-3
         while not is_staged(dest, info):
-            if self._failed(dest).exists():
+            if self._failed(dest).exists() or self._passed(shard):
                 self.stats["fallbacks"] += 1
                 return self.dataset.shard_path(shard)
             self.check()
@@ -305,6 +313,26 @@ class NodeStager:
         name = self.dataset.manifest.shards[shard].file
         done = len(list(self.dir.glob(f".{name}.done.{self._epoch}.*")))
         return done >= self._readers.get(shard, 0)
+
+    def _say_reached(self, place: int) -> None:
+        """Tell the node's readers that the stager has come to ``place`` in this epoch's order (with a
+        capacity, which holds the directory for this job alone)."""
+        tmp = self.dir / f".reached.{self.comm.world.rank}.partial"
+        tmp.write_text(f"{self._epoch} {place}")
+        commit(tmp, self.dir / ".reached", durable=False)
+
+    def _passed(self, shard: int) -> bool:
+        """Whether the stager went past ``shard`` this epoch: a copy not there then was made and taken
+        back (or never could be), and the reader takes the source's rather than wait for one that is
+        not coming. Its eviction counted on notes that said the node's ranks were done with it, and a
+        note may be stale: this epoch iterated a second time leaves the first time's."""
+        if self.options.capacity is None:  # nothing is taken back
+            return False
+        try:
+            epoch, place = map(int, (self.dir / ".reached").read_text().split())
+        except (OSError, ValueError):  # none yet
+            return False
+        return epoch == self._epoch and place > self._position.get(shard, place)
 
     def _failed(self, dest: Path) -> Path:
         return dest.with_name(f".{dest.name}.failed")
