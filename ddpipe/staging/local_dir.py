@@ -30,8 +30,8 @@ def default_stage_dir(environ: Mapping[str, str]) -> Path:
 
 def node_local_dir(template: str | os.PathLike[str], node: int, host: str, environ: Mapping[str, str]) -> Path:
     """``template`` for one node: ``{node}`` becomes the node's index in the job (0, 1, ...), ``{host}``
-    its host name, ``$VAR`` or ``${VAR}`` the variable from the node's environment, and a leading ``~``
-    its ``$HOME``."""
+    its host name, ``$VAR`` or ``${VAR}`` the variable from the node's environment, a leading ``~``
+    its ``$HOME``, and ``"auto"`` the environment's choice (:func:`default_stage_dir`)."""
     return Path(_expanded(template, environ, f"node {node}").format(node=node, host=host))
 
 
@@ -39,8 +39,6 @@ def visible_local_dirs(template: str | os.PathLike[str], host: str, environ: Map
     """The directories ``template`` names that exist on this machine (``host``, ``environ``), for
     checking a stage after the job: every node's where the name has ``{node}`` (on a shared file
     system, or emulated nodes), in node order; else the one this machine's node would use."""
-    if str(template) == "auto":
-        template = default_stage_dir(environ)
     text = _expanded(template, environ, "this machine")
     if "node" not in _fields(text, template):
         return [p for p in [Path(text.format(host=host))] if p.is_dir()]
@@ -66,8 +64,9 @@ class _NodeMark:
 
 
 def _expanded(template: str | os.PathLike[str], environ: Mapping[str, str], where: str) -> str:
-    """``template`` with ``~`` and ``$VAR`` replaced and its ``{fields}`` checked, still to be formatted."""
-    text = str(template)
+    """``template`` with ``"auto"``, ``~`` and ``$VAR`` replaced and its ``{fields}`` checked, still to be
+    formatted."""
+    text = str(default_stage_dir(environ) if str(template) == "auto" else template)
     if text == "~" or text.startswith("~/"):
         text = "$HOME" + text[1:]
 

@@ -37,9 +37,11 @@ from ..formats.atomic import atomic_write_bytes, commit, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, write_stamp
 from ..throttle import SourceLimits
 from .job_lock import hold_directory
-from .local_dir import default_stage_dir, node_local_dir
+from .local_dir import node_local_dir
 from .peers import fetch_from_peer, holders, inventory_bits
 from .shared_dir import refuse_a_shared_capacity
+
+_REACHED = ".reached"  # how far the leader's stager has come in this epoch's order (with a capacity)
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,7 @@ class StageOptions:
     def on_node(self, node: int, host: str, environ: Mapping[str, str], limits: SourceLimits | None) -> StageOptions:
         """These options as one node takes them: its own directory, and the source's ``limits`` where
         none are given here."""
-        template = default_stage_dir(environ) if str(self.stage_dir) == "auto" else self.stage_dir
-        return dataclasses.replace(self, stage_dir=node_local_dir(template, node, host, environ),
+        return dataclasses.replace(self, stage_dir=node_local_dir(self.stage_dir, node, host, environ),
                                    limits=self.limits or limits)
 
 
@@ -123,7 +124,7 @@ class NodeStager:
         refusal = hold_directory(self, self.dir, self.options.capacity is not None) if self.is_leader else None
         if self.is_leader and refusal is None and self.options.capacity is not None:
             self._remove_done_notes(before=None)
-            discard(self.dir / ".reached")  # and how far its stager came
+            discard(self.dir / _REACHED)  # and how far its stager came
         if self.comm.world.size > 1:
             refusal = next((r for r in self.comm.allgather(refusal) if r is not None), None)
         if refusal is not None:
@@ -150,8 +151,6 @@ class NodeStager:
                                     self.comm.world.node, len(shards))
         self._stop.clear()
         if self.is_leader:
-            if self.options.capacity is not None:
-                self._say_reached(0)
             self._thread_ended.clear()
             self._thread = threading.Thread(target=self._stage_all, args=(order, staged), daemon=True,
                                              name="ddpipe-stager")
@@ -169,11 +168,10 @@ class NodeStager:
                     return
                 if self.options.capacity is not None:
                     self._say_reached(i)
-                if self.options.capacity is not None and shard not in staged and not self._make_room(
-                        shard, staged, position, i):
-                    if not self._stop.is_set():  # the shards left: staged as the job's readers make room
-                        self.stats["not_fitted"] += len(set(order[i:]) - set(staged))
-                    return
+                    if shard not in staged and not self._make_room(shard, staged, position, i):
+                        if not self._stop.is_set():  # the shards left: staged as the job's readers make room
+                            self.stats["not_fitted"] += len(set(order[i:]) - set(staged))
+                        return
                 self._stage_one(shard)
                 if shard not in staged:
                     staged.append(shard)
@@ -317,9 +315,9 @@ class NodeStager:
     def _say_reached(self, place: int) -> None:
         """Tell the node's readers that the stager has come to ``place`` in this epoch's order (with a
         capacity, which holds the directory for this job alone)."""
-        tmp = self.dir / f".reached.{self.comm.world.rank}.partial"
+        tmp = self.dir / f"{_REACHED}.{self.comm.world.rank}.partial"
         tmp.write_text(f"{self._epoch} {place}")
-        commit(tmp, self.dir / ".reached", durable=False)
+        commit(tmp, self.dir / _REACHED, durable=False)
 
     def _passed(self, shard: int) -> bool:
         """Whether the stager went past ``shard`` this epoch: a copy not there then was made and taken
@@ -329,7 +327,7 @@ class NodeStager:
         if self.options.capacity is None:  # nothing is taken back
             return False
         try:
-            epoch, place = map(int, (self.dir / ".reached").read_text().split())
+            epoch, place = map(int, (self.dir / _REACHED).read_text().split())
         except (OSError, ValueError):  # none yet
             return False
         return epoch == self._epoch and place > self._position.get(shard, place)
