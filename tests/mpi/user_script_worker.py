@@ -17,6 +17,7 @@ import torch
 
 import ddpipe
 import ddpipe.distributed
+from ddpipe.formats.atomic import atomic_write_bytes
 from ddpipe.train.models import SmallCNN
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
@@ -41,7 +42,9 @@ def main() -> None:
                 (out / "raised_at").write_text(str(time.time()))
                 raise RuntimeError(f"a bad thing on rank {job.rank}")
             if mode.startswith("wait") and epoch == 0 and step == 0:
-                (out / f"pids.{job.rank}").write_text(json.dumps([os.getpid(), *descendants(os.getpid())]))
+                # whole or not at all: the test reads it as soon as it exists (it once read it empty)
+                pids = [os.getpid(), *descendants(os.getpid())]
+                atomic_write_bytes(out / f"pids.{job.rank}", json.dumps(pids).encode())
 
 
 if __name__ == "__main__":
