@@ -34,7 +34,7 @@ from ..comm import Comm
 from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
 from ..formats.atomic import atomic_write_bytes, commit, discard
-from ..shard_copy import CopyStopped, is_staged, remove_staged, write_stamp
+from ..shard_copy import CopyStopped, is_staged, remove_staged, stamp_path, write_stamp
 from ..throttle import SourceLimits
 from .job_lock import hold_directory
 from .local_dir import node_local_dir
@@ -180,7 +180,7 @@ class NodeStager:
         except CopyStopped:  # closed: nothing of the copy is left
             return
         except BaseException as e:  # reaches the readers through path()
-            self._error = e
+            self._error = self._directory_gone() if isinstance(e, OSError) and not self.dir.is_dir() else e
         finally:
             self._thread_ended.set()
 
@@ -259,7 +259,8 @@ class NodeStager:
 
     def path(self, shard: int) -> Path:
         """The staged copy of ``shard`` once complete and verified (waiting for it), or the source if
-        the stager could not copy it."""
+        the stager could not copy it, has gone past it (with a capacity), or its verified copy was
+        removed or changed since (no copy is made again before the next epoch)."""
         info = self.dataset.manifest.shards[shard]
         dest = self.dir / info.file
         deadline = time.monotonic() + self.options.wait_timeout
@@ -268,7 +269,15 @@ class NodeStager:
             if self._failed(dest).exists() or self._passed(shard):
                 self.stats["fallbacks"] += 1
                 return self.dataset.shard_path(shard)
+            if stamp_path(dest).exists() and not is_staged(dest, info):  # verified, then changed: no copy
+                # is coming this epoch (a copy under way has none: its stamp is removed first, and written last)
+                print(f"ddpipe: warning: the staged copy {dest} was removed or changed after it was verified; "
+                      "reading the source's", file=sys.stderr, flush=True)
+                self.stats["fallbacks"] += 1
+                return self.dataset.shard_path(shard)
             self.check()
+            if not self.dir.is_dir():  # no copy is coming, and none of the node's notes is left
+                raise self._directory_gone()
             if self._stop.is_set():
                 raise DdpipeError(f"stopped waiting for the staged copy of {info.file}: staging was closed", path=dest)
             if time.monotonic() > deadline:
@@ -331,6 +340,10 @@ class NodeStager:
         except (OSError, ValueError):  # none yet
             return False
         return epoch == self._epoch and place > self._position.get(shard, place)
+
+    def _directory_gone(self) -> DdpipeError:
+        return DdpipeError("the staging directory was removed while this job staged into it (remove one only "
+                           "between jobs, or give the job a capacity to keep it small)", path=self.dir)
 
     def _failed(self, dest: Path) -> Path:
         return dest.with_name(f".{dest.name}.failed")

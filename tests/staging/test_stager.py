@@ -371,3 +371,52 @@ def test_stage_ahead_with_a_capacity_stages_what_the_job_reads_first_and_ends(da
     job = ddpipe.EncodedStream(data, 8, stage_dir=tmp_path / "stage", stage_capacity=capacity)
     assert len(set(keys(job))) == 60
     assert job.stager is not None and job.stager.stats["reused"] == 2
+
+
+@pytest.mark.parametrize("change", ["deleted", "rewritten"])
+def test_a_copy_that_changes_after_the_stager_passed_it_is_read_from_the_source(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    """Without a capacity nothing is taken back, and a reader took a missing copy for one not made
+    yet: a copy removed (``rm stage/*`` leaves the hidden stamps) or rewritten after the stager had
+    verified it and gone on left the readers waiting out the timeout (a hang bound here). They read
+    the source's, and the next epoch stages it again."""
+    from ddpipe.staging.stager import NodeStager
+
+    victim = staged(tmp_path / "stage", data) / "shard-000004.tar"
+    named = NodeStager.path
+
+    def changed_once_passed(self: NodeStager, shard: int) -> Path:
+        if shard == 4 and self._epoch == 0:
+            self.wait()  # the stager has made every copy and ended
+            if change == "deleted":
+                victim.unlink()
+            else:
+                victim.write_bytes(victim.read_bytes())  # the same bytes, not the file the stamp verified
+        return named(self, shard)
+
+    monkeypatch.setattr(NodeStager, "path", changed_once_passed)
+    with ddpipe.EncodedStream(data, 8, shuffle="none", stage_dir=tmp_path / "stage", stage_wait_timeout=60) as stream:
+        assert sorted(keys(stream)) == sorted(ALL)
+        assert stream.stager is not None and stream.stager.stats["fallbacks"] == 1
+        stream.set_epoch(1)
+        assert sorted(keys(stream)) == sorted(ALL)
+        assert stream.stager.stats["copied"] == 6  # the five, and the changed one again
+    assert victim.read_bytes() == (data / "shard-000004.tar").read_bytes()
+
+
+@pytest.mark.parametrize("when", ["copying", "copied"])
+def test_a_stage_directory_removed_during_the_run_is_named(tmp_path: Path, when: str) -> None:
+    """The copies, the stamps and the notes all went: the stager failed with the OS's error on a
+    hidden file's name, and the node's other readers waited out the timeout (a hang bound here),
+    then asked whether local rank 0 was alive; a reader once the stager had ended did the same."""
+    data = make_dataset(tmp_path / "src", "wds", [12] * 5, payload=20_000)
+    with ddpipe.EncodedStream(data, 8, shuffle="none", stage_dir=tmp_path / "stage", stage_wait_timeout=60,
+                              stage_limits=SourceLimits(bandwidth=1e6)) as stream:  # ~0.25 s a shard
+        batches = iter(stream)
+        next(batches)
+        if when == "copied":
+            assert stream.stager is not None
+            stream.stager.wait()
+        shutil.rmtree(staged(tmp_path / "stage", data))
+        with pytest.raises(ddpipe.DdpipeError, match="staging directory was removed while this job staged"):
+            list(batches)
