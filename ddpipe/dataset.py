@@ -169,7 +169,11 @@ class Dataset:
 
         if self.storage is None:
             for sidecar in self.format.sidecar_files(self.shard_path(shard)):
-                atomic_write_bytes(dest_dir / sidecar.name, sidecar.read_bytes())
+                try:
+                    data = sidecar.read_bytes()
+                except FileNotFoundError:  # a tar without an index is scanned instead
+                    continue
+                atomic_write_bytes(dest_dir / sidecar.name, data)
             return
         names, _ = self._object_names(self.manifest.shards[shard])
         for name in names[1:]:

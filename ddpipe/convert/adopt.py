@@ -38,6 +38,9 @@ def recorded_classes(root: Path) -> list[str] | None:
     return list(recorded.classes) or None
 
 
+READ_ONLY = "the data directory is read-only: write the manifest elsewhere with --out DIR"
+
+
 def given_or_recorded(classes: list[str] | None, data: Path, out: Path | None) -> list[str] | None:
     """The class names given, else those of the manifest already where this one goes (indexing again
     keeps them); refuses, before any work, to replace an ``index.json`` that is not ddpipe's."""
@@ -54,7 +57,7 @@ def write_adopted(data: Path, out: Path | None, manifest: Manifest) -> Manifest:
         out.mkdir(parents=True, exist_ok=True)
         manifest = Manifest(**{**manifest.__dict__, "data_dir": os.path.relpath(data.resolve(), out.resolve())})
     elif not os.access(data, os.W_OK):
-        raise DdpipeError("the data directory is read-only: write the manifest elsewhere with --out DIR", path=data)
+        raise DdpipeError(READ_ONLY, path=data)
     save_manifest(target, manifest)
     return manifest
 
@@ -77,12 +80,12 @@ class AdoptedTar:
     names_a_class: bool = True  # no cls value is anything but a class number (a missing one is no matter)
 
 
-def adopt_tar(tar: Path) -> AdoptedTar:
-    """Read one tar shard header by header, write its DALI index beside it under a temporary name, and
-    say what it holds."""
+def adopt_tar(tar: Path, *, index: bool = True) -> AdoptedTar:
+    """Read one tar shard header by header, write its DALI index beside it under a temporary name
+    (unless not ``index``: its readers then scan its headers), and say what it holds."""
     groups = scan_tar_members(tar)
     try:
-        index = format_dali_index(groups).encode()
+        dali_index = format_dali_index(groups).encode()
     except UnicodeEncodeError as e:  # tarfile keeps undecodable bytes as surrogates
         line = e.object[e.object.rfind("\n", 0, e.start) + 1:].split("\n", 1)[0]
         name = line.rsplit(" ", 1)[-1].encode("utf-8", "surrogateescape")
@@ -97,7 +100,7 @@ def adopt_tar(tar: Path) -> AdoptedTar:
     shard = ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar), label_runs(numbers))
     without = [i for i, n in enumerate(numbers) if n < 0]
     first = (split_member_name(groups[without[0]][0][3])[0], stored[without[0]]) if without else None
-    return AdoptedTar(shard, _written(index_path(tar), index), fields,
+    return AdoptedTar(shard, _written(index_path(tar), dali_index) if index else Finished(()), fields,
                       labelled=sum(v is not None for v in stored), largest=max(numbers, default=-1),
                       without=len(without), first_without=first,
                       names_a_class=all(n >= 0 for n, v in zip(numbers, stored, strict=True) if v is not None))
@@ -159,26 +162,30 @@ def tar_names(names: Iterable[str]) -> list[str]:
     return sorted(n for n in names if n.endswith(".tar") and "/" not in n and not n.startswith("."))
 
 
-def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None) -> Manifest:
-    """Write ``index.json`` (and DALI ``.idx`` files) for the ``*.tar`` shards in ``directory``.
+def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None = None,
+               out: str | os.PathLike[str] | None = None) -> Manifest:
+    """Write ``index.json`` (and DALI ``.idx`` files) for the ``*.tar`` shards in ``directory``; with
+    ``out``, only ``out/index.json``, naming ``directory``, and nothing in ``directory`` (the shards'
+    readers scan their headers, as DALI's indexer does).
 
-    Class names come from ``classes``, else from the manifest already there, else from the largest
-    integer ``cls`` value found (see :func:`tars_manifest`).
+    Class names come from ``classes``, else from the manifest already where this one goes, else from
+    the largest integer ``cls`` value found (see :func:`tars_manifest`).
     """
     root = Path(directory)
     if not root.is_dir():
         raise DdpipeError("not a directory", path=root)
-    if classes is None:
-        classes = recorded_classes(root)
+    out_dir = None if out is None else Path(out)
+    if out_dir is None and not os.access(root, os.W_OK):  # said before the shards are read, not after
+        raise DdpipeError(READ_ONLY, path=root)
+    classes = given_or_recorded(classes, root, out_dir)
     tars = tar_names(p.name for p in root.glob("*.tar"))
     if not tars:
         raise DdpipeError("no .tar shards found", path=root)
     with indexes_named_at_the_end() as adopted:
         for name in tars:
-            adopted.append(adopt_tar(root / name))
-        manifest = tars_manifest(adopted, classes, root)
-    save_manifest(root, manifest)
-    return manifest
+            adopted.append(adopt_tar(root / name, index=out_dir is None))
+        # within: a manifest that cannot be written leaves no DALI index named either
+        return write_adopted(root, out_dir, tars_manifest(adopted, classes, root))
 
 
 def _as_int(label: bytes | None) -> int:

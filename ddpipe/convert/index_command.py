@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> Manifest:
     kind = what_is_in(root)
     out = None if args.out is None else Path(args.out)
     if kind == "tar":
-        return index_tars(root, classes=classes)
+        return index_tars(root, classes=classes, out=out)
     if kind == "hdf5":
         return index_hdf5(root, out=out, images=args.images, labels=args.labels, label_attr=args.label_attr,
                           classes=classes)

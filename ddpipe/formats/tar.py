@@ -142,10 +142,14 @@ def read_dali_index(path: str | os.PathLike[str]) -> list[list[Member]]:
 
 
 def check_dali_index(shard: str | os.PathLike[str]) -> None:
-    """Raise :class:`CorruptShardError` unless the shard's index agrees with its tar headers."""
+    """Raise :class:`CorruptShardError` unless the shard's index, if it has one, agrees with its tar
+    headers (a shard without one, adopted with ``--out`` in a directory not to be written, is read by
+    scanning them)."""
     from ..errors import CorruptShardError
 
     idx = index_path(shard)
+    if not idx.exists():
+        return
     if read_dali_index(idx) != scan_tar_members(shard):
         raise CorruptShardError("DALI index disagrees with the tar; rebuild it with 'ddpipe index'", path=idx)
 

@@ -175,6 +175,69 @@ def test_a_failed_index_leaves_the_directory_as_it_was(tmp_path: Path) -> None:
     assert len(list(ddpipe.open_dataset(tmp_path))) == 6
 
 
+def test_tars_indexed_with_out_leave_their_directory_untouched(tmp_path: Path) -> None:
+    """--out, "write index.json here instead of beside the data", was heard for HDF5 and LMDB only:
+    tars got their index.json and DALI indexes beside them all the same. The manifest goes to --out,
+    no DALI index is written (a tar without one has its headers scanned), and the dataset reads,
+    verifies and stages; indexing again keeps the class names the manifest there records."""
+    data = tmp_path / "shared" / "tars"
+    data.mkdir(parents=True)
+    items = example_samples(10)
+    with wds.ShardWriter(str(data / "x-%06d.tar"), maxcount=4, verbose=0) as sink:
+        for s in items:
+            sink.write(dict(s))
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    out = tmp_path / "manifests" / "tars"
+    names = tmp_path / "names.txt"
+    names.write_text("ant\nbee\ncat\n")
+    given: list[list[str | Path]] = [["--classes", names], []]
+    for classes in given:
+        proc = run_cli("index", data, "--out", out, *classes)
+        assert proc.returncode == 0, proc.stderr
+        assert {p.name: p.read_bytes() for p in data.iterdir()} == before
+        assert sorted(p.name for p in out.iterdir()) == ["index.json"]
+        ds = ddpipe.open_dataset(out)
+        assert list(ds) == items and ds.manifest.classes == ("ant", "bee", "cat")
+    assert run_cli("verify", out, "--quiet").returncode == 0
+    stage = tmp_path / "stage"
+    assert run_cli("stage", out, "--local-dir", stage, "--quiet").returncode == 0
+    stream = ddpipe.EncodedStream(out, 4, shuffle="none", stage_dir=stage)
+    assert [s["__key__"] for batch in stream for s in batch] == [s["__key__"] for s in items]
+    assert stream.stager is not None and stream.stager.stats["reused"] == 3
+    assert run_cli("verify", out, "--stage-dir", stage, "--quiet").returncode == 0
+
+
+def test_tars_in_a_directory_this_user_may_not_write_are_indexed_with_out(tmp_path: Path) -> None:
+    """Without --out the answer names it before any shard is read; it was the DALI index's hidden
+    temporary name, refused."""
+    import sys
+
+    from ..conftest import launch
+    from ..helpers import as_a_user_file_modes_refuse
+
+    as_user = as_a_user_file_modes_refuse()
+    data = tmp_path / "tars"
+    data.mkdir()
+    with wds.ShardWriter(str(data / "x-%06d.tar"), maxcount=4, verbose=0) as sink:
+        for s in example_samples(6):
+            sink.write(dict(s))
+    out = tmp_path / "out"
+    out.mkdir()
+    data.chmod(0o555)
+    try:
+        index = [*as_user, sys.executable, "-m", "ddpipe", "index", str(data)]
+        refused = launch(index, timeout=120)  # a hang bound
+        made = launch([*index, "--out", str(out)], timeout=120)
+    finally:
+        data.chmod(0o755)
+    assert refused.returncode == 1
+    assert refused.stderr == f"ddpipe: error: {data}: the data directory is read-only: write the manifest " \
+                             "elsewhere with --out DIR\n"
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in data.iterdir()) == ["x-000000.tar", "x-000001.tar"]
+    assert len(ddpipe.open_dataset(out)) == 6
+
+
 @pytest.mark.parametrize("mode", [0o000, 0o311])
 def test_a_directory_that_cannot_be_listed_is_named_as_such(tmp_path: Path, mode: int) -> None:
     """Unreadable and untraversable (0), it was reported as '.../data.mdb: Permission denied', a file it
