@@ -125,7 +125,8 @@ def main(args: argparse.Namespace) -> int:
     """The command: adopt, then say what was adopted."""
     m = run(args)
     what = {"wds": "tar shards", "hdf5-foreign": "HDF5 file(s)", "lmdb-foreign": "LMDB environment"}[m.format]
-    print(f"{args.dir}: indexed {len(m.shards)} {what}, {m.num_samples} samples, in place; "
+    where = "" if args.out is None else f" (its index.json in {args.out})"
+    print(f"{args.dir}: indexed {len(m.shards)} {what}, {m.num_samples} samples, in place{where}; "
           f"fields {', '.join(m.fields)}")
     if "cls" not in m.fields:  # found out now, not when training refuses the dataset
         how = {"hdf5-foreign": "; name them with --labels or --label-attr (class numbers or names, one per image, "

@@ -194,6 +194,7 @@ def test_tars_indexed_with_out_leave_their_directory_untouched(tmp_path: Path) -
     for classes in given:
         proc = run_cli("index", data, "--out", out, *classes)
         assert proc.returncode == 0, proc.stderr
+        assert f"in place (its index.json in {out})" in proc.stdout
         assert {p.name: p.read_bytes() for p in data.iterdir()} == before
         assert sorted(p.name for p in out.iterdir()) == ["index.json"]
         ds = ddpipe.open_dataset(out)
