@@ -440,6 +440,8 @@ def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], buck
     kept = run_cli("index", url, "--out", tmp_path / "manifest")
     assert kept.returncode == 0, kept.stderr
     assert samples(ddpipe.EncodedStream(tmp_path / "manifest", 4, shuffle="none")) == expected
+    verified = run_cli("verify", tmp_path / "manifest", "--quiet")  # no DALI index in the bucket yet: none checked
+    assert verified.returncode == 0, verified.stdout + verified.stderr
     beside = run_cli("index", url)
     assert beside.returncode == 0, beside.stderr
     assert samples(ddpipe.EncodedStream(url, 4, shuffle="none")) == expected
