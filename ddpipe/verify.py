@@ -59,9 +59,12 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
             try:
                 _check_shard(dataset, i, shard_path or dataset.local_copy(i), decode, report)
             except DdpipeError as e:
+                if e.path is not None:  # an object's URL, not the path of its copy fetched for the check
+                    e.path = dataset.source_name(Path(e.path))
                 report.problems.append(str(e))
             except OSError as e:  # unreadable (its permissions, say): a problem of this shard, not the end of the check
-                report.problems.append(f"{e.filename or dataset.manifest.shards[i].file}: {e.strerror or e}")
+                named = dataset.source_name(Path(e.filename)) if e.filename else dataset.manifest.shards[i].file
+                report.problems.append(f"{named}: {e.strerror or e}")
     return report
 
 

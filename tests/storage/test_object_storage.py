@@ -179,6 +179,18 @@ def test_an_object_changed_after_indexing_is_named_or_skipped(local_sets: dict[s
         ddpipe.open_dataset(url)
 
 
+def test_verify_names_the_object_not_its_scratch_copy(local_sets: dict[str, Path], bucket: str) -> None:
+    """A damaged DALI index in a bucket was reported by the path of its copy in this process's
+    scratch directory, a file gone when the command ended."""
+    url = f"s3://{bucket}/wds"
+    upload_dir(local_sets["wds"], url)
+    name = ddpipe.open_dataset(url).manifest.shards[1].file.replace(".tar", ".idx")
+    _overwrite(url, name, lambda data: b"not an index\n")
+    verified = run_cli("verify", url, "--quiet")
+    assert verified.returncode == 1
+    assert f"ddpipe: {url}/{name}: bad DALI index" in verified.stderr, verified.stderr
+
+
 def test_transient_failures_are_retried(local_sets: dict[str, Path], http_root: RangeServer) -> None:
     shutil.copytree(local_sets["hdf5"], http_root.root / "hdf5")
     http_root.fail_next = 4  # 503 Slow Down, four times
