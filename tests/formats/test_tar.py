@@ -159,6 +159,9 @@ def test_index_parse_rejects_garbage(tmp_path: Path) -> None:
                  "v1.2 2\njpg 1 2 x.jpg\n\n"):
         with pytest.raises(CorruptShardError, match="bad DALI index"):
             parse_dali_index(text, tmp_path / "x.idx")
+    for text in ("", "not an index\n", "v1.2 two\njpg 1 2 x.jpg\n"):  # said as what the first line should be
+        with pytest.raises(CorruptShardError, match=r"bad DALI index: its first line is .*, not 'v1\.2 <samples>'$"):
+            parse_dali_index(text, tmp_path / "x.idx")
 
 
 @pytest.mark.dali

@@ -188,7 +188,7 @@ def test_verify_names_the_object_not_its_scratch_copy(local_sets: dict[str, Path
     _overwrite(url, name, lambda data: b"not an index\n")
     verified = run_cli("verify", url, "--quiet")
     assert verified.returncode == 1
-    assert f"ddpipe: {url}/{name}: bad DALI index" in verified.stderr, verified.stderr
+    assert f"ddpipe: {url}/{name}: bad DALI index: its first line is" in verified.stderr, verified.stderr
 
 
 def test_transient_failures_are_retried(local_sets: dict[str, Path], http_root: RangeServer) -> None:
