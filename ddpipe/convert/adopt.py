@@ -38,7 +38,11 @@ def recorded_classes(root: Path) -> list[str] | None:
     return list(recorded.classes) or None
 
 
-READ_ONLY = "the data directory is read-only: write the manifest elsewhere with --out DIR"
+def refuse_read_only(data: Path, out: Path | None) -> None:
+    """Refuse to adopt ``data`` in place where its manifest cannot be written beside it: said before
+    its files are read (each is hashed whole: minutes for an ImageNet), not after."""
+    if out is None and data.is_dir() and not os.access(data, os.W_OK):
+        raise DdpipeError("the data directory is read-only: write the manifest elsewhere with --out DIR", path=data)
 
 
 def given_or_recorded(classes: list[str] | None, data: Path, out: Path | None) -> list[str] | None:
@@ -56,8 +60,8 @@ def write_adopted(data: Path, out: Path | None, manifest: Manifest) -> Manifest:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         manifest = Manifest(**{**manifest.__dict__, "data_dir": os.path.relpath(data.resolve(), out.resolve())})
-    elif not os.access(data, os.W_OK):
-        raise DdpipeError(READ_ONLY, path=data)
+    else:
+        refuse_read_only(data, out)  # and again, for a directory made read-only while it was read
     save_manifest(target, manifest)
     return manifest
 
@@ -175,8 +179,7 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
     if not root.is_dir():
         raise DdpipeError("not a directory", path=root)
     out_dir = None if out is None else Path(out)
-    if out_dir is None and not os.access(root, os.W_OK):  # said before the shards are read, not after
-        raise DdpipeError(READ_ONLY, path=root)
+    refuse_read_only(root, out_dir)
     classes = given_or_recorded(classes, root, out_dir)
     tars = tar_names(p.name for p in root.glob("*.tar"))
     if not tars:

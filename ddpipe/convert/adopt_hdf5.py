@@ -12,6 +12,7 @@ guessing.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 from ..checksum import pack_digests, sample_digest
 from ..errors import DdpipeError
 from ..manifest import Manifest, ShardInfo, label_runs
-from .adopt import given_or_recorded, write_adopted
+from .adopt import given_or_recorded, refuse_read_only, write_adopted
 from .classes import class_order, named_classes, refuse_negative
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
@@ -44,8 +45,9 @@ def hdf5_candidates(path: Path) -> tuple[list[tuple[str, str, int]], list[tuple[
     images, labels, attrs = [], [], []
     try:
         opened = h5py.File(path, "r")
-    except OSError as e:  # h5py's errors name no file
-        raise DdpipeError(f"not a readable HDF5 file: {str(e).split('(')[-1].rstrip(')')}", path=path) from None
+    except OSError as e:  # h5py's errors name no file; the system's, a whole line of HDF5's own terms
+        why = os.strerror(e.errno) if e.errno else str(e).split("(")[-1].rstrip(")")
+        raise DdpipeError(f"not a readable HDF5 file: {why}", path=path) from None
     with opened as f:
         found: list[tuple[str, Any]] = []
         f.visititems(lambda name, obj: found.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
@@ -160,6 +162,7 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
 
     from ..formats.foreign_hdf5 import ForeignHDF5Format, ForeignHDF5Reader
 
+    refuse_read_only(data, out)
     given = classes
     classes = given_or_recorded(classes, data, out)
     names_here, fetch = fetched or ([p.name for p in data.iterdir()], lambda path: contextlib.nullcontext())

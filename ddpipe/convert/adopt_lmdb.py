@@ -14,7 +14,7 @@ from typing import Any
 from ..checksum import file_checksum, pack_digests, sample_digest
 from ..errors import DdpipeError
 from ..manifest import Manifest, ShardInfo, label_runs
-from .adopt import given_or_recorded, write_adopted
+from .adopt import given_or_recorded, refuse_read_only, write_adopted
 from .classes import class_order, named_classes, refuse_negative
 
 # an adopted LMDB's manifest records every SEEK_EVERY-th key, so that a rank whose share starts at
@@ -99,6 +99,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
     from ..formats.lmdb_env import lease_environment
     from ..formats.lmdb_values import META_KEY, guess_kind, read_value, sniff_image_field
 
+    refuse_read_only(data, out)
     # an explicit label source replaces what an earlier index recorded, class names included
     explicit = label_regex is not None or labels_file is not None
     given = classes

@@ -113,16 +113,45 @@ def test_pickles_are_refused_unless_allowed(tmp_path: Path) -> None:
     assert not (root / "index.json").exists()
 
 
-def test_a_read_only_directory_gets_its_manifest_elsewhere(tmp_path: Path) -> None:
-    root = fd.h5_vlen(tmp_path / "ro")
-    os.chmod(root, 0o555)
+@pytest.mark.parametrize("name", ["h5-vlen", "caffe-encoded"])
+def test_a_read_only_directory_is_refused_before_its_files_are_read(name: str, tmp_path: Path) -> None:
+    """Refused once every file had been read and hashed (minutes for an ImageNet): here, with files
+    this user may not read, the answer was about them. With --out the manifest goes there. Run as a
+    user file modes refuse (root, without its override of them)."""
+    import sys
+
+    from ..conftest import launch
+    from ..helpers import as_a_user_file_modes_refuse
+
+    as_user = as_a_user_file_modes_refuse()
+    make, flags, n = LAYOUTS[name]
+    root = make(tmp_path / "ro")
+    before = hashes(root)
+    out = tmp_path / "out"
+    out.mkdir()
+    index = [*as_user, sys.executable, "-m", "ddpipe", "index", str(root), *flags]
+    files = [p for p in root.iterdir() if p.is_file()]
     try:
-        if os.access(root, os.W_OK):
-            pytest.skip("running as a user who can write anywhere: read-only cannot be shown")
-        refused = run_cli("index", root)
-        assert refused.returncode == 1 and "--out" in refused.stderr
+        root.chmod(0o555)
+        for p in files:
+            p.chmod(0o000)
+        unread = launch(index, timeout=120)  # hang bounds
+        unreadable = launch([*index, "--out", str(out)], timeout=120)
+        for p in files:
+            p.chmod(0o444)
+        kept = launch([*index, "--out", str(out)], timeout=120)
     finally:
-        os.chmod(root, 0o755)
+        root.chmod(0o755)
+    assert unread.returncode == 1
+    assert unread.stderr == f"ddpipe: error: {root}: the data directory is read-only: write the manifest " \
+                            "elsewhere with --out DIR\n"
+    first = sorted(files)[0]  # named in the system's words (an HDF5 file's were a line of HDF5's own)
+    what = "HDF5 file" if first.suffix == ".h5" else "LMDB environment"
+    assert unreadable.returncode == 1
+    assert unreadable.stderr == f"ddpipe: error: {first}: not a readable {what}: Permission denied\n"
+    assert kept.returncode == 0, kept.stderr
+    assert hashes(root) == before and not (root / "index.json").exists()
+    assert len(ddpipe.open_dataset(out)) == n
 
 
 def test_the_manifest_can_live_in_another_directory(tmp_path: Path) -> None:
