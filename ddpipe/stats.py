@@ -39,9 +39,11 @@ class DatasetStats:
     classes: list[str]
     skipped: int
     fields: dict[str, FieldStats] = field(default_factory=dict)
+    data: str | None = None  # where the shard files are, when not beside index.json (adopted with --out)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "format": self.format, "shards": self.shards, "samples": self.samples,
+        return {"path": self.path, "data": self.data, "format": self.format, "shards": self.shards,
+                "samples": self.samples,
                 "bytes": self.bytes, "num_classes": len(self.classes), "classes": self.classes,
                 "skipped": self.skipped, "fields": {k: v.to_dict() for k, v in sorted(self.fields.items())}}
 
@@ -52,6 +54,8 @@ def inspect_dataset(path: str | os.PathLike[str], *, scan: bool = True) -> Datas
     m = ds.manifest
     stats = DatasetStats(str(path), m.format, len(m.shards), m.num_samples, m.num_bytes, list(m.classes),
                          len(m.skipped))
+    if m.data_dir is not None:
+        stats.data = ds.storage.url() if ds.storage is not None else os.path.normpath(ds.data_root)
     if scan:
         for sample in ds:
             for name, value in sample.items():
@@ -69,6 +73,7 @@ def _first_classes(classes: list[str]) -> str:
 def format_stats(stats: DatasetStats) -> str:
     lines = [
         f"dataset   {stats.path}",
+        *([f"data      {stats.data}"] if stats.data is not None else []),
         f"format    {stats.format}",
         f"shards    {stats.shards}",
         f"samples   {stats.samples}",

@@ -200,6 +200,7 @@ def test_tars_indexed_with_out_leave_their_directory_untouched(tmp_path: Path) -
         ds = ddpipe.open_dataset(out)
         assert list(ds) == items and ds.manifest.classes == ("ant", "bee", "cat")
     assert run_cli("verify", out, "--quiet").returncode == 0
+    assert f"data      {data}\n" in run_cli("inspect", out, "--no-scan", check=True).stdout  # where the shards are
     stage = tmp_path / "stage"
     assert run_cli("stage", out, "--local-dir", stage, "--quiet").returncode == 0
     stream = ddpipe.EncodedStream(out, 4, shuffle="none", stage_dir=stage)

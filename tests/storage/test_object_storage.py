@@ -454,6 +454,7 @@ def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], buck
     assert samples(ddpipe.EncodedStream(tmp_path / "manifest", 4, shuffle="none")) == expected
     verified = run_cli("verify", tmp_path / "manifest", "--quiet")  # no DALI index in the bucket yet: none checked
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert f"data      {url}\n" in run_cli("inspect", tmp_path / "manifest", "--no-scan", check=True).stdout
     beside = run_cli("index", url)
     assert beside.returncode == 0, beside.stderr
     assert samples(ddpipe.EncodedStream(url, 4, shuffle="none")) == expected
