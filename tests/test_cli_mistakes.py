@@ -217,6 +217,10 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["plan", "ds", "-W", "0"], "argument --world-size/-W: must be at least 1"),
     (["serve", "--queue", "-1"], "argument --queue: must be 0 or more, not -1"),
     (["train", "ds", "--num-classes", "0"], "argument --num-classes: must be at least 1"),  # was taken
+    # bench raised a traceback (twice) once it had started; stage said "source_limits: ..."
+    (["bench", "ds", "--source-throttle", "fast"], "argument --source-throttle: cannot parse 'fast' in 'fast'"),
+    (["stage", "ds", "--local-dir", "x", "--source-throttle", "100MB,5ms"],
+     "argument --source-throttle: cannot parse '100MB' in '100MB,5ms': use e.g. '100MB/s,5ms'"),
 ])
 def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], says: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -227,6 +231,21 @@ def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], sa
     with pytest.raises(SystemExit) as ended:
         parse_command_line(args)
     assert ended.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_slow_source_model_from_the_environment_is_named_where_it_is_wrong(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from ddpipe.cli.parser import parse_command_line
+    from ddpipe.throttle import ENV_VAR
+
+    monkeypatch.setenv(ENV_VAR, "bogus")
+    with pytest.raises(SystemExit) as ended:
+        parse_command_line(["bench", "ds"])
+    assert ended.value.code == 2
+    assert f"argument --source-throttle: cannot parse 'bogus' in 'bogus': use e.g. '100MB/s,5ms' (the value of " \
+           f"${ENV_VAR})" in capsys.readouterr().err
+    given = parse_command_line(["bench", "ds", "--source-throttle", "1GB/s,2ms"])  # the option, not the variable
+    assert given.source_throttle == "1GB/s,2ms"
 
 
 def test_a_negative_seed_is_a_seed_for_every_command(raw_images: Path, tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ import argparse
 import os
 from pathlib import Path
 
+from ..errors import OptionError
+
 # the help of options several commands share
 SHUFFLE_HELP = ("partial: each rank shuffles what it reads and exchanges a fraction Q of it across the job; "
                 "local: within each rank only; global: one permutation of the dataset (random reads); "
@@ -39,6 +41,20 @@ def size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def source_limits(text: str) -> str:
+    """A slow source's model, ``100MB/s,5ms``, checked and kept as written (``ReadOptions`` takes it
+    so, and ``bench --json`` records it); given by the option or, where it is not, by the environment,
+    which the error then names (argparse reads a default of text with this type too)."""
+    from ..throttle import ENV_VAR, SourceLimits
+
+    try:
+        SourceLimits.parse(text)
+        return text
+    except (ValueError, OptionError) as e:
+        given = f" (the value of ${ENV_VAR})" if os.environ.get(ENV_VAR) == text else ""
+        raise argparse.ArgumentTypeError(f"{e}{given}") from None
 
 
 def seconds(text: str) -> float:

@@ -289,7 +289,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..options import ReadOptions
     from ..plan import PlanOptions
     from ..staging import StageOptions
-    from ..throttle import SourceLimits
 
     comm = init_comm()
     _writable_later(args.json, "--json", comm)
@@ -302,8 +301,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     size = args.image_size
     options = BenchOptions(plan=PlanOptions(batch_size=args.batch_size, shuffle=args.shuffle,
                                             exchange_fraction=args.exchange_fraction),
-                           read=ReadOptions(source_limits=SourceLimits.parse(args.source_throttle)
-                                            if args.source_throttle else None),
+                           read=ReadOptions(source_limits=args.source_throttle),
                            decode=DecodeOptions(decoder=args.decode, size=size, dtype="uint8",
                                                 resize_shorter=max(size, round(size * 8 / 7)),
                                                 service=tuple(args.decode_service), read_in=args.read_in),

@@ -118,7 +118,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
                    help="the training job's shuffle mode (decides which shards each node reads)")
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=arg.ASSIGNMENT_HELP)
     p.add_argument("--seed", type=int, default=0, help="the training job's seed (decides its shard order)")
-    p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
+    p.add_argument("--source-throttle", type=arg.source_limits, default=os.environ.get(THROTTLE_ENV),
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_stage)
@@ -186,7 +186,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--image-size", type=arg.positive, default=224, help=arg.IMAGE_SIZE_HELP)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
     p.add_argument("--stage-dir", type=arg.path, default=None, help="node-local directory to stage the shards to first")
-    p.add_argument("--source-throttle", default=os.environ.get(THROTTLE_ENV),
+    p.add_argument("--source-throttle", type=arg.source_limits, default=os.environ.get(THROTTLE_ENV),
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
     p.add_argument("--json", type=arg.path, default=None, help="write every figure and the machine to this file")
     p.add_argument("--plot", type=arg.path, default=None,
