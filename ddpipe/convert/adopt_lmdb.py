@@ -97,7 +97,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
 
     from ..formats.foreign_lmdb import ForeignLMDBReader
     from ..formats.lmdb_env import lease_environment
-    from ..formats.lmdb_values import META_KEY, guess_kind, read_value, sniff_image_field
+    from ..formats.lmdb_values import META_KEY, RecordError, guess_kind, read_value, sniff_image_field
 
     refuse_read_only(data, out)
     # an explicit label source replaces what an earlier index recorded, class names included
@@ -121,7 +121,10 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
     if kind == "pickle" and not allow_pickle:
         raise DdpipeError("the values are Python pickles: unpickling runs code stored in the file, so ddpipe reads "
                           "them only with --allow-pickle, for data you trust", path=mdb)
-    image, label = read_value(kind, first[1])
+    try:
+        image, label = read_value(kind, first[1])
+    except RecordError as e:  # --values named another kind (a guessed kind reads its first value)
+        raise DdpipeError(f"--values {kind} does not read the first record ({first[0]!r}): {e}", path=mdb) from None
     named = isinstance(label, str)  # the records' labels are class names (or digits), mapped once all are seen
     layout: dict[str, Any] = {"values": kind, "field": sniff_image_field(image) or "jpg"}
     if kind == "image" or label is None:

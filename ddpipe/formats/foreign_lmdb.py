@@ -34,7 +34,12 @@ STORED_KEY, RECORD = "__lmdb_key__", "__record__"
 def read_labels_file(path: Path) -> dict[str, int]:
     """``key label`` lines (space, tab or comma separated) -> {key: label}."""
     labels = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:  # said of the labels file, not of the LMDB beside it
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise DdpipeError(f"cannot read the labels file: {why}", path=path) from None
+    for n, line in enumerate(text.splitlines(), 1):
         parts = re.split(r"[\s,]+", line.strip())
         if not parts[0]:
             continue

@@ -644,6 +644,20 @@ def test_indexing_files_that_are_not_what_they_say_is_one_line(tmp_path: Path) -
         assert not (tmp_path / folder / "index.json").exists()
 
 
+@pytest.mark.parametrize(("flags", "says"), [
+    # the record parser's own error, a traceback
+    (["--values", "caffe"], "data.mdb: --values caffe does not read the first record (b'img00000_0'): wire type"),
+    (["--values", "msgpack"], "data.mdb: --values msgpack does not read the first record (b'img00000_0'): not a"),
+    # "data.mdb: unreadable LMDB environment: [Errno 2] No such file or directory: '.../nope.txt'"
+    (["--labels-file", "nope.txt"], "nope.txt: cannot read the labels file: No such file or directory"),
+])
+def test_lmdb_options_that_do_not_fit_the_data_are_one_line(tmp_path: Path, flags: list[str], says: str) -> None:
+    root = fd.lmdb_images_label_in_key(tmp_path / "lmdb")
+    proc = run_cli("index", root, *flags)
+    assert proc.returncode == 1 and proc.stderr.startswith("ddpipe: error: ") and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (root / "index.json").exists()
+
+
 def test_a_record_changed_after_indexing_is_refused_before_it_is_parsed(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every record kind that needs parsing (msgpack here) is checked against its digest as stored:
