@@ -229,6 +229,14 @@ def _hdf5_layout(first: Path, images: str | None, labels: str | None,
         labels = fits[0] if fits else None
         label_attr = fit_attrs[0] if fit_attrs else None
     with h5py.File(first, "r") as f:
+        # a name given that the file lacks, said with what it has (it was h5py's "object doesn't exist")
+        if labels is not None and not isinstance(f.get(labels), h5py.Dataset):
+            listed = ", ".join(f"{n} ({r} rows)" for n, r in found_labels) or "none"
+            raise DdpipeError(f"no dataset {labels!r} of labels; found: {listed}", path=first)
+        if label_attr is not None and label_attr not in f[images].attrs and label_attr not in f.attrs:
+            listed = ", ".join(f"{n} ({r} values)" for n, r in found_attrs) or "none"
+            raise DdpipeError(f"no attribute {label_attr!r} of labels on {images!r} or the file; found: {listed}",
+                              path=first)
         if kinds[images] in PIXEL_KINDS:  # read as PNM images
             field = PNM_FIELD
         else:

@@ -644,6 +644,18 @@ def test_indexing_files_that_are_not_what_they_say_is_one_line(tmp_path: Path) -
         assert not (tmp_path / folder / "index.json").exists()
 
 
+@pytest.mark.parametrize(("flags", "says"), [  # h5py's words: "Unable to synchronously open object (...)"
+    (["--labels", "nope"], "part0.h5: no dataset 'nope' of labels; found: labels (15 rows)"),
+    (["--label-attr", "nope"], "part0.h5: no attribute 'nope' of labels on 'images' or the file; found: none"),
+])
+def test_hdf5_label_names_the_file_lacks_are_said_with_what_it_has(tmp_path: Path, flags: list[str],
+                                                                   says: str) -> None:
+    root = fd.h5_vlen(tmp_path / "h5")
+    proc = run_cli("index", root, *flags)
+    assert proc.returncode == 1 and proc.stderr == f"ddpipe: error: {root}/{says}\n"
+    assert not (root / "index.json").exists()
+
+
 @pytest.mark.parametrize(("flags", "says"), [
     # the record parser's own error, a traceback
     (["--values", "caffe"], "data.mdb: --values caffe does not read the first record (b'img00000_0'): wire type"),
