@@ -221,6 +221,10 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["bench", "ds", "--source-throttle", "fast"], "argument --source-throttle: cannot parse 'fast' in 'fast'"),
     (["stage", "ds", "--local-dir", "x", "--source-throttle", "100MB,5ms"],
      "argument --source-throttle: cannot parse '100MB' in '100MB,5ms': use e.g. '100MB/s,5ms'"),
+    # an option that acts only with another: passed over in silence, or "stage_dir=None stages nothing"
+    (["train", "ds", "--checkpoint-every", "5"], "argument --checkpoint-every: takes effect only with --checkpoint"),
+    (["train", "ds", "--stage-capacity", "1GB"], "argument --stage-capacity: takes effect only with --stage-dir"),
+    (["convert", "src", "out", "--synsets", "map.txt"], "argument --synsets: takes effect only with --val-labels"),
 ])
 def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], says: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -231,6 +235,19 @@ def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], sa
     with pytest.raises(SystemExit) as ended:
         parse_command_line(args)
     assert ended.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_options_that_act_together_are_taken_together_and_the_version_is_said() -> None:
+    from ddpipe import __version__
+    from ddpipe.cli.parser import parse_command_line
+
+    args = parse_command_line(["train", "ds", "--checkpoint", "c.pt", "--checkpoint-every", "5", "--stage-dir", "s",
+                               "--stage-capacity", "1GB"])
+    assert (args.checkpoint_every, args.stage_capacity) == (5, 10**9)
+    val = parse_command_line(["convert", "src", "out", "--val-labels", "v.csv", "--synsets", "m.txt"])
+    assert val.synsets == "m.txt"
+    proc = run_cli("--version", check=True)
+    assert proc.stdout == f"ddpipe {__version__}\n"
 
 
 def test_a_slow_source_model_from_the_environment_is_named_where_it_is_wrong(

@@ -46,14 +46,30 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
     that command's usage (argparse's own shows the top parser's: the list of commands)."""
     parser, commands = _build()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    command = commands.choices.get(args.command) if args.command else None
+    if unknown and command is not None:
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    for option, needs in _NEEDS.get(args.command, {}).items():  # given, yet it would change nothing
+        dest, needed = option.lstrip("-").replace("-", "_"), needs.lstrip("-").replace("-", "_")
+        if command is not None and getattr(args, dest) != command.get_default(dest) and getattr(args, needed) is None:
+            command.error(f"argument {option}: takes effect only with {needs}")
     return args
+
+
+# options of a command that act only together with another: given alone, they were passed over in silence
+# (--checkpoint-every, --synsets) or refused by the library's name for them ("stage_dir=None stages nothing")
+_NEEDS = {
+    "train": {"--stage-capacity": "--stage-dir", "--checkpoint-every": "--checkpoint"},
+    "convert": {"--synsets": "--val-labels"},
+}
 
 
 def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     from ..bench.peers import PEERS
+    from ..version import __version__
+
     parser = argparse.ArgumentParser(prog="ddpipe", description="Distributed data pipeline for deep-learning training.")
+    parser.add_argument("--version", action="version", version=f"ddpipe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     command = functools.partial(sub.add_parser, formatter_class=HelpWithDefaults)  # each command's parser
 
