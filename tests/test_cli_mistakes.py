@@ -225,6 +225,9 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["train", "ds", "--checkpoint-every", "5"], "argument --checkpoint-every: takes effect only with --checkpoint"),
     (["train", "ds", "--stage-capacity", "1GB"], "argument --stage-capacity: takes effect only with --stage-dir"),
     (["convert", "src", "out", "--synsets", "map.txt"], "argument --synsets: takes effect only with --val-labels"),
+    (["bench", "ds", "--compare-dir", "peers"], "argument --compare-dir: takes effect only with --compare"),
+    (["bench", "ds", "--gpus-per-node", "8"], "argument --gpus-per-node: takes effect only with --project"),
+    (["bench", "ds", "--fs-bandwidth", "1GB"], "argument --fs-bandwidth: takes effect only with --project"),
 ])
 def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], says: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -246,6 +249,9 @@ def test_options_that_act_together_are_taken_together_and_the_version_is_said() 
     assert (args.checkpoint_every, args.stage_capacity) == (5, 10**9)
     val = parse_command_line(["convert", "src", "out", "--val-labels", "v.csv", "--synsets", "m.txt"])
     assert val.synsets == "m.txt"
+    bench = parse_command_line(["bench", "ds", "--compare", "--compare-dir", "p", "--project", "nodes=8",
+                                "--gpus-per-node", "8", "--decode-rate", "500"])
+    assert (bench.compare, bench.compare_dir, bench.gpus_per_node, bench.decode_rate) == ([], "p", 8, 500.0)
     proc = run_cli("--version", check=True)
     assert proc.stdout == f"ddpipe {__version__}\n"
 
@@ -319,7 +325,7 @@ def test_a_tilde_the_shell_left_is_the_home_directory(monkeypatch: pytest.Monkey
         ("stage", "~/d", "--local-dir=~/l"): ["dataset", "local_dir"],
         ("train", "~/d", "--eval=~/e", "--stage-dir=~/s", "--checkpoint=~/c"): ["dataset", "eval", "stage_dir",
                                                                                 "checkpoint"],
-        ("bench", "~/d", "--compare-dir=~/c", "--stage-dir=~/s", "--json=~/j", "--plot=~/p"): [
+        ("bench", "~/d", "--compare", "--compare-dir=~/c", "--stage-dir=~/s", "--json=~/j", "--plot=~/p"): [
             "dataset", "compare_dir", "stage_dir", "json", "plot"],
         ("inspect", "~/d"): ["dataset"],
         ("verify", "~/d", "--stage-dir=~/s"): ["dataset", "stage_dir"],

@@ -61,6 +61,10 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
 _NEEDS = {
     "train": {"--stage-capacity": "--stage-dir", "--checkpoint-every": "--checkpoint"},
     "convert": {"--synsets": "--val-labels"},
+    "bench": {"--compare-dir": "--compare",
+              **{f"--{o}": "--project" for o in ("project-images", "gpus-per-node", "fs-bandwidth", "local-bandwidth",
+                                                 "local-capacity", "link-bandwidth", "link-latency", "model-step-time",
+                                                 "decode-rate")}},
 }
 
 
