@@ -43,8 +43,7 @@ class DatasetStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "data": self.data, "format": self.format, "shards": self.shards,
-                "samples": self.samples,
-                "bytes": self.bytes, "num_classes": len(self.classes), "classes": self.classes,
+                "samples": self.samples, "bytes": self.bytes, "num_classes": len(self.classes), "classes": self.classes,
                 "skipped": self.skipped, "fields": {k: v.to_dict() for k, v in sorted(self.fields.items())}}
 
 

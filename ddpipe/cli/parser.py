@@ -46,12 +46,12 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
     that command's usage (argparse's own shows the top parser's: the list of commands)."""
     parser, commands = _build()
     args, unknown = parser.parse_known_args(argv)
-    command = commands.choices.get(args.command) if args.command else None
-    if unknown and command is not None:
+    command = commands.choices[args.command]  # a command is required: argparse ended without one
+    if unknown:
         command.error(f"unrecognized arguments: {' '.join(unknown)}")
     for option, needs in _NEEDS.get(args.command, {}).items():  # given, yet it would change nothing
         dest, needed = option.lstrip("-").replace("-", "_"), needs.lstrip("-").replace("-", "_")
-        if command is not None and getattr(args, dest) != command.get_default(dest) and getattr(args, needed) is None:
+        if getattr(args, dest) != command.get_default(dest) and getattr(args, needed) is None:
             command.error(f"argument {option}: takes effect only with {needs}")
     return args
 
