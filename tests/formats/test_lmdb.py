@@ -105,14 +105,28 @@ def test_a_shard_hashed_through_lmdbs_own_mapping_is_then_scanned_without_a_page
         assert sum(1 for _ in reader.scan()) == 64
         return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
 
+    def mapped_in(file: Path) -> int:
+        """Bytes of ``file`` in this process's page tables (the Rss of its mappings)."""
+        total, this_file = 0, False
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            fields = line.split()
+            if not fields[0].endswith(":"):  # a mapping's own line: address range ... [path]
+                this_file = len(fields) >= 6 and fields[5] == str(file)
+            elif this_file and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+        return total
+
     with LMDBReader(path) as fresh:
+        assert mapped_in(path) < path.stat().st_size
         assert faults_scanning(fresh) > 4  # 3.8 MB of values: at least one fault per 16 pages
     hashed = hash_mapped(LMDBFormat().mapping(path), keep=True)
     assert hashed.checksum == file_checksum(path) and isinstance(hashed.mapped, LMDBFile)
+    assert mapped_in(path) >= path.stat().st_size  # every page in before the reader takes it over
     with LMDBReader(path) as reader:
         reader.adopt_mapping(hashed.mapped)
         assert reader.mapped_file() is hashed.mapped
-        assert faults_scanning(reader) == 0
+        # none of the file's pages: a fault or two is the interpreter's heap growing for the samples
+        assert faults_scanning(reader) <= 2
 
     other = tmp_path / "other.lmdb"
     other.write_bytes(os.urandom(1 << 16))
