@@ -39,10 +39,27 @@ def recorded_classes(root: Path) -> list[str] | None:
 
 
 def refuse_read_only(data: Path, out: Path | None) -> None:
-    """Refuse to adopt ``data`` in place where its manifest cannot be written beside it: said before
-    its files are read (each is hashed whole: minutes for an ImageNet), not after."""
-    if out is None and data.is_dir() and not os.access(data, os.W_OK):
-        raise DdpipeError("the data directory is read-only: write the manifest elsewhere with --out DIR", path=data)
+    """Refuse to adopt ``data`` where its manifest cannot be written: beside ``data`` when it is
+    read-only, or in an ``out`` that cannot be made or written. Said before its files are read (each
+    is hashed whole: minutes for an ImageNet), not after."""
+    if out is None:
+        if data.is_dir() and not os.access(data, os.W_OK):
+            raise DdpipeError("the data directory is read-only: write the manifest elsewhere with --out DIR",
+                              path=data)
+        return
+    refuse_unwritable_out(out)
+
+
+def refuse_unwritable_out(out: Path) -> None:
+    """Refuse an ``--out`` directory that is not one, or cannot be made or written to by this user."""
+    there = out  # the directory it is, or the nearest one that exists to be made in
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    which = "it" if there == out else str(there)
+    if not there.is_dir():
+        raise DdpipeError(f"--out cannot be made: {which} is not a directory", path=out)
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise DdpipeError(f"--out cannot be written: {which} is read-only", path=out)
 
 
 def given_or_recorded(classes: list[str] | None, data: Path, out: Path | None) -> list[str] | None:

@@ -14,7 +14,7 @@ from ..decode.spec import IMAGE_FIELDS
 from ..errors import DdpipeError
 from ..manifest import Manifest
 from ..storage import is_remote
-from .adopt import index_tars
+from .adopt import index_tars, refuse_unwritable_out
 from .adopt_hdf5 import HDF5_SUFFIXES, index_hdf5
 from .adopt_lmdb import index_lmdb
 
@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> Manifest:
         if args.out is not None and is_remote(str(args.out)):
             raise DdpipeError("--out is a local directory; without it index.json goes beside the objects",
                               path=args.out)
+        if args.out is not None:  # before any object is fetched
+            refuse_unwritable_out(Path(args.out))
         return index_objects(args, run, classes)
     root = Path(args.dir)
     if not root.exists():

@@ -21,6 +21,7 @@ import ddpipe
 from ddpipe.sample import BAD
 
 from ..conftest import run_cli
+from ..formats.conformance import example_samples
 from ..helpers import read_in_own_process
 from . import foreign_data as fd
 
@@ -152,6 +153,50 @@ def test_a_read_only_directory_is_refused_before_its_files_are_read(name: str, t
     assert kept.returncode == 0, kept.stderr
     assert hashes(root) == before and not (root / "index.json").exists()
     assert len(ddpipe.open_dataset(out)) == n
+
+
+@pytest.mark.parametrize("name", ["tars", "h5-vlen", "caffe-encoded"])
+def test_an_out_directory_that_cannot_be_made_is_refused_before_any_file_is_read(name: str, tmp_path: Path) -> None:
+    """An --out under a file, or in a directory this user may not write, was found only when the
+    manifest was written, after every file had been read and hashed: here, with files this user may not
+    read, the answer was about them. Run as a user file modes refuse (root, without its override)."""
+    import sys
+
+    from ..conftest import launch
+    from ..helpers import as_a_user_file_modes_refuse
+
+    as_user = as_a_user_file_modes_refuse()
+    if name == "tars":
+        root = tmp_path / name
+        ddpipe.write_dataset(root, iter(example_samples(6)), samples_per_shard=3)
+        (root / "index.json").unlink()
+    else:
+        root = LAYOUTS[name][0](tmp_path / name)
+    before = hashes(root)
+    (tmp_path / "a-file").write_text("")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    files = [p for p in root.iterdir() if p.is_file()]
+    try:
+        read_only.chmod(0o555)
+        for p in files:
+            p.chmod(0o000)
+        index = [*as_user, sys.executable, "-m", "ddpipe", "index", str(root), "--out"]
+        under_a_file = launch([*index, str(tmp_path / "a-file" / "m")], timeout=120)  # hang bounds
+        a_file = launch([*index, str(tmp_path / "a-file")], timeout=120)
+        unwritable = launch([*index, str(read_only / "m")], timeout=120)
+        unwritable_itself = launch([*index, str(read_only)], timeout=120)
+    finally:
+        read_only.chmod(0o755)
+        for p in files:
+            p.chmod(0o644)
+    assert [p.returncode for p in (under_a_file, a_file, unwritable, unwritable_itself)] == [1] * 4
+    assert under_a_file.stderr == f"ddpipe: error: {tmp_path}/a-file/m: --out cannot be made: " \
+                                  f"{tmp_path}/a-file is not a directory\n"
+    assert a_file.stderr == f"ddpipe: error: {tmp_path}/a-file: --out cannot be made: it is not a directory\n"
+    assert unwritable.stderr == f"ddpipe: error: {read_only}/m: --out cannot be written: {read_only} is read-only\n"
+    assert unwritable_itself.stderr == f"ddpipe: error: {read_only}: --out cannot be written: it is read-only\n"
+    assert hashes(root) == before and not (root / "index.json").exists() and not any(read_only.iterdir())
 
 
 def test_the_manifest_can_live_in_another_directory(tmp_path: Path) -> None:

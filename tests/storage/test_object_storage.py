@@ -449,6 +449,13 @@ def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], buck
     for tar in sorted(local_sets["wds"].glob("*.tar")):
         objects.put_file(tar.name, tar)
     expected = samples(ddpipe.EncodedStream(local_sets["wds"], 4, shuffle="none"))
+    (tmp_path / "a-file").write_text("")
+    listed = objects.list()
+    unmade = run_cli("index", url, "--out", tmp_path / "a-file" / "m")  # said before any object was fetched
+    assert unmade.returncode == 1
+    assert unmade.stderr == f"ddpipe: error: {tmp_path}/a-file/m: --out cannot be made: {tmp_path}/a-file " \
+                            "is not a directory\n"
+    assert objects.list() == listed
     kept = run_cli("index", url, "--out", tmp_path / "manifest")
     assert kept.returncode == 0, kept.stderr
     assert samples(ddpipe.EncodedStream(tmp_path / "manifest", 4, shuffle="none")) == expected
