@@ -228,6 +228,10 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["bench", "ds", "--compare-dir", "peers"], "argument --compare-dir: takes effect only with --compare"),
     (["bench", "ds", "--gpus-per-node", "8"], "argument --gpus-per-node: takes effect only with --project"),
     (["bench", "ds", "--fs-bandwidth", "1GB"], "argument --fs-bandwidth: takes effect only with --project"),
+    (["train", "ds", "--shuffle", "local", "--exchange-fraction", "0.5"],
+     "argument --exchange-fraction: takes effect only with --shuffle partial"),
+    (["bench", "ds", "--shuffle", "global", "--exchange-fraction", "0.1"],
+     "argument --exchange-fraction: takes effect only with --shuffle partial"),
 ])
 def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], says: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -252,6 +256,8 @@ def test_options_that_act_together_are_taken_together_and_the_version_is_said() 
     bench = parse_command_line(["bench", "ds", "--compare", "--compare-dir", "p", "--project", "nodes=8",
                                 "--gpus-per-node", "8", "--decode-rate", "500"])
     assert (bench.compare, bench.compare_dir, bench.gpus_per_node, bench.decode_rate) == ([], "p", 8, 500.0)
+    partial = parse_command_line(["train", "ds", "--exchange-fraction", "0.5"])  # partial is the default shuffle
+    assert (partial.shuffle, partial.exchange_fraction) == ("partial", 0.5)
     proc = run_cli("--version", check=True)
     assert proc.stdout == f"ddpipe {__version__}\n"
 

@@ -189,7 +189,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                           pad=False, on_error=args.on_error, seed=args.seed, comm=job.comm)
     if evaluate is not None:
         _check_same_classes(loader.dataset.classes, evaluate.dataset)
-    classes = len(loader.dataset.classes) or args.num_classes
+    named = len(loader.dataset.classes)
+    if named and args.num_classes not in (None, named):  # else passed over: the model took the dataset's count
+        from ..errors import DdpipeError
+
+        error = DdpipeError(f"--num-classes {args.num_classes}, but the dataset names {named} classes, which set "
+                            "the model's outputs: leave --num-classes out", path=loader.dataset.where)
+        raise error.everywhere()
+    classes = named or args.num_classes or 1000
     for data in (loader.dataset, evaluate.dataset if evaluate is not None else None):
         if data is not None:
             _check_labelled(data)
@@ -214,6 +221,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"training {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters) on "
               f"{job.size} rank(s), {loader.decoding.decoder} decoding{served} on {loader.device}, global batch "
               f"{args.batch_size * job.size}, allreduce {args.allreduce}", flush=True)
+        if args.amp and loader.device.type != "cuda":  # the Trainer autocasts on CUDA only
+            print(f"ddpipe: warning: --amp: mixed precision is for CUDA devices; training on {loader.device} in "
+                  "float32", file=sys.stderr, flush=True)
     try:
         # a scheduler's SIGTERM (or Slurm's --signal=USR1@...) stops every rank after one step, saved
         with distributed.stop_on_signals(job) as stop:

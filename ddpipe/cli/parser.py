@@ -49,22 +49,29 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
     command = commands.choices[args.command]  # a command is required: argparse ended without one
     if unknown:
         command.error(f"unrecognized arguments: {' '.join(unknown)}")
-    for option, needs in _NEEDS.get(args.command, {}).items():  # given, yet it would change nothing
-        dest, needed = option.lstrip("-").replace("-", "_"), needs.lstrip("-").replace("-", "_")
-        if getattr(args, dest) != command.get_default(dest) and getattr(args, needed) is None:
-            command.error(f"argument {option}: takes effect only with {needs}")
+    for option, (needs, value) in _NEEDS.get(args.command, {}).items():  # given, yet it would change nothing
+        dest, needed = _dest(option), getattr(args, _dest(needs))
+        if getattr(args, dest) != command.get_default(dest) and (needed is None if value is None else needed != value):
+            command.error(f"argument {option}: takes effect only with {needs}{'' if value is None else ' ' + value}")
     return args
 
 
-# options of a command that act only together with another: given alone, they were passed over in silence
-# (--checkpoint-every, --synsets) or refused by the library's name for them ("stage_dir=None stages nothing")
-_NEEDS = {
-    "train": {"--stage-capacity": "--stage-dir", "--checkpoint-every": "--checkpoint"},
-    "convert": {"--synsets": "--val-labels"},
-    "bench": {"--compare-dir": "--compare",
-              **{f"--{o}": "--project" for o in ("project-images", "gpus-per-node", "fs-bandwidth", "local-bandwidth",
-                                                 "local-capacity", "link-bandwidth", "link-latency", "model-step-time",
-                                                 "decode-rate")}},
+def _dest(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
+# options of a command that act only together with another (given at all, or given this value): given
+# alone, they were passed over in silence (--checkpoint-every, --synsets, --exchange-fraction beside another
+# shuffle) or refused by the library's name for them ("stage_dir=None stages nothing")
+_PARTIAL_ONLY = {"--exchange-fraction": ("--shuffle", "partial")}
+_NEEDS: dict[str, dict[str, tuple[str, str | None]]] = {
+    "train": {"--stage-capacity": ("--stage-dir", None), "--checkpoint-every": ("--checkpoint", None),
+              **_PARTIAL_ONLY},
+    "convert": {"--synsets": ("--val-labels", None)},
+    "bench": {"--compare-dir": ("--compare", None), **_PARTIAL_ONLY,
+              **{f"--{o}": ("--project", None) for o in ("project-images", "gpus-per-node", "fs-bandwidth",
+                                                         "local-bandwidth", "local-capacity", "link-bandwidth",
+                                                         "link-latency", "model-step-time", "decode-rate")}},
 }
 
 
@@ -182,7 +189,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
                    help="a progress line every this many steps (0: epochs only)")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="an image that does not decode: stop naming it, or skip and count it")
-    p.add_argument("--num-classes", type=arg.positive, default=1000, help="when the dataset names no classes")
+    p.add_argument("--num-classes", type=arg.positive, default=None,
+                   help="when the dataset names no classes (default: 1000)")
     p.add_argument("--seed", type=int, default=0, help=arg.SEED_HELP)
     p.set_defaults(func=cmd_train)
 

@@ -111,9 +111,10 @@ def test_a_held_out_set_naming_other_classes_is_refused_before_training(data: Pa
 
 
 def test_labels_past_the_models_classes_are_refused_before_training(data: Path, tmp_path: Path) -> None:
-    """A dataset that names no classes takes its class count from --num-classes; a held-out set that
-    names none is scored against the training set's. A recorded label past that count would fail the
-    loss at its first batch (a traceback here, a device-side assert naming nothing on a GPU)."""
+    """A dataset that names no classes takes its class count from --num-classes (one that names them
+    refuses another count); a held-out set that names none is scored against the training set's. A
+    recorded label past that count would fail the loss at its first batch (a traceback here, a
+    device-side assert naming nothing on a GPU)."""
     numbered = tmp_path / "numbered"
     samples = labelled_samples(12, np.random.default_rng(2))
     for i, sample in enumerate(samples):
@@ -124,8 +125,14 @@ def test_labels_past_the_models_classes_are_refused_before_training(data: Path, 
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{numbered}: a sample's label is {top}, but the model has --num-classes {top} (the training dataset " \
         f"names no classes): give {top + 1} or more" in proc.stderr and "epoch 0" not in proc.stdout
-    fits = run_cli("train", numbered, *TRAIN, "--num-classes", str(top + 1), "--max-steps", "1", timeout=300)
+    fits = run_cli("train", numbered, *TRAIN, "--num-classes", str(top + 1), "--max-steps", "1", "--amp", timeout=300)
     assert fits.returncode == 0, fits.stdout + fits.stderr
+    # --amp was passed over on the CPU without a word
+    assert "ddpipe: warning: --amp: mixed precision is for CUDA devices; training on cpu in float32\n" in fits.stderr
+    named = run_cli("train", data, *TRAIN, "--num-classes", "3", timeout=300)  # was passed over: 6 outputs
+    assert named.returncode == 1 and named.stderr.count("\n") == 1, named.stdout + named.stderr
+    assert named.stderr == f"ddpipe: error: {data}: --num-classes 3, but the dataset names 6 classes, which set " \
+                           "the model's outputs: leave --num-classes out\n" and "epoch 0" not in named.stdout
     held_out = run_cli("train", data, *TRAIN, "--on-error", "skip", "--eval", numbered, timeout=300)
     assert held_out.returncode == 1, held_out.stdout + held_out.stderr
     assert f"{numbered}: a sample's label is {top}, but the model has the training dataset's 6 classes" \
