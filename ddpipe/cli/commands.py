@@ -189,14 +189,15 @@ def cmd_train(args: argparse.Namespace) -> int:
                           pad=False, on_error=args.on_error, seed=args.seed, comm=job.comm)
     if evaluate is not None:
         _check_same_classes(loader.dataset.classes, evaluate.dataset)
-    named = len(loader.dataset.classes)
-    if named and args.num_classes not in (None, named):  # else passed over: the model took the dataset's count
+    dataset_classes = len(loader.dataset.classes)
+    # given beside named classes, it was passed over: the model took the dataset's count
+    if dataset_classes and args.num_classes not in (None, dataset_classes):
         from ..errors import DdpipeError
 
-        error = DdpipeError(f"--num-classes {args.num_classes}, but the dataset names {named} classes, which set "
-                            "the model's outputs: leave --num-classes out", path=loader.dataset.where)
+        error = DdpipeError(f"--num-classes {args.num_classes}, but the dataset names {dataset_classes} classes, "
+                            "which set the model's outputs: leave --num-classes out", path=loader.dataset.where)
         raise error.everywhere()
-    classes = named or args.num_classes or 1000
+    classes = dataset_classes or args.num_classes or 1000
     for data in (loader.dataset, evaluate.dataset if evaluate is not None else None):
         if data is not None:
             _check_labelled(data)
