@@ -216,6 +216,7 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["plan", "ds", "-W", "2", "--buffer-size", "-1"], "argument --buffer-size: must be 0 or more, not -1"),
     (["plan", "ds", "-W", "0"], "argument --world-size/-W: must be at least 1"),
     (["serve", "--queue", "-1"], "argument --queue: must be 0 or more, not -1"),
+    (["convert", "src", "out", "--shard-size", "inf"], "argument --shard-size: size 'inf' is not a number of bytes"),
     (["train", "ds", "--num-classes", "0"], "argument --num-classes: must be at least 1"),  # was taken
     # bench raised a traceback (twice) once it had started; stage said "source_limits: ..."
     (["bench", "ds", "--source-throttle", "fast"], "argument --source-throttle: cannot parse 'fast' in 'fast'"),

@@ -43,7 +43,19 @@ def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "MB", "-5MB", "12XB", "abc"])
+@pytest.mark.parametrize("text", ["", "MB", "-5MB", "12XB", "abc", "+1MB"])
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="cannot parse size"):
         parse_size(text)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("inf", "size 'inf' is not a number of bytes"),  # was OverflowError's traceback
+    ("nanMB", "size 'nanMB' is not a number of bytes"),  # was "cannot convert float NaN to integer"
+    ("0", "size '0' is less than one byte"),  # was "cannot parse": it parses, but holds nothing
+    ("0.5", "size '0.5' is less than one byte"),  # was 0, then refused as "shard_bytes must be at least 1"
+])
+def test_a_size_that_parses_but_is_no_number_of_bytes_says_so(text: str, says: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        parse_size(text)
+    assert str(refused.value).startswith(says)
