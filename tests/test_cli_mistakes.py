@@ -197,6 +197,7 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["train", "ds", "--warmup-epochs", "-2"], "argument --warmup-epochs: must be 0 or more"),
     (["bench", "ds", "--decode-rate", "inf"], "argument --decode-rate: must be a finite number"),
     (["bench", "ds", "--link-latency", "-1"], "argument --link-latency: must be 0 or more seconds"),
+    (["bench", "ds", "--step-time", "inf"], "--step-time: must be 0 or more seconds, a finite number, not inf"),
     (["serve", "--log-every", "0"], "argument --log-every: must be more than 0"),
     (["synth", "out", "--quality", "101"], "argument --quality: must be 1 to 100, not 101"),  # was written as 100
     (["synth", "out", "--n", "x"], "argument --n: not a whole number: 'x'"),  # was "invalid _positive value"

@@ -62,8 +62,8 @@ def seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError("must be 0 or more seconds")
+    if not 0 <= value < float("inf"):  # inf slept forever, or raised OverflowError's traceback
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, a finite number, not {text}")
     return value
 
 
