@@ -4,6 +4,7 @@ a ValueError naming the field otherwise, which each reader turns into its own er
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -52,3 +53,24 @@ def whole_option(value: Any, name: str, least: int | None = None) -> int:
         return whole_number(value, name, least)
     except ValueError as e:
         raise OptionError(str(e)) from None
+
+
+def bytes_option(value: Any, name: str) -> int:
+    """An option that is a number of bytes: a whole number, or a size's text as the command line
+    takes it ("100GB": :func:`ddpipe.units.parse_size`), at least one byte; an :class:`OptionError`
+    naming ``name`` otherwise (a string or a list was compared deep inside: TypeError's traceback)."""
+    from .units import parse_size
+
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as e:
+            raise OptionError(f"{name}: {e}") from None
+    if isinstance(value, float) and 1 <= value < math.inf:  # a share of a disk, 0.8 * its bytes
+        return int(value)
+    try:
+        return whole_number(value, name, least=1)
+    except ValueError:
+        raise OptionError(f"{name} must be a whole number of bytes, at least 1, or a size such as '100GB', "
+                          f"not {value!r}") from None
+

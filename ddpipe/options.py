@@ -80,7 +80,7 @@ class StreamKeywords(TypedDict, total=False):
     on_error: str
     source_limits: SourceLimits | str | None
     stage_dir: str | os.PathLike[str] | None  # None: no staging
-    stage_capacity: int | None
+    stage_capacity: int | str | None  # bytes, or their text: "100GB"
     stage_limits: SourceLimits | None
     stage_wait_timeout: float
     stage_peers: bool

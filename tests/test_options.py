@@ -232,8 +232,35 @@ def test_convert_and_stage_options_refuse_what_they_cannot_take() -> None:
                 {"workers": 0}, {"shard_bytes": 100, "samples_per_shard": 10}):
         with pytest.raises(OptionError):
             ConvertOptions(**bad)
-    with pytest.raises(OptionError, match="stage_capacity must be a positive number of bytes, not -1"):
+    with pytest.raises(OptionError, match="stage_capacity must be a whole number of bytes, at least 1, or a size"):
         StageOptions(Path("x"), capacity=-1)
+
+
+@pytest.mark.parametrize(("given", "taken"), [("100GB", 10**11), ("1GiB", 2**30), (4096, 4096), (8e10, 8 * 10**10)])
+def test_a_number_of_bytes_is_taken_as_the_command_line_takes_it(given: object, taken: int) -> None:
+    """A size's text, as --stage-capacity and --shard-size take it, or a number of bytes (a float: a
+    share of a disk). A string was compared with a number deep inside: TypeError's traceback."""
+    from ddpipe import ConvertOptions
+
+    assert StageOptions(Path("x"), capacity=given).capacity == taken  # type: ignore[arg-type]
+    assert ConvertOptions(shard_bytes=given).shard_bytes == taken  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ("abc", "cannot parse size 'abc'"), ("0MB", "size '0MB' is less than one byte"),
+    ([100], "must be a whole number of bytes, at least 1, or a size such as '100GB', not [100]"),
+    (True, "must be a whole number of bytes, at least 1, or a size such as '100GB', not True"),
+    (float("nan"), "must be a whole number of bytes, at least 1, or a size such as '100GB', not nan"),
+])
+def test_what_is_no_number_of_bytes_is_refused_naming_the_option(given: object, says: str) -> None:
+    from ddpipe import ConvertOptions
+
+    with pytest.raises(OptionError) as stage:
+        StageOptions(Path("x"), capacity=given)  # type: ignore[arg-type]
+    with pytest.raises(OptionError) as convert:
+        ConvertOptions(shard_bytes=given)  # type: ignore[arg-type]
+    assert str(stage.value).startswith("stage_capacity") and says in str(stage.value)
+    assert str(convert.value).startswith("shard_bytes") and says in str(convert.value)
 
 
 def test_a_staging_capacity_below_the_largest_shard_is_refused(tmp_path: Path) -> None:

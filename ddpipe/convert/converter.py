@@ -22,6 +22,7 @@ import xxhash
 from ..comm import Comm, init_comm
 from ..decode.spec import ON_ERROR
 from ..errors import ConversionConflictError, DdpipeError, OptionError, SourceError
+from ..fields import bytes_option, whole_option
 from ..formats import FORMAT_NAMES, get_format
 from ..formats.atomic import atomic_write_bytes
 from ..manifest import MANIFEST_NAME, Manifest, find_manifest, load_manifest, save_manifest
@@ -45,7 +46,7 @@ class ConvertOptions:
     other source gets 256 MB shards."""
 
     format: str = "wds"
-    shard_bytes: int | None = None
+    shard_bytes: int | None = None  # or its text, "256MB"
     samples_per_shard: int | None = None
     seed: int | None = None
     workers: int = 1
@@ -65,14 +66,13 @@ class ConvertOptions:
             raise OptionError(f"format must be one of {', '.join(FORMAT_NAMES)}, not {self.format!r}")
         if self.on_error not in ON_ERROR:
             raise OptionError(f"on_error must be one of {', '.join(ON_ERROR)}, not {self.on_error!r}")
-        for name in ("shard_bytes", "samples_per_shard"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise OptionError(f"{name} must be at least 1, not {value}")
+        if self.shard_bytes is not None:  # or its text, "256MB", as the command line takes it
+            object.__setattr__(self, "shard_bytes", bytes_option(self.shard_bytes, "shard_bytes"))
+        if self.samples_per_shard is not None:
+            whole_option(self.samples_per_shard, "samples_per_shard", least=1)
         if self.shard_bytes is not None and self.samples_per_shard is not None:
             raise OptionError("give shard_bytes or samples_per_shard, not both")
-        if self.workers < 1:
-            raise OptionError(f"workers must be at least 1, not {self.workers}")
+        whole_option(self.workers, "workers", least=1)
 
     def layout_args(self) -> dict[str, object]:
         """The options that decide the output bytes (and so the resume fingerprint)."""

@@ -33,6 +33,7 @@ import xxhash
 from ..comm import Comm
 from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
+from ..fields import bytes_option
 from ..formats.atomic import atomic_write_bytes, commit, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, stamp_path, write_stamp
 from ..throttle import SourceLimits
@@ -50,15 +51,15 @@ class StageOptions:
     own directory (``"auto"``, ``{node}``, ``{host}``, ``$VAR``: :mod:`ddpipe.staging.local_dir`)."""
 
     stage_dir: Path
-    capacity: int | None = None  # bytes on the node's local storage; None: the whole share
+    capacity: int | None = None  # bytes on the node's local storage (or their text, "100GB"); None: the whole share
     limits: SourceLimits | None = None  # a slow source, for tests and benchmarks
     wait_timeout: float = 600.0  # how long a reader waits for one shard's copy
     peers: bool = True  # fetch a shard another node holds from that node rather than the source
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_dir", Path(self.stage_dir))  # a str given is kept as a Path
-        if self.capacity is not None and self.capacity < 1:
-            raise OptionError(f"stage_capacity must be a positive number of bytes, not {self.capacity}")
+        if self.capacity is not None:
+            object.__setattr__(self, "capacity", bytes_option(self.capacity, "stage_capacity"))
         if not self.wait_timeout > 0:  # NaN too
             raise OptionError(f"stage_wait_timeout must be positive, not {self.wait_timeout}")
 
