@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,22 +139,34 @@ class DecodeOptions:
 
     def _check_transform(self) -> None:
         """The random-resized crop's ranges, the flip's odds and the normalisation, as torchvision takes them."""
-        lo, hi = self.scale
-        if not 0 < lo <= hi <= 1:
+        scale, ratio = _numbers(self.scale, 2), _numbers(self.ratio, 2)
+        if scale is None or not 0 < scale[0] <= scale[1] <= 1:
             raise OptionError(f"scale must be (low, high) with 0 < low <= high <= 1, not {self.scale!r}")
-        lo, hi = self.ratio
-        if not 0 < lo <= hi:
-            raise OptionError(f"ratio must be (low, high) with 0 < low <= high, not {self.ratio!r}")
-        if not 0 <= self.flip <= 1:
+        if ratio is None or not 0 < ratio[0] <= ratio[1] < math.inf:
+            raise OptionError(f"ratio must be (low, high) with 0 < low <= high, finite, not {self.ratio!r}")
+        flip = _numbers((self.flip,), 1)
+        if flip is None or not 0 <= flip[0] <= 1:
             raise OptionError(f"flip is a probability, in [0, 1], not {self.flip!r}")
-        if len(self.mean) != 3 or len(self.std) != 3 or not all(0 < s < math.inf for s in self.std) \
-                or not all(math.isfinite(m) for m in self.mean):
+        mean, std = _numbers(self.mean, 3), _numbers(self.std, 3)
+        if mean is None or std is None or not all(0 < s < math.inf for s in std) \
+                or not all(math.isfinite(m) for m in mean):
             raise OptionError(f"mean and std must be three finite numbers each (R, G, B), std positive, not "
                               f"{self.mean!r} and {self.std!r}")
 
     @property
     def workers(self) -> int:
         return max(1, self.threads)
+
+
+def _numbers(value: object, count: int) -> tuple[float, ...] | None:
+    """``value`` as ``count`` real numbers (not booleans), or None where it is not that (a bare
+    number, a string: unpacked or compared deep inside, TypeError's or ValueError's traceback)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        return None
+    items = tuple(value)
+    if len(items) != count or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items):
+        return None
+    return tuple(float(v) for v in items)
 
 
 class PixelLimitError(ValueError):

@@ -30,6 +30,23 @@ def test_options_are_checked() -> None:
         DecodeOptions(size=224, resize_shorter=200)
 
 
+@pytest.mark.parametrize(("given", "says"), [
+    ({"scale": 0.5}, "scale must be (low, high)"),  # unpacked: "cannot unpack non-iterable float"
+    ({"scale": ("a", "b")}, "scale must be (low, high)"),  # compared: TypeError
+    ({"ratio": (1.0, float("inf"))}, "ratio must be (low, high) with 0 < low <= high, finite"),
+    ({"flip": "0.5"}, "flip is a probability"),  # compared: TypeError
+    ({"flip": True}, "flip is a probability"),  # was taken as 1: every image flipped
+    ({"std": (1, 1, None)}, "mean and std must be three finite numbers"),  # compared: TypeError
+])
+def test_a_transform_option_of_the_wrong_kind_is_refused_naming_it(given: dict[str, object], says: str) -> None:
+    from ddpipe.errors import OptionError
+
+    with pytest.raises(OptionError) as refused:
+        DecodeOptions(**given)  # type: ignore[arg-type]
+    assert str(refused.value).startswith(says)
+    assert DecodeOptions(scale=[0.2, 1], flip=np.float32(0.25)).flip == np.float32(0.25)  # type: ignore[arg-type]
+
+
 def test_labels() -> None:
     assert label_of({"cls": b" 7\n"}) == 7 and label_of({"jpg": b""}) == -1
     with pytest.raises(ValueError):
