@@ -4,6 +4,7 @@ a ValueError naming the field otherwise, which each reader turns into its own er
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from typing import Any
@@ -73,4 +74,14 @@ def bytes_option(value: Any, name: str) -> int:
     except ValueError:
         raise OptionError(f"{name} must be a whole number of bytes, at least 1, or a size such as '100GB', "
                           f"not {value!r}") from None
+
+
+def refuse_non_boolean_flags(options: Any, prefix: str = "") -> None:
+    """Each field of the dataclass ``options`` declared ``bool`` must hold True or False: a string
+    from a configuration file ("no", "false") was taken as true (verify="no" verified), None as
+    false. ``prefix``: what the keyword adds to the field's name (staging's ``stage_``)."""
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if f.type in ("bool", bool) and not isinstance(value, bool):
+            raise OptionError(f"{prefix}{f.name} must be True or False, not {value!r}")
 

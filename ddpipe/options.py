@@ -25,7 +25,7 @@ from typing import Any, TypedDict, cast
 
 from .decode.spec import ON_ERROR, DecodeOptions
 from .errors import OptionError
-from .fields import whole_option
+from .fields import refuse_non_boolean_flags, whole_option
 from .plan import PlanOptions
 from .staging import StageOptions
 from .throttle import SourceLimits
@@ -48,6 +48,7 @@ class ReadOptions:
     source_limits: SourceLimits | None = None
 
     def __post_init__(self) -> None:
+        refuse_non_boolean_flags(self)
         whole_option(self.prefetch, "prefetch (samples)", least=1)
         if self.on_error not in ON_ERROR:
             raise OptionError(f"on_error must be one of {', '.join(ON_ERROR)}, not {self.on_error!r}")
@@ -56,6 +57,9 @@ class ReadOptions:
                 object.__setattr__(self, "source_limits", SourceLimits.parse(self.source_limits))
             except ValueError as e:
                 raise OptionError(f"source_limits: {e}") from None
+        elif not isinstance(self.source_limits, (SourceLimits, type(None))):
+            raise OptionError(f"source_limits must be a SourceLimits or its text, e.g. '100MB/s,5ms', "
+                              f"not {self.source_limits!r}")
 
 
 #: The options objects whose fields are keywords, each with the prefix its keywords take.

@@ -37,12 +37,13 @@ them afresh over however many ranks the job now has.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .errors import OptionError
-from .fields import whole_option
+from .fields import refuse_non_boolean_flags, whole_option
 from .manifest import Manifest
 from .seeding import DROP, derive_rng
 from .shufflers import ExchangeRound, exchange_leads, get_shuffler
@@ -64,11 +65,13 @@ class PlanOptions:
     round_size: int = 512
 
     def __post_init__(self) -> None:
+        refuse_non_boolean_flags(self)
         get_shuffler(self.shuffle)  # an OptionError naming the modes registered
         if self.shard_assignment not in ASSIGNMENTS:
             raise OptionError(f"shard_assignment must be one of {', '.join(ASSIGNMENTS)}, "
                               f"not {self.shard_assignment!r}")
-        if isinstance(self.exchange_fraction, (bool, str)) or not 0.0 <= self.exchange_fraction <= 1.0:
+        q = self.exchange_fraction  # None or a string was compared deep inside: TypeError's traceback
+        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
             raise OptionError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction!r}")
         for name, least in (("batch_size", 1), ("round_size", 1), ("buffer_size", 0)):
             whole_option(getattr(self, name), name, least)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ddpipe
-from ddpipe import DecodeOptions, OptionError, PlanOptions, ReadOptions, SourceLimits, StageOptions
+from ddpipe import ConvertOptions, DecodeOptions, OptionError, PlanOptions, ReadOptions, SourceLimits, StageOptions
 from ddpipe.options import LOADER_STAGES, STREAM_STAGES, LoaderKeywords, StreamKeywords, apply_keywords, keyword_fields
 from ddpipe.service.server import ServeOptions
 from ddpipe.train.loop import TrainOptions
@@ -156,7 +156,12 @@ def test_on_error_as_a_keyword_is_reading_and_decoding(data: Path) -> None:
                                  # torch's RuntimeError, at the first batch, named twenty device types
                                  {"device": "tpu"}, {"device": "cuda:x"}, {"device": "cuda:-1"},
                                  # images larger than any input may be: a worker's allocation failed
-                                 {"size": 10_000, "resize_shorter": 10_000}])
+                                 {"size": 10_000, "resize_shorter": 10_000},
+                                 # a flag's string from a configuration file was taken as true (or None as
+                                 # false); None or a number for the others was compared deep inside
+                                 {"verify": "no"}, {"drop_last": "yes"}, {"pad": None}, {"channels_last": "false"},
+                                 {"stage_peers": "no", "stage_dir": "unused"}, {"exchange_fraction": None},
+                                 {"source_limits": 5}])
 def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[str, object]) -> None:
     name = next(iter(bad))
     before = set(os.listdir("/dev/shm"))
@@ -173,6 +178,10 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
      "resize_shorter must be a whole number of at least 64, not 32"),
     (lambda: TrainOptions(checkpoint_every=-1), "checkpoint_every must be a whole number of at least 0, not -1"),
     (lambda: TrainOptions(momentum=1.0), "momentum must be in [0, 1), not 1.0"),
+    # a flag's string was taken as true
+    (lambda: TrainOptions(amp="no"), "amp must be True or False, not 'no'"),  # type: ignore[arg-type]
+    (lambda: ConvertOptions(decode_check="false"),  # type: ignore[arg-type]
+     "decode_check must be True or False, not 'false'"),
     (lambda: TrainOptions(weight_decay=float("nan")), "weight_decay must be a finite number, 0 or more, not nan"),
     (lambda: ServeOptions(queue=-1), "queue must be a whole number of at least 0, not -1"),
 ])
@@ -226,8 +235,6 @@ def test_a_stream_takes_no_decoding_keyword(data: Path) -> None:
 
 
 def test_convert_and_stage_options_refuse_what_they_cannot_take() -> None:
-    from ddpipe import ConvertOptions
-
     for bad in ({"format": "zip"}, {"on_error": "ignore"}, {"samples_per_shard": 0}, {"shard_bytes": -5},
                 {"workers": 0}, {"shard_bytes": 100, "samples_per_shard": 10}):
         with pytest.raises(OptionError):
@@ -240,8 +247,6 @@ def test_convert_and_stage_options_refuse_what_they_cannot_take() -> None:
 def test_a_number_of_bytes_is_taken_as_the_command_line_takes_it(given: object, taken: int) -> None:
     """A size's text, as --stage-capacity and --shard-size take it, or a number of bytes (a float: a
     share of a disk). A string was compared with a number deep inside: TypeError's traceback."""
-    from ddpipe import ConvertOptions
-
     assert StageOptions(Path("x"), capacity=given).capacity == taken  # type: ignore[arg-type]
     assert ConvertOptions(shard_bytes=given).shard_bytes == taken  # type: ignore[arg-type]
 
@@ -253,8 +258,6 @@ def test_a_number_of_bytes_is_taken_as_the_command_line_takes_it(given: object, 
     (float("nan"), "must be a whole number of bytes, at least 1, or a size such as '100GB', not nan"),
 ])
 def test_what_is_no_number_of_bytes_is_refused_naming_the_option(given: object, says: str) -> None:
-    from ddpipe import ConvertOptions
-
     with pytest.raises(OptionError) as stage:
         StageOptions(Path("x"), capacity=given)  # type: ignore[arg-type]
     with pytest.raises(OptionError) as convert:

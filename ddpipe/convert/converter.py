@@ -22,7 +22,7 @@ import xxhash
 from ..comm import Comm, init_comm
 from ..decode.spec import ON_ERROR
 from ..errors import ConversionConflictError, DdpipeError, OptionError, SourceError
-from ..fields import bytes_option, whole_option
+from ..fields import bytes_option, refuse_non_boolean_flags, whole_option
 from ..formats import FORMAT_NAMES, get_format
 from ..formats.atomic import atomic_write_bytes
 from ..manifest import MANIFEST_NAME, Manifest, find_manifest, load_manifest, save_manifest
@@ -62,6 +62,7 @@ class ConvertOptions:
     synsets: str | None = None  # the synset list that maps the devkit's class ids
 
     def __post_init__(self) -> None:
+        refuse_non_boolean_flags(self)
         if self.format not in FORMAT_NAMES:
             raise OptionError(f"format must be one of {', '.join(FORMAT_NAMES)}, not {self.format!r}")
         if self.on_error not in ON_ERROR:

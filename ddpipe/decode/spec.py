@@ -14,7 +14,7 @@ import numpy as np
 import simplejpeg
 
 from ..errors import OptionError
-from ..fields import whole_option
+from ..fields import refuse_non_boolean_flags, whole_option
 from ..sample import field_names
 from .jpeg_header import jpeg_size
 
@@ -90,6 +90,7 @@ class DecodeOptions:
     require_labels: bool = False
 
     def __post_init__(self) -> None:
+        refuse_non_boolean_flags(self)
         if isinstance(self.service, str) or not all(isinstance(s, str) for s in self.service):
             raise OptionError(f"service must be a list of addresses such as 'tcp://host:5555', not {self.service!r}")
         object.__setattr__(self, "service", tuple(self.service))  # a list given is kept as a tuple

@@ -33,7 +33,7 @@ import xxhash
 from ..comm import Comm
 from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
-from ..fields import bytes_option
+from ..fields import bytes_option, refuse_non_boolean_flags
 from ..formats.atomic import atomic_write_bytes, commit, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, stamp_path, write_stamp
 from ..throttle import SourceLimits
@@ -57,6 +57,7 @@ class StageOptions:
     peers: bool = True  # fetch a shard another node holds from that node rather than the source
 
     def __post_init__(self) -> None:
+        refuse_non_boolean_flags(self, prefix="stage_")
         object.__setattr__(self, "stage_dir", Path(self.stage_dir))  # a str given is kept as a Path
         if self.capacity is not None:
             object.__setattr__(self, "capacity", bytes_option(self.capacity, "stage_capacity"))

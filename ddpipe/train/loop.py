@@ -22,7 +22,7 @@ from torch import nn
 
 from ..decode import normalize
 from ..errors import DdpipeError, OptionError
-from ..fields import whole_option
+from ..fields import refuse_non_boolean_flags, whole_option
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
 from .distributed import DataParallel, Job, wrap
@@ -50,6 +50,7 @@ class TrainOptions:
     progress_bar: bool = True  # a bar on rank 0, when it writes to a terminal
 
     def __post_init__(self) -> None:
+        refuse_non_boolean_flags(self)
         if self.allreduce not in ("ddp", "mpi"):
             raise OptionError(f"allreduce must be 'ddp' or 'mpi', not {self.allreduce!r}")
         if not 0 < self.lr < math.inf:  # NaN fails every comparison
