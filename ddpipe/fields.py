@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import operator
 from typing import Any
 
@@ -84,4 +85,12 @@ def refuse_non_boolean_flags(options: Any, prefix: str = "") -> None:
         value = getattr(options, f.name)
         if f.type in ("bool", bool) and not isinstance(value, bool):
             raise OptionError(f"{prefix}{f.name} must be True or False, not {value!r}")
+
+
+def number_option(value: Any, name: str) -> float:
+    """An option that is a real number: a boolean, a string or None is refused naming ``name`` (each
+    was compared with a number deep inside: TypeError's traceback)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise OptionError(f"{name} must be a number, not {value!r}")
+    return float(value)
 

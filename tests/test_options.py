@@ -178,6 +178,16 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
      "resize_shorter must be a whole number of at least 64, not 32"),
     (lambda: TrainOptions(checkpoint_every=-1), "checkpoint_every must be a whole number of at least 0, not -1"),
     (lambda: TrainOptions(momentum=1.0), "momentum must be in [0, 1), not 1.0"),
+    # a string or None where a number goes was compared with one deep inside: TypeError's traceback
+    (lambda: TrainOptions(lr="0.1"), "lr must be a number, not '0.1'"),  # type: ignore[arg-type]
+    (lambda: TrainOptions(momentum=None), "momentum must be a number, not None"),  # type: ignore[arg-type]
+    (lambda: ServeOptions(log_every="60"), "log_every must be a number, not '60'"),  # type: ignore[arg-type]
+    (lambda: DecodeOptions(service_timeout=None),  # type: ignore[arg-type]
+     "service_timeout must be a number, not None"),
+    (lambda: StageOptions(Path("x"), wait_timeout="1"),  # type: ignore[arg-type]
+     "stage_wait_timeout must be a number, not '1'"),
+    (lambda: DecodeOptions(max_pixels=1.5),  # type: ignore[arg-type]
+     "max_pixels must be a whole number of at least 1, not 1.5"),
     # a flag's string was taken as true
     (lambda: TrainOptions(amp="no"), "amp must be True or False, not 'no'"),  # type: ignore[arg-type]
     (lambda: ConvertOptions(decode_check="false"),  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import numpy as np
 import simplejpeg
 
 from ..errors import OptionError
-from ..fields import refuse_non_boolean_flags, whole_option
+from ..fields import number_option, refuse_non_boolean_flags, whole_option
 from ..sample import field_names
 from .jpeg_header import jpeg_size
 
@@ -100,11 +100,10 @@ class DecodeOptions:
             for address in self.service:
                 endpoint(address)
         check_device(self.device)
-        if self.max_pixels < 1:
-            raise OptionError(f"max_pixels must be positive, not {self.max_pixels}")
+        whole_option(self.max_pixels, "max_pixels", least=1)
         if self.read_in not in READ_IN:
             raise OptionError(f"read_in must be 'auto', 'thread' or 'process', not {self.read_in!r}")
-        if not self.service_timeout > 0:  # NaN too
+        if not number_option(self.service_timeout, "service_timeout") > 0:  # NaN too
             raise OptionError(f"service_timeout must be positive, not {self.service_timeout}")
         if self.service and self.decoder == "dali-gpu":
             raise OptionError("a decode service decodes on the CPU: decoder 'auto', 'dali-cpu' or 'pil' with service")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DdpipeError, OptionError
-from ..fields import whole_option
+from ..fields import number_option, whole_option
 from . import wire
 from .transport import Listener, listen
 
@@ -44,7 +44,7 @@ class ServeOptions:
     def __post_init__(self) -> None:
         for name, least in (("workers", 1), ("queue", 0), ("max_request_bytes", 1), ("max_samples", 1)):
             whole_option(getattr(self, name), name, least)
-        if not 0 < self.log_every < math.inf:
+        if not 0 < number_option(self.log_every, "log_every") < math.inf:
             raise OptionError(f"log_every must be a finite number of seconds more than 0, not {self.log_every}")
 
     @property

@@ -33,7 +33,7 @@ import xxhash
 from ..comm import Comm
 from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
-from ..fields import bytes_option, refuse_non_boolean_flags
+from ..fields import bytes_option, number_option, refuse_non_boolean_flags
 from ..formats.atomic import atomic_write_bytes, commit, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, stamp_path, write_stamp
 from ..throttle import SourceLimits
@@ -61,7 +61,7 @@ class StageOptions:
         object.__setattr__(self, "stage_dir", Path(self.stage_dir))  # a str given is kept as a Path
         if self.capacity is not None:
             object.__setattr__(self, "capacity", bytes_option(self.capacity, "stage_capacity"))
-        if not self.wait_timeout > 0:  # NaN too
+        if not number_option(self.wait_timeout, "stage_wait_timeout") > 0:  # NaN too
             raise OptionError(f"stage_wait_timeout must be positive, not {self.wait_timeout}")
 
     def on_node(self, node: int, host: str, environ: Mapping[str, str], limits: SourceLimits | None) -> StageOptions:

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..decode import normalize
 from ..errors import DdpipeError, OptionError
-from ..fields import refuse_non_boolean_flags, whole_option
+from ..fields import number_option, refuse_non_boolean_flags, whole_option
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
 from .distributed import DataParallel, Job, wrap
@@ -51,6 +51,8 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         refuse_non_boolean_flags(self)
+        for name in ("lr", "warmup_epochs", "weight_decay", "momentum"):
+            number_option(getattr(self, name), name)
         if self.allreduce not in ("ddp", "mpi"):
             raise OptionError(f"allreduce must be 'ddp' or 'mpi', not {self.allreduce!r}")
         if not 0 < self.lr < math.inf:  # NaN fails every comparison
