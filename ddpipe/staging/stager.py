@@ -92,7 +92,11 @@ class NodeStager:
                               f"({largest.file}, {largest.bytes:,} bytes): a shard is staged whole"
                               ).everywhere()  # every rank checks the same manifest and options
         self.dir = dataset_stage_dir(Path(options.stage_dir), dataset)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # named as given: the dataset's directory under it is ddpipe's own name
+            raise DdpipeError(f"the staging directory cannot be made there: {e.strerror}",
+                              path=options.stage_dir) from None
         self.is_leader = copies and comm.world.local_rank == 0
         if options.capacity is not None and copies and comm.world.num_nodes > 1:
             refuse_a_shared_capacity(comm, Path(options.stage_dir), self.dir, self.is_leader)

@@ -69,3 +69,21 @@ def test_a_name_without_node_is_this_machines_directory(tmp_path: Path) -> None:
     (tmp_path / "gpu07").mkdir()
     assert visible_local_dirs(tmp_path / "{host}", "gpu07", {}) == [tmp_path / "gpu07"]
     assert visible_local_dirs("auto", "h", {"DDPIPE_LOCAL_DIR": str(tmp_path / "gpu07")}) == [tmp_path / "gpu07"]
+
+
+def test_a_staging_directory_that_cannot_be_made_is_named_as_given(tmp_path: Path) -> None:
+    """A file where the directory goes was reported as '<it>/ddpipe-09d5...: Not a directory', the
+    dataset's directory under it, a name the user never gave."""
+    import ddpipe
+
+    from ..conftest import run_cli
+    from ..helpers import make_dataset
+
+    data = make_dataset(tmp_path / "ds", "wds", [4, 4])
+    (tmp_path / "a-file").write_text("")
+    for stage in (tmp_path / "a-file", tmp_path / "a-file" / "stage"):
+        with pytest.raises(DdpipeError) as refused:
+            ddpipe.EncodedStream(data, 4, stage_dir=stage)
+        assert str(refused.value) == f"{stage}: the staging directory cannot be made there: Not a directory"
+        proc = run_cli("stage", data, "--local-dir", stage, "--quiet")
+        assert (proc.returncode, proc.stderr) == (1, f"ddpipe: error: {refused.value}\n")
