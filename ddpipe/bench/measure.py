@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..comm import Comm
 from ..decode.spec import DecodeOptions
-from ..errors import DdpipeError
+from ..errors import DdpipeError, NoBatchWarning
 from ..options import ReadOptions
 from ..pipeline import Loader
 from ..plan import PlanOptions
@@ -139,7 +140,19 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
     phases = ["read", *(["read+exchange"] if exchanging else []), "read+decode",
               *(f"full, epoch {e}" for e in range(o.epochs)), "from memory", *(f"peer {p}" for p in o.compare)]
     bar = _progress(phases, o.progress and comm.world.rank == 0)
-    stage("read", stream(base), steady=False)
+    first = stream(base)
+    with warnings.catch_warnings():  # said below as the benchmark's error, in its own words
+        warnings.simplefilter("ignore", NoBatchWarning)
+        batches = first.batches_per_epoch
+    if batches < 2:  # every rank plans alike: each says so and leaves
+        first.close()
+        bar.close()
+        share = len(first.dataset) // comm.world.size
+        raise DdpipeError(f"--batch-size {o.plan.batch_size} leaves each rank {batches} batch(es) of its share "
+                          f"({share} of {len(first.dataset)} samples on {comm.world.size} rank(s)), and a rate is "
+                          "timed after the first batch: use a smaller batch size or fewer ranks",
+                          path=first.dataset.where).everywhere()
+    stage("read", first, steady=False)
     bar.update()
     if exchanging:
         stage("read+exchange", stream(o.plan.shuffle), steady=False)

@@ -113,6 +113,18 @@ def test_bad_options_are_refused(data: Path) -> None:
         run_bench(data, options(model="resnet9000"), Comm())
 
 
+def test_a_batch_size_that_leaves_one_batch_is_refused_before_measuring(data: Path) -> None:
+    """One batch a rank: rates are timed after the first, so read+decode said 0 images/s and the
+    report named it the bottleneck ("the pipeline could feed 0 images/s")."""
+    from ..conftest import run_cli
+
+    proc = run_cli("bench", data, "--batch-size", "64", "--decode", "pil", "--image-size", "32", "--no-progress")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr == f"ddpipe: error: {data}: --batch-size 64 leaves each rank 1 batch(es) of its share (64 of " \
+                          "64 samples on 1 rank(s)), and a rate is timed after the first batch: use a smaller batch " \
+                          "size or fewer ranks\n"
+
+
 def test_each_epochs_first_wait_is_told_apart_from_the_steady_ones() -> None:
     from ddpipe.bench.figures import rank_latency
     from ddpipe.bench.report import latency
