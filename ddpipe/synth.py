@@ -9,7 +9,9 @@ Image ``i`` depends only on ``(seed, i)``: any subset regenerates identically, i
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -20,6 +22,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from .errors import DdpipeError, OptionError
 from .formats.atomic import atomic_write_bytes
 from .seeding import derive_rng
 from .workers import bind_to_parent, end_if_importing_parents_script, ended_as_they_started, worker_context
@@ -115,14 +118,39 @@ def _write_one(args: tuple[str, int, SynthOptions]) -> int:
     return len(data)
 
 
+_RECORD = ".ddpipe-synth.json"  # the options that made a directory's images, written before them
+
+
+def _claim(root: Path, opt: SynthOptions) -> None:
+    """Refuse a directory that holds anything but this synth's own images (an earlier or interrupted
+    run with the same options, as its record says): new images would mix with others, or overwrite
+    those of another seed under the same names, and the tree would be neither."""
+    made_by = {f.name: getattr(opt, f.name) for f in dataclasses.fields(opt) if f.name not in ("workers", "progress")}
+    if root.exists() and not root.is_dir():
+        raise DdpipeError("is a file, not a directory: give a new or empty directory", path=root)
+    if root.is_dir() and any(root.iterdir()):
+        try:
+            found = json.loads((root / _RECORD).read_text())
+        except (OSError, ValueError):
+            found = None
+        if found != made_by:
+            what = "images synth made with other options" if isinstance(found, dict) else "files synth did not write"
+            raise DdpipeError(f"holds {what}: give a new or empty directory", path=root)
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(root / _RECORD, json.dumps(made_by).encode())
+
+
 def synth(out: str | os.PathLike[str], options: SynthOptions | None = None) -> int:
     """Write ``options.n`` JPEGs as ``out/class_XXXX/class_XXXX_NNNNNNN.jpg``; return total bytes."""
     end_if_importing_parents_script()  # a worker spawned by an earlier synth() of an unguarded script
     opt = options or SynthOptions()
     if opt.n < 1 or opt.classes < 1:
-        raise ValueError("n and classes must be at least 1")
+        raise OptionError("n and classes must be at least 1")
+    if opt.classes > opt.n:  # the classes past n were said, but never made: a tree of n classes
+        raise OptionError(f"classes={opt.classes} needs n={opt.classes} at least (an image a class), not n={opt.n}")
     root = Path(out)
-    for c in range(min(opt.classes, opt.n)):
+    _claim(root, opt)
+    for c in range(opt.classes):
         (root / class_name(c)).mkdir(parents=True, exist_ok=True)
     jobs = [(str(root), i, opt) for i in range(opt.n)]
     total = 0

@@ -25,7 +25,8 @@ def test_paths_that_are_not_what_they_must_be(raw_images: Path, tmp_path: Path) 
     a_file = tmp_path / "afile"
     a_file.write_text("x")
     assert str(a_file) in one_line("convert", raw_images, a_file, "--quiet")
-    assert str(a_file) in one_line("synth", a_file, "--n", "2", "--quiet")
+    assert one_line("synth", a_file, "--n", "2", "--classes", "2", "--quiet") == \
+        f"ddpipe: error: {a_file}: is a file, not a directory: give a new or empty directory"
     msg = one_line("inspect", tmp_path / "nonexistent")
     assert "no such directory" in msg and "nonexistent" in msg
     ddpipe.convert(raw_images, tmp_path / "ds", ddpipe.ConvertOptions(progress=False))
@@ -282,7 +283,7 @@ def test_a_slow_source_model_from_the_environment_is_named_where_it_is_wrong(
 def test_a_negative_seed_is_a_seed_for_every_command(raw_images: Path, tmp_path: Path) -> None:
     """The Loader takes any integer; ddpipe synth and ddpipe convert --seed gave numpy's "expected
     non-negative integer" as a traceback. The seed decides, the same on every run."""
-    made = [run_cli("synth", tmp_path / f"s{k}", "--n", "3", "--seed", "-1") for k in (1, 2)]
+    made = [run_cli("synth", tmp_path / f"s{k}", "--n", "3", "--classes", "3", "--seed", "-1") for k in (1, 2)]
     assert all(p.returncode == 0 for p in made), made[0].stderr
     assert dir_bytes(tmp_path / "s1") == dir_bytes(tmp_path / "s2")
     orders = []

@@ -54,6 +54,11 @@ def _not_writable(path: Path, flag: str) -> tuple[Path, str]:
 def cmd_synth(args: argparse.Namespace) -> int:
     from ..synth import SynthOptions, synth
 
+    if args.classes > args.n:  # said in the command's words (the library's are its keywords')
+        from ..errors import DdpipeError
+
+        raise DdpipeError(f"--classes {args.classes} needs --n {args.classes} at least (an image a class), "
+                          f"not --n {args.n}")
     t0 = time.perf_counter()
     total = synth(args.out, SynthOptions(n=args.n, classes=args.classes, seed=args.seed, quality=args.quality,
                                          workers=args.workers, progress=not args.quiet))
