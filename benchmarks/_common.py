@@ -27,6 +27,7 @@ def synth_images(n: int, classes: int = 100, seed: int = 0) -> Path:
     """An ImageNet-like ImageFolder of ``n`` JPEGs, generated once and reused by later runs."""
     from ddpipe.synth import SynthOptions, synth
 
+    classes = min(classes, n)  # a trial run's few images: a class each (synth refuses a class without one)
     root = DATA / f"synth-{n}-{classes}-{seed}"
     done = root / ".complete"
     if not done.exists():
