@@ -87,10 +87,15 @@ def refuse_non_boolean_flags(options: Any, prefix: str = "") -> None:
             raise OptionError(f"{prefix}{f.name} must be True or False, not {value!r}")
 
 
+def is_real(value: object) -> bool:
+    """A real number, and not a boolean (an int to Python, never a rate or a share here)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def number_option(value: Any, name: str) -> float:
     """An option that is a real number: a boolean, a string or None is refused naming ``name`` (each
     was compared with a number deep inside: TypeError's traceback)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise OptionError(f"{name} must be a number, not {value!r}")
     return float(value)
 

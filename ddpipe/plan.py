@@ -37,13 +37,12 @@ them afresh over however many ranks the job now has.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .errors import OptionError
-from .fields import refuse_non_boolean_flags, whole_option
+from .fields import is_real, refuse_non_boolean_flags, whole_option
 from .manifest import Manifest
 from .seeding import DROP, derive_rng
 from .shufflers import ExchangeRound, exchange_leads, get_shuffler
@@ -71,7 +70,7 @@ class PlanOptions:
             raise OptionError(f"shard_assignment must be one of {', '.join(ASSIGNMENTS)}, "
                               f"not {self.shard_assignment!r}")
         q = self.exchange_fraction  # None or a string was compared deep inside: TypeError's traceback
-        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
+        if not is_real(q) or not 0.0 <= q <= 1.0:
             raise OptionError(f"exchange_fraction must be in [0, 1], not {self.exchange_fraction!r}")
         for name, least in (("batch_size", 1), ("round_size", 1), ("buffer_size", 0)):
             whole_option(getattr(self, name), name, least)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import math
-import numbers
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ import numpy as np
 import simplejpeg
 
 from ..errors import OptionError
-from ..fields import number_option, refuse_non_boolean_flags, whole_option
+from ..fields import is_real, number_option, refuse_non_boolean_flags, whole_option
 from ..sample import field_names
 from .jpeg_header import jpeg_size
 
@@ -164,7 +163,7 @@ def _numbers(value: object, count: int) -> tuple[float, ...] | None:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         return None
     items = tuple(value)
-    if len(items) != count or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items):
+    if len(items) != count or not all(is_real(v) for v in items):
         return None
     return tuple(float(v) for v in items)
 
