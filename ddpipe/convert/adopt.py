@@ -50,16 +50,17 @@ def refuse_read_only(data: Path, out: Path | None) -> None:
     refuse_unwritable_out(out)
 
 
-def refuse_unwritable_out(out: Path) -> None:
-    """Refuse an ``--out`` directory that is not one, or cannot be made or written to by this user."""
+def refuse_unwritable_out(out: Path, role: str = "--out") -> None:
+    """Refuse an output directory (``role`` says which) that is not one, or cannot be made or written
+    to by this user: said before any input is read, not at the first write."""
     there = out  # the directory it is, or the nearest one that exists to be made in
     while not there.exists() and there != there.parent:
         there = there.parent
     which = "it" if there == out else str(there)
     if not there.is_dir():
-        raise DdpipeError(f"--out cannot be made: {which} is not a directory", path=out)
+        raise DdpipeError(f"{role} cannot be made: {which} is not a directory", path=out)
     if not os.access(there, os.W_OK | os.X_OK):
-        raise DdpipeError(f"--out cannot be written: {which} is read-only", path=out)
+        raise DdpipeError(f"{role} cannot be written: {which} is read-only", path=out)
 
 
 def given_or_recorded(classes: list[str] | None, data: Path, out: Path | None) -> list[str] | None:

@@ -29,6 +29,7 @@ from ..manifest import MANIFEST_NAME, Manifest, find_manifest, load_manifest, sa
 from ..storage import is_remote, open_storage
 from ..workers import end_if_importing_parents_script
 from . import to_objects
+from .adopt import refuse_unwritable_out
 from .imagenet import imagenet_val_source
 from .layout import pack_shards, sample_order
 from .shard_job import ShardJob, ShardResult
@@ -155,6 +156,8 @@ def convert(
     comm = comm or init_comm()
     world = comm.world
     fmt = get_format(options.format)
+    if not is_remote(out) and not (Path(out) / MANIFEST_NAME).exists():  # a finished one is only read again
+        refuse_unwritable_out(Path(out), role="the output")  # before the source is listed and read
     if options.val_labels is not None:  # ImageNet's flat validation directory and its ground truth
         source = imagenet_val_source(Path(src), Path(options.val_labels),
                                      None if options.synsets is None else Path(options.synsets))

@@ -171,6 +171,31 @@ def test_a_directory_that_cannot_be_listed_stops_the_conversion_naming_it(raw_co
     assert not (tmp_path / "o" / "index.json").exists()
 
 
+def test_an_output_that_cannot_be_made_or_written_is_refused_naming_it(raw_images: Path, tmp_path: Path) -> None:
+    """Said in the user's words before the source is read: it was the hidden record's path
+    (``OUT/.ddpipe-convert: Not a directory``) or OSError's text. Run as a user the read-only
+    directory refuses (root, without its override of file modes)."""
+    as_user = as_a_user_file_modes_refuse()
+    (tmp_path / "a-file").write_bytes(b"x")
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    command = [*as_user, sys.executable, "-m", "ddpipe", "convert", "--quiet", str(raw_images), "OUT"]
+    read_only.chmod(0o555)
+    try:
+        under_a_file = launch([*command[:-1], str(tmp_path / "a-file" / "o")], timeout=120)  # hang bounds
+        a_file = launch([*command[:-1], str(tmp_path / "a-file")], timeout=120)
+        unwritable = launch([*command[:-1], str(read_only / "o")], timeout=120)
+    finally:
+        read_only.chmod(0o755)
+    assert [p.returncode for p in (under_a_file, a_file, unwritable)] == [1] * 3
+    assert under_a_file.stderr == f"ddpipe: error: {tmp_path}/a-file/o: the output cannot be made: " \
+                                  f"{tmp_path}/a-file is not a directory\n"
+    assert a_file.stderr == f"ddpipe: error: {tmp_path}/a-file: the output cannot be made: it is not a directory\n"
+    assert unwritable.stderr == f"ddpipe: error: {read_only}/o: the output cannot be written: " \
+                                f"{read_only} is read-only\n"
+    assert (tmp_path / "a-file").read_bytes() == b"x" and not any(read_only.iterdir())
+
+
 def test_other_arguments_do_not_overwrite(raw_images: Path, tmp_path: Path) -> None:
     out = tmp_path / "o"
     convert(raw_images, out, opts())
