@@ -235,6 +235,11 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
      "argument --exchange-fraction: takes effect only with --shuffle partial"),
     (["bench", "ds", "--shuffle", "global", "--exchange-fraction", "0.1"],
      "argument --exchange-fraction: takes effect only with --shuffle partial"),
+    # the library's refusal named its own option (read_in='process'), after the training banner
+    (["train", "ds", "--read-in", "process", "--decode", "pil"],
+     "argument --read-in: process prepares batches for a DALI decoder in this process: not with --decode pil"),
+    (["bench", "ds", "--read-in", "process", "--decode-service", "tcp://cpu-1:5555"],
+     "argument --read-in: process prepares batches for a DALI decoder in this process: not with --decode-service"),
 ])
 def test_a_number_an_argument_cannot_take_is_one_usage_error(args: list[str], says: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

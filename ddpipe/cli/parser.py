@@ -53,6 +53,11 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
         dest, needed = _dest(option), getattr(args, _dest(needs))
         if getattr(args, dest) != command.get_default(dest) and (needed is None if value is None else needed != value):
             command.error(f"argument {option}: takes effect only with {needs}{'' if value is None else ' ' + value}")
+    if getattr(args, "read_in", None) == "process" and (args.decode == "pil" or args.decode_service):
+        # the library's refusal names its own option (read_in='process'), and comes after the banner
+        other = "--decode pil" if args.decode == "pil" else "--decode-service"
+        command.error(f"argument --read-in: process prepares batches for a DALI decoder in this process: "
+                      f"not with {other}")
     return args
 
 
