@@ -123,8 +123,6 @@ def test_training_and_bench_mistakes_are_one_line_before_any_work(raw_images: Pa
         "train", ds, *small, "--checkpoint", tmp_path)
     assert "/missing-dir: the directory for --checkpoint" in one_line(
         "train", ds, *small, "--checkpoint", tmp_path / "missing-dir" / "x.ckpt")
-    assert "read_in='process' needs a DALI decoder" in one_line("train", ds, *small, "--batch-size", "4",
-                                                                   "--decode", "pil", "--read-in", "process")
     assert "device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (a GPU's index), not 'tpu'" in one_line(
         "train", ds, *small, "--device", "tpu")  # was torch's RuntimeError, a traceback
     assert "/missing-dir: the directory for --plot" in one_line("bench", ds, "--plot",
