@@ -125,6 +125,8 @@ def test_training_and_bench_mistakes_are_one_line_before_any_work(raw_images: Pa
         "train", ds, *small, "--checkpoint", tmp_path / "missing-dir" / "x.ckpt")
     assert "device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (a GPU's index), not 'tpu'" in one_line(
         "train", ds, *small, "--device", "tpu")  # was torch's RuntimeError, a traceback
+    assert "decode='dali-gpu' needs a CUDA device" in one_line(  # was after the banner, at the first batch
+        "train", ds, *small, "--decode", "dali-gpu", "--device", "cpu")
     assert "/missing-dir: the directory for --plot" in one_line("bench", ds, "--plot",
                                                                  tmp_path / "missing-dir" / "p.png")
     proc = run_cli("bench", ds, "--step-time", "-1")

@@ -72,6 +72,10 @@ def resolve(decode: str, device: str, local_rank: int = 0, served: bool = False)
             warnings.warn("NVIDIA DALI is not installed: decoding with PIL on the CPU (pip install 'ddpipe[dali]' "
                           "for DALI)", NoDaliWarning, stacklevel=2)
             decode = "pil"
+    if decode == "dali-gpu" and target.type != "cuda" and not served:
+        # said as the loader is made, not by the decoder at the first batch (after a trainer's model and banner)
+        why = "CUDA is not available" if not cuda else f"the batches go to {target}"
+        raise DdpipeError(f"decode='dali-gpu' needs a CUDA device: {why} (decode='dali-cpu' decodes on the CPU)")
     return decode, target
 
 

@@ -676,3 +676,11 @@ def test_cpu_decoders_hand_a_cuda_device_the_batches_they_give_the_cpu(natural: 
                 assert torch.equal(xg.cpu(), xc) and torch.equal(yg.cpu(), yc)
         on_cpu.close()
         on_gpu.close()
+
+
+def test_dali_gpu_delivering_to_the_cpu_is_refused_as_the_loader_is_made(natural: Path) -> None:
+    """It was said by the decoder at the first batch: under ``ddpipe train`` after the model was built
+    and the banner claimed "dali-gpu decoding on cpu"."""
+    with pytest.raises(DdpipeError, match=r"decode='dali-gpu' needs a CUDA device: (CUDA is not available|the "
+                                          r"batches go to cpu) \(decode='dali-cpu' decodes on the CPU\)"):
+        ddpipe.Loader(natural, 4, decoder="dali-gpu", device="cpu")
