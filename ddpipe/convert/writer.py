@@ -8,11 +8,18 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..checksum import file_checksum
-from ..errors import ConversionConflictError, SampleError
+from ..errors import ConversionConflictError, OptionError, SampleError, SourceError
 from ..fields import whole_option
 from ..formats import ShardWriter, get_format
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, numbered_class_limit, save_manifest
 from ..sample import KEY, Sample, class_of
+from .adopt import refuse_unwritable_out
+
+
+def _unmake(root: Path, made: bool) -> None:
+    """Remove the output directory this call made, where nothing was finished in it."""
+    if made and root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
 
 
 def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, format: str = "wds",
@@ -21,13 +28,19 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     is a dict of ``__key__`` (a string) and fields of bytes; ``cls``, the class number, may be an int
     (stored as its text, as every shard holds it). Whatever stops the writing (a refused sample, an
     error raised by ``samples`` itself, Ctrl-C) leaves the shards finished before it and no part of
-    the one under way."""
+    the one under way, and no directory it made without finishing a shard in it. No sample at all is a
+    :class:`~ddpipe.SourceError` (``ddpipe convert`` refuses an empty source too)."""
     whole_option(samples_per_shard, "samples_per_shard", 1)
+    if isinstance(classes, (str, bytes)):  # its letters were taken as the class names
+        raise OptionError(f"classes must be a list of class names, not the string {classes!r}")
+    fmt = get_format(format)
+    samples = iter(samples)  # not iterable: Python's TypeError, before a directory is made
     root = Path(out)
     if (root / MANIFEST_NAME).exists():
         raise ConversionConflictError("already holds a dataset", path=root)
+    refuse_unwritable_out(root, role="the output")
+    made = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
-    fmt = get_format(format)
     shards: list[ShardInfo] = []
     fields: set[str] = set()
     writer = None
@@ -51,7 +64,11 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     except BaseException:
         if writer is not None:
             writer.abort()
+        _unmake(root, made)
         raise
+    if not shards:  # an exhausted or filtered-out iterator: a dataset no loader can load
+        _unmake(root, made)
+        raise SourceError("no samples to write: the iterable yielded none", path=root)
     manifest = Manifest(format, tuple(sorted(fields)), names, tuple(shards))
     save_manifest(root, manifest)
     return manifest

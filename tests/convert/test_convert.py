@@ -343,7 +343,7 @@ def test_write_dataset_from_code(tmp_path: Path, fmt: str) -> None:
 def test_write_dataset_refuses_a_class_without_a_name_and_writes_nothing(tmp_path: Path) -> None:
     items = [{KEY: f"k/{i}", "txt": b"x", "cls": b"%d" % i} for i in range(6)]  # the sixth is class 5
     with pytest.raises(ddpipe.SampleError, match=r"sample 'k/5': cls 5 is outside the dataset's 5 classes"):
-        ddpipe.write_dataset(tmp_path / "d", iter(items), samples_per_shard=4, classes="abcde")
+        ddpipe.write_dataset(tmp_path / "d", iter(items), samples_per_shard=4, classes=list("abcde"))
     assert not (tmp_path / "d" / "index.json").exists() and not list((tmp_path / "d").glob("shard-000001*"))
     items[5]["cls"] = b"3000000000"  # with no names given, no class index: the manifest would be refused
     with pytest.raises(ddpipe.SampleError, match=r"sample 'k/5': cls 3000000000 is too large to be a class index"):
@@ -368,7 +368,29 @@ def test_write_dataset_stopped_by_its_own_samples_leaves_no_part_of_a_shard(tmp_
         ddpipe.write_dataset(tmp_path / "e", [], samples_per_shard=2.5)  # type: ignore[arg-type]
     with pytest.raises(ddpipe.SampleError, match="sample 1 is a list, not a dict of fields"):
         ddpipe.write_dataset(tmp_path / "e", [{KEY: "a", "txt": b"x"}, ["b", b"x"]])  # type: ignore[list-item]
-    assert not list((tmp_path / "e").iterdir())
+    assert not (tmp_path / "e").exists()  # made by the call, nothing finished in it: not left behind
+
+
+def test_write_dataset_refuses_what_would_make_a_wrong_or_empty_dataset(tmp_path: Path) -> None:
+    """An exhausted iterator wrote a dataset of no samples (refused only when loaded); a string of
+    class names became one class a letter; an output that is a file was FileExistsError's traceback;
+    an unknown format left an empty directory behind."""
+    sample = {KEY: "k/0", "txt": b"x", "cls": 0}
+    with pytest.raises(ddpipe.SourceError, match=r"/none: no samples to write: the iterable yielded none"):
+        ddpipe.write_dataset(tmp_path / "none", iter([]))
+    with pytest.raises(ddpipe.OptionError, match="classes must be a list of class names, not the string 'cat'"):
+        ddpipe.write_dataset(tmp_path / "letters", [sample], classes="cat")
+    (tmp_path / "a-file").write_bytes(b"x")
+    with pytest.raises(ddpipe.DdpipeError, match=r"/a-file/d: the output cannot be made: .*/a-file is not a directory"):
+        ddpipe.write_dataset(tmp_path / "a-file" / "d", [sample])
+    with pytest.raises(ddpipe.DdpipeError, match="unknown format 'zip'"):
+        ddpipe.write_dataset(tmp_path / "zip", [sample], format="zip")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(ddpipe.SourceError):
+        ddpipe.write_dataset(kept, [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "kept"]  # the user's own empty directory stays
+    assert (tmp_path / "a-file").read_bytes() == b"x"
 
 
 def test_write_dataset_takes_a_class_number_as_an_int(tmp_path: Path) -> None:
