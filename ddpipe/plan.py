@@ -135,9 +135,13 @@ def plan_epoch(
 ) -> EpochPlan:
     """Plan one epoch for ``world_size`` ranks. ``pending``: a boolean mask of the samples still to
     yield (a resumed epoch); by default every sample."""
+    # a public pure function: a wrong kind is named here, not as numpy's or the seeding's TypeError
+    whole_option(world_size, "world_size", least=1)
+    whole_option(seed, "seed")
+    whole_option(epoch, "epoch", least=0)
+    if options is not None and not isinstance(options, PlanOptions):
+        raise OptionError(f"options must be a PlanOptions, not {type(options).__name__}")
     opt = options or PlanOptions()
-    if world_size < 1:
-        raise ValueError("world_size must be at least 1")
     counts = np.array([s.samples for s in manifest.shards], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)])[:-1] if len(counts) else np.zeros(0, dtype=np.int64)
     total = int(counts.sum())

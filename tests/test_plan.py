@@ -178,3 +178,22 @@ def test_bad_options() -> None:
         PlanOptions(exchange_fraction=1.5)
     with pytest.raises(ValueError, match="shuffle"):
         PlanOptions(shuffle="random")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((1.5, 0, 0), "world_size must be a whole number of at least 1, not 1.5"),  # was range()'s TypeError
+    ((True, 0, 0), "world_size must be a whole number of at least 1, not True"),  # planned for one rank
+    ((0, 0, 0), "world_size must be a whole number of at least 1, not 0"),
+    ((2, None, 0), "seed must be a whole number, not None"),  # was the seeding's "unsupported operand"
+    ((2, "7", 0), "seed must be a whole number, not '7'"),
+    ((2, 0, -1), "epoch must be a whole number of at least 0, not -1"),  # was numpy's "expected non-negative"
+    ((2, 0, 1.5), "epoch must be a whole number of at least 0, not 1.5"),  # was "seed must be integer"
+    ((2, 0, 0, "partial"), "options must be a PlanOptions, not str"),  # was "'str' object has no attribute"
+])
+def test_a_plan_of_arguments_of_the_wrong_kind_is_refused_naming_the_argument(args: tuple[object, ...],
+                                                                              says: str) -> None:
+    from ddpipe.errors import OptionError
+
+    with pytest.raises(OptionError) as refused:
+        plan_epoch(manifest_of([4, 4]), *args)  # type: ignore[arg-type]
+    assert str(refused.value) == says
