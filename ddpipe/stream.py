@@ -34,6 +34,7 @@ from .errors import (
     DdpipeError,
     DigestMismatchError,
     NoBatchWarning,
+    OptionError,
     SampleError,
     bound_to_its_process,
 )
@@ -109,6 +110,9 @@ class EncodedStream:
         size: dict[str, Any] = {} if batch_size is None else {"batch_size": batch_size}
         options = apply_keywords({PlanOptions: plan, ReadOptions: read, StageOptions: stage}, {**keywords, **size},
                                  STREAM_STAGES, type(self).__name__)
+        if comm is not None and not isinstance(comm, Comm):  # mpi4py's COMM_WORLD, say: AttributeError 'channel'
+            raise OptionError(f"comm must be a ddpipe Comm (ddpipe.init_comm(), which under MPI spans COMM_WORLD), "
+                              f"not {type(comm).__module__}.{type(comm).__qualname__}")
         self.dataset: Dataset = path if isinstance(path, Dataset) else open_dataset(path)
         if len(self.dataset) == 0:
             raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.where)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -231,6 +233,17 @@ def test_a_decoder_for_an_undecoded_stream_points_to_the_stream() -> None:
 def test_decode_takes_an_options_object_not_a_name(data: Path) -> None:
     with pytest.raises(OptionError, match="decoder='pil'"):
         ddpipe.Loader(data, 4, decode="pil")  # type: ignore[arg-type]
+
+
+def test_comm_takes_ddpipes_communicator_not_mpi4pys(data: Path) -> None:
+    """mpi4py's COMM_WORLD, a natural thing to pass under mpiexec, was AttributeError 'channel'. In a
+    process of its own: importing mpi4py initialises MPI, which this one stays out of."""
+    code = ("import ddpipe, sys\nfrom mpi4py import MPI\nfor caller in (ddpipe.EncodedStream, ddpipe.Loader):\n"
+            "    try:\n        caller(sys.argv[1], 4, comm=MPI.COMM_WORLD)\n"
+            "    except ddpipe.OptionError as e:\n        print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(data)], capture_output=True, text=True, timeout=300)
+    said = "comm must be a ddpipe Comm (ddpipe.init_comm(), which under MPI spans COMM_WORLD), not mpi4py.MPI.Intracomm"
+    assert proc.stdout.splitlines() == [said, said], proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("caller", [ddpipe.EncodedStream, ddpipe.Loader])
