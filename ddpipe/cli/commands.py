@@ -41,7 +41,9 @@ def _not_writable(path: Path, flag: str) -> tuple[Path, str]:
     if path.is_dir():
         return path, f"is a directory: give {flag} a file's name"
     where = path.resolve().parent
-    if not where.is_dir():
+    if not where.is_dir():  # a file where its directory goes was said not to exist
+        if where.exists():
+            return where, f"not a directory: {flag} cannot be written under it"
         return where, f"the directory for {flag} does not exist"
     try:  # what writing it later does, in the same directory: a file made, then removed
         with tempfile.NamedTemporaryFile(dir=where, prefix=".ddpipe-probe-"):
