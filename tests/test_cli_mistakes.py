@@ -71,6 +71,12 @@ def test_verify_checks_a_staging_directory(raw_images: Path, tmp_path: Path) -> 
     stage = tmp_path / "stage"
     list(ddpipe.EncodedStream(ds, 4, stage_dir=stage))
     assert run_cli("verify", ds, "--stage-dir", stage, "--quiet").returncode == 0
+    copies = next(stage.glob("ddpipe-*"))
+    for given in (stage, copies):  # given in the dataset's place, it was "not a ddpipe dataset", or for the
+        # copies, "adopt it in place with `ddpipe index`": a manifest written among the staged copies
+        assert one_line("verify", given) == f"ddpipe: error: {given}/index.json: no index.json: it is a staging " \
+            f"directory (node-local copies of a dataset's shards): check them with `ddpipe verify DATASET " \
+            f"--stage-dir {stage}`"
     copy = next(stage.rglob("shard-000001.tar"))
     data = bytearray(copy.read_bytes())
     data[len(data) // 2] ^= 1

@@ -55,8 +55,24 @@ def _holds_images(directory: Path) -> bool:
         return False
 
 
+def _stage_root(path: Path) -> Path | None:
+    """The stage directory ``path`` is (it holds a dataset's copies, each ``ddpipe-HASH`` with the
+    staging's lock file) or is one dataset's copies in; None where it is neither."""
+    from ..staging.job_lock import LOCK_NAME
+
+    if (path / LOCK_NAME).is_file() and path.name.startswith("ddpipe-"):
+        return path.parent
+    if path.is_dir() and any((d / LOCK_NAME).is_file() for d in path.glob("ddpipe-*")):
+        return path
+    return None
+
+
 def hint(path: Path) -> str | None:
     """The command that adopts what ``path`` holds, for errors of commands that cannot read it."""
+    staged = _stage_root(path)
+    if staged is not None:  # its tar copies would pass for shards to adopt: a manifest written into the copies
+        return f"it is a staging directory (node-local copies of a dataset's shards): check them with " \
+               f"`ddpipe verify DATASET --stage-dir {staged}`"
     kind = what_is_in(path)
     if kind is None:
         return None
