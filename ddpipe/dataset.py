@@ -120,9 +120,12 @@ class Dataset:
     def shard_path(self, shard: int) -> Path:
         return self.data_root / self.manifest.shards[shard].file
 
-    def check_files(self) -> None:
+    def check_files(self, corrupt_ok: bool = False) -> None:
         """Cheap checks without reading data: every shard exists and has its recorded size (for
-        objects, one listing of the prefix)."""
+        objects, one listing of the prefix). ``corrupt_ok``: a shard file of another size passes, to
+        be found again as it is opened (a reader skipping damaged shards drops it then, its samples
+        counted, as one failing its checksum); a missing one, or an object of another size, is refused
+        all the same."""
         if self.storage is not None:
             if self.storage.location.scheme != "s3":  # a plain HTTP server lists nothing: each shard's
                 return  # size is checked when it is fetched
@@ -131,12 +134,16 @@ class Dataset:
                 url = self.storage.url(info.file)
                 if info.file not in sizes:
                     raise MissingShardError("object listed in index.json is missing", path=url)
-                if sizes[info.file] != info.bytes:
+                if sizes[info.file] != info.bytes:  # its ranged reads would fail, not be found damaged
                     raise CorruptShardError(f"index.json says {info.bytes} bytes, the object has {sizes[info.file]}: "
                                             "changed since it was indexed", path=url)
             return
         for info in self.manifest.shards:
-            self.check_file(info)
+            try:
+                self.check_file(info)
+            except CorruptShardError:
+                if not corrupt_ok:
+                    raise
 
     def source_name(self, path: Path) -> str:
         """What messages call a file of this dataset: for objects, their URL rather than the scratch

@@ -34,8 +34,9 @@ from .throttle import SourceLimits
 @dataclass(frozen=True)
 class ReadOptions:
     """How a rank reads its share. ``on_error``: a sample that cannot be read as ``index.json``
-    records it (its shard fails its checksum, an adopted sample its digest) stops the epoch with an
-    error naming it (``"fail"``), or is dropped and counted (``"skip"``)."""
+    records it (its shard fails its checksum or has another size, an adopted sample its digest) stops
+    the epoch with an error naming it (``"fail"``; a shard of another size is refused as the stream
+    is made), or is dropped and counted (``"skip"``)."""
 
     # encoded samples read ahead of the consumer; more where an exchange may have to run further
     # ahead for every rank to finish its batch (the plan's lead, ddpipe.plan.RankPlan.lead)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 import numpy as np
 
 from .comm import Comm, init_comm
-from .dataset import Dataset, open_dataset
+from .dataset import Dataset, dataset_at
 from .errors import (
     CorruptShardError,
     DdpipeError,
@@ -113,11 +113,15 @@ class EncodedStream:
         if comm is not None and not isinstance(comm, Comm):  # mpi4py's COMM_WORLD, say: AttributeError 'channel'
             raise OptionError(f"comm must be a ddpipe Comm (ddpipe.init_comm(), which under MPI spans COMM_WORLD), "
                               f"not {type(comm).__module__}.{type(comm).__qualname__}")
-        self.dataset: Dataset = path if isinstance(path, Dataset) else open_dataset(path)
-        if len(self.dataset) == 0:
-            raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.where)
         self.options: PlanOptions = options[PlanOptions] or PlanOptions()
         self.read_options: ReadOptions = options[ReadOptions] or ReadOptions()
+        if isinstance(path, Dataset):
+            self.dataset: Dataset = path
+        else:  # skipping damaged shards: one of another size is dropped as it is read, not refused here
+            self.dataset = dataset_at(path)
+            self.dataset.check_files(corrupt_ok=self.read_options.on_error == "skip")
+        if len(self.dataset) == 0:
+            raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.where)
         self.seed = whole_option(seed, "seed")
         # the stream's threads issue its collectives on a channel of its own, apart from the caller's
         self.comm = comm.channel() if comm is not None else init_comm()

@@ -112,6 +112,27 @@ def test_under_skip_a_corrupt_shard_is_dropped_and_counted(data: Path, tmp_path:
     assert shard_file(data, 1).name in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("staged", [False, True])
+def test_under_skip_a_shard_of_another_size_is_dropped_and_counted(data: Path, tmp_path: Path, staged: bool) -> None:
+    """A copy cut short (or grown) was refused as the stream was made, under skip too, though a shard
+    failing its checksum is dropped: one damaged shard of thousands stopped a job that asked to go on."""
+    with shard_file(data, 1).open("r+b") as f:
+        f.truncate(f.seek(0, os.SEEK_END) // 2)
+    with shard_file(data, 2).open("ab") as f:
+        f.write(b"\0" * 512)
+    stage = {"stage_dir": tmp_path / "stage"} if staged else {}
+    with pytest.raises(CorruptShardError, match=r"truncated: index\.json says"):
+        ddpipe.EncodedStream(data, 4, shuffle="local", **stage)  # type: ignore[arg-type]
+    loader = ddpipe.EncodedStream(data, 4, shuffle="local", on_error="skip", **stage)  # type: ignore[arg-type]
+    got = [s["__key__"] for batch in loader for s in batch]
+    assert sorted(got) == sorted(k for k in EXPECTED if not 12 <= int(k[2:]) < 36)
+    assert sorted(loader.stats.corrupt_shards) == [shard_file(data, 1).name, shard_file(data, 2).name]
+    assert loader.stats.skipped == 24
+    shard_file(data, 3).unlink()  # a missing one is no damage to skip: a wrong path or mount, refused
+    with pytest.raises(ddpipe.MissingShardError):
+        ddpipe.EncodedStream(data, 4, on_error="skip", **stage)  # type: ignore[arg-type]
+
+
 def test_checking_can_be_turned_off(data: Path) -> None:
     flip_middle_keeping_time(shard_file(data, 0))
     assert len(epoch(data, verify=False)) == 48  # the user's choice: read as it is
