@@ -34,9 +34,12 @@ def test_progress_lines_and_a_checkpoint_when_stopped(data: Path, tmp_path: Path
     assert [ln.split()[3] for ln in steps] == ["2/6:", "4/6:"]
     assert all("images/s" in ln and "loss" in ln and "data wait per rank" in ln for ln in steps)
     assert "stopped after step 5 (--max-steps)" in proc.stdout and ckpt.exists()
-    rest = run_cli("train", data, *TRAIN, "--epochs", "2", "--on-error", "skip", "--checkpoint", ckpt, timeout=300)
+    rest = run_cli("train", data, *TRAIN, "--epochs", "2", "--on-error", "skip", "--checkpoint", ckpt, "--seed", "3",
+                   timeout=300)
     assert rest.returncode == 0, rest.stdout + rest.stderr
     assert "resumed from" in rest.stdout and "epoch 1:" in rest.stdout
+    # the saved order goes on, as it must; a seed given with it was passed over without a word
+    assert "; the samples keep the checkpoint's seed, 0, not 3\n" in rest.stdout, rest.stdout
     again = run_cli("train", data, *TRAIN, "--epochs", "2", "--checkpoint", ckpt, timeout=300)
     assert again.returncode == 0 and "nothing left to do" in again.stdout, again.stdout + again.stderr
 
