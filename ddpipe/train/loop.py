@@ -308,10 +308,10 @@ class Trainer:
         self.step, self.epoch = state["step"], state["epoch"]
         given = self.loader.stream.seed
         self.loader.load_state_dict(state["loader"])
-        saved = self.loader.stream.seed  # the saved order goes on: a seed given now would replay other samples
+        kept = self.loader.stream.seed  # the saved order goes on: a seed given now would replay other samples
         self.log(f"resumed from {path}: epoch {self.epoch}, step {self.step}, "
                  f"{len(self.loader)} batches left in the epoch"
-                 + (f"; the samples keep the checkpoint's seed, {saved}, not {given}" if saved != given else ""))
+                 + (f"; the samples keep the checkpoint's seed, {kept}, not {given}" if kept != given else ""))
 
 
 def _model_mismatch(ours: dict[str, Any], saved: object) -> str:
