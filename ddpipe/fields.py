@@ -57,6 +57,17 @@ def whole_option(value: Any, name: str, least: int | None = None) -> int:
         raise OptionError(str(e)) from None
 
 
+def seed_option(value: Any, name: str = "seed") -> int:
+    """A seed: a whole number of numpy's and torch's int64 range, where each draws streams of its own
+    (past it, seeds were folded onto others: 2**63 drew seed 0's shard order)."""
+    from .seeding import SEED_BELOW, SEED_LEAST
+
+    seed = whole_option(value, name)
+    if not SEED_LEAST <= seed < SEED_BELOW:
+        raise OptionError(f"{name} must be a whole number from -2**63 to 2**63 - 1, not {seed}")
+    return seed
+
+
 def bytes_option(value: Any, name: str) -> int:
     """An option that is a number of bytes: a whole number, or a size's text as the command line
     takes it ("100GB": :func:`ddpipe.units.parse_size`), at least one byte; an :class:`OptionError`

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import OptionError
-from .fields import is_real, refuse_non_boolean_flags, whole_option
+from .fields import is_real, refuse_non_boolean_flags, seed_option, whole_option
 from .manifest import Manifest
 from .seeding import DROP, derive_rng
 from .shufflers import ExchangeRound, exchange_leads, get_shuffler
@@ -137,7 +137,7 @@ def plan_epoch(
     yield (a resumed epoch); by default every sample."""
     # a public pure function: a wrong kind is named here, not as numpy's or the seeding's TypeError
     whole_option(world_size, "world_size", least=1)
-    whole_option(seed, "seed")
+    seed_option(seed)
     whole_option(epoch, "epoch", least=0)
     if options is not None and not isinstance(options, PlanOptions):
         raise OptionError(f"options must be a PlanOptions, not {type(options).__name__}")

@@ -38,7 +38,7 @@ from .errors import (
     SampleError,
     bound_to_its_process,
 )
-from .fields import whole_option
+from .fields import seed_option, whole_option
 from .handoff import END, Ahead, SampleQueue, groups
 from .loader_stats import ReadStats, SkippedSample
 from .loop import HeldLoop, Loop
@@ -122,7 +122,7 @@ class EncodedStream:
             self.dataset.check_files(corrupt_ok=self.read_options.on_error == "skip")
         if len(self.dataset) == 0:
             raise DdpipeError("the dataset holds no samples: nothing to load", path=self.dataset.where)
-        self.seed = whole_option(seed, "seed")
+        self.seed = seed_option(seed)
         # the stream's threads issue its collectives on a channel of its own, apart from the caller's
         self.comm = comm.channel() if comm is not None else init_comm()
         self.epoch = 0

@@ -23,6 +23,7 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from .errors import DdpipeError, OptionError
+from .fields import seed_option
 from .formats.atomic import atomic_write_bytes
 from .seeding import derive_rng
 from .workers import bind_to_parent, end_if_importing_parents_script, ended_as_they_started, worker_context
@@ -148,6 +149,7 @@ def synth(out: str | os.PathLike[str], options: SynthOptions | None = None) -> i
         raise OptionError("n and classes must be at least 1")
     if opt.classes > opt.n:  # the classes past n were said, but never made: a tree of n classes
         raise OptionError(f"classes={opt.classes} needs n={opt.classes} at least (an image a class), not n={opt.n}")
+    seed_option(opt.seed)
     root = Path(out)
     _claim(root, opt)
     for c in range(opt.classes):

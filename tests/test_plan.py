@@ -197,3 +197,28 @@ def test_a_plan_of_arguments_of_the_wrong_kind_is_refused_naming_the_argument(ar
     with pytest.raises(OptionError) as refused:
         plan_epoch(manifest_of([4, 4]), *args)  # type: ignore[arg-type]
     assert str(refused.value) == says
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1))
+def test_two_seeds_of_the_range_give_two_orders(a: int, b: int) -> None:
+    """A seed was masked to 63 bits: -1 drew 2**63 - 1's order, -2**63 seed 0's. Over 300 samples
+    two orders agree by chance with odds of 1 in 300!, never here."""
+    def order(seed: int) -> list[int]:
+        plan = plan_epoch(manifest_of([30] * 10), 1, seed, 0, PlanOptions(shuffle="global", batch_size=1))
+        return [int(i) for i in plan.ranks[0].reads]
+
+    for x, y in ((a, b), (-1, 2**63 - 1), (-(2**63), 0), (a, a & (2**63 - 1))):
+        assert (order(x) == order(y)) == (x == y), (x, y)
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**64])
+def test_a_seed_past_int64_is_refused_where_it_would_fold_onto_another(seed: int) -> None:
+    import ddpipe
+
+    said = f"seed must be a whole number from -2\\*\\*63 to 2\\*\\*63 - 1, not {seed}"
+    with pytest.raises(ddpipe.OptionError, match=said):
+        plan_epoch(manifest_of([4, 4]), 2, seed, 0)
+    with pytest.raises(ddpipe.OptionError, match=said):
+        ddpipe.ConvertOptions(seed=seed)
+

@@ -22,7 +22,7 @@ import xxhash
 from ..comm import Comm, init_comm
 from ..decode.spec import ON_ERROR
 from ..errors import ConversionConflictError, DdpipeError, OptionError, SourceError
-from ..fields import bytes_option, refuse_non_boolean_flags, whole_option
+from ..fields import bytes_option, refuse_non_boolean_flags, seed_option, whole_option
 from ..formats import FORMAT_NAMES, get_format
 from ..formats.atomic import atomic_write_bytes
 from ..manifest import MANIFEST_NAME, Manifest, find_manifest, load_manifest, save_manifest
@@ -75,6 +75,8 @@ class ConvertOptions:
         if self.shard_bytes is not None and self.samples_per_shard is not None:
             raise OptionError("give shard_bytes or samples_per_shard, not both")
         whole_option(self.workers, "workers", least=1)
+        if self.seed is not None:
+            seed_option(self.seed)
 
     def layout_args(self) -> dict[str, object]:
         """The options that decide the output bytes (and so the resume fingerprint)."""
