@@ -12,8 +12,8 @@ from typing import Protocol
 
 import numpy as np
 
-from .checksum import digest_mismatch, unpack_digests
-from .errors import CorruptShardError, ManifestError, MissingShardError
+from .checksum import digest_mismatch, file_checksum, unpack_digests
+from .errors import ChecksumMismatchError, CorruptShardError, ManifestError, MissingShardError
 from .formats import ShardFormat, ShardReader, get_format
 from .formats.base import LayoutError
 from .formats.mapped import HashedFile, advise_willneed
@@ -256,7 +256,16 @@ class Dataset:
     def _open_file(self, info: ShardInfo, path: Path, verify: bool,
                    hashed: HashedFile | None = None) -> ShardReader:
         self.check_file(info, path)
-        reader = self.format.reader(path)
+        try:
+            reader = self.format.reader(path)
+        except CorruptShardError:
+            # a changed file that no longer opens is said as the change it is, not in its library's words
+            # ("actual len exceeds EOA"); only here, where opening failed, is it hashed before the open
+            if verify:
+                actual = hashed.checksum if hashed is not None and hashed.path == path else file_checksum(path)
+                if actual != info.checksum:
+                    raise ChecksumMismatchError(path, expected=info.checksum, actual=actual) from None
+            raise
         try:
             ahead = hashed if hashed is not None and hashed.path == path else None
             if hashed is not None and ahead is None and hashed.mapped is not None:

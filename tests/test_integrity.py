@@ -112,6 +112,18 @@ def test_under_skip_a_corrupt_shard_is_dropped_and_counted(data: Path, tmp_path:
     assert shard_file(data, 1).name in capfd.readouterr().err
 
 
+def test_a_shard_damaged_where_its_format_opens_it_is_said_to_fail_its_checksum(data: Path) -> None:
+    """Its library's refusal was the error (HDF5: "Unable to synchronously open file (actual len
+    exceeds EOA)"), though the file was only one that changed since it was indexed."""
+    path = shard_file(data, 1)
+    head = bytearray(path.read_bytes())
+    for i in range(64, 4096):
+        head[i] ^= 0xFF
+    path.write_bytes(bytes(head))
+    with pytest.raises(ChecksumMismatchError, match=f"{path}: checksum mismatch"):
+        epoch(data)
+
+
 @pytest.mark.parametrize("staged", [False, True])
 def test_under_skip_a_shard_of_another_size_is_dropped_and_counted(data: Path, tmp_path: Path, staged: bool) -> None:
     """A copy cut short (or grown) was refused as the stream was made, under skip too, though a shard
