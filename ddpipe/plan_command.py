@@ -74,9 +74,9 @@ def sample_labels(data: Dataset) -> np.ndarray:
           "reading every sample's label from the shards", file=sys.stderr)
     read = read_samples(data, np.arange(len(data)))
     named = len(data.manifest.classes)
-    try:
-        labels = np.fromiter((class_of(s, named) for s in tqdm(read, total=len(data), unit="sample", file=sys.stderr)),
-                             dtype=np.int64, count=len(data))
+    try:  # the bar closed on its line as it ends, by an error too (its text went on after the bar)
+        with tqdm(read, total=len(data), unit="sample", file=sys.stderr) as bar:
+            labels = np.fromiter((class_of(s, named) for s in bar), dtype=np.int64, count=len(data))
     except ValueError as e:
         raise DdpipeError(f"a sample's label is no class: {e}", path=data.where) from None
     if (labels < 0).any():
@@ -96,6 +96,8 @@ def main(args: argparse.Namespace) -> int:
     # more samples than its files hold, and planning that many would run out of memory instead of failing
     data = open_dataset(args.dataset)
     dataset, manifest = data.where, data.manifest
+    if len(data) == 0:  # as the loaders say it ("0 samples cannot be shared by 2 ranks" blamed the world)
+        raise DdpipeError("the dataset holds no samples: nothing to plan", path=dataset)
     labels = sample_labels(data)
     if len(labels) < args.world_size:
         raise DdpipeError(f"{len(labels)} samples cannot be shared by {args.world_size} ranks", path=dataset)

@@ -11,7 +11,7 @@ import pytest
 
 import ddpipe
 from ddpipe.checksum import file_checksum
-from ddpipe.manifest import label_runs, load_manifest, save_manifest
+from ddpipe.manifest import Manifest, label_runs, load_manifest, save_manifest
 from ddpipe.quality import score_epoch
 
 from .conftest import mpiexec, run_cli
@@ -82,6 +82,8 @@ def test_labels_read_from_the_shards_that_are_no_class_index_get_one_line(tmp_pa
         for s in manifest.shards)))
     proc = run_cli("plan", data, "-W", "2", "--batch-size", "4", timeout=120)  # a hang bound
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and says in proc.stderr, proc.stderr
+    # on a line of its own: the progress bar, left open, ran on into it
+    assert proc.stderr.splitlines()[-1] == f"ddpipe: error: {data}: {says}", proc.stderr
 
 
 def test_a_dataset_without_labels_is_refused_from_its_manifest_without_reading_its_shards(tmp_path: Path) -> None:
@@ -152,3 +154,11 @@ def test_advice_within_a_share_outside_0_to_1_is_refused(tmp_path: Path, within:
     assert labels is not None
     with pytest.raises(ddpipe.OptionError, match=r"within is a share of the gap, in \[0, 1\]"):
         ddpipe.advise_exchange(data.manifest, labels, 4, [0.3], within=within)
+
+
+def test_a_dataset_of_no_samples_is_said_to_be_one(tmp_path: Path) -> None:
+    """It was "0 samples cannot be shared by 2 ranks", which blamed the world size."""
+    save_manifest(tmp_path, Manifest("wds", ("cls", "jpg"), (), ()))
+    proc = run_cli("plan", tmp_path, "-W", "2", timeout=120)  # a hang bound
+    assert proc.returncode == 1 and proc.stderr == f"ddpipe: error: {tmp_path}: the dataset holds no samples: " \
+                                                   "nothing to plan\n", proc.stderr
