@@ -30,6 +30,10 @@ class StorageError(DdpipeError, OSError):
     """An object store refused or failed a request (after its retries)."""
 
 
+# where a client without credentials asks the cloud for an instance's (the AWS SDKs' last resort)
+_INSTANCE_METADATA = "169.254.169.254"
+
+
 def _first_line(error: BaseException) -> str:
     """``error``'s message on one line. obstore appends its Rust error chain ("Debug source: ..."),
     dozens of lines whose last message is the cause ("Connection refused"): only that is kept."""
@@ -131,6 +135,11 @@ class ObjectStorage:
                 or "AccessDenied" in text \
                 or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
             return StorageError(f"access refused by {self.where} (check the credentials): {text}", path=url)
+        if _INSTANCE_METADATA in text:  # none found, so the cloud's instance metadata was asked, off the cloud
+            return StorageError(f"no credentials for {self.where}: none were given (AWS_ACCESS_KEY_ID and "
+                                "AWS_SECRET_ACCESS_KEY, a profile, StorageOptions) and the instance metadata service "
+                                "gave none; for a public bucket set AWS_EC2_METADATA_DISABLED=true to send unsigned "
+                                f"requests: {text}", path=url)
         return StorageError(f"request to {self.where} failed: {text}", path=url)
 
     def _call(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -119,3 +119,19 @@ def test_a_home_whose_settings_files_this_user_may_not_open_is_passed_over(tmp_p
     finally:
         (home / ".aws").chmod(0o700)
     assert done.returncode == 0 and done.stdout == "us-east-1\n", done.stdout + done.stderr
+
+
+def test_no_credentials_and_no_instance_to_ask_is_said_with_what_to_set(tmp_path: Path) -> None:
+    """Off the cloud, a client with no credentials asks the instance metadata address for some: its
+    refusal was the error, "Error performing PUT http://169.254.169.254/latest/api/token ... 403",
+    which names no credential. (obstore's words as this machine's network gives them: no request made.)"""
+    from ddpipe.storage import open_storage
+
+    objects = open_storage("s3://bucket/ds", environ={}, home=tmp_path)
+    said = objects._failed(RuntimeError("Generic S3 error: Error performing PUT http://169.254.169.254/latest/api/"
+                                        "token in 1.8ms - Server returned non-2xx status code: 403 Forbidden"),
+                           "index.json")
+    assert str(said).startswith("s3://bucket/ds/index.json: no credentials for AWS S3 (us-east-1): none were given "
+                                "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, StorageOptions) and the "
+                                "instance metadata service gave none; for a public bucket set "
+                                "AWS_EC2_METADATA_DISABLED=true to send unsigned requests: Generic S3 error"), str(said)
