@@ -79,6 +79,8 @@ def main() -> None:
     peak_lr = args.lr * global_batch / 256  # linear scaling (Goyal et al., 2017)
 
     step, epoch = 0, 0
+    if args.checkpoint:  # made now: a directory that cannot be was found by the first save, an epoch in
+        args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
     if args.checkpoint and args.checkpoint.exists():
         state = torch.load(args.checkpoint, map_location=job.device, weights_only=False)
         model.module.load_state_dict(state["model"])

@@ -64,7 +64,7 @@ def test_mpi_averaging_trains_like_ddp(data: Path, under_mpiexec: str) -> None:
 
 
 def test_resume_mid_epoch_continues_as_if_never_stopped(data: Path, under_mpiexec: str, tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt.pt"
+    ckpt = tmp_path / "runs" / "ckpt.pt"  # in a directory not made yet: the first save raised, after the steps
     first = mpiexec(2, SCRIPT, data, *ARGS, "--checkpoint", ckpt, "--max-steps", "2", timeout=300)
     assert first.returncode == 0 and "stopped at step 2" in first.stdout, first.stdout + first.stderr
     rest = mpiexec(2, SCRIPT, data, *ARGS, "--checkpoint", ckpt, timeout=300)
