@@ -244,6 +244,8 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
      "argument --exchange-fraction: takes effect only with --shuffle partial"),
     (["bench", "ds", "--shuffle", "global", "--exchange-fraction", "0.1"],
      "argument --exchange-fraction: takes effect only with --shuffle partial"),
+    (["train", "ds", "--decode-service", ","],  # no server: it decoded here without a word
+     "argument --decode-service: no server address in ',': give HOST:PORT[,HOST:PORT...]"),
     # the library's refusal named its own option (read_in='process'), after the training banner
     (["train", "ds", "--read-in", "process", "--decode", "pil"],
      "argument --read-in: process prepares batches for a DALI decoder in this process: not with --decode pil"),

@@ -23,6 +23,15 @@ IMAGE_SIZE_HELP = "side of the square images in a batch, in pixels"
 SEED_HELP = "the epoch plan's seed: shard order, shuffles and augmentation"
 
 
+def addresses(text: str) -> list[str]:
+    """A comma-separated list of decode servers: at least one (``--decode-service ,`` said none, and
+    the job decoded here without a word)."""
+    given = [a for a in text.split(",") if a.strip()]
+    if not given:
+        raise argparse.ArgumentTypeError(f"no server address in {text!r}: give HOST:PORT[,HOST:PORT...]")
+    return given
+
+
 def path(text: str) -> str:
     """A path (or a URL: left as it is), ``~`` expanded as the shell expands it, since the shell does not
     after ``--option=`` or in quotes: ``--local-dir=~/stage`` made a directory named ``~`` in the

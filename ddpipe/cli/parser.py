@@ -29,7 +29,7 @@ class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _decode_service_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--decode-service", action="extend", type=lambda s: [a for a in s.split(",") if a], default=[],
+    p.add_argument("--decode-service", action="extend", type=arg.addresses, default=[],
                    metavar="ADDRESS[,ADDRESS...]",
                    help="decode on these servers (ddpipe serve), e.g. tcp://cpu-node-1:5555; here while none answers")
 
