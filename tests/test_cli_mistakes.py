@@ -206,6 +206,8 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["train", "ds", "--lr", "0"], "argument --lr: must be more than 0"),
     (["train", "ds", "--warmup-epochs", "-2"], "argument --warmup-epochs: must be 0 or more"),
     (["bench", "ds", "--decode-rate", "inf"], "argument --decode-rate: must be a finite number"),
+    (["bench", "ds", "--project", "nodes=8", "--decode-rate", "0"],  # was taken for none: the rate measured here
+     "argument --decode-rate: must be more than 0, not 0"),
     (["bench", "ds", "--link-latency", "-1"], "argument --link-latency: must be 0 or more seconds"),
     (["bench", "ds", "--step-time", "inf"], "--step-time: must be 0 or more seconds, a finite number, not inf"),
     (["serve", "--log-every", "0"], "argument --log-every: must be more than 0"),

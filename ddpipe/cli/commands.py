@@ -353,7 +353,7 @@ def print_projection(args: argparse.Namespace, report: BenchReport) -> None:
                       link_bandwidth=args.link_bandwidth, link_latency=args.link_latency)
     images = args.project_images or decode.images
     work = Workload(images=images, image_bytes=decode.bytes / decode.images, batch_size=args.batch_size,
-                    step_time=args.model_step_time or args.step_time,
+                    step_time=args.step_time if args.model_step_time is None else args.model_step_time,
                     decode_rate=args.decode_rate or decode.images_per_s / report.world_size,
                     exchange_fraction=args.exchange_fraction)
     _, text = projection_table(cluster, work, nodes)

@@ -235,9 +235,10 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--local-capacity", type=arg.size, default=3800 * 10**9, help="node-local storage, bytes per node")
     p.add_argument("--link-bandwidth", type=arg.size, default=25 * 10**9, help="per node, per second")
     p.add_argument("--link-latency", type=arg.seconds, default=5e-6, help="seconds per message")
-    p.add_argument("--model-step-time", type=arg.seconds, default=0.0,
+    # None, not 0, for "not given": a 0 given was taken for none (a rate of 0 for the one measured)
+    p.add_argument("--model-step-time", type=arg.seconds, default=None,
                    help="the real model's step (default: --step-time)")
-    p.add_argument("--decode-rate", type=arg.at_least_zero, default=0.0,
+    p.add_argument("--decode-rate", type=arg.above_zero, default=None,
                    help="images/s one rank decodes on the cluster (default: measured here)")
     p.add_argument("--seed", type=int, default=0, help=arg.SEED_HELP)
     p.set_defaults(func=cmd_bench)

@@ -63,7 +63,8 @@ def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = mpiexec(2, "-m", "ddpipe", "bench", data, "--batch-size", "8", "--decode", "dali-cpu", "--image-size",
                    "32", "--step-time", "0.01", "--json", out, "--plot", tmp_path / "bench.png", "--epochs", "2",
-                   "--project", "nodes=1,8", "--project-images", "1281167", "--compare", "torch", "dali-wds",
+                   "--project", "nodes=1,8", "--project-images", "1281167", "--model-step-time", "0",
+                   "--compare", "torch", "dali-wds",
                    "--compare-dir", tmp_path / "peers", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "bottleneck:" in proc.stdout and proc.stdout.count("stall") == 2  # the report, the projection's head
@@ -76,6 +77,7 @@ def test_totals_add_up_across_ranks(data: Path, tmp_path: Path) -> None:
     assert any("read+decode" in ln for ln in phases), phases
     projected = [ln.split() for ln in proc.stdout.splitlines() if ln.strip().startswith(("1 ", "8 "))]
     assert len(projected) == 10 and {row[2] for row in projected} == {"local", "partial", "global"}
+    assert "step 0 ms per batch of 8" in proc.stdout  # a model step of 0 given was taken for none (--step-time's)
     doc = json.loads(out.read_text())
     assert doc["world_size"] == 2 and doc["images"] == 64
     full = [r for r in doc["per_rank"] if r["stage"] == "full"]
