@@ -42,6 +42,9 @@ class ServeOptions:
     log_every: float = 60.0  # seconds between log lines
 
     def __post_init__(self) -> None:
+        if not isinstance(self.listen, str):  # a port alone, say: refused by zmq's bind, as a TypeError
+            raise OptionError(f"listen must be an address, HOST:PORT, tcp://... or ipc://..., not "
+                              f"{type(self.listen).__name__} {self.listen!r}")
         for name, least in (("workers", 1), ("queue", 0), ("max_request_bytes", 1), ("max_samples", 1)):
             whole_option(getattr(self, name), name, least)
         if not 0 < number_option(self.log_every, "log_every") < math.inf:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
 import time
 from collections.abc import Callable
@@ -65,6 +66,11 @@ class TrainOptions:
         for name, least in (("epochs", 1), ("reference_batch", 1), ("bucket_bytes", 1), ("checkpoint_every", 0),
                             ("max_steps", 0), ("log_every", 0)):
             whole_option(getattr(self, name), name, least)
+        if self.checkpoint is not None:  # a str given is kept as a Path (it was AttributeError 'exists' at the start)
+            if not isinstance(self.checkpoint, (str, os.PathLike)):
+                kind = type(self.checkpoint).__name__
+                raise OptionError(f"checkpoint must be a path, not {kind} {self.checkpoint!r}")
+            object.__setattr__(self, "checkpoint", Path(self.checkpoint))
 
 
 @dataclass

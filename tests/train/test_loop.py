@@ -39,7 +39,7 @@ def loader(data: Path) -> ddpipe.Loader:
                          decode=DecodeOptions(size=32, resize_shorter=36, dtype="uint8", threads=1))
 
 
-def trainer(data: Path, checkpoint: Path, **kw: object) -> Trainer:
+def trainer(data: Path, checkpoint: Path | str, **kw: object) -> Trainer:
     torch.manual_seed(0)
     return Trainer(SmallCNN(6), loader(data), ddpipe.distributed.init("cpu", comm=ddpipe.comm.Comm()),
                    TrainOptions(epochs=2, lr=0.05, checkpoint=checkpoint, **kw),  # type: ignore[arg-type]
@@ -52,7 +52,7 @@ def test_resume_from_a_mid_epoch_checkpoint(data: Path, tmp_path: Path) -> None:
     logs = first.fit()
     assert first.step == 3 and first.epoch == 0 and logs[0].images == 24
     saved = {k: v.clone() for k, v in first.model.state_dict().items()}
-    resumed = trainer(data, ckpt)  # a fresh process would do exactly this
+    resumed = trainer(data, str(ckpt))  # a fresh process would do this (a str: AttributeError 'exists' before)
     assert resumed.step == 3 and resumed.epoch == 0
     assert all(torch.equal(resumed.model.state_dict()[k], v) for k, v in saved.items())
     assert len(resumed.loader) == 3  # 48 samples in batches of 8: 6, of which 3 were done
