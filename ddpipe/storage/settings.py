@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OptionError
+from ..fields import bytes_option, number_option, whole_option
 
 MiB = 1 << 20
 
@@ -34,16 +35,20 @@ class StorageOptions:
     timeout_seconds: float = 60.0
 
     def __post_init__(self) -> None:
+        # each of another kind is named here, as the other options objects do (AttributeError 'startswith'
+        # for an endpoint of 3, TypeError for chunk_bytes="8MB", which is now taken as the command line takes it)
+        for name in ("endpoint", "region", "profile"):
+            if not isinstance(getattr(self, name), (str, type(None))):
+                raise OptionError(f"{name} must be text or None, not {getattr(self, name)!r}")
         if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
             raise OptionError(f"endpoint must be an http:// or https:// URL, not {self.endpoint!r}")
+        object.__setattr__(self, "chunk_bytes", bytes_option(self.chunk_bytes, "chunk_bytes"))
         if self.chunk_bytes < 64 * 1024:
             raise OptionError(f"chunk_bytes must be at least 64 KiB, not {self.chunk_bytes}")
-        if self.concurrency < 1:
-            raise OptionError(f"concurrency must be at least 1, not {self.concurrency}")
-        if self.max_retries < 0:
-            raise OptionError(f"max_retries must be 0 or more, not {self.max_retries}")
+        whole_option(self.concurrency, "concurrency", least=1)
+        whole_option(self.max_retries, "max_retries", least=0)
         for name in ("retry_seconds", "timeout_seconds"):
-            if not getattr(self, name) > 0:  # NaN too
+            if not number_option(getattr(self, name), name) > 0:  # NaN too
                 raise OptionError(f"{name} must be positive, not {getattr(self, name)}")
 
 

@@ -85,6 +85,20 @@ def test_without_credentials_requests_go_unsigned_only_where_the_metadata_servic
         StorageOptions(endpoint="minio:9000")
 
 
+@pytest.mark.parametrize(("given", "says"), [
+    ({"endpoint": 9000}, "endpoint must be text or None, not 9000"),  # was AttributeError 'startswith'
+    ({"chunk_bytes": "1KB"}, "chunk_bytes must be at least 64 KiB, not 1000"),  # "8MB" was a TypeError
+    ({"concurrency": 2.5}, "concurrency must be a whole number of at least 1, not 2.5"),  # was taken
+    ({"max_retries": None}, "max_retries must be a whole number of at least 0, not None"),
+    ({"timeout_seconds": "60"}, "timeout_seconds must be a number, not '60'"),
+])
+def test_storage_options_of_the_wrong_kind_are_refused_naming_the_option(given: dict[str, object], says: str) -> None:
+    with pytest.raises(OptionError) as refused:
+        StorageOptions(**given)  # type: ignore[arg-type]
+    assert str(refused.value) == says
+    assert StorageOptions(chunk_bytes="16MB").chunk_bytes == 16_000_000  # type: ignore[arg-type]  # as the CLI says sizes
+
+
 def test_a_named_settings_file_that_cannot_be_read_is_refused_and_a_default_one_passed_over(tmp_path: Path) -> None:
     """As the SDKs, no file means no settings, and the default files under $HOME are passed over when
     they cannot be opened (a container's $HOME is often another user's). A file the environment names
