@@ -251,12 +251,15 @@ def test_verify_decode_names_each_sample_without_an_image(tmp_path: Path) -> Non
     samples = labelled_samples(6, np.random.default_rng(2))
     samples[4]["png"] = samples[4].pop("jpg")  # another image format: still an image
     samples[2]["txt"] = samples[2].pop("jpg")
+    samples[5]["jpg"] = b"not an image at all"  # PIL's words named its buffer's address, other each run
     write_dataset(tmp_path / "d", iter(samples), samples_per_shard=3)
     assert verify_dataset(tmp_path / "d", progress=False).ok  # without --decode: every byte checks
     report = verify_dataset(tmp_path / "d", decode=True, progress=False)
-    assert report.decoded == 5
+    assert report.decoded == 4
     assert report.problems == [f"{tmp_path / 'd' / 'shard-000000.tar'}: sample 'img/0002': no image field among "
-                               "['cls', 'txt']"]
+                               "['cls', 'txt']",
+                               f"{tmp_path / 'd' / 'shard-000001.tar'}: sample 'img/0005' field 'jpg' does not "
+                               "decode: not an image: no image format recognises it"]
 
 
 def test_verify_reports_a_shard_it_may_not_read_and_checks_the_rest(tmp_path: Path) -> None:

@@ -180,13 +180,17 @@ def check_pixels(width: int, height: int, max_pixels: int = MAX_PIXELS) -> None:
 
 
 def open_image(data: bytes) -> Any:
-    """``PIL.Image.open`` of ``data``, with PIL's decompression-bomb error as a PixelLimitError."""
-    from PIL import Image
+    """``PIL.Image.open`` of ``data``, with PIL's decompression-bomb error as a PixelLimitError, and
+    data no format recognises said so: PIL's message names the buffer's address ("cannot identify
+    image file <_io.BytesIO object at 0x7f...>"), which differs from run to run and tells a user nothing."""
+    from PIL import Image, UnidentifiedImageError
 
     try:
         return Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
         raise PixelLimitError(str(e)) from None
+    except UnidentifiedImageError:
+        raise UnidentifiedImageError("not an image: no image format recognises it") from None
 
 
 def decode_check(data: bytes, draft: bool = False, max_pixels: int = MAX_PIXELS) -> None:
