@@ -93,7 +93,7 @@ def _decode_many(args: Chunk) -> list[np.ndarray | str | None]:
         try:
             image = decode_one(data, options, seed, epoch, index)
         except (OSError, ValueError, SyntaxError) as e:  # reported per sample, not as a dead pool
-            out.append(f"{type(e).__name__}: {e}")
+            out.append(str(e) or type(e).__name__)  # in the words DALI's path gives, without the class's name
             continue
         if rows is not None:
             rows[first + j] = image
