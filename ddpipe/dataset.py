@@ -256,18 +256,18 @@ class Dataset:
     def _open_file(self, info: ShardInfo, path: Path, verify: bool,
                    hashed: HashedFile | None = None) -> ShardReader:
         self.check_file(info, path)
+        ahead = hashed if hashed is not None and hashed.path == path else None
         try:
             reader = self.format.reader(path)
         except CorruptShardError:
             # a changed file that no longer opens is said as the change it is, not in its library's words
             # ("actual len exceeds EOA"); only here, where opening failed, is it hashed before the open
             if verify:
-                actual = hashed.checksum if hashed is not None and hashed.path == path else file_checksum(path)
+                actual = ahead.checksum if ahead is not None else file_checksum(path)
                 if actual != info.checksum:
                     raise ChecksumMismatchError(path, expected=info.checksum, actual=actual) from None
             raise
         try:
-            ahead = hashed if hashed is not None and hashed.path == path else None
             if hashed is not None and ahead is None and hashed.mapped is not None:
                 hashed.mapped.close()  # another file's (an LMDB environment is open once per process)
             if ahead is not None and ahead.mapped is not None:

@@ -16,7 +16,7 @@ from PIL import UnidentifiedImageError
 
 from ..dataset import Dataset, open_dataset
 from ..decode.jpeg_header import jpeg_size
-from ..decode.spec import PixelLimitError, check_pixels, decode_check, open_image
+from ..decode.spec import NOT_AN_IMAGE, PixelLimitError, check_pixels, decode_check, open_image
 from ..errors import DdpipeError, SourceError
 from ..formats import ShardReader
 from ..manifest import MANIFEST_NAME, SkippedItem
@@ -254,7 +254,7 @@ class ItemLoader:
         except (UnidentifiedImageError, OSError, ValueError):
             # PIL's message names the in-memory buffer by its address: the manifest records this text,
             # and two identical runs must write identical manifests
-            raise SourceError("not an image: no image format recognises it", path=item.path) from None
+            raise SourceError(NOT_AN_IMAGE, path=item.path) from None
         if self._decode_check:  # the whole image, not only its header: a JPEG cut short fails here
             try:
                 decode_check(data, draft=True)

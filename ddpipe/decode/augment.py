@@ -19,7 +19,7 @@ import simplejpeg
 
 from ..seeding import AUGMENT
 from .jpeg_header import jpeg_size
-from .spec import DecodeOptions
+from .spec import NOT_AN_IMAGE, DecodeOptions
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop
 _DRAWS = 2 * _ATTEMPTS + 3  # area and aspect per attempt, then left, top, flip
@@ -103,7 +103,6 @@ def image_size(data: bytes | memoryview) -> tuple[int, int]:
         with Image.open(io.BytesIO(data)) as img:
             return img.size
     except UnidentifiedImageError:
-        # PIL's own message names the BytesIO's address, which differs from run to run
-        raise ValueError("not an image: no image format recognises it") from None
+        raise ValueError(NOT_AN_IMAGE) from None
     except (OSError, SyntaxError) as e:
         raise ValueError(f"not an image: {e}") from e

@@ -179,10 +179,14 @@ def check_pixels(width: int, height: int, max_pixels: int = MAX_PIXELS) -> None:
                               "(DecodeOptions.max_pixels): refused before decoding")
 
 
+# what PIL's "cannot identify image file <_io.BytesIO object at 0x7f...>" says, without the buffer's
+# address, which differs from run to run (a manifest's skipped entries and two identical runs' records)
+NOT_AN_IMAGE = "not an image: no image format recognises it"
+
+
 def open_image(data: bytes) -> Any:
     """``PIL.Image.open`` of ``data``, with PIL's decompression-bomb error as a PixelLimitError, and
-    data no format recognises said so: PIL's message names the buffer's address ("cannot identify
-    image file <_io.BytesIO object at 0x7f...>"), which differs from run to run and tells a user nothing."""
+    data no format recognises said so (:data:`NOT_AN_IMAGE`)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -190,7 +194,7 @@ def open_image(data: bytes) -> Any:
     except Image.DecompressionBombError as e:
         raise PixelLimitError(str(e)) from None
     except UnidentifiedImageError:
-        raise UnidentifiedImageError("not an image: no image format recognises it") from None
+        raise UnidentifiedImageError(NOT_AN_IMAGE) from None
 
 
 def decode_check(data: bytes, draft: bool = False, max_pixels: int = MAX_PIXELS) -> None:
