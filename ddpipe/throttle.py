@@ -38,7 +38,7 @@ class SourceLimits:
         for part in (p.strip() for p in text.split(",") if p.strip()):
             if part.endswith("/s"):
                 limits.bandwidth = float(parse_size(part[:-2]))
-            elif m := re.fullmatch(r"([\d.]+)\s*(ms|s)", part):
+            elif m := re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)", part):
                 limits.latency = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
             else:
                 raise ValueError(f"cannot parse {part!r} in {text!r}: use e.g. '100MB/s,5ms'")

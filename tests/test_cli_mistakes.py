@@ -235,6 +235,8 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["bench", "ds", "--source-throttle", "fast"], "argument --source-throttle: cannot parse 'fast' in 'fast'"),
     (["stage", "ds", "--local-dir", "x", "--source-throttle", "100MB,5ms"],
      "argument --source-throttle: cannot parse '100MB' in '100MB,5ms': use e.g. '100MB/s,5ms'"),
+    (["bench", "ds", "--source-throttle", ".ms"],  # a latency without digits: was float's own words
+     "argument --source-throttle: cannot parse '.ms' in '.ms': use e.g. '100MB/s,5ms'"),
     # an option that acts only with another: passed over in silence, or "stage_dir=None stages nothing"
     (["train", "ds", "--checkpoint-every", "5"], "argument --checkpoint-every: takes effect only with --checkpoint"),
     (["train", "ds", "--stage-capacity", "1GB"], "argument --stage-capacity: takes effect only with --stage-dir"),
