@@ -16,6 +16,7 @@ from .decode.spec import decode_check, is_image_field, no_image
 from .errors import DdpipeError
 from .formats.tar import check_dali_index
 from .sample import KEY, class_of
+from .storage.location import is_remote
 
 # format -> checks of the files kept beside each shard, which the manifest's checksum does not cover
 _SIDECAR_CHECKS: dict[str, tuple[Callable[[Path], None], ...]] = {"wds": (check_dali_index,)}
@@ -59,7 +60,7 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
             try:
                 _check_shard(dataset, i, shard_path or dataset.local_copy(i), decode, report)
             except DdpipeError as e:
-                if e.path is not None:  # an object's URL, not the path of its copy fetched for the check
+                if e.path is not None and not is_remote(e.path):  # the object, not its copy fetched for the check
                     e.path = dataset.source_name(Path(e.path))
                 report.problems.append(str(e))
             except OSError as e:  # unreadable (its permissions, say): a problem of this shard, not the end of the check

@@ -30,6 +30,10 @@ class StorageError(DdpipeError, OSError):
     """An object store refused or failed a request (after its retries)."""
 
 
+class _RangesRefused(StorageError):
+    """The server answered a ranged request with the whole object (a plain HTTP server's way)."""
+
+
 # where a client without credentials asks the cloud for an instance's (the AWS SDKs' last resort)
 _INSTANCE_METADATA = "169.254.169.254"
 
@@ -60,6 +64,7 @@ class ObjectStorage:
         # ask for the client at once (two assignments, store then pid, let another thread see the store
         # with no pid yet and take this process for a forked one)
         self._made: tuple[int, Any] | None = None
+        self._whole_only = False  # the server answered a ranged read with the whole object
 
     def at(self, location: Location) -> ObjectStorage:
         """The same store's settings, aimed at another location (a dataset's data prefix)."""
@@ -127,6 +132,8 @@ class ObjectStorage:
 
         url = self.url(name)
         text = _first_line(error)
+        if isinstance(error, ox.NotSupportedError) and "RangeNotSupported" in str(error):
+            return _RangesRefused(f"{self.where} does not answer ranged requests", path=url)
         if isinstance(error, (ox.NotFoundError, FileNotFoundError)):
             if "NoSuchBucket" in text:
                 return StorageError(f"bucket {self.location.bucket!r} does not exist at {self.where}")
@@ -181,9 +188,41 @@ class ObjectStorage:
         for i in range(0, len(starts), wide):
             window = starts[i : i + wide]
             ends = [min(s + step, total) for s in window]
-            parts = self._call(name, obstore.get_ranges, starts=window, ends=ends, coalesce=0)
+            if not self._whole_only:
+                try:
+                    parts = self._call(name, obstore.get_ranges, starts=window, ends=ends, coalesce=0)
+                except _RangesRefused:
+                    # a plain HTTP server (python -m http.server, a static file host) answers a range
+                    # with the whole object: objects are read whole, one request each, from here on
+                    self._whole_only = True
+            if self._whole_only:
+                yield from self._streamed(name, total, skip=window[0])
+                return
             for part in parts:
                 yield memoryview(part)
+
+    def _streamed(self, name: str, total: int, skip: int) -> Iterator[memoryview]:
+        """The object's bytes from ``skip`` on, from one request for the whole (by a server that does
+        not answer ranges); an object of another size than ``total`` is said so, as a ranged read of
+        it would fail."""
+        import obstore
+        from obstore import exceptions as ox
+
+        result = self._call(name, obstore.get)
+        seen = 0
+        try:
+            for chunk in result.stream(min_chunk_size=self.options.chunk_bytes):
+                view = memoryview(chunk)[max(0, skip - seen) :]
+                seen += len(chunk)
+                if seen > total:
+                    break
+                if len(view):
+                    yield view
+        except (ox.BaseError, OSError, TimeoutError) as e:  # the body failed after the headers came
+            raise self._failed(e, name) from None
+        if seen != total:
+            holds = f"more than the {total:,} bytes" if seen > total else f"{seen:,} bytes, not the {total:,}"
+            raise StorageError(f"the object holds {holds} expected", path=self.url(name))
 
     def download(self, name: str, dest: Path, size: int | None = None) -> int:
         """Write the object to ``dest`` (under a temporary name, renamed once whole); the bytes. Of

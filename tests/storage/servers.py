@@ -59,7 +59,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             return
         path = Path(self.translate_path(self.path))
         match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-        if not path.is_file() or match is None:
+        if not path.is_file() or match is None or not self.server.ranges:
             super().do_GET()
             return
         size = path.stat().st_size
@@ -80,7 +80,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
 
 class RangeServer(http.server.ThreadingHTTPServer):
-    """Serves ``root`` over HTTP with ranged GETs. ``fail_next``: that many requests are answered 503."""
+    """Serves ``root`` over HTTP with ranged GETs (or, ``ranges`` off, without them). ``fail_next``:
+    that many requests are answered 503."""
 
     daemon_threads = True
 
@@ -91,6 +92,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.refuse = False  # answer 403, as a store refusing the credentials does
         self.failed = 0
         self.requests = 0
+        self.ranges = True  # False: a range is answered with the whole file, as http.server's own does
         super().__init__(("127.0.0.1", 0), lambda *a: _Handler(*a, directory=str(root)))
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
