@@ -292,6 +292,10 @@ def load_manifest_from(objects: ObjectStorage) -> Manifest:
     """Read and validate the ``index.json`` object under a remote location."""
     manifest = find_manifest(objects)
     if manifest is None:
+        named = objects.url().rstrip("/")
+        if named.endswith(f"/{MANIFEST_NAME}"):  # as a local path to the file is refused: "not a directory"
+            raise ManifestError(f"names the index.json itself: a dataset is the prefix holding it "
+                                f"({named.removesuffix(f'/{MANIFEST_NAME}')})", path=named)
         raise ManifestError("no index.json: not a ddpipe dataset (try 'ddpipe index' or 'ddpipe convert')",
                             path=objects.url(MANIFEST_NAME))
     return manifest

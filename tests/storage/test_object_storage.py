@@ -270,6 +270,9 @@ def test_what_is_missing_is_one_line_naming_it(local_sets: dict[str, Path], buck
     no_manifest = run_cli("inspect", url)
     assert no_manifest.returncode != 0 and f"{url}/index.json: no index.json" in no_manifest.stderr
     upload_dir(local_sets["wds"], url)
+    the_file = run_cli("inspect", f"{url}/index.json")  # was ".../index.json/index.json: no index.json"
+    assert the_file.returncode == 1 and the_file.stderr == \
+        f"ddpipe: error: {url}/index.json: names the index.json itself: a dataset is the prefix holding it ({url})\n"
     name = ddpipe.open_dataset(url).manifest.shards[2].file
     import boto3  # type: ignore[import-untyped]
 
