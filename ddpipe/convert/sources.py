@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,10 +178,12 @@ def _im2rec_label(label: str) -> str:
 def _list_source(list_file: Path) -> Source:
     rows = _list_rows(list_file)
     labels = [r[1].strip() for r in rows]
-    if all(lbl.lstrip("-").isdigit() for lbl in labels):
+    if all(re.fullmatch(r"-?[0-9]+", lbl) for lbl in labels):  # ASCII digits: str.isdigit takes '²' too
         numbers = [int(lbl) for lbl in labels]
         if min(numbers) < 0:
-            raise SourceError("labels must be non-negative integers or class names", path=list_file)
+            lowest = min(numbers)
+            raise SourceError(f"row {numbers.index(lowest) + 1}'s label is {lowest}: labels are class indices "
+                              "from 0, or class names", path=list_file)
         classes = list(numbered_classes(max(numbers), len(rows), list_file))
         label_of = {lbl: int(lbl) for lbl in labels}
     else:

@@ -57,3 +57,23 @@ def test_a_line_of_a_path_alone_is_one_line_naming_the_row(listed: list[tuple[st
     proc = run_cli("convert", txt, tmp_path / "o", "--quiet")
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "val.txt: row 2 has 1 column(s); expected 'path label'" in proc.stderr
+
+
+@pytest.mark.parametrize(("labels", "classes"), [
+    (["0", "--1", "1"], ["--1", "0", "1"]),  # was int()'s traceback: '-' stripped, then int('--1')
+    (["0", "²", "1"], ["0", "1", "²"]),  # str.isdigit() takes '²': int('²') raised
+])
+def test_labels_that_are_not_all_class_indices_are_class_names(labels: list[str], classes: list[str],
+                                                               listed: list[tuple[str, int]], tmp_path: Path) -> None:
+    (tmp_path / "list.csv").write_text("".join(f"{p},{c}\n" for (p, _), c in zip(listed[:3], labels, strict=True)),
+                                        encoding="utf-8")
+    manifest = convert(tmp_path / "list.csv", tmp_path / "o", ConvertOptions(progress=False))
+    assert list(manifest.classes) == classes
+
+
+def test_a_negative_class_index_is_refused_naming_its_row(listed: list[tuple[str, int]], tmp_path: Path) -> None:
+    (tmp_path / "list.csv").write_text(f"{listed[0][0]},0\n{listed[1][0]},-1\n")
+    with pytest.raises(SourceError, match=r"list.csv: row 2's label is -1: labels are class indices from 0, or "
+                                          r"class names"):
+        convert(tmp_path / "list.csv", tmp_path / "o", ConvertOptions(progress=False))
+    assert not (tmp_path / "o").exists()
