@@ -117,7 +117,7 @@ def _label_names(files: list[Path], layout: dict[str, Any], fetch: Callable[[Pat
         if texts is None:
             return set()
         names.update(texts)
-    return set() if all(name.isdigit() for name in names) else names
+    return set() if all(name.isdecimal() for name in names) else names
 
 
 def _refuse_other_pixels(path: Path, images: str | None) -> None:

@@ -81,7 +81,7 @@ def _numbered(stored: list[int | str], layout: dict[str, Any], classes: list[str
     if not all(isinstance(v, str) for v in stored):
         raise DdpipeError("the records' labels mix class numbers and class names", path=mdb)
     names = {str(v) for v in stored}
-    if all(name.isdigit() for name in names):
+    if all(name.isdecimal() for name in names):
         return [int(v) for v in stored]
     layout["label_names"] = order = class_order(names, classes, given, mdb)
     number = {name: i for i, name in enumerate(order)}
@@ -134,7 +134,7 @@ def index_lmdb(data: Path, *, out: Path | None = None, values: str | None = None
             keys = _keys(mdb)
             pattern = label_regex if label_regex is not None else _guess_label_pattern(keys, mdb)
             names = _key_labels(pattern, keys, mdb)
-            if not all(n.isdigit() for n in names):  # class names in the keys: they become the classes
+            if not all(n.isdecimal() for n in names):  # class names in the keys: they become the classes
                 layout["label_names"] = classes = class_order(names, classes, given, mdb)
             layout["label_regex"] = pattern
     stored: list[int | str] = []

@@ -37,7 +37,7 @@ def read_synsets(path: Path) -> dict[int, str]:
             continue
         if not SYNSET.match(parts[0]):
             raise SourceError(f"line {n}: expected a synset id such as n01440764, found {parts[0]!r}", path=path)
-        ids[int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else n] = parts[0]
+        ids[int(parts[1]) if len(parts) > 1 and parts[1].isdecimal() else n] = parts[0]
     return ids
 
 
@@ -63,7 +63,7 @@ def ground_truth(path: Path, synsets: Path | None) -> dict[str, str]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if not line.strip().isdigit() or int(line) not in by_id:
+        if not line.strip().isdecimal() or int(line) not in by_id:
             raise SourceError(f"line {n}: {line.strip()!r} is not a class id of the synset list", path=path)
         truth[VAL_NAME.format(n)] = by_id[int(line)]
     return truth

@@ -172,7 +172,7 @@ def _im2rec_rows(list_file: Path, text: str) -> list[list[str]]:
 def _im2rec_label(label: str) -> str:
     """im2rec writes a class index as a float ("3.000000"): as the index; anything else as it is."""
     whole, dot, fraction = label.strip().partition(".")
-    return whole if dot and whole.isdigit() and fraction.strip("0") == "" else label.strip()
+    return whole if dot and whole.isdecimal() and fraction.strip("0") == "" else label.strip()
 
 
 def _list_source(list_file: Path) -> Source:

@@ -140,7 +140,7 @@ def labels_of(file: Any, images: Any, layout: dict[str, Any]) -> np.ndarray | No
         raise ValueError(f"labels must be class numbers or names (1-D) or one-hot rows (2-D), found "
                          f"{values.dtype} of shape {values.shape}")
     names = {str(name): i for i, name in enumerate(layout.get("label_names", ()))}
-    if not names and all(t.isdigit() for t in texts):
+    if not names and all(t.isdecimal() for t in texts):
         return np.array([int(t) for t in texts], dtype=np.int64)
     unknown = sorted(set(texts) - names.keys())
     if unknown:

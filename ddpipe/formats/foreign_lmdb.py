@@ -43,7 +43,7 @@ def read_labels_file(path: Path) -> dict[str, int]:
         parts = re.split(r"[\s,]+", line.strip())
         if not parts[0]:
             continue
-        if len(parts) < 2 or not parts[-1].lstrip("-").isdigit():
+        if len(parts) < 2 or not re.fullmatch(r"-?[0-9]+", parts[-1]):
             raise DdpipeError(f"line {n}: expected 'key label' with an integer label, found {line.strip()!r}",
                               path=path)
         labels[parts[0]] = int(parts[-1])
@@ -79,7 +79,7 @@ class LabelSource:
             if text not in self.names:
                 raise RecordError(f"{whose} class {text!r} is not one the manifest lists")
             return self.names[text]
-        if not text.isdigit():
+        if not text.isdecimal():
             raise RecordError(f"{whose} label {text!r} is not a number")
         return int(text)
 

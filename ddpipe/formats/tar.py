@@ -109,7 +109,7 @@ def parse_dali_index(text: str, path: str | os.PathLike[str]) -> list[list[Membe
     lines = text.splitlines()
     try:
         head = lines[0].split() if lines else []
-        if len(head) != 2 or not head[1].isdigit():
+        if len(head) != 2 or not head[1].isdecimal():
             raise ValueError(f"its first line is {lines[0][:60] if lines else ''!r}, not '{IDX_VERSION} <samples>'")
         version, count = head
         if version != IDX_VERSION:

@@ -40,10 +40,10 @@ def endpoint(address: str, listening: bool = False) -> str:
         return address
     where = address.removeprefix("tcp://")
     host, sep, port = where.rpartition(":")
-    if "://" in where or not sep or not host or not (port.isdigit() or port == "*"):
+    if "://" in where or not sep or not host or not (port.isdecimal() or port == "*"):
         raise OptionError(f"decode service address {address!r}: use HOST:PORT, tcp://HOST:PORT or ipc://PATH")
     lowest = 0 if listening else 1
-    if (port == "*" and not listening) or (port.isdigit() and not lowest <= int(port) <= 65535):
+    if (port == "*" and not listening) or (port.isdecimal() and not lowest <= int(port) <= 65535):
         # ZeroMQ would take a port past 65535 modulo 65536: another one, silently
         raise OptionError(f"decode service address {address!r}: port {port} is not one to "
                           f"{'listen on' if listening else 'connect to'} ({lowest} to 65535)")

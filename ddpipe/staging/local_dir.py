@@ -47,7 +47,7 @@ def visible_local_dirs(template: str | os.PathLike[str], host: str, environ: Map
     named = re.compile("(.+?)".join(re.escape(p) for p in pieces))
     for match in glob.glob("*".join(glob.escape(p) for p in pieces)):
         m = named.fullmatch(match)
-        nodes = {g for g in m.groups() if g.isdigit()} if m else set()
+        nodes = {g for g in m.groups() if g.isdecimal()} if m else set()
         for node in map(int, nodes):  # the name read back: a directory the template would not make is not a node's
             if str(node_local_dir(template, node, host, environ)) == match and Path(match).is_dir():
                 found[node] = Path(match)

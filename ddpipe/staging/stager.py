@@ -319,7 +319,7 @@ class NodeStager:
         """Remove the notes of :meth:`release` of epochs before ``before`` (None: every epoch's)."""
         for note in self.dir.glob(".*.done.*.*"):
             epoch = note.name.rsplit(".", 2)[-2]
-            if before is None or (epoch.isdigit() and int(epoch) < before):
+            if before is None or (epoch.isdecimal() and int(epoch) < before):
                 discard(note)
 
     def _all_done(self, shard: int) -> bool:

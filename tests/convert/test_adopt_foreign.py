@@ -801,3 +801,15 @@ def test_an_adopted_lmdb_damaged_where_lmdb_looks_for_records_is_an_error_not_a_
     proc = read_in_own_process(root)
     assert proc.returncode == 0, f"the reader died ({proc.returncode}): {proc.stderr[-500:]}"
     assert proc.stdout.startswith("refused:") and str(mdb) in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("label", ["--1", "²"])  # int() raised on each (a '-' stripped; '²' is a digit to str)
+def test_a_labels_file_line_whose_label_is_no_integer_is_one_line(label: str, tmp_path: Path) -> None:
+    root = fd.lmdb_images_labels_file(tmp_path / "lmdb")
+    lines = (root / "labels.txt").read_text().splitlines()
+    lines[2] = f"photo-00002.JPEG {label}"
+    (root / "labels.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    proc = run_cli("index", root, "--labels-file", "labels.txt")
+    assert proc.returncode == 1 and proc.stderr == f"ddpipe: error: {root}/labels.txt: line 3: expected 'key label' " \
+        f"with an integer label, found 'photo-00002.JPEG {label}'\n", proc.stderr
+    assert not (root / "index.json").exists()
