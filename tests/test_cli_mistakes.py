@@ -235,6 +235,10 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["bench", "ds", "--source-throttle", "fast"], "argument --source-throttle: cannot parse 'fast' in 'fast'"),
     (["stage", "ds", "--local-dir", "x", "--source-throttle", "100MB,5ms"],
      "argument --source-throttle: cannot parse '100MB' in '100MB,5ms': use e.g. '100MB/s,5ms'"),
+    # matplotlib's traceback once the benchmark had run ("Format 'txt' is not supported"); a name
+    # without a suffix was written with .png added, and "wrote plot" named no file
+    (["bench", "ds", "--plot", "plot.txt"], "argument --plot: plot.txt: name a file ending .png, .svg or .pdf"),
+    (["bench", "ds", "--plot", "plot"], "argument --plot: plot: name a file ending .png, .svg or .pdf"),
     (["bench", "ds", "--source-throttle", ".ms"],  # a latency without digits: was float's own words
      "argument --source-throttle: cannot parse '.ms' in '.ms': use e.g. '100MB/s,5ms'"),
     # an option that acts only with another: passed over in silence, or "stage_dir=None stages nothing"
@@ -354,7 +358,7 @@ def test_a_tilde_the_shell_left_is_the_home_directory(monkeypatch: pytest.Monkey
         ("stage", "~/d", "--local-dir=~/l"): ["dataset", "local_dir"],
         ("train", "~/d", "--eval=~/e", "--stage-dir=~/s", "--checkpoint=~/c"): ["dataset", "eval", "stage_dir",
                                                                                 "checkpoint"],
-        ("bench", "~/d", "--compare", "--compare-dir=~/c", "--stage-dir=~/s", "--json=~/j", "--plot=~/p"): [
+        ("bench", "~/d", "--compare", "--compare-dir=~/c", "--stage-dir=~/s", "--json=~/j", "--plot=~/p.png"): [
             "dataset", "compare_dir", "stage_dir", "json", "plot"],
         ("inspect", "~/d"): ["dataset"],
         ("verify", "~/d", "--stage-dir=~/s"): ["dataset", "stage_dir"],

@@ -43,6 +43,21 @@ def local_path(text: str) -> Path:
     return Path(path(text))
 
 
+def plot_file(text: str) -> str:
+    """A figure's file: its suffix names a format matplotlib writes (it chooses by the suffix, and
+    adds ``.png`` to a name without one), checked before the run whose end it would have failed."""
+    named = path(text)
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise argparse.ArgumentTypeError("needs matplotlib: pip install matplotlib") from None
+    suffix = Path(named).suffix.lower().removeprefix(".")
+    if suffix not in FigureCanvasBase.get_supported_filetypes():
+        raise argparse.ArgumentTypeError(f"{text}: name a file ending .png, .svg or .pdf (the suffix chooses the "
+                                         "format)")
+    return named
+
+
 def size(text: str) -> int:
     from ..convert.layout import parse_size
 

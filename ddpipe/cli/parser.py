@@ -222,7 +222,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--source-throttle", type=arg.source_limits, default=os.environ.get(THROTTLE_ENV),
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
     p.add_argument("--json", type=arg.path, default=None, help="write every figure and the machine to this file")
-    p.add_argument("--plot", type=arg.path, default=None,
+    p.add_argument("--plot", type=arg.plot_file, default=None,
                    help="write a PNG of throughput by stage and stall over the epoch")
     p.add_argument("--project", type=arg.node_counts, default=None, metavar="nodes=1,8,64,512",
                    help="project to these cluster sizes")
