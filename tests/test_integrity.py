@@ -155,7 +155,7 @@ ADOPTED = ["h5-vlen", "caffe-encoded"]
 
 
 def adopted(name: str, tmp_path: Path) -> Path:
-    from .convert.test_adopt_foreign import adopt
+    from .convert.adopted import adopt
 
     return adopt(name, tmp_path)
 
