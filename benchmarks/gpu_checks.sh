@@ -35,7 +35,7 @@ gpu() {  # gpu.py with a time limit; its result, complete or not, kept in OUTDIR
     step "benchmarks/gpu.py -> $name.json" $status
 }
 "$py" -c 'import torch, nvidia.dali, simplejpeg; assert torch.cuda.is_available(), "no CUDA device"' || exit 1
-timeout "$tests_s" "$py" -m pytest -q -p no:cacheprovider tests/train/test_gpu.py tests/decode/test_decode.py \
+timeout "$tests_s" "$py" -m pytest -q -p no:cacheprovider tests/train/test_gpu.py tests/decode/test_dali_path.py tests/decode/test_batch_memory.py \
     -k "gpu or cuda or pinned" >"$out/tests.log" 2>&1
 step "CUDA tests ($(tail -1 "$out/tests.log"))" $?
 gpu gpu "$rows_s" --repeats 2 --skip-train --only 'DALI webdataset' 'dali-gpu, local' --exclude float16 uint8

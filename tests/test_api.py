@@ -13,7 +13,7 @@ import pytest
 
 import ddpipe
 
-from .decode.test_decode import labelled_samples
+from .decode.images import labelled_samples
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"

@@ -234,7 +234,7 @@ def test_verify_decode_names_a_corrupt_image(raw_copy: Path, tmp_path: Path) -> 
 
 def test_verify_names_each_sample_whose_label_is_no_class_of_the_dataset(tmp_path: Path) -> None:
     """A label the loader would stop at (or skip), found before a training run meets it."""
-    from .decode.test_decode import fewer_names_than_labels
+    from .decode.images import fewer_names_than_labels
 
     root, unnamed = fewer_names_than_labels(tmp_path / "d", 3)
     report = verify_dataset(root, progress=False)
@@ -246,7 +246,7 @@ def test_verify_names_each_sample_whose_label_is_no_class_of_the_dataset(tmp_pat
 
 def test_verify_decode_names_each_sample_without_an_image(tmp_path: Path) -> None:
     """The loader stops at (or skips) such a sample; verify --decode had passed, decoding nothing."""
-    from .decode.test_decode import labelled_samples
+    from .decode.images import labelled_samples
 
     samples = labelled_samples(6, np.random.default_rng(2))
     samples[4]["png"] = samples[4].pop("jpg")  # another image format: still an image

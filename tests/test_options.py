@@ -23,7 +23,7 @@ from ddpipe.options import LOADER_STAGES, STREAM_STAGES, LoaderKeywords, StreamK
 from ddpipe.service.server import ServeOptions
 from ddpipe.train.loop import TrainOptions
 
-from .decode.test_decode import labelled_samples
+from .decode.images import labelled_samples
 
 
 @pytest.fixture(scope="module")

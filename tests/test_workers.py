@@ -74,7 +74,7 @@ def test_a_pil_loaders_helper_processes_leave_a_schedulers_stop_to_their_rank(tm
 
     import ddpipe
 
-    from .decode.test_decode import labelled_samples
+    from .decode.images import labelled_samples
 
     ddpipe.write_dataset(tmp_path / "d", iter(labelled_samples(12, np.random.default_rng(0))), samples_per_shard=6)
     proc = subprocess.run([sys.executable, "-c", DECODES, str(tmp_path / "d")], cwd=Path(__file__).parents[1],

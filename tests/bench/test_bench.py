@@ -16,7 +16,7 @@ from ddpipe.bench import BenchOptions, run_bench
 from ddpipe.comm import Comm
 
 from ..conftest import mpiexec
-from ..decode.test_decode import labelled_samples
+from ..decode.images import labelled_samples
 
 
 @pytest.fixture(scope="module")

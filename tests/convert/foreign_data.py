@@ -11,7 +11,7 @@ import lmdb
 import msgpack
 import numpy as np
 
-from ..decode.test_decode import solid_jpeg
+from ..decode.images import solid_jpeg
 
 CLASSES = 5
 

@@ -66,7 +66,7 @@ def test_adopts_plain_tar_and_dali_reads_it(tmp_path: Path) -> None:
 def test_imagenets_own_file_names_in_a_plain_tar_are_images(tmp_path: Path) -> None:
     """ImageNet's files end in .JPEG: tarred as they are, their field is 'JPEG', which the loader took
     for no image at all (each sample bad), and verify --decode passed without decoding one."""
-    from ..decode.test_decode import labelled_samples
+    from ..decode.images import labelled_samples
 
     src = tmp_path / "src"
     src.mkdir()

@@ -13,7 +13,7 @@ from PIL import Image
 import ddpipe
 
 from ..conftest import run_cli
-from ..decode.test_decode import solid_jpeg
+from ..decode.images import solid_jpeg
 
 # the devkit's ILSVRC2012_ID order is not the sorted order of the synsets: ids 1, 2, 3 below
 DEVKIT = ["n02119789", "n01440764", "n09999999"]

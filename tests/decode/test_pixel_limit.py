@@ -17,7 +17,7 @@ from ddpipe.decode import DecodeOptions
 from ddpipe.errors import SampleError
 
 from ..conftest import run_cli
-from .test_decode import labelled_samples
+from .images import labelled_samples
 
 
 def bomb(width: int = 30_000, height: int = 30_000) -> bytes:

@@ -48,7 +48,7 @@ def test_an_error_on_one_rank_ends_the_whole_job_at_once(tmp_path: Path) -> None
 
     import ddpipe
 
-    from ..decode.test_decode import labelled_samples
+    from ..decode.images import labelled_samples
 
     samples = labelled_samples(32, np.random.default_rng(4))
     samples[20]["jpg"] = b"not a jpeg at all"  # in the second of two shards: one rank's share

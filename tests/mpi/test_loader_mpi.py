@@ -156,7 +156,7 @@ def test_a_later_loop_over_a_stream_ends_the_one_before_on_every_rank(tmp_path: 
 
 def indexed_samples(n: int) -> list[dict[str, bytes | str]]:
     """``n`` small JPEGs, each labelled with its own index: a label tells samples apart."""
-    from ..decode.test_decode import solid_jpeg
+    from ..decode.images import solid_jpeg
 
     return [{"__key__": f"img/{i:04d}", "jpg": solid_jpeg((20 * (i % 10), 90, 90), (40, 30)), "cls": b"%d" % i}
             for i in range(n)]
@@ -416,7 +416,7 @@ def test_decoded_images_are_the_samples_exchanged_over_two_epochs(tmp_path: Path
 
     import ddpipe
 
-    from ..decode.test_decode import COLORS, labelled_samples
+    from ..decode.images import COLORS, labelled_samples
 
     data = tmp_path / "colours"
     ddpipe.write_dataset(data, iter(labelled_samples(96, np.random.default_rng(4))), samples_per_shard=8,

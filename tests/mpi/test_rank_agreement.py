@@ -19,7 +19,7 @@ from ddpipe.plan import PlanOptions
 from ddpipe.rank_agreement import RankView, disagreement
 
 from ..conftest import mpiexec
-from ..decode.test_decode import labelled_samples
+from ..decode.images import labelled_samples
 from ..helpers import make_dataset
 
 ON_HOSTS = Path(__file__).parents[1] / "hosts" / "on_hosts.py"

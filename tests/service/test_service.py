@@ -193,7 +193,7 @@ def test_a_restarted_server_is_used_again(natural: Path) -> None:
 
 
 def test_bad_images_are_named_or_skipped_as_in_local_decoding(tmp_path: Path) -> None:
-    from ..decode.test_decode import corrupt_dataset
+    from ..decode.images import corrupt_dataset
 
     root = corrupt_dataset(tmp_path / "bad")
     with servers(1) as (s,):

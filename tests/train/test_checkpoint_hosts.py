@@ -13,7 +13,7 @@ import pytest
 import ddpipe
 
 from ..conftest import mpiexec, run_cli
-from ..decode.test_decode import labelled_samples
+from ..decode.images import labelled_samples
 from .test_train_command import TRAIN
 
 pytestmark = pytest.mark.mpi

@@ -18,7 +18,7 @@ from ddpipe.train.loop import Trainer, TrainOptions
 from ddpipe.train.models import SmallCNN
 
 from ..conftest import torchrun
-from ..decode.test_decode import labelled_samples
+from ..decode.images import labelled_samples
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (CI has none; run on the device machine)")

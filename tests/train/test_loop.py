@@ -15,7 +15,7 @@ from ddpipe.decode import DecodeOptions
 from ddpipe.train.loop import Trainer, TrainOptions, scaled_lr
 from ddpipe.train.models import SmallCNN
 
-from ..decode.test_decode import labelled_samples
+from ..decode.images import labelled_samples
 
 
 def test_linear_scaling_and_warmup() -> None:

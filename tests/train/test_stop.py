@@ -19,7 +19,7 @@ import ddpipe
 from ddpipe.train.stop import StopRequest
 
 from ..conftest import mpiexec_command, mpiexec_env, run_cli
-from ..decode.test_decode import labelled_samples
+from ..decode.images import labelled_samples
 from ..helpers import descendants
 
 TRAIN = ["--model", "smallcnn", "--batch-size", "2", "--image-size", "32", "--decode", "dali-cpu", "--dtype", "uint8",

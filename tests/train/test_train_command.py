@@ -11,7 +11,7 @@ import pytest
 import ddpipe
 
 from ..conftest import run_cli
-from ..decode.test_decode import fewer_names_than_labels, labelled_samples
+from ..decode.images import fewer_names_than_labels, labelled_samples
 
 TRAIN = ["--model", "smallcnn", "--batch-size", "4", "--image-size", "32", "--decode", "dali-cpu", "--dtype", "uint8"]
 
