@@ -16,7 +16,7 @@ import pytest
 import ddpipe
 from ddpipe import epoch_ahead
 from ddpipe.handoff import Ahead
-from tests.test_read_process import BATCH, epoch_of, make, natural_samples, same
+from tests.reading_apart import BATCH, epoch_of, make, natural_samples, same
 
 pytest.importorskip("nvidia.dali")
 

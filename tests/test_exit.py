@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 import ddpipe
-from tests.test_read_process import natural_samples
+from tests.reading_apart import natural_samples
 
 pytest.importorskip("nvidia.dali")
 
 LEAVES_OPEN = """
 import sys
 from pathlib import Path
-from tests.test_read_process import make
+from tests.reading_apart import make
 loader = make(Path(sys.argv[1]), sys.argv[3], shuffle="local")
 batches = iter(loader)
 for _ in range(int(sys.argv[2]) if sys.argv[2] != "all" else 10**9):
