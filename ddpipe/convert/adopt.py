@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checksum import file_checksum
-from ..errors import ConversionConflictError, DdpipeError, ManifestError, UnlabelledSamplesWarning
+from ..errors import ConversionConflictError, DdpipeError, ManifestError, OptionError, UnlabelledSamplesWarning
 from ..formats.atomic import Finished, discard, partial_path, raise_if_disk_full
 from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members, split_member_name
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, load_manifest, save_manifest
 from ..sample import label_of
+from ..storage.location import is_remote
 from .classes import named_classes
 
 
@@ -193,6 +194,12 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
     Class names come from ``classes``, else from the manifest already where this one goes, else from
     the largest integer ``cls`` value found (see :func:`tars_manifest`).
     """
+    if is_remote(directory):  # Path() made "s3:/bucket/..." of it
+        raise OptionError("index_tars adopts a local directory: `ddpipe index s3://bucket/prefix` adopts tars in a "
+                          "bucket", path=directory)
+    if out is not None and is_remote(out):
+        raise OptionError("out is a local directory for index.json (without it, index.json goes beside the tars)",
+                          path=out)
     root = Path(directory)
     if not root.is_dir():
         raise DdpipeError("not a directory", path=root)

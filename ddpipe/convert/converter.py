@@ -27,6 +27,7 @@ from ..formats import FORMAT_NAMES, get_format
 from ..formats.atomic import atomic_write_bytes
 from ..manifest import MANIFEST_NAME, Manifest, find_manifest, load_manifest, save_manifest
 from ..storage import is_remote, open_storage
+from ..storage.location import is_web
 from ..workers import end_if_importing_parents_script
 from . import to_objects
 from .adopt import refuse_unwritable_out
@@ -158,6 +159,8 @@ def convert(
     comm = comm or init_comm()
     world = comm.world
     fmt = get_format(options.format)
+    if is_web(out):
+        raise OptionError("a web server is read-only to ddpipe: convert into a directory or an s3:// prefix", path=out)
     if not is_remote(out) and not (Path(out) / MANIFEST_NAME).exists():  # a finished one is only read again
         refuse_unwritable_out(Path(out), role="the output")  # before the source is listed and read
     if options.val_labels is not None:  # ImageNet's flat validation directory and its ground truth

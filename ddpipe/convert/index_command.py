@@ -14,6 +14,7 @@ from ..decode.spec import IMAGE_FIELDS
 from ..errors import DdpipeError
 from ..manifest import Manifest
 from ..storage import is_remote
+from ..storage.location import is_web
 from .adopt import index_tars, refuse_unwritable_out
 from .adopt_hdf5 import HDF5_SUFFIXES, index_hdf5
 from .adopt_lmdb import index_lmdb
@@ -111,6 +112,9 @@ def run(args: argparse.Namespace) -> Manifest:
     if is_remote(args.dir):
         from .adopt_objects import index_objects
 
+        if args.out is None and is_web(args.dir):  # before any object is listed or fetched
+            raise DdpipeError("a web server is read-only to ddpipe, so index.json cannot go beside its files: give "
+                              "--out DIR for it (the manifest there names their URL)", path=args.dir)
         if args.out is not None and is_remote(str(args.out)):
             raise DdpipeError("--out is a local directory; without it index.json goes beside the objects",
                               path=args.out)

@@ -13,6 +13,7 @@ from ..fields import whole_option
 from ..formats import ShardWriter, get_format
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, numbered_class_limit, save_manifest
 from ..sample import KEY, Sample, class_of
+from ..storage.location import is_remote
 from .adopt import refuse_unwritable_out
 
 
@@ -35,6 +36,9 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
         raise OptionError(f"classes must be a list of class names, not the string {classes!r}")
     fmt = get_format(format)
     samples = iter(samples)  # not iterable: Python's TypeError, before a directory is made
+    if is_remote(out):  # Path() took it for a local path: "s3:/bucket/..." was made here
+        raise OptionError("write_dataset writes a local directory: write the dataset here, then `ddpipe convert DIR "
+                          "s3://bucket/prefix` sends it into a bucket", path=out)
     root = Path(out)
     if (root / MANIFEST_NAME).exists():
         raise ConversionConflictError("already holds a dataset", path=root)

@@ -84,3 +84,8 @@ def parse_location(where: str | os.PathLike[str]) -> Location:
 
 def is_remote(where: str | os.PathLike[str]) -> bool:
     return isinstance(where, str) and where.split("://", 1)[0].lower() in REMOTE_SCHEMES and "://" in where
+
+
+def is_web(where: str | os.PathLike[str]) -> bool:
+    """An ``http(s)://`` location: read-only to ddpipe (a web server takes no uploads it would trust)."""
+    return is_remote(where) and str(where).split("://", 1)[0].lower() in ("http", "https")

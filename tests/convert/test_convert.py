@@ -393,6 +393,24 @@ def test_write_dataset_refuses_what_would_make_a_wrong_or_empty_dataset(tmp_path
     assert (tmp_path / "a-file").read_bytes() == b"x"
 
 
+def test_the_local_writers_refuse_a_url_rather_than_make_a_directory_of_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Path("s3://bucket/x") is "s3:/bucket/x": write_dataset wrote the dataset there, in the working
+    directory, and index_tars said "s3:/bucket/x: not a directory"."""
+    monkeypatch.chdir(tmp_path)
+    sample = {KEY: "k/0", "txt": b"x", "cls": 0}
+    with pytest.raises(ddpipe.OptionError, match=r"^s3://bkt/x: write_dataset writes a local directory: write the "
+                                                 r"dataset here, then `ddpipe convert DIR s3://bucket/prefix`"):
+        ddpipe.write_dataset("s3://bkt/x", [sample])
+    with pytest.raises(ddpipe.OptionError, match=r"^https://host/x: index_tars adopts a local directory: `ddpipe "
+                                                 r"index s3://bucket/prefix` adopts tars in a bucket"):
+        ddpipe.index_tars("https://host/x")
+    ddpipe.write_dataset(tmp_path / "tars", [sample])
+    with pytest.raises(ddpipe.OptionError, match=r"^s3://bkt/m: out is a local directory for index.json"):
+        ddpipe.index_tars(tmp_path / "tars", out="s3://bkt/m")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tars"]
+
+
 def test_write_dataset_takes_a_class_number_as_an_int(tmp_path: Path) -> None:
     """What webdataset's writer takes; here it was refused as "cls 3 is not an integer"."""
     items = [{KEY: f"k/{i}", "txt": b"x", "cls": i % 3} for i in range(6)]

@@ -80,6 +80,25 @@ def test_an_object_of_another_size_behind_a_server_without_ranges_is_named(local
         verified.stderr, verified.stderr
 
 
+def test_a_web_server_is_read_only_and_one_that_lists_nothing_is_said_so(local_sets: dict[str, Path],
+                                                                        http_root: RangeServer, tmp_path: Path) -> None:
+    """A conversion into a web server failed after the shards were written, in obstore's words and
+    the server's HTML; so did indexing one, and ``index --out`` where the server lists nothing."""
+    shutil.copytree(local_sets["wds"], http_root.root / "wds")
+    (http_root.root / "wds" / "index.json").unlink()
+    url = f"{http_root.url}/wds"
+    into = run_cli("convert", local_sets["wds"], f"{http_root.url}/new", "--quiet")
+    assert into.returncode == 1 and into.stderr == f"ddpipe: error: {http_root.url}/new: a web server is read-only " \
+        "to ddpipe: convert into a directory or an s3:// prefix\n", into.stderr
+    beside = run_cli("index", url)
+    assert beside.returncode == 1 and beside.stderr == f"ddpipe: error: {url}: a web server is read-only to ddpipe, " \
+        "so index.json cannot go beside its files: give --out DIR for it (the manifest there names their URL)\n"
+    unlisted = run_cli("index", url, "--out", tmp_path / "m")  # http.server answers PROPFIND 501
+    assert unlisted.returncode == 1 and unlisted.stderr.count("\n") == 1 and \
+        f"{http_root.url} does not list its files (it answers no WebDAV PROPFIND)" in unlisted.stderr
+    assert not (http_root.root / "new").exists() and not (tmp_path / "m").exists()
+
+
 def test_a_dataset_converted_from_a_bucket_into_a_bucket(local_sets: dict[str, Path], bucket: str) -> None:
     upload_dir(local_sets["wds"], f"s3://{bucket}/wds")
     done = run_cli("convert", f"s3://{bucket}/wds", f"s3://{bucket}/as-lmdb", "--format", "lmdb")
