@@ -239,6 +239,13 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     # without a suffix was written with .png added, and "wrote plot" named no file
     (["bench", "ds", "--plot", "plot.txt"], "argument --plot: plot.txt: name a file ending .png, .svg or .pdf"),
     (["bench", "ds", "--plot", "plot"], "argument --plot: plot: name a file ending .png, .svg or .pdf"),
+    # Path("s3://b/x") is "s3:/b/x": a stage, a report, a checkpoint's directory... made here under that name
+    (["train", "ds", "--checkpoint", "s3://b/c.pt"],
+     "argument --checkpoint: s3://b/c.pt: takes a path on this machine, not an object store's URL"),
+    (["stage", "ds", "--local-dir", "s3://b/x"], "argument --local-dir: s3://b/x: takes a path on this machine"),
+    (["bench", "ds", "--json", "https://h/x.json"], "argument --json: https://h/x.json: takes a path on this machine"),
+    (["index", "tars", "--out", "s3://b/m"], "argument --out: s3://b/m: takes a path on this machine"),
+    (["synth", "s3://b/raw"], "argument out: s3://b/raw: takes a path on this machine"),
     (["bench", "ds", "--source-throttle", ".ms"],  # a latency without digits: was float's own words
      "argument --source-throttle: cannot parse '.ms' in '.ms': use e.g. '100MB/s,5ms'"),
     # an option that acts only with another: passed over in silence, or "stage_dir=None stages nothing"

@@ -39,14 +39,24 @@ def path(text: str) -> str:
     return os.path.expanduser(text)
 
 
+def local(text: str) -> str:
+    """A path on this machine, for an option that takes no URL: Path("s3://b/x") is "s3:/b/x", and a
+    directory of that name was made in the working directory (a checkpoint, a stage, a report...)."""
+    from ..storage.location import is_remote
+
+    if is_remote(text):
+        raise argparse.ArgumentTypeError(f"{text}: takes a path on this machine, not an object store's URL")
+    return path(text)
+
+
 def local_path(text: str) -> Path:
-    return Path(path(text))
+    return Path(local(text))
 
 
 def plot_file(text: str) -> str:
     """A figure's file: its suffix names a format matplotlib writes (it chooses by the suffix, and
     adds ``.png`` to a name without one), checked before the run whose end it would have failed."""
-    named = path(text)
+    named = local(text)
     try:
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:

@@ -90,7 +90,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     command = functools.partial(sub.add_parser, formatter_class=HelpWithDefaults)  # each command's parser
 
     p = command("synth", help="write an ImageNet-like ImageFolder of real JPEGs")
-    p.add_argument("out", type=arg.path, help="directory to write: OUT/<class>/<image>.jpg")
+    p.add_argument("out", type=arg.local, help="directory to write: OUT/<class>/<image>.jpg")
     p.add_argument("--n", type=arg.positive, default=1000, help="number of images")
     p.add_argument("--classes", type=arg.positive, default=10, help="number of classes, the images split evenly")
     p.add_argument("--seed", type=int, default=0, help="the same seed writes the same images")
@@ -117,10 +117,10 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--allow-empty", action="store_true",
                    help="write an empty dataset if every input is skipped, and keep class directories without "
                         "images as classes of no samples")
-    p.add_argument("--val-labels", type=arg.path,
+    p.add_argument("--val-labels", type=arg.local,
                    help="ImageNet's validation ground truth (LOC_val_solution.csv or "
                         "ILSVRC2012_validation_ground_truth.txt) for SRC, its flat directory")
-    p.add_argument("--synsets", type=arg.path, help="the synset list (LOC_synset_mapping.txt, map_clsloc.txt)")
+    p.add_argument("--synsets", type=arg.local, help="the synset list (LOC_synset_mapping.txt, map_clsloc.txt)")
     p.add_argument("--no-decode-check", action="store_true",
                    help="check only each image's header, not that it decodes whole (faster; see README)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -140,7 +140,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
 
     p = command("stage", help="copy this node's shards to node-local storage ahead of a job")
     p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
-    p.add_argument("--local-dir", type=arg.path, required=True,
+    p.add_argument("--local-dir", type=arg.local, required=True,
                    help="node-local directory (an SSD, or memory); {node} gives each node its own, "
                         "$VAR takes it from the node's environment")
     p.add_argument("--capacity", type=arg.size, default=None,
@@ -179,7 +179,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=arg.SHUFFLE_HELP)
     p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=arg.EXCHANGE_HELP)
     p.add_argument("--shard-assignment", choices=ASSIGNMENTS, default="sticky", help=arg.ASSIGNMENT_HELP)
-    p.add_argument("--stage-dir", type=arg.path, default=None,
+    p.add_argument("--stage-dir", type=arg.local, default=None,
                    help="node-local staging directory ('auto': $DDPIPE_LOCAL_DIR; {node} and $VAR are resolved "
                         "on each node)")
     p.add_argument("--stage-capacity", type=arg.size, default=None,
@@ -208,7 +208,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--epochs", type=arg.positive, default=1, help="epochs of the full pipeline feeding the step")
     p.add_argument("--compare", nargs="*", default=None, choices=list(PEERS), metavar="PEER",
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
-    p.add_argument("--compare-dir", type=arg.path, default=None,
+    p.add_argument("--compare-dir", type=arg.local, default=None,
                    help="where the peers' inputs are written once (default: temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or phase lines")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=arg.SHUFFLE_HELP)
@@ -218,10 +218,11 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     _read_in_argument(p)
     p.add_argument("--image-size", type=arg.positive, default=224, help=arg.IMAGE_SIZE_HELP)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
-    p.add_argument("--stage-dir", type=arg.path, default=None, help="node-local directory to stage the shards to first")
+    p.add_argument("--stage-dir", type=arg.local, default=None,
+                   help="node-local directory to stage the shards to first")
     p.add_argument("--source-throttle", type=arg.source_limits, default=os.environ.get(THROTTLE_ENV),
                    help=f"model a slow source, e.g. 100MB/s,5ms (default: ${THROTTLE_ENV})")
-    p.add_argument("--json", type=arg.path, default=None, help="write every figure and the machine to this file")
+    p.add_argument("--json", type=arg.local, default=None, help="write every figure and the machine to this file")
     p.add_argument("--plot", type=arg.plot_file, default=None,
                    help="write a PNG of throughput by stage and stall over the epoch")
     p.add_argument("--project", type=arg.node_counts, default=None, metavar="nodes=1,8,64,512",
@@ -263,7 +264,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p = command("verify", help="check checksums and sample counts (and with --decode, every image)")
     p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--decode", action="store_true", help="also decode every image (slower)")
-    p.add_argument("--stage-dir", type=arg.path, default=None,
+    p.add_argument("--stage-dir", type=arg.local, default=None,
                    help="check this dataset's copies staged there instead, named as the job named it ({node}: every "
                         "node's this machine sees)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

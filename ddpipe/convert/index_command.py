@@ -90,8 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", type=arg.path,
                    help="a directory (or s3:// or http(s):// prefix) of tar shards, of HDF5 files, or an "
                         "LMDB environment")
-    p.add_argument("--classes", type=arg.path, help="file of class names, one per line, in label order")
-    p.add_argument("--out", type=arg.path, default=None,
+    p.add_argument("--classes", type=arg.local, help="file of class names, one per line, in label order")
+    p.add_argument("--out", type=arg.local, default=None,
                    help="write index.json here instead of beside the data (when the data is read-only)")
     g = p.add_argument_group("HDF5")
     g.add_argument("--images", help="the dataset of images, one per row, encoded or uint8 pixels (asked for when "
@@ -102,7 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--values", choices=["image", "msgpack", "caffe", "pickle"], default=None,
                    help="what each value holds (guessed from the first when not given)")
     g.add_argument("--label-regex", help="for plain images: a pattern with a group (?P<label>...) found in the key")
-    g.add_argument("--labels-file", type=arg.path, help="for plain images: a file of 'key label' lines beside data.mdb")
+    g.add_argument("--labels-file", type=arg.local,
+                   help="for plain images: a file of 'key label' lines beside data.mdb")
     g.add_argument("--allow-pickle", action="store_true",
                    help="read values that are Python pickles (unpickling runs code: only data you trust)")
 
@@ -115,9 +116,6 @@ def run(args: argparse.Namespace) -> Manifest:
         if args.out is None and is_web(args.dir):  # before any object is listed or fetched
             raise DdpipeError("a web server is read-only to ddpipe, so index.json cannot go beside its files: give "
                               "--out DIR for it (the manifest there names their URL)", path=args.dir)
-        if args.out is not None and is_remote(str(args.out)):
-            raise DdpipeError("--out is a local directory; without it index.json goes beside the objects",
-                              path=args.out)
         if args.out is not None:  # before any object is fetched
             refuse_unwritable_out(Path(args.out))
         return index_objects(args, run, classes)

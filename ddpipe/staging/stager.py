@@ -36,6 +36,7 @@ from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionEr
 from ..fields import bytes_option, number_option, refuse_non_boolean_flags
 from ..formats.atomic import atomic_write_bytes, commit, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, stamp_path, write_stamp
+from ..storage.location import is_remote
 from ..throttle import SourceLimits
 from .job_lock import hold_directory
 from .local_dir import node_local_dir
@@ -58,6 +59,8 @@ class StageOptions:
 
     def __post_init__(self) -> None:
         refuse_non_boolean_flags(self, prefix="stage_")
+        if is_remote(self.stage_dir):  # Path() made a local "s3:/bucket/x" of it
+            raise OptionError(f"stage_dir is node-local storage, not an object store's URL: {self.stage_dir}")
         object.__setattr__(self, "stage_dir", Path(self.stage_dir))  # a str given is kept as a Path
         if self.capacity is not None:
             object.__setattr__(self, "capacity", bytes_option(self.capacity, "stage_capacity"))

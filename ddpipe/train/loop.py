@@ -26,6 +26,7 @@ from ..errors import DdpipeError, OptionError
 from ..fields import number_option, refuse_non_boolean_flags, whole_option
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
+from ..storage.location import is_remote
 from .distributed import DataParallel, Job, wrap
 from .mpi_allreduce import DEFAULT_BUCKET_BYTES
 from .step import train_step
@@ -70,6 +71,8 @@ class TrainOptions:
             if not isinstance(self.checkpoint, (str, os.PathLike)):
                 kind = type(self.checkpoint).__name__
                 raise OptionError(f"checkpoint must be a path, not {kind} {self.checkpoint!r}")
+            if is_remote(self.checkpoint):  # Path() made a local "s3:/bucket/x" of it
+                raise OptionError(f"checkpoint is a file on this machine, not an object store's URL: {self.checkpoint}")
             object.__setattr__(self, "checkpoint", Path(self.checkpoint))
 
 
