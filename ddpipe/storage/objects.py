@@ -134,7 +134,7 @@ class ObjectStorage:
         text = _first_line(error)
         if "PROPFIND" in text and self.location.scheme in ("http", "https"):  # the listing of a plain web server
             return StorageError(f"{self.where} does not list its files (it answers no WebDAV PROPFIND), and adopting "
-                                "them in place needs their list: put them in a bucket, or index a copy here",
+                                "them in place needs their list: name a bucket by its s3:// URL, or index a copy here",
                                 path=url)
         if isinstance(error, ox.NotSupportedError) and "RangeNotSupported" in str(error):
             return _RangesRefused(f"{self.where} does not answer ranged requests", path=url)
