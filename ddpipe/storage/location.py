@@ -62,7 +62,11 @@ def parse_location(where: str | os.PathLike[str]) -> Location:
         return Location("file", "", os.fspath(where))
     if "://" not in where:
         return Location("file", "", where)
-    parts = urlsplit(where)
+    try:
+        parts = urlsplit(where)
+        parts.port  # noqa: B018 (parsed on first use: a port that is no number raises here)
+    except ValueError as e:  # "Invalid IPv6 URL", "Port could not be cast to integer value as 'abc'"
+        raise OptionError(f"{where}: not a URL: {e}") from None
     scheme = parts.scheme.lower()
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
@@ -71,7 +75,7 @@ def parse_location(where: str | os.PathLike[str]) -> Location:
     if scheme not in REMOTE_SCHEMES:
         raise OptionError(f"{where}: unsupported scheme {parts.scheme!r}; use a path, file://, s3://, http:// or "
                           "https://")
-    if not parts.netloc:
+    if not (parts.netloc if scheme == "s3" else parts.hostname):
         raise OptionError(f"{where}: no {'bucket' if scheme == 's3' else 'host'} named")
     if parts.query or parts.fragment:
         raise OptionError(f"{where}: a dataset location takes no query or fragment")

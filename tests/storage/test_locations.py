@@ -38,7 +38,11 @@ def test_paths_stay_paths_and_other_urls_are_refused() -> None:
     segments = "takes no empty, '.' or '..' segment"
     for bad, what in [("ftp://host/ds", "unsupported scheme"), ("s3:///ds", "no bucket"),
                       ("file://elsewhere/ds", "file:///path"), ("https://host/ds?x=1", "no query"),
-                      ("s3://b/../ds", segments), ("s3://b/a//ds", segments), ("https://host/./ds", segments)]:
+                      ("s3://b/../ds", segments), ("s3://b/a//ds", segments), ("https://host/./ds", segments),
+                      # obstore's ValueError "empty host", or urllib's, as tracebacks
+                      ("https://:80/ds", "https://:80/ds: no host named"),
+                      ("http://h:abc/ds", "http://h:abc/ds: not a URL: Port could not be cast"),
+                      ("http://[::1/ds", r"http://\[::1/ds: not a URL: Invalid IPv6 URL")]:
         with pytest.raises(OptionError, match=what):
             parse_location(bad)
 
