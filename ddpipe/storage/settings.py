@@ -9,6 +9,7 @@ import configparser
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..errors import OptionError
 from ..fields import bytes_option, number_option, whole_option
@@ -40,7 +41,7 @@ class StorageOptions:
         for name in ("endpoint", "region", "profile"):
             if not isinstance(getattr(self, name), (str, type(None))):
                 raise OptionError(f"{name} must be text or None, not {getattr(self, name)!r}")
-        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
+        if self.endpoint is not None and not _is_endpoint(self.endpoint):
             raise OptionError(f"endpoint must be an http:// or https:// URL, not {self.endpoint!r}")
         object.__setattr__(self, "chunk_bytes", bytes_option(self.chunk_bytes, "chunk_bytes"))
         if self.chunk_bytes < 64 * 1024:
@@ -67,6 +68,17 @@ class S3Settings:
     @property
     def allow_http(self) -> bool:
         return self.endpoint is not None and self.endpoint.startswith("http://")
+
+
+def _is_endpoint(url: str) -> bool:
+    """An http(s) URL with a host and a port that is a number: obstore's client panicked on the
+    others ("called `Result::unwrap()` on an `Err` value: EmptyHost"), a Rust panic for a traceback."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsed on first use: a port that is no number raises here)
+    except ValueError:
+        return False
+    return url.startswith(("http://", "https://")) and bool(parts.hostname)
 
 
 def _profile_section(parser: configparser.ConfigParser, profile: str, config_file: bool) -> Mapping[str, str]:
@@ -115,7 +127,7 @@ def resolve_s3(options: StorageOptions, environ: Mapping[str, str], home: Path) 
         raise OptionError("AWS credentials need both an access key id and a secret access key; one is missing")
     endpoint = (options.endpoint or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
                 or config.get("endpoint_url"))
-    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+    if endpoint is not None and not _is_endpoint(endpoint):
         raise OptionError(f"the S3 endpoint must be an http:// or https:// URL, not {endpoint!r}")
     region = (options.region or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
               or config.get("region") or "us-east-1")

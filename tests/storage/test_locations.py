@@ -87,6 +87,12 @@ def test_without_credentials_requests_go_unsigned_only_where_the_metadata_servic
         resolve_s3(StorageOptions(), {"AWS_ACCESS_KEY_ID": "k"}, tmp_path)
     with pytest.raises(OptionError, match="endpoint"):
         StorageOptions(endpoint="minio:9000")
+    # obstore's client panicked on each (a Rust panic, "called `Result::unwrap()` on an `Err` value")
+    for endpoint in ("http://:9000", "http://minio:port"):
+        with pytest.raises(OptionError, match=f"endpoint must be an http:// or https:// URL, not '{endpoint}'"):
+            StorageOptions(endpoint=endpoint)
+        with pytest.raises(OptionError, match=f"the S3 endpoint must be an http:// or https:// URL, not '{endpoint}'"):
+            resolve_s3(StorageOptions(), {"AWS_ENDPOINT_URL": endpoint}, tmp_path)
 
 
 @pytest.mark.parametrize(("given", "says"), [
