@@ -81,8 +81,12 @@ def _is_endpoint(url: str) -> bool:
     return url.startswith(("http://", "https://")) and bool(parts.hostname)
 
 
+def _section_name(profile: str, config_file: bool) -> str:
+    return profile if not config_file or profile == "default" else f"profile {profile}"
+
+
 def _profile_section(parser: configparser.ConfigParser, profile: str, config_file: bool) -> Mapping[str, str]:
-    name = profile if not config_file or profile == "default" else f"profile {profile}"
+    name = _section_name(profile, config_file)
     return parser[name] if parser.has_section(name) else {}
 
 
@@ -115,11 +119,21 @@ def _settings_file(environ: Mapping[str, str], variable: str, default: Path) -> 
 
 
 def resolve_s3(options: StorageOptions, environ: Mapping[str, str], home: Path) -> S3Settings:
+    named_by = next((by for by, name in (("StorageOptions.profile", options.profile),
+                                         ("$AWS_PROFILE", environ.get("AWS_PROFILE")),
+                                         ("$AWS_DEFAULT_PROFILE", environ.get("AWS_DEFAULT_PROFILE"))) if name), None)
     profile = options.profile or environ.get("AWS_PROFILE") or environ.get("AWS_DEFAULT_PROFILE") or "default"
     aws = home / ".aws"
-    credentials = _profile_section(_settings_file(environ, "AWS_SHARED_CREDENTIALS_FILE", aws / "credentials"),
-                                   profile, config_file=False)
-    config = _profile_section(_settings_file(environ, "AWS_CONFIG_FILE", aws / "config"), profile, config_file=True)
+    credentials_file = _settings_file(environ, "AWS_SHARED_CREDENTIALS_FILE", aws / "credentials")
+    config_file = _settings_file(environ, "AWS_CONFIG_FILE", aws / "config")
+    credentials = _profile_section(credentials_file, profile, config_file=False)
+    config = _profile_section(config_file, profile, config_file=True)
+    if named_by is not None and profile != "default" and not credentials_file.has_section(profile) \
+            and not config_file.has_section(_section_name(profile, config_file=True)):
+        # as the SDKs refuse it ("The config profile (x) could not be found"): its endpoint and keys
+        # were passed over without a word, and requests went to AWS with none
+        raise OptionError(f"the AWS profile {profile!r} ({named_by}) is in neither the credentials file nor the "
+                          "config file")
     key = environ.get("AWS_ACCESS_KEY_ID") or credentials.get("aws_access_key_id")
     secret = environ.get("AWS_SECRET_ACCESS_KEY") or credentials.get("aws_secret_access_key")
     token = environ.get("AWS_SESSION_TOKEN") or credentials.get("aws_session_token")

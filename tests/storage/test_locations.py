@@ -78,6 +78,15 @@ def test_s3_settings_come_from_options_then_the_environment_then_the_profile_fil
     assert from_env.allow_http  # plain HTTP only because the endpoint says http://
     chosen = resolve_s3(StorageOptions(endpoint="https://minio.site", region="local"), env, tmp_path)
     assert (chosen.endpoint, chosen.region, chosen.allow_http) == ("https://minio.site", "local", False)
+    # a profile named but in neither file: its endpoint and keys were passed over without a word (the
+    # SDKs refuse it); one in the config file alone is found
+    for named in ({"AWS_PROFILE": "typo"}, {"AWS_DEFAULT_PROFILE": "typo"}):
+        with pytest.raises(OptionError, match=r"the AWS profile 'typo' \(\$AWS_(DEFAULT_)?PROFILE\) is in neither"):
+            resolve_s3(StorageOptions(), {**env, **named}, tmp_path)
+    with pytest.raises(OptionError, match=r"'typo' \(StorageOptions.profile\)"):
+        resolve_s3(StorageOptions(profile="typo"), env, tmp_path)
+    (aws / "config").write_text("[profile site]\nendpoint_url = https://site.example\n")
+    assert resolve_s3(StorageOptions(profile="site"), {}, tmp_path).endpoint == "https://site.example"
 
 
 def test_without_credentials_requests_go_unsigned_only_where_the_metadata_service_is_ruled_out(tmp_path: Path) -> None:
