@@ -191,6 +191,8 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
     (lambda: DecodeOptions(max_pixels=1.5),  # type: ignore[arg-type]
      "max_pixels must be a whole number of at least 1, not 1.5"),
     # a URL taken for a local path: Path("s3://b/x") is "s3:/b/x", made in the working directory
+    (lambda: StageOptions(""),  # type: ignore[arg-type]  # Path("") is ".": staged into the working directory
+     "stage_dir is empty: give a node-local directory, or None for no staging"),
     (lambda: StageOptions("s3://b/x"), "stage_dir is node-local storage, not an object store's URL: s3://b/x"),  # type: ignore[arg-type]
     (lambda: TrainOptions(checkpoint="s3://b/c.pt"),  # type: ignore[arg-type]
      "checkpoint is a file on this machine, not an object store's URL: s3://b/c.pt"),

@@ -46,6 +46,8 @@ def local(text: str) -> str:
 
     if is_remote(text):
         raise argparse.ArgumentTypeError(f"{text}: takes a path on this machine, not an object store's URL")
+    if not text.strip():  # Path("") is ".": a stage or a report went to the working directory
+        raise argparse.ArgumentTypeError("an empty path")
     return path(text)
 
 

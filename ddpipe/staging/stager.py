@@ -59,6 +59,8 @@ class StageOptions:
 
     def __post_init__(self) -> None:
         refuse_non_boolean_flags(self, prefix="stage_")
+        if isinstance(self.stage_dir, str) and not self.stage_dir.strip():  # Path("") is ".": staged into the cwd
+            raise OptionError("stage_dir is empty: give a node-local directory, or None for no staging")
         if is_remote(self.stage_dir):  # Path() made a local "s3:/bucket/x" of it
             raise OptionError(f"stage_dir is node-local storage, not an object store's URL: {self.stage_dir}")
         object.__setattr__(self, "stage_dir", Path(self.stage_dir))  # a str given is kept as a Path
