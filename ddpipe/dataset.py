@@ -400,6 +400,8 @@ def dataset_at(path: str | os.PathLike[str], storage: StorageOptions | None = No
         remote = open_storage(str(path), storage)
         dataset = Dataset(str(path), load_manifest_from(remote), remote)
     else:
+        if isinstance(path, str) and not path.strip():  # Path("") is ".": the working directory was taken for it
+            raise ManifestError("a dataset's path is empty: name its directory")
         if isinstance(path, str) and "://" in path:  # file:///path; another scheme refused by name, not as a directory
             path = str(parse_location(path).path)
         manifest = load_manifest(path)

@@ -246,7 +246,10 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["bench", "ds", "--json", "https://h/x.json"], "argument --json: https://h/x.json: takes a path on this machine"),
     (["index", "tars", "--out", "s3://b/m"], "argument --out: s3://b/m: takes a path on this machine"),
     (["synth", "s3://b/raw"], "argument out: s3://b/raw: takes a path on this machine"),
-    (["train", "ds", "--stage-dir", ""], "argument --stage-dir: an empty path"),  # Path("") is "."
+    # Path("") is ".": the working directory was staged into, converted as an ImageFolder, read as a dataset
+    (["train", "ds", "--stage-dir", ""], "argument --stage-dir: an empty path (a variable not set?)"),
+    (["convert", "", "out"], "argument src: an empty path (a variable not set?)"),
+    (["inspect", ""], "argument dataset: an empty path (a variable not set?)"),
     (["bench", "ds", "--source-throttle", ".ms"],  # a latency without digits: was float's own words
      "argument --source-throttle: cannot parse '.ms' in '.ms': use e.g. '100MB/s,5ms'"),
     # an option that acts only with another: passed over in silence, or "stage_dir=None stages nothing"

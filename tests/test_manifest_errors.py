@@ -116,3 +116,12 @@ def test_the_commands_say_it_in_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 1 and proc.stderr.count("\n") == 1, (args, proc.stderr)
         assert "index.json: malformed manifest: shard 'shard-000001.tar': 'samples'" in proc.stderr, proc.stderr
     assert {p.name: p.read_bytes() for p in root.iterdir()} == before  # nothing written, nothing lost
+
+
+def test_an_empty_path_is_no_dataset_not_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Path("") is ".": a script's open_dataset(os.environ.get("DATA", "")) read the working directory,
+    here a dataset, as if it had been named."""
+    make_dataset(tmp_path, "wds", [2])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ddpipe.ManifestError, match=r"^a dataset's path is empty: name its directory$"):
+        ddpipe.open_dataset("")

@@ -35,7 +35,10 @@ def addresses(text: str) -> list[str]:
 def path(text: str) -> str:
     """A path (or a URL: left as it is), ``~`` expanded as the shell expands it, since the shell does not
     after ``--option=`` or in quotes: ``--local-dir=~/stage`` made a directory named ``~`` in the
-    working directory."""
+    working directory. An empty one (``"$DATA"`` with the variable unset) is refused: ``Path("")`` is the
+    working directory, which was converted, read or written as if named."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (a variable not set?)")
     return os.path.expanduser(text)
 
 
@@ -46,8 +49,6 @@ def local(text: str) -> str:
 
     if is_remote(text):
         raise argparse.ArgumentTypeError(f"{text}: takes a path on this machine, not an object store's URL")
-    if not text.strip():  # Path("") is ".": a stage or a report went to the working directory
-        raise argparse.ArgumentTypeError("an empty path")
     return path(text)
 
 
