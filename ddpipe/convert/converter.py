@@ -159,6 +159,9 @@ def convert(
     comm = comm or init_comm()
     world = comm.world
     fmt = get_format(options.format)
+    for named, given in (("src", src), ("out", out)):
+        if isinstance(given, str) and not given.strip():  # Path("") is the working directory
+            raise OptionError(f"convert's {named} is an empty path: name a directory")
     if is_web(out):
         raise OptionError("a web server is read-only to ddpipe: convert into a directory or an s3:// prefix", path=out)
     if not is_remote(out) and not (Path(out) / MANIFEST_NAME).exists():  # a finished one is only read again

@@ -405,6 +405,10 @@ def test_the_local_writers_refuse_a_url_rather_than_make_a_directory_of_it(tmp_p
     with pytest.raises(ddpipe.OptionError, match=r"^https://host/x: index_tars adopts a local directory: `ddpipe "
                                                  r"index s3://bucket/prefix` adopts tars in a bucket"):
         ddpipe.index_tars("https://host/x")
+    with pytest.raises(ddpipe.OptionError, match=r"^convert's src is an empty path: name a directory$"):
+        ddpipe.convert("", tmp_path / "o")  # Path("") is ".": the working directory, converted as an ImageFolder
+    with pytest.raises(ddpipe.OptionError, match=r"^convert's out is an empty path: name a directory$"):
+        ddpipe.convert(tmp_path, "")
     ddpipe.write_dataset(tmp_path / "tars", [sample])
     with pytest.raises(ddpipe.OptionError, match=r"^s3://bkt/m: out is a local directory for index.json"):
         ddpipe.index_tars(tmp_path / "tars", out="s3://bkt/m")
