@@ -16,16 +16,14 @@ import pytest
 import ddpipe
 from ddpipe import epoch_ahead
 from ddpipe.handoff import Ahead
-from tests.reading_apart import BATCH, epoch_of, make, natural_samples, same
+from tests.reading_apart import BATCH, epoch_of, make, natural_samples, same, write_images
 
 pytest.importorskip("nvidia.dali")
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ahead") / "wds"
-    ddpipe.write_dataset(root, iter(natural_samples(60)), samples_per_shard=16, classes=["a", "b", "c"])
-    return root
+    return write_images(tmp_path_factory.mktemp("ahead") / "wds")
 
 
 @pytest.mark.parametrize("read_in", ["thread", "process"])

@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from ..errors import OptionError
 
 REMOTE_SCHEMES = ("s3", "http", "https")
+WEB_SCHEMES = ("http", "https")  # read-only, and listed only through WebDAV
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,8 @@ def parse_location(where: str | os.PathLike[str]) -> Location:
     if "://" not in where:
         return Location("file", "", where)
     try:
-        parts = urlsplit(where)
-        parts.port  # noqa: B018 (parsed on first use: a port that is no number raises here)
-    except ValueError as e:  # "Invalid IPv6 URL", "Port could not be cast to integer value as 'abc'"
+        parts = split_url(where)
+    except ValueError as e:
         raise OptionError(f"{where}: not a URL: {e}") from None
     scheme = parts.scheme.lower()
     if scheme == "file":
@@ -92,4 +92,12 @@ def is_remote(where: str | os.PathLike[str]) -> bool:
 
 def is_web(where: str | os.PathLike[str]) -> bool:
     """An ``http(s)://`` location: read-only to ddpipe (a web server takes no uploads it would trust)."""
-    return is_remote(where) and str(where).split("://", 1)[0].lower() in ("http", "https")
+    return is_remote(where) and str(where).split("://", 1)[0].lower() in WEB_SCHEMES
+
+
+def split_url(url: str) -> SplitResult:
+    """``urlsplit`` with the port parsed as well (urllib parses it only when asked): a ValueError for
+    what is no URL ("Invalid IPv6 URL", "Port could not be cast to integer value as 'abc'")."""
+    parts = urlsplit(url)
+    parts.port  # noqa: B018 (the parse; the value is not needed)
+    return parts

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DdpipeError, MissingShardError
-from .location import Location
+from .location import WEB_SCHEMES, Location
 from .settings import S3Settings, StorageOptions
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ class ObjectStorage:
 
         url = self.url(name)
         text = _first_line(error)
-        if "PROPFIND" in text and self.location.scheme in ("http", "https"):  # the listing of a plain web server
+        if "PROPFIND" in text and self.location.scheme in WEB_SCHEMES:  # the listing of a plain web server
             return StorageError(f"{self.where} does not list its files (it answers no WebDAV PROPFIND), and adopting "
                                 "them in place needs their list: name a bucket by its s3:// URL, or index a copy here",
                                 path=url)

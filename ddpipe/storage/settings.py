@@ -9,10 +9,10 @@ import configparser
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from ..errors import OptionError
 from ..fields import bytes_option, number_option, whole_option
+from .location import split_url
 
 MiB = 1 << 20
 
@@ -74,8 +74,7 @@ def _is_endpoint(url: str) -> bool:
     """An http(s) URL with a host and a port that is a number: obstore's client panicked on the
     others ("called `Result::unwrap()` on an `Err` value: EmptyHost"), a Rust panic for a traceback."""
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 (parsed on first use: a port that is no number raises here)
+        parts = split_url(url)
     except ValueError:
         return False
     return url.startswith(("http://", "https://")) and bool(parts.hostname)
@@ -119,10 +118,11 @@ def _settings_file(environ: Mapping[str, str], variable: str, default: Path) -> 
 
 
 def resolve_s3(options: StorageOptions, environ: Mapping[str, str], home: Path) -> S3Settings:
-    named_by = next((by for by, name in (("StorageOptions.profile", options.profile),
-                                         ("$AWS_PROFILE", environ.get("AWS_PROFILE")),
-                                         ("$AWS_DEFAULT_PROFILE", environ.get("AWS_DEFAULT_PROFILE"))) if name), None)
-    profile = options.profile or environ.get("AWS_PROFILE") or environ.get("AWS_DEFAULT_PROFILE") or "default"
+    # the first that names one, and what named it (said if the files have no such profile)
+    named_by, profile = next(((by, name) for by, name in (("StorageOptions.profile", options.profile),
+                                                          ("$AWS_PROFILE", environ.get("AWS_PROFILE")),
+                                                          ("$AWS_DEFAULT_PROFILE", environ.get("AWS_DEFAULT_PROFILE")))
+                              if name), (None, "default"))
     aws = home / ".aws"
     credentials_file = _settings_file(environ, "AWS_SHARED_CREDENTIALS_FILE", aws / "credentials")
     config_file = _settings_file(environ, "AWS_CONFIG_FILE", aws / "config")
