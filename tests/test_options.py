@@ -196,6 +196,13 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
     (lambda: StageOptions("s3://b/x"), "stage_dir is node-local storage, not an object store's URL: s3://b/x"),  # type: ignore[arg-type]
     (lambda: TrainOptions(checkpoint="s3://b/c.pt"),  # type: ignore[arg-type]
      "checkpoint is a file on this machine, not an object store's URL: s3://b/c.pt"),
+    # the library took them as a local "s3:/b/x" (no such file), "" as "." (is a directory), and
+    # synsets without val_labels in silence, where the command line refuses all three
+    (lambda: ConvertOptions(val_labels="s3://b/x"),
+     "val_labels is read from a local file, not an object store's URL: s3://b/x"),
+    (lambda: ConvertOptions(val_labels=""), "val_labels is an empty path: name the file, or None"),
+    (lambda: ConvertOptions(synsets="map_clsloc.txt"),
+     "synsets takes effect only with val_labels (ImageNet's validation ground truth)"),
     # a flag's string was taken as true
     (lambda: TrainOptions(amp="no"), "amp must be True or False, not 'no'"),  # type: ignore[arg-type]
     (lambda: ConvertOptions(decode_check="false"),  # type: ignore[arg-type]

@@ -78,6 +78,14 @@ class ConvertOptions:
         whole_option(self.workers, "workers", least=1)
         if self.seed is not None:
             seed_option(self.seed)
+        for name in ("val_labels", "synsets"):  # Path() made "." of "" and a local "s3:/b/x" of a URL
+            given = getattr(self, name)
+            if isinstance(given, str) and not given.strip():
+                raise OptionError(f"{name} is an empty path: name the file, or None")
+            if given is not None and is_remote(given):
+                raise OptionError(f"{name} is read from a local file, not an object store's URL: {given}")
+        if self.synsets is not None and self.val_labels is None:  # passed over in silence, as the CLI refuses
+            raise OptionError("synsets takes effect only with val_labels (ImageNet's validation ground truth)")
 
     def layout_args(self) -> dict[str, object]:
         """The options that decide the output bytes (and so the resume fingerprint)."""
@@ -167,6 +175,9 @@ def convert(
     if not is_remote(out) and not (Path(out) / MANIFEST_NAME).exists():  # a finished one is only read again
         refuse_unwritable_out(Path(out), role="the output")  # before the source is listed and read
     if options.val_labels is not None:  # ImageNet's flat validation directory and its ground truth
+        if is_remote(src):
+            raise OptionError("ImageNet's validation ground truth (--val-labels) goes with its flat validation "
+                              "directory on a local disk, not a URL", path=src)
         source = imagenet_val_source(Path(src), Path(options.val_labels),
                                      None if options.synsets is None else Path(options.synsets))
     else:

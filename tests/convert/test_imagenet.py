@@ -75,3 +75,12 @@ def test_an_image_missing_from_the_ground_truth_is_named(imagenet: Path, tmp_pat
     (imagenet / "val" / "ILSVRC2012_val_00000099.JPEG").write_bytes(solid_jpeg((1, 2, 3), (8, 8)))
     proc = run_cli("convert", imagenet / "val", tmp_path / "val", "--val-labels", imagenet / "LOC_val_solution.csv")
     assert proc.returncode == 1 and "ILSVRC2012_val_00000099.JPEG has no entry" in proc.stderr
+
+
+def test_a_validation_directory_given_as_a_url_is_refused_by_its_url(imagenet: Path, tmp_path: Path) -> None:
+    """It was named "s3:/b/val" (a Path had eaten a slash), as a local directory that was not there."""
+    proc = run_cli("convert", "s3://b/val", tmp_path / "val", "--val-labels", imagenet / "LOC_val_solution.csv")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "s3://b/val: ImageNet's validation ground truth (--val-labels) goes with its flat validation directory " \
+        "on a local disk, not a URL" in proc.stderr
+    assert not (tmp_path / "val").exists()
