@@ -45,6 +45,10 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
     this dataset staged there (those staged: a partial stage is not a problem), named as the job named
     it: ``"auto"``, ``$VAR`` and ``{host}`` as on this machine, and with ``{node}`` every node's
     directory this machine can see. Problems are collected, not raised."""
+    if stage_dir is not None:  # "" was the working directory, a URL a local "s3:/b/x", each "nothing staged"
+        from .staging.stager import refuse_non_local_stage_dir
+
+        refuse_non_local_stage_dir(stage_dir)
     dataset = dataset_at(path)
     report = VerifyReport()
     shards = list(enumerate(dataset.manifest.shards))

@@ -194,6 +194,10 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
     (lambda: StageOptions(""),  # type: ignore[arg-type]  # Path("") is ".": staged into the working directory
      "stage_dir is empty: give a node-local directory, or None for no staging"),
     (lambda: StageOptions("s3://b/x"), "stage_dir is node-local storage, not an object store's URL: s3://b/x"),  # type: ignore[arg-type]
+    (lambda: ddpipe.verify_dataset("d", stage_dir="s3://b/x"),  # its report said "nothing staged there"
+     "stage_dir is node-local storage, not an object store's URL: s3://b/x"),
+    (lambda: ddpipe.verify_dataset("d", stage_dir=""),
+     "stage_dir is empty: give a node-local directory, or None for no staging"),
     (lambda: TrainOptions(checkpoint="s3://b/c.pt"),  # type: ignore[arg-type]
      "checkpoint is a file on this machine, not an object store's URL: s3://b/c.pt"),
     # the library took them as a local "s3:/b/x" (no such file), "" as "." (is a directory), and

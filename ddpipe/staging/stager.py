@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import dataclasses
 import fcntl
+import os
 import sys
 import threading
 import time
@@ -46,6 +47,13 @@ from .shared_dir import refuse_a_shared_capacity
 _REACHED = ".reached"  # how far the leader's stager has come in this epoch's order (with a capacity)
 
 
+def refuse_non_local_stage_dir(stage_dir: str | os.PathLike[str]) -> None:
+    if isinstance(stage_dir, str) and not stage_dir.strip():  # Path("") is ".": staged into the cwd
+        raise OptionError("stage_dir is empty: give a node-local directory, or None for no staging")
+    if is_remote(stage_dir):  # Path() made a local "s3:/bucket/x" of it
+        raise OptionError(f"stage_dir is node-local storage, not an object store's URL: {stage_dir}")
+
+
 @dataclass(frozen=True)
 class StageOptions:
     """Node-local staging. ``stage_dir``: one name for the whole job, which each node resolves to its
@@ -59,10 +67,7 @@ class StageOptions:
 
     def __post_init__(self) -> None:
         refuse_non_boolean_flags(self, prefix="stage_")
-        if isinstance(self.stage_dir, str) and not self.stage_dir.strip():  # Path("") is ".": staged into the cwd
-            raise OptionError("stage_dir is empty: give a node-local directory, or None for no staging")
-        if is_remote(self.stage_dir):  # Path() made a local "s3:/bucket/x" of it
-            raise OptionError(f"stage_dir is node-local storage, not an object store's URL: {self.stage_dir}")
+        refuse_non_local_stage_dir(self.stage_dir)
         object.__setattr__(self, "stage_dir", Path(self.stage_dir))  # a str given is kept as a Path
         if self.capacity is not None:
             object.__setattr__(self, "capacity", bytes_option(self.capacity, "stage_capacity"))
