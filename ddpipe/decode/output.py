@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..errors import DdpipeError
+from ..errors import DdpipeError, OptionError
 from ..optional import installed
 from . import DECODERS
 from .batches import EncodedBatch, OnBad
@@ -36,6 +36,15 @@ class Decoder(Protocol):
 def normalize(images: torch.Tensor, options: DecodeOptions | None = None,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 NCHW images (0-255) -> normalised floats, on whatever device they are (the GPU, ideally)."""
+    # Anything else was taken as 0-255 in silence: a float32 batch the Loader had normalised already
+    # (its default dtype) normalised twice, a CHW image made a batch of one, an integer dtype truncated.
+    if images.dtype != torch.uint8:
+        raise OptionError(f"normalize takes uint8 images (0-255), not {str(images.dtype).removeprefix('torch.')}: "
+                          "a Loader's float batches are normalised already (DecodeOptions.dtype)")
+    if images.dim() != 4 or images.shape[1] != 3:
+        raise OptionError(f"normalize takes a batch, N x 3 x H x W, not {' x '.join(map(str, images.shape))}")
+    if not dtype.is_floating_point:
+        raise OptionError(f"normalize makes floats, not {str(dtype).removeprefix('torch.')}")
     o = options or DecodeOptions()
     mean = torch.tensor(o.mean, device=images.device, dtype=dtype).view(1, 3, 1, 1) * 255
     std = torch.tensor(o.std, device=images.device, dtype=dtype).view(1, 3, 1, 1) * 255

@@ -104,6 +104,20 @@ def test_uint8_then_normalize_matches_float_output(natural: Path) -> None:
     assert torch.allclose(normalize(u8), f32, atol=0.03)
 
 
+@pytest.mark.parametrize(("images", "dtype", "says"), [
+    (torch.zeros(2, 3, 8, 8), torch.float32, "normalize takes uint8 images (0-255), not float32: a Loader's float "
+     "batches are normalised already (DecodeOptions.dtype)"),
+    (torch.zeros(3, 8, 8, dtype=torch.uint8), torch.float32, "normalize takes a batch, N x 3 x H x W, not 3 x 8 x 8"),
+    (torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.int32, "normalize makes floats, not int32"),
+])
+def test_normalize_refuses_what_it_would_get_wrong(images: torch.Tensor, dtype: torch.dtype, says: str) -> None:
+    """Each was taken as uint8 NCHW in silence: a float batch the Loader had normalised (its default
+    dtype) came out normalised twice, a CHW image as a batch of one, integers truncated."""
+    with pytest.raises(ddpipe.OptionError) as refused:
+        normalize(images, dtype=dtype)
+    assert str(refused.value) == says
+
+
 def test_pil_and_dali_agree_in_shape_and_statistics(natural: Path) -> None:
     stats = {}
     for decode in DECODERS:
