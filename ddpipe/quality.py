@@ -153,6 +153,14 @@ def advise_exchange(manifest: Manifest, labels_of: np.ndarray, world_size: int, 
     skew is within ``within`` of the local-to-global gap from global's."""
     if not 0 <= within <= 1:  # NaN too: "closes nan% of the gap"
         raise OptionError(f"within is a share of the gap, in [0, 1], not {within}")
+    labels_of = np.asarray(labels_of)
+    if labels_of.shape != (manifest.num_samples,):  # an IndexError deep in the scoring, or a score of other labels
+        raise OptionError(f"labels_of has shape {labels_of.shape}, not one label per sample of the dataset: "
+                          f"({manifest.num_samples},)")
+    if labels_of.dtype.kind not in "iu":
+        raise OptionError(f"labels_of must hold class numbers (manifest.sample_labels()), not {labels_of.dtype}")
+    if labels_of.size and int(labels_of.min()) < 0:
+        raise OptionError(f"labels_of must hold class numbers, 0 or more, not {labels_of.min()}")
     base = options or PlanOptions()
     num_classes = int(labels_of.max()) + 1 if len(labels_of) else 1
     floor = random_skew(labels_of, num_classes, base.batch_size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,24 @@ def test_advice_within_a_share_outside_0_to_1_is_refused(tmp_path: Path, within:
     assert labels is not None
     with pytest.raises(ddpipe.OptionError, match=r"within is a share of the gap, in \[0, 1\]"):
         ddpipe.advise_exchange(data.manifest, labels, 4, [0.3], within=within)
+
+
+@pytest.mark.parametrize(("labels", "says"), [
+    (lambda n: np.zeros(3, dtype=np.int64),
+     "labels_of has shape (3,), not one label per sample of the dataset: ({n},)"),
+    (lambda n: np.zeros((n, 2), dtype=np.int64),
+     "labels_of has shape ({n}, 2), not one label per sample of the dataset: ({n},)"),
+    (lambda n: np.full(n, -1), "labels_of must hold class numbers, 0 or more, not -1"),
+    (lambda n: np.zeros(n), "labels_of must hold class numbers (manifest.sample_labels()), not float64"),
+])
+def test_advice_on_labels_not_the_datasets_is_refused(tmp_path: Path, labels: Callable[[int], np.ndarray],
+                                                      says: str) -> None:
+    """Too few labels was an IndexError from deep in the scoring; too many, or negative ones, were scored."""
+    data = ddpipe.open_dataset(class_sorted(tmp_path / "d"))
+    n = data.manifest.num_samples
+    with pytest.raises(ddpipe.OptionError) as refused:
+        ddpipe.advise_exchange(data.manifest, labels(n), 4, [0.3])
+    assert str(refused.value) == says.format(n=n)
 
 
 def test_a_dataset_of_no_samples_is_said_to_be_one(tmp_path: Path) -> None:
