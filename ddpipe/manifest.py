@@ -250,6 +250,9 @@ def load_manifest(dataset: str | os.PathLike[str]) -> Manifest:
     if not Path(dataset).exists():
         raise ManifestError("no such directory", path=dataset)
     if not Path(dataset).is_dir():
+        if Path(dataset).name == MANIFEST_NAME:  # as an object store's URL to it is told
+            raise ManifestError(f"names the index.json itself: a dataset is the directory holding it "
+                                f"({Path(dataset).parent})", path=dataset)
         raise ManifestError("not a directory: a dataset is a directory holding index.json", path=dataset)
     try:
         text = path.read_bytes()

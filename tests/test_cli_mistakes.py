@@ -32,6 +32,9 @@ def test_paths_that_are_not_what_they_must_be(raw_images: Path, tmp_path: Path) 
     ddpipe.convert(raw_images, tmp_path / "ds", ddpipe.ConvertOptions(progress=False))
     assert str(a_file) in one_line("stage", tmp_path / "ds", "--local-dir", a_file, "--quiet")
     assert "unknown model 'resnet999'" in one_line("train", tmp_path / "ds", "--model", "resnet999")
+    # as a URL to it is told (it was "not a directory: a dataset is a directory holding index.json")
+    assert one_line("inspect", tmp_path / "ds" / "index.json") == f"ddpipe: error: {tmp_path}/ds/index.json: names " \
+        f"the index.json itself: a dataset is the directory holding it ({tmp_path}/ds)"
 
 
 def test_a_directory_with_no_manifest_is_answered_with_the_command_that_makes_one(raw_images: Path,
