@@ -40,7 +40,7 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
                    stage_dir: str | os.PathLike[str] | None = None) -> VerifyReport:
     """Check every shard: present, of the recorded size and checksum, with the recorded sample count
     (and each sample's digest, where the manifest records them), each sample's label a class the
-    manifest names;
+    manifest names and the one its label runs record;
     with ``decode``, that every image field decodes. With ``stage_dir``, check instead the copies of
     this dataset staged there (those staged: a partial stage is not a problem), named as the job named
     it: ``"auto"``, ``$VAR`` and ``{host}`` as on this machine, and with ``{node}`` every node's
@@ -99,6 +99,9 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
         sidecar_check(shard_path)
     count = 0
     digests = dataset.sample_digests(i)
+    # what plan scores shuffles by and train sizes its model by: they must be the samples' own
+    recorded = [c for c, n in info.labels for _ in range(n)] if info.labels else None
+    disagreeing: list[str] = []
     with dataset.format.reader(shard_path) as reader:
         for sample in reader.scan():
             if digests is not None and count < len(digests) and sample_digest(sample) != digests[count]:
@@ -109,9 +112,12 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
             sample = reader.parse(sample)
             count += 1
             try:  # the loader would stop at it, or skip it
-                class_of(sample, len(dataset.manifest.classes))
+                label = class_of(sample, len(dataset.manifest.classes))
             except ValueError as e:
                 report.problems.append(f"{shown}: sample {sample[KEY]!r}: {e}")
+            else:
+                if recorded is not None and count <= len(recorded) and label != recorded[count - 1]:
+                    disagreeing.append(f"sample {sample[KEY]!r} is class {label}, they say {recorded[count - 1]}")
             if not decode:
                 continue
             images = [f for f in sample if is_image_field(f)]
@@ -123,6 +129,9 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
                     report.decoded += 1
                 except (OSError, ValueError, SyntaxError) as e:
                     report.problems.append(f"{shown}: sample {sample[KEY]!r} field {name!r} does not decode: {e}")
+    if disagreeing:  # the first, and how many: a shifted run makes every sample after it disagree
+        more = f" (and {len(disagreeing) - 1} more)" if len(disagreeing) > 1 else ""
+        report.problems.append(f"{shown}: index.json's labels disagree with the samples': {disagreeing[0]}{more}")
     if count != info.samples:
         report.problems.append(f"{shown}: holds {count} samples, index.json says {info.samples}")
     report.samples += count

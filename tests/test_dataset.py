@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -244,6 +245,25 @@ def test_verify_names_each_sample_whose_label_is_no_class_of_the_dataset(tmp_pat
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("fmt", ["wds", "hdf5", "lmdb"])
+def test_verify_names_label_runs_that_are_not_the_samples_own(raw_images: Path, tmp_path: Path, fmt: str) -> None:
+    """``plan`` scores shuffles by the manifest's label runs and ``train`` sizes its model by them:
+    runs that were not the samples' labels (a hand-edited or damaged index.json) passed verify."""
+    convert(raw_images, tmp_path / "ds", ConvertOptions(format=fmt, samples_per_shard=12, progress=False))
+    assert verify_dataset(tmp_path / "ds", progress=False).ok
+    doc = json.loads((tmp_path / "ds" / "index.json").read_text())
+    first = doc["shards"][0]
+    (cls, n), (other, _) = first["labels"][:2]  # the first shard's first two classes, each run 6 samples
+    first["labels"][1][0] = cls
+    (tmp_path / "ds" / "index.json").write_text(json.dumps(doc))
+    report = verify_dataset(tmp_path / "ds", progress=False)
+    assert len(report.problems) == 1, report.problems
+    key = sorted(raw_images.glob("*/*"))[n].relative_to(raw_images).with_suffix("")
+    assert report.problems[0] == f"{tmp_path / 'ds' / first['file']}: index.json's labels disagree with the " \
+        f"samples': sample '{key}' is class {other}, they say {cls} (and {first['labels'][1][1] - 1} more)"
+    assert run_cli("verify", tmp_path / "ds", "--quiet").returncode == 1
+
+
 def test_verify_decode_names_each_sample_without_an_image(tmp_path: Path) -> None:
     """The loader stops at (or skips) such a sample; verify --decode had passed, decoding nothing."""
     from .decode.images import labelled_samples
@@ -297,8 +317,6 @@ def test_verify_decode_accepts_png_grayscale_cmyk(tmp_path: Path) -> None:
 
 
 def test_inspect(dataset: Path) -> None:
-    import json
-
     proc = run_cli("inspect", dataset, "--json", check=True)
     doc = json.loads(proc.stdout)
     assert doc["samples"] == 24 and doc["shards"] == 4 and doc["num_classes"] == 3
