@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from .checksum import digest_mismatch, file_checksum, unpack_digests
-from .errors import ChecksumMismatchError, CorruptShardError, ManifestError, MissingShardError
+from .errors import ChecksumMismatchError, CorruptShardError, ManifestError, MissingShardError, OptionError
 from .formats import ShardFormat, ShardReader, get_format
 from .formats.base import LayoutError
 from .formats.mapped import HashedFile, advise_willneed
@@ -396,6 +396,8 @@ def open_dataset(path: str | os.PathLike[str], storage: StorageOptions | None = 
 
 def dataset_at(path: str | os.PathLike[str], storage: StorageOptions | None = None) -> Dataset:
     """:func:`open_dataset` without looking at the shards (``ddpipe verify`` reports on each)."""
+    if not isinstance(path, (str, os.PathLike)):  # pathlib's TypeError said "expected str, bytes or os.PathLike"
+        raise OptionError(f"a dataset is a path or a URL, not {type(path).__name__} {path!r}")
     if is_remote(path):
         remote = open_storage(str(path), storage)
         dataset = Dataset(str(path), load_manifest_from(remote), remote)

@@ -216,6 +216,8 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
     # zmq's bind took it: AttributeError 'startswith'; a checkpoint of another kind failed at the first look
     (lambda: ServeOptions(listen=5555), "listen must be an address, HOST:PORT, tcp://... or ipc://..., not int 5555"),  # type: ignore[arg-type]
     (lambda: TrainOptions(checkpoint=3), "checkpoint must be a path, not int 3"),  # type: ignore[arg-type]
+    (lambda: ddpipe.Loader(3, 4), "a dataset is a path or a URL, not int 3"),  # type: ignore[arg-type]
+    (lambda: ddpipe.open_dataset(None), "a dataset is a path or a URL, not NoneType None"),  # type: ignore[arg-type]
 ])
 def test_an_option_out_of_bounds_is_named_alone_with_its_value(make: Callable[[], object], says: str) -> None:
     """Each refusal named every bound of its group and none of the values ("batch_size and round_size
