@@ -141,6 +141,8 @@ def test_training_and_bench_mistakes_are_one_line_before_any_work(raw_images: Pa
     (tmp_path / "a-file").write_text("x")  # was "the directory for --plot does not exist"
     assert f"{tmp_path}/a-file: not a directory: --plot cannot be written under it" in one_line(
         "bench", ds, "--plot", tmp_path / "a-file" / "p.png")
+    assert one_line("bench", ds, "--compare", "torch", "--compare-dir", tmp_path / "a-file") == f"ddpipe: error: " \
+        f"{tmp_path}/a-file: is not a directory: --compare-dir names one under which the peers' inputs are written"
     proc = run_cli("bench", ds, "--step-time", "-1")
     assert proc.returncode == 2 and "--step-time: must be 0 or more seconds" in proc.stderr
     assert "Traceback" not in proc.stderr

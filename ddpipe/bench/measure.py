@@ -56,7 +56,7 @@ class BenchOptions:
     epochs: int = 1  # epochs of the full pipeline feeding the step
     cold: bool = False  # evict the dataset from the page cache before each epoch
     compare: tuple[str, ...] = ()  # peers to run on the same data (bench/peers.py)
-    compare_dir: str | None = None  # where the peers' inputs are written once (default: the temp dir)
+    compare_dir: str | None = None  # under which the peers' inputs are written once (default: the temp dir)
     progress: bool = False  # a progress bar on rank 0
 
 
@@ -320,7 +320,9 @@ def _run_peers(ld: Loader, o: BenchOptions, comm: Comm, bar: Any) -> list[dict[s
     from . import peers
 
     name = f"ddpipe-peers-{xxhash.xxh3_64_hexdigest(str(ld.dataset.root.resolve()).encode())}"
-    scratch = Path(o.compare_dir or Path(tempfile.gettempdir()) / name)
+    # a directory of their own under the one given: the inputs (an ImageFolder, tars rewritten after an
+    # rmtree) went straight into it, beside or over what it held ("wds", "images": a user's own data)
+    scratch = Path(o.compare_dir or tempfile.gettempdir()) / name
     if comm.world.local_rank == 0:  # written once per node
         peers.peer_inputs(ld.dataset, scratch)
     comm.barrier()

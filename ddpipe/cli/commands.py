@@ -311,6 +311,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     comm = init_comm()
     _writable_later(args.json, "--json", comm)
     _writable_later(args.plot, "--plot", comm)
+    if args.compare_dir is not None and Path(args.compare_dir).exists() and not Path(args.compare_dir).is_dir():
+        from ..errors import DdpipeError  # found after ddpipe's whole run, as mkdir's "File exists"
+
+        raise DdpipeError("is not a directory: --compare-dir names one under which the peers' inputs are written",
+                          path=args.compare_dir)
     from ..bench.peers import PEERS, available_peers
 
     compare: tuple[str, ...] = ()

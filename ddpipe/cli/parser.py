@@ -209,7 +209,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--compare", nargs="*", default=None, choices=list(PEERS), metavar="PEER",
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
     p.add_argument("--compare-dir", type=arg.local, default=None,
-                   help="where the peers' inputs are written once (default: temp dir)")
+                   help="under which the peers' inputs are written once, in a directory of their own per "
+                        "dataset (default: temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or phase lines")
     p.add_argument("--shuffle", choices=tuple(SHUFFLERS), default="partial", help=arg.SHUFFLE_HELP)
     p.add_argument("--exchange-fraction", type=arg.fraction, default=0.3, help=arg.EXCHANGE_HELP)

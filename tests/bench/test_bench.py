@@ -170,3 +170,20 @@ def test_the_gpu_benchmarks_loader_rows_run_on_the_cpu(two_gpu_batches: Path, tm
     # and the same epoch's wait for its first batch, and its rate from that batch on
     assert len(figures["first_batch_ms"]) == len(figures["steady_rates"]) == 1
     assert figures["first_batch_ms"][0] > 0 and figures["steady_rates"][0] > 0
+
+
+def test_the_peers_inputs_go_in_a_directory_of_their_own_under_compare_dir(tmp_path: Path) -> None:
+    """They were written straight into --compare-dir: an ImageFolder in its "images", and, for a
+    dataset of another format, tars in its "wds" after removing whatever that held (a user's own)."""
+    root = tmp_path / "h5"
+    ddpipe.write_dataset(root, iter(labelled_samples(32, np.random.default_rng(3))), format="hdf5",
+                         samples_per_shard=16, classes=[str(c) for c in range(6)])
+    mine = tmp_path / "scratch" / "wds" / "mine.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("a user's own")
+    report = run_bench(root, options(step_time=0.001, compare=("webdataset",), compare_dir=str(tmp_path / "scratch")),
+                       Comm())
+    assert [p["images"] for p in report.compare] == [32]
+    assert mine.read_text() == "a user's own" and sorted(p.name for p in mine.parent.iterdir()) == ["mine.txt"]
+    (own,) = [p for p in (tmp_path / "scratch").iterdir() if p.name != "wds"]
+    assert sorted(p.name for p in own.iterdir()) == [".complete", "images", "wds"]
