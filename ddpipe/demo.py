@@ -22,6 +22,8 @@ from .stats import inspect_dataset
 from .synth import SynthOptions, synth
 from .verify import verify_dataset
 
+DEMO_MARK = ".ddpipe-demo"  # what says a directory is a demo's, to be replaced by the next
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
@@ -34,7 +36,14 @@ def main() -> int:
     if args.load_worker:
         return _load_epoch(Path(args.load_worker))
     out = Path(args.out)
+    # a demo's own output from before is replaced; anything else (--out $HOME, say) was removed whole
+    if out.exists() and not (out / DEMO_MARK).exists() and (not out.is_dir() or any(out.iterdir())):
+        print(f"ddpipe demo: error: {out}: holds other files than an earlier demo's: give --out a new or empty "
+              "directory", file=sys.stderr)
+        return 1
     shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    (out / DEMO_MARK).write_text("made by python -m ddpipe.demo: removed by its next run\n")
 
     print(f"== 1. synth: {args.n} ImageNet-like JPEGs in {args.classes} classes -> {out / 'raw'}")
     t0 = time.perf_counter()
