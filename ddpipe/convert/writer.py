@@ -49,6 +49,7 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
     fields: set[str] = set()
     writer = None
     labels: list[int] = []
+    keys: set[object] = set()  # the shard's so far
     names = tuple(classes)
     try:
         for written, given in enumerate(samples):
@@ -56,7 +57,12 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
             label = _label(sample, names, written + 1)  # refused before it is written
             if writer is None:
                 writer = fmt.writer(root / f"shard-{len(shards):06d}{fmt.suffix}")
+                keys.clear()
+            if sample.get(KEY) in keys:  # a tar's readers (webdataset's, DALI's) took two samples of one key for one
+                raise SampleError("its key is an earlier sample's in the same shard: keys must be unique",
+                                  key=str(sample[KEY]))
             writer.write(sample)
+            keys.add(sample[KEY])
             fields.update(k for k in sample if k != KEY)
             labels.append(label)
             if writer.count == samples_per_shard:

@@ -14,6 +14,7 @@ import pytest
 import ddpipe
 from ddpipe.convert import ConvertOptions, convert
 from ddpipe.errors import ConversionConflictError, SourceError
+from ddpipe.formats import FORMAT_NAMES, get_format
 from ddpipe.manifest import load_manifest
 from ddpipe.sample import KEY
 
@@ -391,6 +392,21 @@ def test_write_dataset_refuses_what_would_make_a_wrong_or_empty_dataset(tmp_path
         ddpipe.write_dataset(kept, [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "kept"]  # the user's own empty directory stays
     assert (tmp_path / "a-file").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_write_dataset_refuses_a_key_twice_in_a_shard_and_keeps_the_shards_before(tmp_path: Path, fmt: str) -> None:
+    """Two samples of one key made a tar that ddpipe's own verify failed ("has field 'cls' twice") and
+    that webdataset's and DALI's readers took for one sample; convert refuses such keys already."""
+    samples = [{KEY: k, "txt": b"x", "cls": 0} for k in ("a", "b", "c", "d", "e", "d")]
+    with pytest.raises(ddpipe.SampleError) as refused:
+        ddpipe.write_dataset(tmp_path / "d", samples, format=fmt, samples_per_shard=3)
+    assert str(refused.value) == "sample 'd': its key is an earlier sample's in the same shard: keys must be unique"
+    # the finished shard (with a tar's .idx), and no part of the next
+    assert {p.stem for p in (tmp_path / "d").iterdir() if p.name.startswith("shard-")} == {"shard-000000"}
+    assert (tmp_path / "d" / f"shard-000000{get_format(fmt).suffix}").exists()
+    ddpipe.write_dataset(tmp_path / "apart", [{KEY: "a", "txt": b"x", "cls": 0}] * 2, format=fmt, samples_per_shard=1)
+    assert ddpipe.verify_dataset(tmp_path / "apart", progress=False).ok  # one key in two shards: each reads alone
 
 
 def test_the_local_writers_refuse_a_url_rather_than_make_a_directory_of_it(tmp_path: Path,
