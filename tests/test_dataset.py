@@ -13,6 +13,7 @@ from PIL import Image
 import ddpipe
 from ddpipe.convert import ConvertOptions, convert, write_dataset
 from ddpipe.errors import CorruptShardError, ManifestError, MissingShardError
+from ddpipe.formats import FORMAT_NAMES
 from ddpipe.reading import read_samples
 from ddpipe.sample import owned
 from ddpipe.verify import verify_dataset
@@ -245,7 +246,7 @@ def test_verify_names_each_sample_whose_label_is_no_class_of_the_dataset(tmp_pat
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("fmt", ["wds", "hdf5", "lmdb"])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_verify_names_label_runs_that_are_not_the_samples_own(raw_images: Path, tmp_path: Path, fmt: str) -> None:
     """``plan`` scores shuffles by the manifest's label runs and ``train`` sizes its model by them:
     runs that were not the samples' labels (a hand-edited or damaged index.json) passed verify."""
