@@ -135,6 +135,9 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
             rate_images, rate_seconds = images, seconds
         stages.append(StageFigures(name, images, total_bytes, seconds, rate_images, rate_seconds))
         per_rank.append({"stage": name, **figures})
+        # its threads (the next epoch read ahead, the decoder's) stopped now: left to the collector, they
+        # ran on while a peer's DataLoader forked its workers, and one forked holding a lock hung
+        ld.close()
 
     exchanging = mode.exchanges and comm.world.size > 1
     phases = ["read", *(["read+exchange"] if exchanging else []), "read+decode",

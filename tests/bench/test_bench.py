@@ -187,3 +187,16 @@ def test_the_peers_inputs_go_in_a_directory_of_their_own_under_compare_dir(tmp_p
     assert mine.read_text() == "a user's own" and sorted(p.name for p in mine.parent.iterdir()) == ["mine.txt"]
     (own,) = [p for p in (tmp_path / "scratch").iterdir() if p.name != "wds"]
     assert sorted(p.name for p in own.iterdir()) == [".complete", "images", "wds"]
+
+
+def test_no_thread_of_ddpipes_outlives_the_benchmark(data: Path) -> None:
+    """The read+decode stage's loader was left open: its thread reading the next epoch ahead ran on
+    while the peers' DataLoaders forked their workers, and a worker forked as it held a lock hung the
+    run (CI: webdataset's epoch never ended)."""
+    import gc
+    import threading
+
+    gc.collect()  # an earlier test's loaders, left to the collector, go with theirs
+    before = set(threading.enumerate())
+    run_bench(data, options(step_time=0.001), Comm())
+    assert [t.name for t in set(threading.enumerate()) - before if t.name.startswith("ddpipe-")] == []
