@@ -8,6 +8,8 @@ import dataclasses
 import math
 import numbers
 import operator
+import os
+from pathlib import Path
 from typing import Any
 
 from .errors import OptionError
@@ -86,6 +88,21 @@ def bytes_option(value: Any, name: str) -> int:
     except ValueError:
         raise OptionError(f"{name} must be a whole number of bytes, at least 1, or a size such as '100GB', "
                           f"not {value!r}") from None
+
+
+def local_path_option(value: Any, name: str, what: str, unset: str = "None") -> Path:
+    """An option naming ``what`` on this machine (a file, a node-local directory), as a Path: a number
+    was pathlib's TypeError, "" became "." (the working directory) and a URL a local "s3:/bucket/x"
+    (made in the working directory); each is refused naming ``name``. ``unset``: what to give for none."""
+    from .storage.location import is_remote
+
+    if not isinstance(value, (str, os.PathLike)):
+        raise OptionError(f"{name} must be a path, not {type(value).__name__} {value!r}")
+    if isinstance(value, str) and not value.strip():
+        raise OptionError(f"{name} is empty: name {what}, or {unset}")
+    if is_remote(value):
+        raise OptionError(f"{name} is {what}, not an object store's URL: {value}")
+    return Path(value)
 
 
 def refuse_non_boolean_flags(options: Any, prefix: str = "") -> None:

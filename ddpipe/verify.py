@@ -46,9 +46,9 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
     it: ``"auto"``, ``$VAR`` and ``{host}`` as on this machine, and with ``{node}`` every node's
     directory this machine can see. Problems are collected, not raised."""
     if stage_dir is not None:  # "" was the working directory, a URL a local "s3:/b/x", each "nothing staged"
-        from .staging.stager import refuse_non_local_stage_dir
+        from .staging.stager import stage_dir_option
 
-        refuse_non_local_stage_dir(stage_dir)
+        stage_dir_option(stage_dir)
     dataset = dataset_at(path)
     report = VerifyReport()
     shards = list(enumerate(dataset.manifest.shards))

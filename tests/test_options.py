@@ -192,19 +192,19 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
      "max_pixels must be a whole number of at least 1, not 1.5"),
     # a URL taken for a local path: Path("s3://b/x") is "s3:/b/x", made in the working directory
     (lambda: StageOptions(""),  # type: ignore[arg-type]  # Path("") is ".": staged into the working directory
-     "stage_dir is empty: give a node-local directory, or None for no staging"),
-    (lambda: StageOptions("s3://b/x"), "stage_dir is node-local storage, not an object store's URL: s3://b/x"),  # type: ignore[arg-type]
+     "stage_dir is empty: name a node-local directory, or None for no staging"),
+    (lambda: StageOptions("s3://b/x"), "stage_dir is a node-local directory, not an object store's URL: s3://b/x"),  # type: ignore[arg-type]
     (lambda: ddpipe.verify_dataset("d", stage_dir="s3://b/x"),  # its report said "nothing staged there"
-     "stage_dir is node-local storage, not an object store's URL: s3://b/x"),
+     "stage_dir is a node-local directory, not an object store's URL: s3://b/x"),
     (lambda: ddpipe.verify_dataset("d", stage_dir=""),
-     "stage_dir is empty: give a node-local directory, or None for no staging"),
+     "stage_dir is empty: name a node-local directory, or None for no staging"),
     (lambda: TrainOptions(checkpoint="s3://b/c.pt"),  # type: ignore[arg-type]
      "checkpoint is a file on this machine, not an object store's URL: s3://b/c.pt"),
     # the library took them as a local "s3:/b/x" (no such file), "" as "." (is a directory), and
     # synsets without val_labels in silence, where the command line refuses all three
     (lambda: ConvertOptions(val_labels="s3://b/x"),
-     "val_labels is read from a local file, not an object store's URL: s3://b/x"),
-    (lambda: ConvertOptions(val_labels=""), "val_labels is an empty path: name the file, or None"),
+     "val_labels is a file on this machine, not an object store's URL: s3://b/x"),
+    (lambda: ConvertOptions(val_labels=""), "val_labels is empty: name a file on this machine, or None"),
     (lambda: ConvertOptions(synsets="map_clsloc.txt"),
      "synsets takes effect only with val_labels (ImageNet's validation ground truth)"),
     # a flag's string was taken as true
@@ -216,6 +216,12 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
     # zmq's bind took it: AttributeError 'startswith'; a checkpoint of another kind failed at the first look
     (lambda: ServeOptions(listen=5555), "listen must be an address, HOST:PORT, tcp://... or ipc://..., not int 5555"),  # type: ignore[arg-type]
     (lambda: TrainOptions(checkpoint=3), "checkpoint must be a path, not int 3"),  # type: ignore[arg-type]
+    # pathlib's TypeError; a number kept for val_labels until it was read; "" a checkpoint of "." (the
+    # working directory), which failed at the first save, an epoch in
+    (lambda: StageOptions(3), "stage_dir must be a path, not int 3"),  # type: ignore[arg-type]
+    (lambda: ConvertOptions(val_labels=3), "val_labels must be a path, not int 3"),  # type: ignore[arg-type]
+    (lambda: TrainOptions(checkpoint=" "),  # type: ignore[arg-type]
+     "checkpoint is empty: name a file on this machine, or None"),
     (lambda: ddpipe.Loader(3, 4), "a dataset is a path or a URL, not int 3"),  # type: ignore[arg-type]
     (lambda: ddpipe.open_dataset(None), "a dataset is a path or a URL, not NoneType None"),  # type: ignore[arg-type]
 ])

@@ -22,7 +22,7 @@ import xxhash
 from ..comm import Comm, init_comm
 from ..decode.spec import ON_ERROR
 from ..errors import ConversionConflictError, DdpipeError, OptionError, SourceError
-from ..fields import bytes_option, refuse_non_boolean_flags, seed_option, whole_option
+from ..fields import bytes_option, local_path_option, refuse_non_boolean_flags, seed_option, whole_option
 from ..formats import FORMAT_NAMES, get_format
 from ..formats.atomic import atomic_write_bytes
 from ..manifest import MANIFEST_NAME, Manifest, find_manifest, load_manifest, save_manifest
@@ -79,11 +79,8 @@ class ConvertOptions:
         if self.seed is not None:
             seed_option(self.seed)
         for name in ("val_labels", "synsets"):  # Path() made "." of "" and a local "s3:/b/x" of a URL
-            given = getattr(self, name)
-            if isinstance(given, str) and not given.strip():
-                raise OptionError(f"{name} is an empty path: name the file, or None")
-            if given is not None and is_remote(given):
-                raise OptionError(f"{name} is read from a local file, not an object store's URL: {given}")
+            if getattr(self, name) is not None:
+                local_path_option(getattr(self, name), name, "a file on this machine")
         if self.synsets is not None and self.val_labels is None:  # passed over in silence, as the CLI refuses
             raise OptionError("synsets takes effect only with val_labels (ImageNet's validation ground truth)")
 

@@ -34,10 +34,9 @@ import xxhash
 from ..comm import Comm
 from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
-from ..fields import bytes_option, number_option, refuse_non_boolean_flags
+from ..fields import bytes_option, local_path_option, number_option, refuse_non_boolean_flags
 from ..formats.atomic import atomic_write_bytes, commit, discard
 from ..shard_copy import CopyStopped, is_staged, remove_staged, stamp_path, write_stamp
-from ..storage.location import is_remote
 from ..throttle import SourceLimits
 from .job_lock import hold_directory
 from .local_dir import node_local_dir
@@ -47,11 +46,9 @@ from .shared_dir import refuse_a_shared_capacity
 _REACHED = ".reached"  # how far the leader's stager has come in this epoch's order (with a capacity)
 
 
-def refuse_non_local_stage_dir(stage_dir: str | os.PathLike[str]) -> None:
-    if isinstance(stage_dir, str) and not stage_dir.strip():  # Path("") is ".": staged into the cwd
-        raise OptionError("stage_dir is empty: give a node-local directory, or None for no staging")
-    if is_remote(stage_dir):  # Path() made a local "s3:/bucket/x" of it
-        raise OptionError(f"stage_dir is node-local storage, not an object store's URL: {stage_dir}")
+def stage_dir_option(stage_dir: str | os.PathLike[str]) -> Path:
+    """``stage_dir`` as a Path, refused where it names no local directory (:func:`local_path_option`)."""
+    return local_path_option(stage_dir, "stage_dir", "a node-local directory", unset="None for no staging")
 
 
 @dataclass(frozen=True)
@@ -67,8 +64,7 @@ class StageOptions:
 
     def __post_init__(self) -> None:
         refuse_non_boolean_flags(self, prefix="stage_")
-        refuse_non_local_stage_dir(self.stage_dir)
-        object.__setattr__(self, "stage_dir", Path(self.stage_dir))  # a str given is kept as a Path
+        object.__setattr__(self, "stage_dir", stage_dir_option(self.stage_dir))  # a str given is kept as a Path
         if self.capacity is not None:
             object.__setattr__(self, "capacity", bytes_option(self.capacity, "stage_capacity"))
         if not number_option(self.wait_timeout, "stage_wait_timeout") > 0:  # NaN too

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import pickle
 import time
 from collections.abc import Callable
@@ -23,10 +22,9 @@ from torch import nn
 
 from ..decode import normalize
 from ..errors import DdpipeError, OptionError
-from ..fields import number_option, refuse_non_boolean_flags, whole_option
+from ..fields import local_path_option, number_option, refuse_non_boolean_flags, whole_option
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
-from ..storage.location import is_remote
 from .distributed import DataParallel, Job, wrap
 from .mpi_allreduce import DEFAULT_BUCKET_BYTES
 from .step import train_step
@@ -68,12 +66,8 @@ class TrainOptions:
                             ("max_steps", 0), ("log_every", 0)):
             whole_option(getattr(self, name), name, least)
         if self.checkpoint is not None:  # a str given is kept as a Path (it was AttributeError 'exists' at the start)
-            if not isinstance(self.checkpoint, (str, os.PathLike)):
-                kind = type(self.checkpoint).__name__
-                raise OptionError(f"checkpoint must be a path, not {kind} {self.checkpoint!r}")
-            if is_remote(self.checkpoint):  # Path() made a local "s3:/bucket/x" of it
-                raise OptionError(f"checkpoint is a file on this machine, not an object store's URL: {self.checkpoint}")
-            object.__setattr__(self, "checkpoint", Path(self.checkpoint))
+            object.__setattr__(self, "checkpoint", local_path_option(self.checkpoint, "checkpoint",
+                                                                     "a file on this machine"))
 
 
 @dataclass
