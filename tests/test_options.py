@@ -217,7 +217,7 @@ def test_a_value_an_option_cannot_take_is_one_clear_error(data: Path, bad: dict[
     (lambda: ServeOptions(listen=5555), "listen must be an address, HOST:PORT, tcp://... or ipc://..., not int 5555"),  # type: ignore[arg-type]
     (lambda: TrainOptions(checkpoint=3), "checkpoint must be a path, not int 3"),  # type: ignore[arg-type]
     # pathlib's TypeError; a number kept for val_labels until it was read; "" a checkpoint of "." (the
-    # working directory), which failed at the first save, an epoch in
+    # working directory), which train tried to resume from ("cannot be read: Is a directory")
     (lambda: StageOptions(3), "stage_dir must be a path, not int 3"),  # type: ignore[arg-type]
     (lambda: ConvertOptions(val_labels=3), "val_labels must be a path, not int 3"),  # type: ignore[arg-type]
     (lambda: TrainOptions(checkpoint=" "),  # type: ignore[arg-type]
