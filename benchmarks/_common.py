@@ -9,11 +9,16 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from ddpipe.bench.harness import evict_page_cache
+from ddpipe.errors import RepeatedEpochWarning
+
+# benchmarks repeat an epoch on purpose (a warm-up, then the same epoch timed)
+warnings.filterwarnings("ignore", category=RepeatedEpochWarning)
 
 ROOT = Path(__file__).resolve().parents[1]
 # a trial run (DDPIPE_BENCH_RESULTS) writes its results and plots there, not over the record the docs show

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any
+
+from ddpipe.errors import RepeatedEpochWarning
+
+# benchmarks repeat an epoch on purpose (a warm-up, then the same epoch timed)
+warnings.filterwarnings("ignore", category=RepeatedEpochWarning)
 
 BATCH, SIZE = 256, 224
 CORES = os.cpu_count() or 1

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 from .decode.batches import EncodedBatch
 from .decode.spec import DecodeOptions
+from .epoch_repeats import EpochRepeats
 from .errors import bound_to_its_process
 from .loader_stats import DecodeStats, ReadStats, SkippedSample
 from .loop import HeldLoop, Loop
@@ -77,6 +78,9 @@ class DecodeStage:
         self._reader: ProcessReader | None = None  # read_in="process"
         self._ahead: EpochAhead | None = None  # the next epoch's first batches, read by threads (epoch_ahead.py)
         self._asked: int | None = None  # the last epoch asked for
+        # the epochs delivered are this stage's to watch: the stream's own reads may be a copy's, or apart
+        self.repeats = EpochRepeats("loader")
+        stream.repeats.said_elsewhere = True
         self._loop: HeldLoop[Batch] = HeldLoop("loader")
         self._delivered = 0
         closing = weakref.WeakMethod(self.close)  # the job may end while this stage is alive
@@ -122,6 +126,7 @@ class DecodeStage:
     def set_epoch(self, epoch: int) -> None:
         self.stream.set_epoch(epoch)
         self._delivered = 0
+        self.repeats.reset()
 
     def plan(self) -> EpochPlan:
         return self.stream.plan()
@@ -140,6 +145,7 @@ class DecodeStage:
     def __iter__(self) -> Loop[Batch]:
         """This epoch's batches. One loop at a time (loop.py): a later ``iter()`` ends the loop before it."""
         self._loop.end_before()
+        self.repeats.starting(self.stream.epoch, self.stream.options.shuffle)
         return self._loop.start(self._epoch_batches())
 
     def _epoch_batches(self) -> Generator[Batch, None, None]:
@@ -166,6 +172,7 @@ class DecodeStage:
             for batch in decoded:
                 self._delivered += 1  # what the caller has received, not what decoding took ahead
                 yield batch
+            self.repeats.finished(self.stream.epoch)
         finally:  # left early: the decoder lets go of its batches (and stops any thread reading them),
             # then the stream stops its producer, now rather than when collected
             close = getattr(decoded, "close", None)
@@ -239,6 +246,7 @@ class DecodeStage:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stream.load_state_dict(state)
         self._delivered = 0
+        self.repeats.reset()
 
 
 def _end_at_exit(stage: weakref.ref[DecodeStage]) -> None:

@@ -115,5 +115,10 @@ class NoBatchWarning(UserWarning):
     empty dataset): a training loop over it would do nothing, silently."""
 
 
+class RepeatedEpochWarning(UserWarning):
+    """A shuffled epoch read whole and begun again with no ``set_epoch`` between: the same order
+    again (:mod:`ddpipe.epoch_repeats`)."""
+
+
 class UnlabelledSamplesWarning(UserWarning):
     """Adopted samples without a class number: training skips or refuses each (``--on-error``)."""

@@ -39,7 +39,8 @@ class Loader:
     :mod:`ddpipe.options`). ``on_error="skip"`` skips what cannot be read and what does not decode,
     counted in ``stats``; batches keep their sizes.
 
-    Call :meth:`set_epoch` before each epoch; :meth:`state_dict` mid-epoch and
+    Call :meth:`set_epoch` before each epoch (a shuffled epoch begun again without it is said, once:
+    :class:`~ddpipe.errors.RepeatedEpochWarning`); :meth:`state_dict` mid-epoch and
     :meth:`load_state_dict` in a fresh loader (any world size) continue with exactly the samples not
     yet yielded. What constructing one asks of the other ranks: see :class:`~ddpipe.EncodedStream`.
     """

@@ -29,6 +29,7 @@ import numpy as np
 
 from .comm import Comm, init_comm
 from .dataset import Dataset, dataset_at
+from .epoch_repeats import EpochRepeats
 from .errors import (
     CorruptShardError,
     DdpipeError,
@@ -90,7 +91,8 @@ class EncodedStream:
     (:class:`ddpipe.StageOptions`: node-local staging), or their fields as keywords
     (:mod:`ddpipe.options`), which win over the objects'.
 
-    Call :meth:`set_epoch` before each epoch; :meth:`state_dict` mid-epoch and
+    Call :meth:`set_epoch` before each epoch (a shuffled epoch begun again without it is said, once:
+    :class:`~ddpipe.errors.RepeatedEpochWarning`); :meth:`state_dict` mid-epoch and
     :meth:`load_state_dict` in a fresh stream (any world size) continue with exactly the samples not
     yet yielded. ``stats`` (:class:`ReadStats`) is the epoch's.
 
@@ -139,6 +141,7 @@ class EncodedStream:
         self._planned_ahead: tuple[tuple[int, int], Ahead[EpochPlan]] | None = None  # (seed, epoch), its plan
         self._finished_an_epoch = False
         self._said_no_batch = False  # NoBatchWarning, once
+        self.repeats = EpochRepeats("stream")  # a shuffled epoch begun again without set_epoch: said
         self._loop: HeldLoop[SampleBatch] = HeldLoop("stream")
         limits = self.read_options.source_limits
         if limits is not None and limits.bandwidth and self.comm.world.local_size > 1:
@@ -175,6 +178,7 @@ class EncodedStream:
         self.epoch = epoch
         self._batches_done = 0
         self._plan = None
+        self.repeats.reset()
 
     def position(self) -> tuple[int, int, np.ndarray | None]:
         """(seed, epoch, the samples it plans over: None for all): what :meth:`go_to` takes."""
@@ -185,6 +189,7 @@ class EncodedStream:
         self.seed, self.epoch, self._pending = seed, epoch, pending
         self._batches_done = 0
         self._plan = None
+        self.repeats.reset()
 
     def __copy__(self) -> EncodedStream:
         """A stream on the same dataset and comm, to stand at an epoch of its own (epoch_ahead.py); a plan
@@ -193,6 +198,7 @@ class EncodedStream:
         other.__dict__.update(self.__dict__)
         other._planned_ahead = None
         other._loop = HeldLoop("stream")  # its loops are its own
+        other.repeats = EpochRepeats("stream", said_elsewhere=True)  # placed by go_to: its caller watches
         return other
 
     def plan(self) -> EpochPlan:
@@ -270,6 +276,7 @@ class EncodedStream:
         reading it from a cold disk (~0.4 s for 2 ranks' first batches on 2 cores). One loop at a
         time (loop.py): a later ``iter()`` ends the loop before it, its producer stopped first."""
         self._loop.end_before()
+        self.repeats.starting(self.epoch, self.options.shuffle)
         plan = self.plan()
         if self.stager is not None:
             self.start_staging(plan)
@@ -297,6 +304,7 @@ class EncodedStream:
             if self.comm.allocator is not None:  # the epochs' high-water mark is not the next one's floor
                 self.comm.allocator.epoch_done(loaders_first=not self._finished_an_epoch)
             self._finished_an_epoch = True
+            self.repeats.finished(self.epoch)
         finally:
             batches.close()
 
@@ -391,6 +399,7 @@ class EncodedStream:
         self.seed, self.epoch, self._pending = remaining(state, self.dataset.manifest)
         self._batches_done = 0
         self._plan = None
+        self.repeats.reset()
 
 
 def _unregistered(stopped: functools.partial[None]) -> None:

@@ -105,6 +105,7 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
     def stage(name: str, ld: Loader | EncodedStream, steady: bool) -> None:
         if not o.cold:  # warm: the page cache holds the dataset, as in every later epoch
             drain(ld)
+            ld.set_epoch(ld.epoch)  # the same epoch again, timed, on purpose (epoch_repeats.py)
         mine = {"images": 0, "bytes": 0, "first": 0.0, "after_first": 0}
 
         def body() -> dict[str, float]:
