@@ -176,6 +176,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..decode import DecodeOptions
     from ..pipeline import Loader
     from ..train import distributed
+    from ..train.held_out import held_out_labels
     from ..train.loop import Trainer, TrainOptions
     from ..train.models import build_model
 
@@ -194,8 +195,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         # pad=False: top-1 over each held-out image once, however many ranks share them
         evaluate = Loader(args.eval, args.batch_size, decode=dataclasses.replace(size, train=False), shuffle="none",
                           pad=False, on_error=args.on_error, seed=args.seed, comm=job.comm)
-    if evaluate is not None:
-        _check_same_classes(loader.dataset.classes, evaluate.dataset)
+        held_out_labels(loader.dataset.classes, evaluate.dataset)  # a class it cannot score: refused before training
     dataset_classes = len(loader.dataset.classes)
     # given beside named classes, it was passed over: the model took the dataset's count
     if dataset_classes and args.num_classes not in (None, dataset_classes):
@@ -282,21 +282,6 @@ def _check_labels_fit(data: Dataset, classes: int, *, numbered: bool) -> None:
              else f"the training dataset's {classes} classes")
     error = DdpipeError(f"a sample's label is {top}, but the model has {model}", path=data.where)
     raise error.everywhere()  # every rank read the same manifest: each says so and leaves
-
-
-def _check_same_classes(named: tuple[str, ...], held_out: Dataset) -> None:
-    """Refuse a held-out dataset that names other classes than the training one (in another order, say):
-    its labels would be scored against the wrong classes, and top-1 would say so only by being low."""
-    theirs = held_out.classes
-    if not named or not theirs or theirs == named:
-        return
-    from ..errors import DdpipeError
-
-    k = next(i for i in range(max(len(named), len(theirs))) if named[i:i + 1] != theirs[i:i + 1])
-    there, here = (repr(c[k]) if k < len(c) else "none" for c in (theirs, named))
-    error = DdpipeError(f"--eval names other classes than the training dataset (class {k}: {there} there, {here} "
-                        "here): its labels would be scored against the wrong classes", path=held_out.where)
-    raise error.everywhere()  # every rank read the same manifests: each says so and leaves
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

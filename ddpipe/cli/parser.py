@@ -165,7 +165,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--lr", type=arg.above_zero, default=0.1, help="for a global batch of 256, scaled linearly")
     p.add_argument("--warmup-epochs", type=arg.at_least_zero, default=0.0,
                    help="epochs over which the learning rate rises linearly to --lr")
-    p.add_argument("--eval", type=arg.path, help="a held-out dataset: top-1 accuracy after each epoch")
+    p.add_argument("--eval", type=arg.path, help="a held-out dataset: top-1 accuracy after each epoch (its "
+                   "classes matched to the training dataset's by name)")
     p.add_argument("--image-size", type=arg.positive, default=224, help=arg.IMAGE_SIZE_HELP)
     p.add_argument("--dtype", choices=DTYPES, default="uint8",
                    help="loader output; uint8 is normalised on the training device")

@@ -26,6 +26,7 @@ from ..fields import local_path_option, number_option, refuse_non_boolean_flags,
 from ..formats.atomic import atomic_write_bytes
 from ..pipeline import Loader
 from .distributed import DataParallel, Job, wrap
+from .held_out import as_trained, held_out_labels
 from .mpi_allreduce import DEFAULT_BUCKET_BYTES
 from .step import train_step
 from .stop import StopVote
@@ -108,6 +109,9 @@ class Trainer:
                  stop: StopVote | None = None) -> None:
         self.opt = options
         self.loader, self.eval_loader, self.job, self.comm = loader, evaluate, job, job.comm
+        # its labels as the training dataset's numbers, its classes matched by name (every rank alike)
+        numbers = held_out_labels(loader.dataset.classes, evaluate.dataset) if evaluate is not None else None
+        self._held_out_numbers = torch.from_numpy(numbers) if numbers is not None else None
         self.device = loader.device
         self.model = model.to(self.device)
         if options.channels_last:
@@ -222,6 +226,7 @@ class Trainer:
         correct = total = 0
         with torch.no_grad():
             for images, labels in self.eval_loader:
+                labels = as_trained(labels, self._held_out_numbers)
                 correct += int((self.trained(self._images(images)).argmax(1) == labels).sum())
                 total += len(labels)
         both = self.comm.allgather((correct, total))
