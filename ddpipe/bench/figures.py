@@ -96,6 +96,23 @@ class BenchReport:
         return min(data) if data else 0.0
 
     @property
+    def feed_seconds(self) -> float:
+        """An epoch at the pipeline's own rate, with no step: its slowest stage's (max_feed_images_per_s)."""
+        rate = self.max_feed_images_per_s
+        return self.images / rate if rate else 0.0
+
+    @property
+    def overlap(self) -> float:
+        """How far the step and the pipeline ran side by side: 1 where the epoch took no longer than the
+        slower of the two alone, 0 where it took them in turns (their sum) or longer. A stall with the
+        step the slowest stage says they overlapped little: the rates alone named the step the bottleneck."""
+        alone = max(self.compute_seconds, self.feed_seconds)
+        turns = self.compute_seconds + self.feed_seconds
+        if turns <= alone:  # one of the two took no time
+            return 1.0
+        return min(1.0, max(0.0, (turns - self.epoch_seconds) / (turns - alone)))
+
+    @property
     def latency(self) -> list[dict[str, Any]]:
         """Each rank's :func:`rank_latency` over the full pipeline's epochs."""
         return [{"rank": r["rank"], **rank_latency(r.get("waits") or [], len(self.epochs))}
@@ -112,7 +129,8 @@ class BenchReport:
                 "compute_seconds": self.compute_seconds, "memory_seconds": self.memory_seconds,
                 "stall": self.stall, "fetch_stall": self.fetch_stall, "prep_stall": self.prep_stall,
                 "bottleneck": self.bottleneck, "max_feed_images_per_s": self.max_feed_images_per_s,
-                "step_images_per_s": self.step_images_per_s,
+                "step_images_per_s": self.step_images_per_s, "feed_seconds": self.feed_seconds,
+                "overlap": self.overlap,
                 "stages": [{**asdict(s), "images_per_s": s.images_per_s, "mb_per_s": s.mb_per_s} for s in self.stages],
                 "epochs": self.epochs, "step": self.step, "service": self.service,
                 "compare": [{**c, "ddpipe_over_peer": self.decode_images_per_s / c["images_per_s"]

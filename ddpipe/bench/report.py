@@ -16,7 +16,11 @@ def format_report(report: BenchReport) -> str:
              f"step {report.step}: stall {100 * report.stall:.0f}% (fetch {100 * report.fetch_stall:.0f}%, "
              f"prep {100 * report.prep_stall:.0f}%)",
              f"bottleneck: {report.bottleneck}; the pipeline could feed {report.max_feed_images_per_s:.0f} images/s, "
-             f"the step takes {report.step_images_per_s:.0f} images/s"]
+             f"the step takes {report.step_images_per_s:.0f} images/s",
+             f"overlap {100 * report.overlap:.0f}%: the epoch took {report.epoch_seconds:.2f} s; the step alone "
+             f"{report.compute_seconds:.2f} s, the pipeline alone {report.feed_seconds:.2f} s (side by side "
+             f"{max(report.compute_seconds, report.feed_seconds):.2f} s, in turns "
+             f"{report.compute_seconds + report.feed_seconds:.2f} s)"]
     if report.service:
         s = report.service
         batches = s["remote_batches"] + s["local_batches"]

@@ -200,3 +200,22 @@ def test_no_thread_of_ddpipes_outlives_the_benchmark(data: Path) -> None:
     before = set(threading.enumerate())
     run_bench(data, options(step_time=0.001), Comm())
     assert [t.name for t in set(threading.enumerate()) - before if t.name.startswith("ddpipe-")] == []
+
+
+def test_overlap_says_whether_the_step_and_the_pipeline_ran_side_by_side() -> None:
+    """On 2 cores, 500-pixel JPEGs and a sleeping step: "stall 46%" and "bottleneck: step" side by side,
+    each true (the pipeline fed 870 images/s alone, the step took 787), and nothing said that the two
+    had run in turns (1.20 s an epoch: the step's 0.65 s and the pipeline's 0.59 s)."""
+    from ddpipe.bench.figures import BenchReport, StageFigures
+    from ddpipe.bench.report import format_report
+
+    def report(epoch_seconds: float) -> BenchReport:  # the pipeline alone 0.60 s, the step alone 0.64 s
+        return BenchReport(1, [StageFigures("read+decode", 512, 512 * 1000, 0.6, 512, 0.6)], epoch_seconds, 0.64,
+                           0.7, 512)
+
+    assert report(0.64).overlap == 1.0 and report(0.5).overlap == 1.0  # no longer than the slower alone
+    assert report(1.24).overlap == 0.0 and report(2.0).overlap == 0.0  # the two in turns, or worse
+    assert report(0.94).overlap == pytest.approx(0.5)
+    said = [ln for ln in format_report(report(1.2)).splitlines() if ln.startswith("overlap")]
+    assert said == ["overlap 7%: the epoch took 1.20 s; the step alone 0.64 s, the pipeline alone 0.60 s (side by "
+                    "side 0.64 s, in turns 1.24 s)"]
