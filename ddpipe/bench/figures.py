@@ -102,12 +102,21 @@ class BenchReport:
         return self.images / rate if rate else 0.0
 
     @property
+    def side_by_side_seconds(self) -> float:
+        """An epoch with the step and the pipeline wholly overlapped: the slower of the two alone."""
+        return max(self.compute_seconds, self.feed_seconds)
+
+    @property
+    def in_turns_seconds(self) -> float:
+        """An epoch with the step and the pipeline taking turns: the two alone, added."""
+        return self.compute_seconds + self.feed_seconds
+
+    @property
     def overlap(self) -> float:
         """How far the step and the pipeline ran side by side: 1 where the epoch took no longer than the
         slower of the two alone, 0 where it took them in turns (their sum) or longer. A stall with the
         step the slowest stage says they overlapped little: the rates alone named the step the bottleneck."""
-        alone = max(self.compute_seconds, self.feed_seconds)
-        turns = self.compute_seconds + self.feed_seconds
+        alone, turns = self.side_by_side_seconds, self.in_turns_seconds
         if turns <= alone:  # one of the two took no time
             return 1.0
         return min(1.0, max(0.0, (turns - self.epoch_seconds) / (turns - alone)))

@@ -19,8 +19,7 @@ def format_report(report: BenchReport) -> str:
              f"the step takes {report.step_images_per_s:.0f} images/s",
              f"overlap {100 * report.overlap:.0f}%: the epoch took {report.epoch_seconds:.2f} s; the step alone "
              f"{report.compute_seconds:.2f} s, the pipeline alone {report.feed_seconds:.2f} s (side by side "
-             f"{max(report.compute_seconds, report.feed_seconds):.2f} s, in turns "
-             f"{report.compute_seconds + report.feed_seconds:.2f} s)"]
+             f"{report.side_by_side_seconds:.2f} s, in turns {report.in_turns_seconds:.2f} s)"]
     if report.service:
         s = report.service
         batches = s["remote_batches"] + s["local_batches"]

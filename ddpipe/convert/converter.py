@@ -79,8 +79,9 @@ class ConvertOptions:
         if self.seed is not None:
             seed_option(self.seed)
         for name in ("val_labels", "synsets"):  # Path() made "." of "" and a local "s3:/b/x" of a URL
-            if getattr(self, name) is not None:
-                local_path_option(getattr(self, name), name, "a file on this machine")
+            given = getattr(self, name)
+            if given is not None:
+                local_path_option(given, name, "a file on this machine")
         if self.synsets is not None and self.val_labels is None:  # passed over in silence, as the CLI refuses
             raise OptionError("synsets takes effect only with val_labels (ImageNet's validation ground truth)")
 

@@ -33,7 +33,8 @@ def held_out_labels(trained: Sequence[str], held_out: Dataset) -> np.ndarray | N
 
 def as_trained(labels: torch.Tensor, numbers: torch.Tensor | None) -> torch.Tensor:
     """A held-out batch's labels as the training dataset's numbers (:func:`held_out_labels`, as a
-    tensor); a label below 0 (an unlabelled sample) stays as it is."""
+    tensor, on the labels' device already where the caller can: ``to`` is then no copy); a label below 0
+    (an unlabelled sample) stays as it is."""
     if numbers is None:
         return labels
     numbers = numbers.to(labels.device)

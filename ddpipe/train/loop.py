@@ -111,8 +111,9 @@ class Trainer:
         self.loader, self.eval_loader, self.job, self.comm = loader, evaluate, job, job.comm
         # its labels as the training dataset's numbers, its classes matched by name (every rank alike)
         numbers = held_out_labels(loader.dataset.classes, evaluate.dataset) if evaluate is not None else None
-        self._held_out_numbers = torch.from_numpy(numbers) if numbers is not None else None
         self.device = loader.device
+        # on the device once, not copied there for each held-out batch
+        self._held_out_numbers = torch.from_numpy(numbers).to(self.device) if numbers is not None else None
         self.model = model.to(self.device)
         if options.channels_last:
             # supported at run time; torch's stubs omit memory_format from Module.to
