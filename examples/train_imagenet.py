@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import torch
 
 import ddpipe
 import ddpipe.distributed
+from ddpipe.train.held_out import as_trained, held_out_labels
 from ddpipe.train.models import build_model
 
 
@@ -48,10 +50,7 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
-    started = time.perf_counter()
-    job = ddpipe.distributed.init()  # who this process is; torch.distributed set up; a failing rank ends all
+def main(args: argparse.Namespace, job: ddpipe.distributed.Job, started: float) -> None:
     gpu = job.device.type == "cuda"
     # require_labels: a sample with no cls stops the epoch naming it (the loss needs a class for each)
     decode = ddpipe.DecodeOptions(decoder=args.decode, device=str(job.device), size=args.image_size,
@@ -60,13 +59,14 @@ def main() -> None:
     train = ddpipe.Loader(args.data, plan=ddpipe.PlanOptions(batch_size=args.batch_size, shuffle="partial",
                                                              exchange_fraction=args.exchange_fraction, drop_last=True),
                           decode=decode, stage_dir=args.stage_dir, seed=args.seed, comm=job.comm)
-    val = None
+    val, val_numbers = None, None
     if args.val:
         # pad=False: each validation image counted once, however many ranks share them (no padding copies)
         val = ddpipe.Loader(args.val, args.batch_size, shuffle="none", pad=False,
                             decode=dataclasses.replace(decode, train=False), comm=job.comm)
-        if val.dataset.classes and val.dataset.classes != train.dataset.classes:  # its labels mean other classes
-            raise SystemExit(f"{args.val}: names other classes than {args.data}, or in another order")
+        # a validation set converted on its own numbers its classes its own way: scored by class name
+        numbers = held_out_labels(train.dataset.classes, val.dataset)
+        val_numbers = None if numbers is None else torch.from_numpy(numbers).to(job.device)
 
     torch.manual_seed(args.seed)
     model = build_model(args.model, len(train.dataset.classes) or 1000).to(job.device)
@@ -151,7 +151,7 @@ def main() -> None:
                 break
             epoch += 1
             if val is not None:
-                top1, images = evaluate(model, val, decode, job)
+                top1, images = evaluate(model, val, val_numbers, decode, job)
                 if job.is_main:
                     print(f"epoch {epoch - 1}: top-1 {100 * top1:.2f}% of {images} images", flush=True)
             save()
@@ -170,13 +170,15 @@ def report(job: ddpipe.distributed.Job, epoch: int, done: int, batches: int, ima
               f"data wait per rank {waits}", flush=True)
 
 
-def evaluate(model: torch.nn.Module, val: ddpipe.Loader, decode: ddpipe.DecodeOptions,
+def evaluate(model: torch.nn.Module, val: ddpipe.Loader, numbers: torch.Tensor | None, decode: ddpipe.DecodeOptions,
              job: ddpipe.distributed.Job) -> tuple[float, int]:
-    """Top-1 over every rank's share of the held-out images, and how many images that is."""
+    """Top-1 over every rank's share of the held-out images (their labels as the training set's class
+    numbers), and how many images that is."""
     model.eval()
     correct = total = 0
     with torch.no_grad():
         for x, y in val:
+            y = as_trained(y, numbers)
             correct += int((model(ddpipe.normalize(x, decode)).argmax(1) == y).sum())
             total += len(y)
     model.train()
@@ -186,4 +188,14 @@ def evaluate(model: torch.nn.Module, val: ddpipe.Loader, decode: ddpipe.DecodeOp
 
 
 if __name__ == "__main__":
-    main()
+    arguments, t0 = parse_args(), time.perf_counter()
+    this = ddpipe.distributed.init()  # who this process is; torch.distributed set up; a failing rank ends all
+    try:
+        main(arguments, this, t0)
+    except ddpipe.DdpipeError as e:  # a bad path or dataset: said in one line, not a traceback
+        if this.is_main or not e.job_wide:  # job-wide: every rank raised it alike; rank 0 says it
+            print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr, flush=True)
+        if not e.job_wide:
+            this.comm.end_job(1)  # the other ranks would wait for this one in their next collective
+        ddpipe.distributed.shutdown(this)
+        raise SystemExit(1) from None

@@ -103,3 +103,36 @@ def test_two_hosts_train_as_two_ranks_on_one(data: Path, under_mpiexec: str) -> 
     proc = mpiexec(2, SCRIPT, data, "--val", data, *ARGS, timeout=300, hosts=2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert losses(proc.stdout) == pytest.approx(losses(under_mpiexec), abs=1e-5)
+
+
+def held_out(raw_images: Path, root: Path, rename: dict[str, str]) -> Path:
+    """A validation set converted on its own from some of ``raw_images``' class folders, named anew."""
+    import shutil
+
+    images = root / "images"
+    for old, new in rename.items():
+        shutil.copytree(raw_images / old, images / new)
+    ddpipe.convert(images, root / "wds", ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    return root / "wds"
+
+
+def test_a_validation_set_of_some_classes_is_scored_by_class_name(data: Path, raw_images: Path,
+                                                                  tmp_path: Path) -> None:
+    """Converted on its own, a validation set of the last class alone numbers it 0: it was refused
+    ('names other classes'); scored by name, each rank's images count once."""
+    names = sorted(p.name for p in raw_images.iterdir() if p.is_dir())
+    val = held_out(raw_images, tmp_path, {names[-1]: names[-1]})
+    assert ddpipe.open_dataset(val).classes == (names[-1],)
+    proc = mpiexec(2, SCRIPT, data, "--val", val, *ARGS, "--epochs", "1", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"epoch 0: top-1 [\d.]+% of 8 images", proc.stdout), proc.stdout
+
+
+def test_a_validation_class_the_training_set_lacks_is_one_line_from_the_job_not_a_traceback(
+        data: Path, raw_images: Path, tmp_path: Path) -> None:
+    names = sorted(p.name for p in raw_images.iterdir() if p.is_dir())
+    val = held_out(raw_images, tmp_path, {names[0]: names[0], names[1]: "zebra"})
+    proc = mpiexec(2, SCRIPT, data, "--val", val, *ARGS, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"train_imagenet.py: error: {val}: "), proc.stderr
+    assert "('zebra')" in proc.stderr and "step" not in proc.stdout
