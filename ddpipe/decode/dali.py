@@ -149,21 +149,22 @@ class DaliDecoder:
     the same way (batches prepared ahead, :class:`_Feed`), on DALI's CPU operators after a CPU
     decode, so that the GPU path is tested without a GPU.
 
-    On that path DALI is run by a thread of its own (``ddpipe-dali``), one batch ahead of the caller:
-    each batch's Python on its way (the feed's call, DALI's own, the hand-over to torch, the batch's
-    release) then runs while the training thread waits for its device, not between two of its steps.
-    A step with AMP ends waiting for the GPU (GradScaler reads whether a gradient overflowed), and
-    what the decoder then did on the training thread, the GPU waited for: ResNet-50 fed read apart
-    on an H200 (887db6d, results/gpu-train.json) waited a median 3.1 ms a step with DALI on the
-    training thread, under 0.1 ms with it on this one. The CPU path keeps the caller's thread: there the
-    Resampler follows DALI, and the cores are busy decoding."""
+    DALI is run by a thread of its own (``ddpipe-dali``), one batch ahead of the caller: each batch's
+    Python on its way (the feed's call, DALI's own, the hand-over to torch, the batch's release) then
+    runs while the training thread waits for its device, not between two of its steps. A step with AMP
+    ends waiting for the GPU (GradScaler reads whether a gradient overflowed), and what the decoder
+    then did on the training thread, the GPU waited for: ResNet-50 fed read apart on an H200 (887db6d,
+    results/gpu-train.json) waited a median 3.1 ms a step with DALI on the training thread, under
+    0.1 ms with it on this one. On the CPU path the thread also runs the Resampler after DALI: on the
+    caller's thread, the crops of the next batch waited, resized by no one, through each step
+    (benchmarks/overlap.py)."""
 
     # batches DALI runs ahead of the caller (its prefetch queue). On an H200 the graph alone ran faster
     # at 3 than at 2 in one probe and slower in the next (results/gpu-probe.log), within the spread of
     # its runs; 1 was much slower in both. 2 is kept, using less device memory
     QUEUE_DEPTH = 2
-    # DALI run by a thread of its own on the transform-in-DALI path (above). The GPU benchmark turns it off
-    # in a process of its own to measure, in the same run, the training thread running DALI (before 53639df)
+    # DALI run by a thread of its own (above). The GPU benchmark turns it off in a process of its own to
+    # measure, in the same run, the training thread running DALI (before 53639df)
     RUN_AHEAD = True
 
     def __init__(self, options: DecodeOptions, batch_size: int, device: torch.device, gpu_decode: bool,
@@ -283,7 +284,7 @@ class DaliDecoder:
             else:
                 self._pipe = None
                 self._pipe = self._pipeline()
-            if self.transform_in_dali and self.RUN_AHEAD:
+            if self.RUN_AHEAD:
                 yield from self._run_ahead(on_bad)
             else:
                 yield from self._run(on_bad)

@@ -35,6 +35,7 @@ SMALL = {
                   "DALI file reader"],
     "lmdb_tree.py": ["--n", "300", "--repeats", "1"],
     "object_store.py": ["--n", "120", "--repeats", "1"],
+    "overlap.py": ["--n", "128", "--repeats", "1", "--epochs", "1"],
     "peer_staging_soak.py": ["--runs", "1", "--n", "96", "--places", "cliques"],
     "plan.py": ["--world-size", "64", "--batch-size", "32"],
     "plan_time.py": ["--repeats", "1", "--rounds", "1"],

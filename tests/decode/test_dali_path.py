@@ -89,21 +89,21 @@ def test_the_cpu_paths_first_batch_is_resampled_before_dali_takes_the_next(natur
         mp.setattr(Resampler, "__call__", recorded)
         for epoch in range(2):
             events.clear()
-            decoded = decoder.decode(given(stream), 0, epoch, on_bad)
-            next(decoded)
-            assert events == ["given 0", "resampled 0", "given 1"]
-            next(decoded)
-            assert events[3:] == ["given 2", "resampled 1"]
-            assert len(list(decoded)) == 4
+            # the decoder's thread runs ahead of the caller: the order of its steps, not when the caller sees them
+            assert len(list(decoder.decode(given(stream), 0, epoch, on_bad))) == 6
+            assert events[:3] == ["given 0", "resampled 0", "given 1"]
+            assert all(events.index(f"given {k + 1}") < events.index(f"resampled {k}") for k in range(1, 5))
     decoder.close()
 
 
-def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_with_the_epoch(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the GPU path (its transform graph, run here on DALI's CPU operators) DALI runs on a thread
-    of the decoder's, not the caller's, and a batch's headers are read and its crops chosen on the
-    feed's own thread (a header that does not read is reported from there); an epoch left early,
-    ended, or failed leaves none of these threads behind."""
+@pytest.mark.parametrize("transform_in_dali", [True, False], ids=["gpu-path", "resampler"])
+def test_dali_and_the_feed_run_off_the_calling_thread_and_end_with_the_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transform_in_dali: bool) -> None:
+    """On the GPU path (its transform graph, run here on DALI's CPU operators) and on the CPU path
+    (the Resampler after DALI), DALI runs on a thread of the decoder's, not the caller's. A batch's
+    headers are read and its crops chosen on the feed's own thread on the GPU path, on DALI's on the
+    CPU path (whose cores are busy decoding), never the caller's (a header that does not read is
+    reported from there); an epoch left early, ended, or failed leaves none of these threads behind."""
     import threading
 
     from ddpipe.decode.batches import EncodedBatch
@@ -119,9 +119,10 @@ def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_wit
                       if t.name.startswith(("ddpipe-feed", "ddpipe-dali", "ddpipe-producer")))
 
     before = ours()
+    feeding = "ddpipe-feed" if transform_in_dali else "ddpipe-dali"
     stream = ddpipe.EncodedStream(corrupt_dataset(tmp_path / "bad"), 4, shuffle="none")
     decoder = DaliDecoder(DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1), 4,
-                          torch.device("cpu"), gpu_decode=False, transform_in_dali=True)
+                          torch.device("cpu"), gpu_decode=False, transform_in_dali=transform_in_dali)
     for leave_after in (None, 1):
         started = started_threads(monkeypatch)
         batches = iter(stream)
@@ -129,7 +130,7 @@ def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_wit
         got = [next(decoded)]
         # started, not alive: with the whole epoch in DALI's and the threads' queues, the feed's thread may
         # already have prepared its last batch and ended (a loaded CI machine saw it so)
-        assert {"ddpipe-feed", "ddpipe-dali"} <= set(started)
+        assert {feeding, "ddpipe-dali"} <= set(started)
         if leave_after is None:
             got += list(decoded)
             assert len(got) == 5
@@ -137,7 +138,7 @@ def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_wit
         batches.close()
         assert ours() == before
     # neither header reads (img/0013 is no JPEG, img/0005 stops in its header)
-    assert reported_on == {"img/0013": "ddpipe-feed", "img/0005": "ddpipe-feed"}
+    assert reported_on == {"img/0013": feeding, "img/0005": feeding}
 
     def failing(index: int, sample: Sample, reason: str) -> None:
         raise SampleError(reason, key=str(sample["__key__"]))
@@ -153,10 +154,13 @@ def test_the_gpu_paths_feed_prepares_batches_off_the_calling_thread_and_ends_wit
     decoder.close()
 
 
-def test_the_gpu_paths_feed_refeeds_a_rebuilt_pipeline_in_order(tmp_path: Path) -> None:
-    """On the GPU path (its graph on DALI's CPU operators, batches prepared on the feed's thread), a
-    batch that stops DALI is fed again less its bad image to a new pipeline, before the batches the
-    thread prepared after it: every other sample comes out once, in the stream's order."""
+@pytest.mark.parametrize("transform_in_dali", [True, False], ids=["gpu-path", "resampler"])
+def test_a_batch_that_stops_dali_is_fed_again_to_a_rebuilt_pipeline_in_order(tmp_path: Path,
+                                                                             transform_in_dali: bool) -> None:
+    """On the GPU path (its graph on DALI's CPU operators, batches prepared on the feed's thread) and
+    the CPU path (the Resampler after DALI), DALI run ahead on a thread of the decoder's, a batch that
+    stops DALI is fed again less its bad image to a new pipeline, before the batches prepared after
+    it: every other sample comes out once, in the stream's order."""
     from ddpipe.decode.batches import EncodedBatch
     from ddpipe.decode.dali import DaliDecoder
 
@@ -167,7 +171,7 @@ def test_the_gpu_paths_feed_refeeds_a_rebuilt_pipeline_in_order(tmp_path: Path) 
 
     stream = ddpipe.EncodedStream(stops_dali(tmp_path / "bad"), 4, shuffle="none")
     decoder = DaliDecoder(DecodeOptions(size=16, resize_shorter=16, dtype="uint8", threads=1), 4,
-                          torch.device("cpu"), gpu_decode=False, transform_in_dali=True)
+                          torch.device("cpu"), gpu_decode=False, transform_in_dali=transform_in_dali)
     batches = iter(stream)
     labels = [y for _, y in decoder.decode((EncodedBatch.of(b.indices, b.samples, on_bad) for b in batches),
                                            0, 0, on_bad)]
