@@ -14,7 +14,8 @@ from typing import Any, NoReturn
 class DdpipeError(Exception):
     """Base of every expected error: the CLI prints it as one line and exits non-zero."""
 
-    # raised on every rank of the job alike (the ranks agreed on it): the CLI need not end the job
+    # raised on every rank of the job alike (the ranks agreed on it): the CLI need not end the job, and
+    # rank 0 alone says it (a line from each of 64 ranks said the same thing 64 times)
     job_wide = False
 
     def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None) -> None:
@@ -23,7 +24,7 @@ class DdpipeError(Exception):
         self.path = os.fspath(path) if path is not None else None
 
     def everywhere(self) -> DdpipeError:
-        """This error, marked :attr:`job_wide`: every rank raises it alike, says it and leaves."""
+        """This error, marked :attr:`job_wide`: every rank raises it alike and leaves."""
         self.job_wide = True
         return self
 

@@ -150,7 +150,7 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
     with warnings.catch_warnings():  # said below as the benchmark's error, in its own words
         warnings.simplefilter("ignore", NoBatchWarning)
         batches = first.batches_per_epoch
-    if batches < 2:  # every rank plans alike: each says so and leaves
+    if batches < 2:  # every rank plans alike: each leaves, rank 0 says why
         first.close()
         bar.close()
         share = len(first.dataset) // comm.world.size

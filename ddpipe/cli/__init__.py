@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
+from ..comm.world import launched_rank
 from ..errors import DdpipeError
 from .parser import parse_command_line
 
@@ -83,7 +84,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         code: int = args.func(args)
     except DdpipeError as e:
-        print(f"ddpipe: error: {e}", file=sys.stderr)
+        if not e.job_wide or launched_rank() in (None, 0):  # raised by every rank alike: rank 0 says it for all
+            print(f"ddpipe: error: {e}", file=sys.stderr)
         _end_the_job(1, e)
         return 1
     except KeyboardInterrupt as e:

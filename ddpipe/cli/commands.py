@@ -213,7 +213,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():  # said below as the command's error, in its own words
         warnings.simplefilter("ignore", NoBatchWarning)
         no_batch = loader.batches_per_epoch == 0
-    if no_batch:  # every rank plans alike: each says so and leaves
+    if no_batch:  # every rank plans alike: each leaves, rank 0 says why
         from ..errors import DdpipeError
 
         share = len(loader.dataset) // job.size
@@ -266,7 +266,7 @@ def _check_labelled(data: Dataset) -> None:
     from ..errors import DdpipeError
 
     error = DdpipeError(f"{wrong}: ddpipe train learns each image's class from its cls", path=data.where)
-    raise error.everywhere()  # every rank read the same manifest: each says so and leaves
+    raise error.everywhere()  # every rank read the same manifest: each leaves, rank 0 says why
 
 
 def _check_labels_fit(data: Dataset, classes: int, *, numbered: bool) -> None:
@@ -281,7 +281,7 @@ def _check_labels_fit(data: Dataset, classes: int, *, numbered: bool) -> None:
     model = (f"--num-classes {classes} (the training dataset names no classes): give {top + 1} or more" if numbered
              else f"the training dataset's {classes} classes")
     error = DdpipeError(f"a sample's label is {top}, but the model has {model}", path=data.where)
-    raise error.everywhere()  # every rank read the same manifest: each says so and leaves
+    raise error.everywhere()  # every rank read the same manifest: each leaves, rank 0 says why
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -22,6 +22,19 @@ def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
     return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env
 
 
+def launched_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """This process's rank as the launcher that :func:`ddpipe.init_comm` follows named it (MPI's:
+    Hydra's, Slurm's PMI or PMIx, Open MPI's; else torchrun's), without starting MPI; None where no
+    launcher did, or named it in no variable read here."""
+    env = os.environ if environ is None else environ
+    names = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK") if launched_by_mpi(env) \
+        else ("RANK",) if launched_by_torchrun(env) else ()
+    for name in names:
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return None
+
+
 def available_cores() -> int:
     """The cores this process may run on (its CPU affinity: what taskset, cgroups or the batch
     system left it), not the machine's count."""

@@ -127,6 +127,22 @@ def test_a_batch_size_that_leaves_one_batch_is_refused_before_measuring(data: Pa
                           "size or fewer ranks\n"
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_a_refusal_every_rank_reaches_alike_is_said_once_for_the_job(data: Path, launcher: str) -> None:
+    """Raised by every rank alike (job-wide), the refusal was printed by each: on 64 ranks, 64 lines."""
+    from ..conftest import torchrun
+
+    args: list[str | Path] = ["-m", "ddpipe", "bench", data, "--batch-size", "32", "--decode", "pil",
+                              "--image-size", "32", "--no-progress"]
+    proc = mpiexec(2, *args, timeout=200) if launcher == "mpiexec" else torchrun(2, *args, timeout=200)
+    said = (f"ddpipe: error: {data}: --batch-size 32 leaves each rank 1 batch(es) of its share (32 of 64 samples on "
+            "2 rank(s))")
+    assert proc.returncode != 0 and proc.stderr.count("ddpipe: error:") == 1 and said in proc.stderr, proc.stderr
+    if launcher == "mpiexec":  # torchrun reports its failed workers itself
+        assert proc.stderr.count("\n") == 1, proc.stderr
+
+
 def test_each_epochs_first_wait_is_told_apart_from_the_steady_ones() -> None:
     from ddpipe.bench.figures import rank_latency
     from ddpipe.bench.report import latency

@@ -30,6 +30,21 @@ def test_launcher_detection() -> None:
     assert not launched_by_torchrun({"RANK": "1"})
 
 
+def test_the_rank_a_launcher_named_is_read_where_init_comm_reads_its_world() -> None:
+    """The CLI leaves a refusal every rank reached to rank 0 before (or without) MPI's start: a rank
+    it cannot read is None (the line is said), never 0 for a rank that is not."""
+    from ddpipe.comm.world import launched_rank
+
+    assert launched_rank({"PMI_RANK": "3", "PMI_SIZE": "4"}) == 3
+    assert launched_rank({"PMIX_RANK": "5"}) == 5
+    assert launched_rank({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "2"}) == 2
+    assert launched_rank({"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2"}) == 1
+    assert launched_rank({"RANK": "1"}) is None  # no launcher init_comm follows: a world of one
+    assert launched_rank({"SLURM_PROCID": "2"}) is None  # srun without PMI starts no MPI world
+    assert launched_rank({"MPI_LOCALNRANKS": "2"}) is None  # under MPI, but no rank read here
+    assert launched_rank({}) is None
+
+
 @pytest.mark.mpi
 def test_mpiexec_world_and_node() -> None:
     code = ("from ddpipe.comm import init_comm; c = init_comm(); w = c.world; "

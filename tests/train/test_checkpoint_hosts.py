@@ -50,7 +50,7 @@ def test_every_rank_resumes_from_the_checkpoint_on_rank_0s_node(data: Path, tmp_
     assert f"resumed from {CHECKPOINT}: epoch 0, step 1," in out and "epoch 1:" in out, out
 
 
-def test_a_checkpoint_directory_only_rank_0_sees_will_do_and_one_it_lacks_is_said_on_every_rank(
+def test_a_checkpoint_directory_only_rank_0_sees_will_do_and_one_it_lacks_is_said_once_for_the_job(
         data: Path) -> None:
     """mnode2's ranks had refused a directory only they lacked, before MPI's start, and mnode1's ranks
     waited for them there until killed."""
@@ -59,4 +59,4 @@ def test_a_checkpoint_directory_only_rank_0_sees_will_do_and_one_it_lacks_is_sai
     code, out, err = train_on_two_hosts(data, {"mnode2": [["mkdir", str(HOST_LOCAL)]]})
     assert code == 1 and "Traceback" not in err, out + err
     said = f"ddpipe: error: {HOST_LOCAL}: the directory for --checkpoint does not exist"
-    assert err.count(said) == 4, err
+    assert err.count(said) == 1 and err.count("ddpipe: error:") == 1, err  # every rank refused it: rank 0 says so
