@@ -40,9 +40,10 @@ from .options import ReadOptions
 from .pipeline import Loader
 from .plan import EpochPlan, PlanOptions, plan_epoch
 from .quality import ExchangeAdvice, advise_exchange
+from .sample import SampleBatch
 from .staging import StageOptions
 from .storage import StorageError, StorageOptions
-from .stream import EncodedStream, SampleBatch
+from .stream import EncodedStream
 from .throttle import SourceLimits
 from .verify import verify_dataset
 from .version import __version__ as __version__

@@ -21,8 +21,8 @@ from .errors import bound_to_its_process
 from .loader_stats import DecodeStats, ReadStats, SkippedSample
 from .loop import HeldLoop, Loop
 from .plan import EpochPlan
-from .sample import KEY, Sample
-from .stream import EncodedStream, SampleBatch, unreadable
+from .sample import KEY, Sample, SampleBatch
+from .stream import EncodedStream, unreadable
 
 if TYPE_CHECKING:  # torch loads only when something decodes
     import torch

@@ -27,7 +27,8 @@ from .handoff import Ahead
 if TYPE_CHECKING:
     from .loop import Loop
     from .plan import PlanOptions
-    from .stream import EncodedStream, SampleBatch
+    from .sample import SampleBatch
+    from .stream import EncodedStream
 
 # the first batch waits for the shuffle buffer to fill; the next comes soon after it
 READ_AHEAD_BATCHES = 2

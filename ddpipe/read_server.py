@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .loader_stats import SkippedSample
     from .loop import Loop
     from .read_process import StreamSpec
-    from .stream import SampleBatch
+    from .sample import SampleBatch
 
 # how long a batch waits for room in the buffer, with no release arriving, before it goes through the
 # connection instead (releases arrive a batch's decoding apart)

@@ -1,4 +1,5 @@
-"""Samples: a key plus named byte fields, in WebDataset's naming.
+"""Samples: a key plus named byte fields, in WebDataset's naming; and a batch of them, as the
+encoded stream yields it.
 
 ``{"__key__": "n01440764/n01440764_10026", "jpg": b"...", "cls": b"0"}``
 
@@ -10,7 +11,11 @@ DALI's index files are space-separated, so keys hold no dots or whitespace.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .errors import SampleError
 
@@ -120,3 +125,23 @@ def class_of(sample: dict[str, bytes], classes: int, *, required: bool = False) 
     if classes and label >= classes:
         raise ValueError(f"cls {label} is outside the dataset's {classes} classes (0 to {classes - 1})")
     return label
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """One batch of the stream: its encoded samples and the plan's decisions about them. ``indices``:
+    each sample's global index, which with ``seed`` and ``epoch`` fixes its crop and flip
+    (:mod:`ddpipe.decode.augment`), so decoding is a pure function of the batch, here or elsewhere.
+    Iterates as its samples. Under ``on_error="skip"`` a batch may be short by the samples dropped."""
+
+    epoch: int
+    seed: int
+    number: int  # its place in the epoch (0, 1, ...); a resumed epoch counts afresh
+    indices: np.ndarray
+    samples: list[Sample]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.samples)

@@ -20,8 +20,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
@@ -50,7 +49,7 @@ from .rank_agreement import RankView, check_ranks_agree
 from .reading import read_samples
 from .reorder import batches_in_order
 from .resume import epoch_state, remaining
-from .sample import BAD, KEY, Sample
+from .sample import BAD, KEY, Sample, SampleBatch
 from .shufflers import get_shuffler
 from .staging import NodeStager, StageOptions
 from .staging.order import node_shard_order
@@ -60,26 +59,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .options import StreamKeywords
-
-
-@dataclass(frozen=True)
-class SampleBatch:
-    """One batch of the stream: its encoded samples and the plan's decisions about them. ``indices``:
-    each sample's global index, which with ``seed`` and ``epoch`` fixes its crop and flip
-    (:mod:`ddpipe.decode.augment`), so decoding is a pure function of the batch, here or elsewhere.
-    Iterates as its samples. Under ``on_error="skip"`` a batch may be short by the samples dropped."""
-
-    epoch: int
-    seed: int
-    number: int  # its place in the epoch (0, 1, ...); a resumed epoch counts afresh
-    indices: np.ndarray
-    samples: list[Sample]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __iter__(self) -> Iterator[Sample]:
-        return iter(self.samples)
 
 
 class EncodedStream:

@@ -32,10 +32,10 @@ from ..errors import DdpipeError, NoBatchWarning
 from ..options import ReadOptions
 from ..pipeline import Loader
 from ..plan import PlanOptions
-from ..sample import KEY, Sample
+from ..sample import KEY, Sample, SampleBatch
 from ..shufflers import get_shuffler
 from ..staging import StageOptions
-from ..stream import EncodedStream, SampleBatch
+from ..stream import EncodedStream
 from .figures import BenchReport, StageFigures
 from .harness import drain, evict_page_cache
 
