@@ -140,9 +140,9 @@ class DecodeServer:
     def __init__(self, options: ServeOptions, log: Callable[[str], None] | None = None) -> None:
         self.options = options
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-        _load_decoders()  # before listening: a trainer's first request waits for a decoder's build alone
-        self._listener: Listener = listen(options.listen, options.max_request_bytes)
+        self._listener: Listener = listen(options.listen, options.max_request_bytes)  # a bad address: said at once
         self.endpoint = self._listener.endpoint
+        _load_decoders()  # before it says it listens: a trainer's first request waits for a decoder's build alone
         self._work: queue.Queue[tuple[bytes, wire.DecodeRequest] | None] = queue.Queue(options.queue_size)
         self.counters = ServerCounters()
         self._lock = threading.Lock()
