@@ -21,6 +21,8 @@ DECODE_HELP = ("dali-gpu, dali-cpu or pil (auto: the GPU where CUDA and DALI are
                "else PIL)")
 IMAGE_SIZE_HELP = "side of the square images in a batch, in pixels"
 SEED_HELP = "the epoch plan's seed: shard order, shuffles and augmentation"
+# ddpipe.train.models.MODELS' names, written out: that module loads torch (tests/train/test_models.py: in step)
+MODELS_HELP = "resnet18, resnet34, resnet50, resnet101 or smallcnn"
 
 
 def addresses(text: str) -> list[str]:
