@@ -89,6 +89,18 @@ def commit_of(tree: Path) -> str | None:
                           cwd=tree).stdout.strip() or None
 
 
+def trees_to_measure(references: Iterable[Path]) -> dict[str, Path]:
+    """This checkout (``"this"``) and each ``--reference`` checkout, named by its commit (the rows say
+    which tree they measured): the trees a benchmark runs side by side, each in processes of its own."""
+    return {"this": ROOT} | {commit_of(ref.resolve()) or str(ref): ref.resolve() for ref in references}
+
+
+def env_of(tree: Path) -> dict[str, str]:
+    """This process's environment with ``tree`` first on the import path: a child started with it
+    measures that tree's ddpipe."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+
+
 def save(name: str, doc: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -76,7 +76,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import commit_of, save, synth_shards
+from _common import commit_of, env_of, save, synth_shards, trees_to_measure
 
 from ddpipe.bench.harness import machine, median, table
 
@@ -371,9 +371,7 @@ def main() -> None:
         mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
         launcher = [mpiexec, "-n", str(args.ranks)]
     roots = {fmt: synth_shards(args.n, "loader", fmt, shard_bytes=32_000_000, seed=0) for fmt in FORMATS}
-    here = Path(__file__).resolve().parents[1]
-    # each reference named by its commit: the rows say which tree they measured
-    trees = {"this": here} | {commit_of(ref.resolve()) or str(ref): ref.resolve() for ref in args.reference}
+    trees = trees_to_measure(args.reference)
     references = [tree for tree in trees if tree != "this"]
     kinds = {kind: KINDS[kind] for kind in KINDS if kind in args.kinds}
     todo = [(tree, fmt, kind) for fmt in FORMATS for kind in kinds for tree in trees
@@ -384,7 +382,7 @@ def main() -> None:
         for tree, fmt, kind in todo if rep % 2 == 0 else reversed(todo):  # alternated: drift hits all alike
             # the child imports the ddpipe of its tree (this script runs it either way: the same measurement),
             # and runs in it: a reading process before 597b022 imported the ddpipe of its working directory
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(trees[tree]), os.environ.get("PYTHONPATH", "")])}
+            env = env_of(trees[tree])
             out = subprocess.run([*launcher, sys.executable, __file__, "--epochs", str(args.epochs), "--run", kind,
                                   str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True, env=env,
                                  cwd=trees[tree])

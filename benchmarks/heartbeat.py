@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -27,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import commit_of, save
+from _common import commit_of, env_of, save, trees_to_measure
 
 from ddpipe.bench.harness import machine, median, table
 
@@ -82,11 +81,11 @@ def main() -> None:
     exe = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     if exe is None:
         raise SystemExit("mpiexec not found: pip install 'ddpipe[mpi]' (make setup does)")
-    trees = {"this": here} | {commit_of(ref.resolve()) or str(ref): ref.resolve() for ref in args.reference}
+    trees = trees_to_measure(args.reference)
     runs: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
     for r in range(args.rounds):
         for tree in trees if r % 2 == 0 else reversed(list(trees)):
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(trees[tree]), os.environ.get("PYTHONPATH", "")])}
+            env = env_of(trees[tree])
             out = subprocess.run([exe, "-n", str(args.ranks), sys.executable, __file__, "--run", "--repeats",
                                   str(args.repeats)], env=env, capture_output=True, text=True, check=True)
             runs[tree].append(json.loads(out.stdout.splitlines()[-1]))

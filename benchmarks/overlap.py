@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import commit_of, save, synth_shards
+from _common import commit_of, env_of, save, synth_shards, trees_to_measure
 
 from ddpipe.bench.harness import machine, median, table
 
@@ -38,13 +37,12 @@ STEPS = {"shorter than the pipeline's": 0.035, "longer than the pipeline's": 0.1
 
 def run_bench(tree: Path, data: Path, step_s: float, epochs: int) -> dict[str, float]:
     """One ``ddpipe bench`` of ``tree``'s ddpipe (a process of its own, run in that tree): its figures."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "bench.json"
         subprocess.run([sys.executable, "-m", "ddpipe", "bench", str(data), "--decode", "dali-cpu",
                         "--batch-size", str(BATCH), "--image-size", str(SIZE), "--step-time", str(step_s),
                         "--epochs", str(epochs), "--no-progress", "--json", str(out)],
-                       check=True, timeout=900, capture_output=True, env=env, cwd=tree)
+                       check=True, timeout=900, capture_output=True, env=env_of(tree), cwd=tree)
         doc = json.loads(out.read_text())
     latency = doc["latency"][0]
     return {"images_s": doc["images"] / doc["epoch_seconds"], "pipeline_images_s": doc["max_feed_images_per_s"],
@@ -63,8 +61,7 @@ def main() -> None:
                          "its runs beside this tree's; may be given more than once")
     args = ap.parse_args()
     data = synth_shards(args.n, "loader", "wds", shard_bytes=32_000_000, seed=0)  # loader.py's and feed.py's
-    here = Path(__file__).resolve().parents[1]
-    trees = {"this": here} | {commit_of(ref.resolve()) or str(ref): ref.resolve() for ref in args.reference}
+    trees = trees_to_measure(args.reference)
     references = [tree for tree in trees if tree != "this"]
     todo = [(step, tree) for step in STEPS for tree in trees]
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}

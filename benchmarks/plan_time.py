@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import commit_of, save
+from _common import commit_of, env_of, save, trees_to_measure
 
 from ddpipe.bench.harness import machine, median, table
 
@@ -60,11 +59,11 @@ def main() -> None:
         print(json.dumps(child(args.repeats)))
         return
     here = Path(__file__).resolve().parents[1]
-    trees = {"this": here} | {commit_of(ref.resolve()) or str(ref): ref.resolve() for ref in args.reference}
+    trees = trees_to_measure(args.reference)
     runs: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
     for r in range(args.rounds):
         for tree in trees if r % 2 == 0 else reversed(list(trees)):
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(trees[tree]), os.environ.get("PYTHONPATH", "")])}
+            env = env_of(trees[tree])
             out = subprocess.run([sys.executable, __file__, "--run", "--repeats", str(args.repeats)], env=env,
                                  capture_output=True, text=True, check=True)
             runs[tree].append(json.loads(out.stdout))
