@@ -31,7 +31,6 @@ def test_paths_that_are_not_what_they_must_be(raw_images: Path, tmp_path: Path) 
     assert "no such directory" in msg and "nonexistent" in msg
     ddpipe.convert(raw_images, tmp_path / "ds", ddpipe.ConvertOptions(progress=False))
     assert str(a_file) in one_line("stage", tmp_path / "ds", "--local-dir", a_file, "--quiet")
-    assert "unknown model 'resnet999'" in one_line("train", tmp_path / "ds", "--model", "resnet999")
     # as a URL to it is told (it was "not a directory: a dataset is a directory holding index.json")
     assert one_line("inspect", tmp_path / "ds" / "index.json") == f"ddpipe: error: {tmp_path}/ds/index.json: names " \
         f"the index.json itself: a dataset is the directory holding it ({tmp_path}/ds)"
@@ -235,6 +234,10 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     (["plan", "ds", "-W", "0"], "argument --world-size/-W: must be at least 1"),
     (["serve", "--queue", "-1"], "argument --queue: must be 0 or more, not -1"),
     (["convert", "src", "out", "--shard-size", "inf"], "argument --shard-size: size 'inf' is not a number of bytes"),
+    # the job's error once launched, after the banner (exit 1): a usage error before anything starts
+    (["train", "ds", "--model", "resnet999"], "argument --model: unknown model 'resnet999': choose resnet18, "
+     "resnet34, resnet50, resnet101 or smallcnn"),
+    (["bench", "ds", "--model", "tiny"], "argument --model: unknown model 'tiny': choose resnet18"),
     (["train", "ds", "--num-classes", "0"], "argument --num-classes: must be at least 1"),  # was taken
     # bench raised a traceback (twice) once it had started; stage said "source_limits: ..."
     (["bench", "ds", "--source-throttle", "fast"], "argument --source-throttle: cannot parse 'fast' in 'fast'"),

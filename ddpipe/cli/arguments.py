@@ -22,7 +22,8 @@ DECODE_HELP = ("dali-gpu, dali-cpu or pil (auto: the GPU where CUDA and DALI are
 IMAGE_SIZE_HELP = "side of the square images in a batch, in pixels"
 SEED_HELP = "the epoch plan's seed: shard order, shuffles and augmentation"
 # ddpipe.train.models.MODELS' names, written out: that module loads torch (tests/train/test_models.py: in step)
-MODELS_HELP = "resnet18, resnet34, resnet50, resnet101 or smallcnn"
+MODEL_NAMES = ("resnet18", "resnet34", "resnet50", "resnet101", "smallcnn")
+MODELS_HELP = f"{', '.join(MODEL_NAMES[:-1])} or {MODEL_NAMES[-1]}"
 
 
 def addresses(text: str) -> list[str]:
@@ -32,6 +33,14 @@ def addresses(text: str) -> list[str]:
     if not given:
         raise argparse.ArgumentTypeError(f"no server address in {text!r}: give HOST:PORT[,HOST:PORT...]")
     return given
+
+
+def model(text: str) -> str:
+    """A model's name, refused as the usage error it is: it was the job's error once ranks were launched
+    and the dataset read, after the training banner (exit 1, not a usage error's 2)."""
+    if text not in MODEL_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown model {text!r}: choose {MODELS_HELP}")
+    return text
 
 
 def path(text: str) -> str:

@@ -157,7 +157,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
 
     p = command("train", help="data-parallel training fed by the loader (under mpiexec, srun or torchrun)")
     p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
-    p.add_argument("--model", default="resnet50", help=arg.MODELS_HELP)
+    p.add_argument("--model", type=arg.model, default="resnet50", help=arg.MODELS_HELP)
     p.add_argument("--epochs", type=arg.positive, default=1, help="epochs to train")
     p.add_argument("--batch-size", type=arg.positive, default=64, help="per rank")
     p.add_argument("--allreduce", choices=["ddp", "mpi"], default="ddp",
@@ -204,8 +204,8 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("dataset", type=arg.path, help="dataset directory, or s3:// or http(s):// prefix")
     p.add_argument("--batch-size", type=arg.positive, default=64, help="per rank")
     p.add_argument("--step-time", type=arg.seconds, default=0.05, help="seconds of a simulated training step")
-    p.add_argument("--model", default=None, help=f"time a real model's SGD step instead of a simulated one: "
-                   f"{arg.MODELS_HELP}")
+    p.add_argument("--model", type=arg.model, default=None,
+                   help=f"time a real model's SGD step instead of a simulated one: {arg.MODELS_HELP}")
     p.add_argument("--epochs", type=arg.positive, default=1, help="epochs of the full pipeline feeding the step")
     p.add_argument("--compare", nargs="*", default=None, choices=list(PEERS), metavar="PEER",
                    help=f"also run these peers on the same data ({', '.join(PEERS)}; none named: every one installed)")
