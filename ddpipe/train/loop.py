@@ -81,6 +81,8 @@ class EpochLog:
     loss_sum: float = 0.0
     top1: float | None = None
     evaluated: int = 0  # held-out images top-1 is over (each once: the evaluation loader does not pad)
+    served: int = 0  # with a decode service: this rank's batches the servers decoded, and those decoded here
+    decoded_here: int = 0
     per_rank: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -172,6 +174,7 @@ class Trainer:
         # summed on the device: reading a GPU loss every step would make the host wait for each step
         # before asking the loader for the next batch, so the GPU would idle while the host caught up
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        served_before = self._served()
         for images, labels in loader:
             log.wait_seconds += time.perf_counter() - t_wait
             for group in self.optimizer.param_groups:
@@ -201,6 +204,8 @@ class Trainer:
             t_wait = time.perf_counter()
         log.loss_sum = float(loss_sum)  # the epoch's time includes waiting for its last step
         log.seconds = time.perf_counter() - t_epoch
+        served, decoded_here = self._served()
+        log.served, log.decoded_here = served - served_before[0], decoded_here - served_before[1]
         if bar is not None:
             bar.close()
         if not stopped:
@@ -254,8 +259,15 @@ class Trainer:
         self.log(f"epoch {log.epoch} step {log.steps}/{batches}: {images / max(seconds, 1e-9):.0f} images/s, "
                  f"loss {loss:.4f}, data wait per rank {waits}")
 
+    def _served(self) -> tuple[int, int]:
+        """Batches the decode servers decoded for this rank so far, and those it decoded itself (0, 0
+        without a service, or before its first batch)."""
+        stats = self.loader.service_stats
+        return (0, 0) if stats is None else (stats.remote_batches, stats.local_batches)
+
     def _report(self, log: EpochLog) -> None:
-        mine = {"images": log.images, "seconds": log.seconds, "wait": log.wait_seconds, "loss": log.loss_sum}
+        mine = {"images": log.images, "seconds": log.seconds, "wait": log.wait_seconds, "loss": log.loss_sum,
+                "served": log.served, "here": log.decoded_here}
         log.per_rank = self.comm.allgather(mine)
         total = sum(r["images"] for r in log.per_rank)
         slowest = max(r["seconds"] for r in log.per_rank)
@@ -263,7 +275,17 @@ class Trainer:
         stalls = " ".join(f"{100 * r['wait'] / r['seconds']:.0f}%" if r["seconds"] else "-" for r in log.per_rank)
         top1 = f", top-1 {100 * log.top1:.2f}% of {log.evaluated} images" if log.top1 is not None else ""
         self.log(f"epoch {log.epoch}: {total} images in {slowest:.1f} s, {total / max(slowest, 1e-9):.0f} images/s, "
-                 f"loss {loss:.4f}{top1}, data wait per rank {stalls}")
+                 f"loss {loss:.4f}{top1}{self._servers_part(log.per_rank)}, data wait per rank {stalls}")
+
+    def _servers_part(self, per_rank: list[dict[str, float]]) -> str:
+        """With a decode service, how many of the job's batches the servers decoded: servers that never
+        answered (a wrong address, a port closed between the nodes) leave the trainers decoding on
+        their own, at their own speed, with one warning at the start; each epoch's line says so."""
+        if not self.loader.decoding.options.service:
+            return ""
+        served = sum(int(r["served"]) for r in per_rank)
+        everything = served + sum(int(r["here"]) for r in per_rank)
+        return f", decode servers {served} of {everything} batches"
 
     def save(self, path: Path) -> None:
         """Model, optimizer, step and loader state, written atomically by rank 0."""

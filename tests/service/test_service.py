@@ -338,6 +338,27 @@ def test_bench_and_train_take_the_service_and_bench_splits_the_stall(natural: Pa
     assert train.returncode == 0, train.stderr
     assert f"on decode servers {s.endpoint}" in train.stdout and "epoch 0:" in train.stdout
     assert "stopped after" in log and "stopped after 0 images" not in log
+    served, batches = map(int, re.search(r"decode servers (\d+) of (\d+) batches", train.stdout).groups())  # type: ignore[union-attr]
+    assert served == batches > 0 and "no decode server answers" not in train.stderr
+
+
+def test_training_says_each_epoch_how_much_the_servers_decoded(natural: Path) -> None:
+    """Servers that never answer (a wrong address, a port closed between the nodes) leave the trainers
+    decoding on their own, at their own speed, after one warning among the job's first lines; the
+    epoch's line says how much the servers did, here nothing."""
+    from ..conftest import run_cli
+    from ..storage.servers import free_port
+
+    nobody = f"tcp://127.0.0.1:{free_port()}"
+    train = run_cli("train", natural, "--model", "smallcnn", "--batch-size", "4", "--image-size", "24",
+                    "--decode-service", nobody, "--log-every", "0", timeout=300)
+    assert train.returncode == 0, train.stderr
+    assert train.stderr.count(f"no decode server answers ({nobody})") == 1
+    served, batches = map(int, re.search(r"decode servers (\d+) of (\d+) batches", train.stdout).groups())  # type: ignore[union-attr]
+    assert served == 0 and batches > 0
+    local = run_cli("train", natural, "--model", "smallcnn", "--batch-size", "4", "--image-size", "24",
+                    "--log-every", "0", timeout=300)
+    assert local.returncode == 0 and "decode servers" not in local.stdout, local.stderr
 
 
 def test_resuming_mid_epoch_through_the_service_continues_as_local_decoding(natural: Path) -> None:
