@@ -32,7 +32,7 @@ test: lint typecheck
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
 
 # Real Slurm on this machine: install slurm-wlm and munge (root, apt), start a two-node cluster under
-# $(SLURM_DIR), run tests/slurm (srun on ddpipe train and a user script, sbatch on the example), stop it.
+# $(SLURM_DIR), run tests/slurm (srun on ddpipe train and a user script, sbatch on the examples), stop it.
 test-slurm: $(STAMP)
 	tests/slurm/cluster.sh install
 	tests/slurm/cluster.sh stop $(SLURM_DIR); rm -rf $(SLURM_DIR)

@@ -27,10 +27,12 @@ SERVICE=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0" | sed "s|.*|
 # 1. the servers, in the background for the whole job (stateless: nothing to stage or save)
 srun --het-group=0 ddpipe serve --listen "0.0.0.0:$PORT" --workers "$WORKERS" &
 SERVERS=$!
-trap 'kill $SERVERS 2>/dev/null || true' EXIT
+# ended with training (srun, given SIGTERM, ends its step) and waited for; each epoch's line says how
+# many of its batches the servers decoded
+trap 'kill "$SERVERS" 2>/dev/null || true; wait "$SERVERS" 2>/dev/null || true' EXIT
 
 # 2. the trainers: read, exchange and order as always; decoding goes to the servers
 # shellcheck disable=SC2086  # TRAIN_FLAGS is a list of flags
-srun --het-group=1 ddpipe train "$DATA" --model "$MODEL" --epochs "$EPOCHS" --batch-size "$BATCH" \
+srun --het-group=1 --kill-on-bad-exit=1 ddpipe train "$DATA" --model "$MODEL" --epochs "$EPOCHS" --batch-size "$BATCH" \
     --lr 0.1 --warmup-epochs 5 $TRAIN_FLAGS --shuffle partial --exchange-fraction 0.3 \
     --decode-service "$SERVICE" --checkpoint "${SLURM_SUBMIT_DIR:-.}/$MODEL.ckpt" --checkpoint-every 1000

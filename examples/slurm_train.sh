@@ -25,17 +25,18 @@ BATCH=${BATCH:-256}                                  # per GPU
 TRAIN_FLAGS=${TRAIN_FLAGS---amp --channels-last}     # GPU settings
 CHECKPOINT=${CHECKPOINT:-${SLURM_SUBMIT_DIR:-.}/$MODEL.ckpt}
 # srun starts the ranks with the cluster's MpiDefault (pmix for Open MPI, pmi2 for MPICH's wheel);
-# ddpipe takes rank, size and node from MPI itself
+# ddpipe takes rank, size and node from MPI itself. --kill-on-bad-exit: a rank that fails before
+# ddpipe is up (in MPI_Init) ends the step, rather than leaving the others waiting to the time limit
 SRUN=${SRUN:-srun}
 
 # 1. one stager per node copies the shards its 4 ranks will read (sticky assignment: the same shards
 #    every epoch, so this is the only time the shared file system is read)
-$SRUN ddpipe stage "$DATA" --local-dir "$LOCAL" --shuffle partial --seed 0
+$SRUN --kill-on-bad-exit=1 ddpipe stage "$DATA" --local-dir "$LOCAL" --shuffle partial --seed 0
 
 # 2. train: each rank reads its staged shards, exchanges 30% of its samples with other ranks every
 #    epoch, decodes on its GPU with DALI and averages gradients with DDP (NCCL on GPUs)
 # shellcheck disable=SC2086  # TRAIN_FLAGS is a list of flags
-$SRUN ddpipe train "$DATA" --model "$MODEL" --epochs "$EPOCHS" --batch-size "$BATCH" \
+$SRUN --kill-on-bad-exit=1 ddpipe train "$DATA" --model "$MODEL" --epochs "$EPOCHS" --batch-size "$BATCH" \
     --allreduce ddp --lr 0.1 --warmup-epochs 5 $TRAIN_FLAGS \
     --shuffle partial --exchange-fraction 0.3 --stage-dir "$LOCAL" \
     ${EVAL:+--eval "$EVAL"} --checkpoint "$CHECKPOINT" --checkpoint-every 1000

@@ -46,7 +46,8 @@ SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=pmi2
-SchedulerType=sched/builtin
+# heterogeneous jobs (examples/slurm_decode_service.sh) are scheduled by backfill only: builtin refuses them
+SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2

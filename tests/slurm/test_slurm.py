@@ -127,6 +127,33 @@ def test_sbatch_the_example_job_script(data: Path, tmp_path: Path) -> None:
     assert list((tmp_path / "local-0").rglob("*.tar")) and list((tmp_path / "local-1").rglob("*.tar"))
 
 
+def test_sbatch_the_decode_service_example_as_a_heterogeneous_job(data: Path, tmp_path: Path) -> None:
+    """examples/slurm_decode_service.sh: its first component (mnode1) serves, its second (mnode2)
+    trains on two ranks, addressing the servers by the names the script reads from the job's node
+    list. The sizes are given on sbatch's command line, one set per component (``:``), over the
+    script's own (CPU and GPU partitions, 4 and 8 nodes)."""
+    from ..storage.servers import free_port
+
+    log, port = tmp_path / "job.out", free_port()
+    settings = {"DATA": data, "MODEL": "smallcnn", "EPOCHS": 4, "BATCH": 2, "PORT": port, "WORKERS": 1,
+                "TRAIN_FLAGS": "--image-size 32 --decode dali-cpu --log-every 0"}
+    export = "ALL," + ",".join(f"{k}={v}" for k, v in settings.items())
+    serving = ["--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--partition=debug", "--nodelist=mnode1",
+               "--wait", f"--output={log}", f"--export={export}"]
+    training = ["--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0",
+                "--partition=debug", "--nodelist=mnode2"]
+    proc = subprocess.run(["sbatch", *serving, ":", *training, str(REPO / "examples" / "slurm_decode_service.sh")],
+                          capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path)
+    output = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + output
+    assert "on 2 rank(s)" in output and f"on decode servers tcp://mnode1:{port}" in output, output
+    # the trainers decode on their own until the server has loaded its decoders (a few seconds): most
+    # batches, not every one, are the server's
+    served = [int(n) for n in re.findall(r"decode servers (\d+) of \d+ batches", output)]
+    assert len(served) == 4 and sum(served) > 0, output
+    assert (tmp_path / "smallcnn.ckpt").exists()
+
+
 def test_a_frozen_node_is_named_and_the_step_ends_before_the_collective_timeout(tmp_path: Path) -> None:
     """mnode2's tasks and its slurmstepd stopped: a rank on mnode1 names the node after 20 s of
     silence; srun then waits its KillWait (5 s on this cluster, 30 s by default) for the frozen
