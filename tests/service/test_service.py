@@ -323,6 +323,13 @@ def test_wire_round_trip_keeps_every_byte() -> None:
     assert np.array_equal(back.images, images) and back.bad == [(7, "does not decode")] and back.seconds == 0.5
 
 
+def servers_decoded(train_output: str) -> tuple[int, int]:
+    """The first epoch line's ``decode servers SERVED of BATCHES batches``."""
+    said = re.search(r"decode servers (\d+) of (\d+) batches", train_output)
+    assert said, train_output
+    return int(said[1]), int(said[2])
+
+
 def test_bench_and_train_take_the_service_and_bench_splits_the_stall(natural: Path) -> None:
     from ..conftest import run_cli
 
@@ -338,7 +345,7 @@ def test_bench_and_train_take_the_service_and_bench_splits_the_stall(natural: Pa
     assert train.returncode == 0, train.stderr
     assert f"on decode servers {s.endpoint}" in train.stdout and "epoch 0:" in train.stdout
     assert "stopped after" in log and "stopped after 0 images" not in log
-    served, batches = map(int, re.search(r"decode servers (\d+) of (\d+) batches", train.stdout).groups())  # type: ignore[union-attr]
+    served, batches = servers_decoded(train.stdout)
     assert served == batches > 0 and "no decode server answers" not in train.stderr
 
 
@@ -354,7 +361,7 @@ def test_training_says_each_epoch_how_much_the_servers_decoded(natural: Path) ->
                     "--decode-service", nobody, "--log-every", "0", timeout=300)
     assert train.returncode == 0, train.stderr
     assert train.stderr.count(f"no decode server answers ({nobody})") == 1
-    served, batches = map(int, re.search(r"decode servers (\d+) of (\d+) batches", train.stdout).groups())  # type: ignore[union-attr]
+    served, batches = servers_decoded(train.stdout)
     assert served == 0 and batches > 0
     local = run_cli("train", natural, "--model", "smallcnn", "--batch-size", "4", "--image-size", "24",
                     "--log-every", "0", timeout=300)
