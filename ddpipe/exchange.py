@@ -38,15 +38,16 @@ EMIT_GROUP = 32
 
 class ExchangeShuffler:
     def __init__(self, comm: Comm, plan: RankPlan, lifetimes: ReceiptLifetimes | None = None,
-                 kept_views: bool = False) -> None:
+                 views: bool = False) -> None:
         """``lifetimes``: how long the consumer keeps what this rank receives (:func:`receipt_lifetimes`);
         by default, as its plan says for a consumer that takes each sample as soon as it is emitted.
-        ``kept_views``: the samples this rank keeps go on as views of their shards, uncopied, for a
-        consumer that copies or reads each batch in place soon after it comes (DALI, a reading
-        process's buffer): their copy out of the shard would be one more."""
+        ``views``: the samples go on as views, uncopied, those this rank keeps of their shards and
+        those it receives of the round's buffer, for a consumer that copies or reads each batch in
+        place soon after it comes (DALI, a reading process's buffer): a copy would be one more.
+        Otherwise every field is a ``bytes`` of its own, whichever rank read it."""
         self.comm = comm
         self.plan = plan
-        self.kept_views = kept_views
+        self.views = views
         self.lifetimes = lifetimes or receipt_lifetimes(plan.positions, plan.rounds, 0, len(plan.order))
         self.samples_sent = 0
         self.bytes_sent = 0
@@ -111,7 +112,7 @@ class ExchangeShuffler:
         for g, d, sample in zip(reads[start : rnd.stop], dest_of.tolist(), samples, strict=False):
             read += 1
             if d < 0:  # kept: out of its shard, the one copy a read makes (none for a consumer of views)
-                out.append((g, sample if self.kept_views else owned(sample)))
+                out.append((g, sample if self.views else owned(sample)))
             else:
                 t, c = time.perf_counter(), time.thread_time()
                 writers[d].add(g, sample)
@@ -152,8 +153,11 @@ class ExchangeShuffler:
                     raise DdpipeError(f"exchange round {j}: rank {source} sent samples the plan does not "
                                       "expect; do all ranks run the same ddpipe version, dataset and options?")
                 out.extend(items)
-        # samples the consumer keeps long leave the round's buffer, so that it goes once the rest are used
-        for i in np.flatnonzero(self.lifetimes.copy_out[j]).tolist():
+        # samples the consumer keeps long leave the round's buffer, so that it goes once the rest are used;
+        # all of them for a consumer of bytes (a decoder of the user's own: json.loads takes no view, and
+        # a sample it keeps would keep its round's buffer)
+        copied = np.flatnonzero(self.lifetimes.copy_out[j]) if self.views else np.arange(len(out) - arrived)
+        for i in copied.tolist():
             g, sample = out[arrived + i]
             out[arrived + i] = (g, owned(sample))
         self.exchange_seconds += (t1 - t0) + moved + (time.perf_counter() - t2)

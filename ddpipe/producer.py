@@ -71,7 +71,7 @@ class Producer:
             ahead_of_consumer = self.ahead + self.group + 2 * batch_size
             lifetimes = receipt_lifetimes(rank_plan.positions, rank_plan.rounds, ahead=ahead_of_consumer,
                                           copy_beyond=2 * options.buffer_size + options.round_size)
-            shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes, kept_views=self.views)
+            shuffler = ExchangeShuffler(self.comm, rank_plan, lifetimes, views=self.views)
             if self.reads_wait_on_peers:
                 # where the node's stager may wait for its readers to make room (a capacity), reading has
                 # a thread of its own, ahead, so that a rank waiting for its round still moves past the

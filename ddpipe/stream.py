@@ -108,8 +108,9 @@ class EncodedStream:
         self.comm = comm.channel() if comm is not None else init_comm()
         self.epoch = 0
         self.stats = ReadStats()
-        #: samples may reach the consumer as views of their shard's mapping rather than copies: for a
-        #: consumer that keeps each batch until it is done with it (the decode stage sets it for DALI)
+        #: samples may reach the consumer as views (of their shard's mapping, or of the exchange round's
+        #: receive buffer) rather than bytes of their own: for a consumer that keeps each batch until it
+        #: is done with it (the decode stage sets it for DALI)
         self.views = False
         # the samples this epoch plans over: None for all, or what a resumed epoch had left; it changes
         # only with set_epoch, so iterating again repeats the same stream and a state taken after the

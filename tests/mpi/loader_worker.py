@@ -13,7 +13,7 @@ from pathlib import Path
 
 import ddpipe
 from ddpipe.comm import init_comm
-from ddpipe.sample import Sample, owned
+from ddpipe.sample import KEY, Sample, owned
 
 MODES = ["none", "local", "partial", "global"]
 FORMATS = ["wds", "hdf5", "lmdb"]
@@ -24,13 +24,16 @@ def keys(batches: list[ddpipe.SampleBatch]) -> list[list[str]]:
 
 
 def wrong_bytes(loader: ddpipe.EncodedStream, stored: dict[str, Sample]) -> list[str]:
-    """The keys of samples yielded with bytes other than their shard's, over two epochs, each batch
-    dropped once checked (as training does: then received samples' memory is reused round after round)."""
+    """The keys of samples yielded with bytes other than their shard's, or with a field that is not a
+    ``bytes`` of its own (a view of a receive buffer, which a decoder of the user's own, ``json.loads``
+    say, cannot take), over two epochs, each batch dropped once checked (as training does: then
+    received samples' memory is reused round after round)."""
     wrong = []
     for epoch in (3, 4):
         loader.set_epoch(epoch)
         for batch in loader:
-            wrong += [s["__key__"] for s in batch if owned(s) != stored[s["__key__"]]]
+            wrong += [s["__key__"] for s in batch
+                      if s != stored[s["__key__"]] or not all(type(v) is bytes for k, v in s.items() if k != KEY)]
     return wrong
 
 
