@@ -43,7 +43,7 @@ def test_same_weights_as_one_process(tmp_path: Path, path: str, world: int) -> N
 
 @pytest.mark.parametrize("path", ["mpi", "ddp"])
 def test_train_command_on_two_ranks(raw_images: Path, tmp_path: Path, path: str) -> None:
-    from .test_loader_mpi import indexed_samples
+    from .ranks import indexed_samples
 
     ddpipe.convert(raw_images, tmp_path / "wds", ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
     # 23 held-out images: two ranks cannot have as many, and each is counted once all the same; of the
