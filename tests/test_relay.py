@@ -1,7 +1,7 @@
 """The relay's protocol without MPI: a reading process's collectives, carried out by a relay thread
 on a world of one, over real socket pairs and shared areas, and what a round received handed on as
 places in the received area (its news on the batches' connection, as the reading process sends it).
-The same relay under mpiexec, between ranks and nodes, is tests/mpi/test_loader_mpi.py's."""
+The same relay under mpiexec, between ranks and nodes, is tests/mpi/test_read_apart_mpi.py's."""
 
 from __future__ import annotations
 
