@@ -25,6 +25,9 @@ measured in the same run: every rank maps its share of the shards, evicted first
 checksum, no parsing), the slowest rank's seconds: what the disk and the kernel allow. *Alone*: the
 exchange's own code over an epoch's samples already in memory, with nothing else running in the
 process, against raw Alltoallv of that run's bytes: what the exchange adds to MPI's cost by itself.
+The streams hand their samples on as views (``EncodedStream.views``), as they go to DALI on ddpipe's
+GPU path, at either Q: a consumer of ``bytes`` (the default) copies every sample once at either Q,
+its shard's or its round's buffer's, a cost of its own rather than the exchange's.
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ def worker(root: Path, out: Path, repeats: int, round_size: int, slow_source: st
     slow = {q: ddpipe.EncodedStream(root, BATCH, shuffle="partial", exchange_fraction=q,
                                round_size=round_size, comm=comm, source_limits=slow_source)
             for q in (0.0, 0.3)}
+    for stream in (*loaders.values(), *slow.values()):
+        stream.views = True
     times: dict[str, list[float]] = {f"{kind}-{q}": [] for kind in ("cold", "warm", "slow") for q in (0.0, 0.3)}
     times["disk"] = []
     exchange, cpu, waiting, raw, moved = [], [], [], [], []
@@ -138,7 +143,7 @@ def exchange_alone(loader: ddpipe.EncodedStream, repeats: int) -> tuple[list[flo
     samples = list(read_samples(loader.dataset, plan.reads))
     alone, raw = [], []
     for _ in range(repeats):
-        shuffler = ExchangeShuffler(comm, plan)
+        shuffler = ExchangeShuffler(comm, plan, views=True)
         comm.barrier()
         shuffler.run(iter(samples), lambda item: True)
         alone.append(max(comm.allgather(shuffler.exchange_seconds)))
@@ -164,6 +169,7 @@ def torch_worker(root: Path, out: Path, repeats: int, round_size: int) -> None:
     comm = init_comm()
     loader = ddpipe.EncodedStream(root, BATCH, shuffle="partial", exchange_fraction=0.3,
                            round_size=round_size, comm=comm)
+    loader.views = True
     timed_epoch(loader)  # warm: shards in page cache, the group's connections made
     exchanged = 0
     comm.barrier()
