@@ -112,12 +112,13 @@ def worker(root: Path, out: Path, repeats: int, round_size: int, slow_source: st
     for rep in range(repeats):
         times["disk"].append(disk_limit(files, comm))
         for q in (0.0, 0.3) if rep % 2 == 0 else (0.3, 0.0):
-            before = getattr(comm, "landed_bytes", 0)
+            # the stream's channel: its exchange state (and count of bytes landed) is its own
+            before = getattr(loaders[q].comm, "landed_bytes", 0)
             times[f"cold-{q}"].append(timed_epoch(loaders[q], files))
             sent += bytes_sent(loaders[q])
             times[f"warm-{q}"].append(timed_epoch(loaders[q]))
             sent += bytes_sent(loaders[q])
-            landed += getattr(comm, "landed_bytes", 0) - before
+            landed += getattr(loaders[q].comm, "landed_bytes", 0) - before
             if rep < SLOW_REPEATS:
                 times[f"slow-{q}"].append(timed_epoch(slow[q]))
         stats = loaders[0.3].stats.exchange or ExchangeStats()
