@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import threading
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Protocol
@@ -155,7 +153,7 @@ class Dataset:
                 pass
         return str(path)
 
-    def _object_names(self, info: ShardInfo) -> tuple[tuple[str, ...], tuple[int | None, ...]]:
+    def object_names(self, info: ShardInfo) -> tuple[tuple[str, ...], tuple[int | None, ...]]:
         """A shard's object and its sidecars' (a tar's index), relative to the data prefix, and
         their sizes where known."""
         local = self.data_root / info.file
@@ -167,42 +165,8 @@ class Dataset:
         sidecars) that stays until a few more have been fetched."""
         info = self.manifest.shards[shard]
         if self._objects is not None:
-            self._objects.fetch(*self._object_names(info))
+            self._objects.fetch(*self.object_names(info))
         return self.data_root / info.file
-
-    def copy_sidecars(self, shard: int, dest_dir: Path) -> None:
-        """Copy a shard's sidecars (a tar's index) from its source into ``dest_dir``."""
-        from .formats.atomic import atomic_write_bytes
-
-        if self.storage is None:
-            for sidecar in self.format.sidecar_files(self.shard_path(shard)):
-                try:
-                    data = sidecar.read_bytes()
-                except FileNotFoundError:  # a tar without an index is scanned instead
-                    continue
-                atomic_write_bytes(dest_dir / sidecar.name, data)
-            return
-        names, _ = self._object_names(self.manifest.shards[shard])
-        for name in names[1:]:
-            with contextlib.suppress(MissingShardError):  # a tar without an index is scanned instead
-                self.storage.download(name, dest_dir / Path(name).name)
-
-    def copy_shard(self, shard: int, dest: Path, limits: SourceLimits | None = None,
-                   stop: threading.Event | None = None) -> None:
-        """Copy a shard from its source to ``dest``, hashed on the way and renamed into place only if
-        it matches the manifest (see ``shard_copy.py``); ``stop`` set gives it up, leaving nothing."""
-        from .shard_copy import verified_copy, verified_stream
-
-        info = self.manifest.shards[shard]
-        if self.storage is None:
-            verified_copy(self.shard_path(shard), dest, info, limits, stop)
-        else:
-            verified_stream(self.storage.chunks(info.file, info.bytes), dest, info, self.storage.url(info.file), limits,
-                            stop)
-
-    def check_files_of(self, shard: int) -> None:
-        """:meth:`check_files` for one shard."""
-        self.check_file(self.manifest.shards[shard])
 
     def check_file(self, info: ShardInfo, path: Path | None = None) -> None:
         path = path or self.data_root / info.file
@@ -244,7 +208,7 @@ class Dataset:
     def _open(self, info: ShardInfo, path: Path, verify: bool,
               hashed: HashedFile | None = None) -> ShardReader:
         if self._objects is not None and path == self.data_root / info.file:
-            self._objects.fetch(*self._object_names(info))
+            self._objects.fetch(*self.object_names(info))
             try:
                 return self._open_file(info, path, verify, hashed)
             except CorruptShardError as e:
@@ -380,7 +344,7 @@ class Dataset:
             if staged is not None:
                 advise_willneed(staged)
         elif self._objects is not None:
-            self._objects.prefetch(*self._object_names(self.manifest.shards[shard]))
+            self._objects.prefetch(*self.object_names(self.manifest.shards[shard]))
         elif limits is None:
             advise_willneed(self.shard_path(shard))
 

@@ -3,9 +3,11 @@ manifest, then renamed into place, so a reader never sees a partial or corrupt c
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -14,6 +16,9 @@ from .errors import ChecksumMismatchError, MissingShardError
 from .formats import atomic
 from .manifest import ShardInfo
 from .throttle import SourceLimits
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
 
 _CHUNK = 8 << 20
 
@@ -106,6 +111,36 @@ def verified_stream(chunks: Iterable[memoryview], dest: Path, info: ShardInfo, n
 
     write_verified(dest, info, fill, named=named, stop=stop)
     return info.bytes
+
+
+def copy_shard(dataset: Dataset, shard: int, dest: Path, limits: SourceLimits | None = None,
+               stop: threading.Event | None = None) -> None:
+    """Copy a shard of ``dataset`` from its source (a file, or an object streamed) to ``dest``, hashed
+    on the way and renamed into place only if it matches the manifest; ``stop`` set gives it up,
+    leaving nothing."""
+    info = dataset.manifest.shards[shard]
+    if dataset.storage is None:
+        verified_copy(dataset.shard_path(shard), dest, info, limits, stop)
+    else:
+        verified_stream(dataset.storage.chunks(info.file, info.bytes), dest, info, dataset.storage.url(info.file),
+                        limits, stop)
+
+
+def copy_sidecars(dataset: Dataset, shard: int, dest_dir: Path) -> None:
+    """Copy a shard's sidecars (a tar's index) from its source into ``dest_dir``; a tar without an
+    index has none to copy (its reader scans it instead)."""
+    if dataset.storage is None:
+        for sidecar in dataset.format.sidecar_files(dataset.shard_path(shard)):
+            try:
+                data = sidecar.read_bytes()
+            except FileNotFoundError:
+                continue
+            atomic.atomic_write_bytes(dest_dir / sidecar.name, data)
+        return
+    names, _ = dataset.object_names(dataset.manifest.shards[shard])
+    for name in names[1:]:
+        with contextlib.suppress(MissingShardError):
+            dataset.storage.download(name, dest_dir / Path(name).name)
 
 
 def is_staged(dest: Path, info: ShardInfo) -> bool:

@@ -36,7 +36,7 @@ from ..dataset import Dataset
 from ..errors import ChecksumMismatchError, DdpipeError, DiskFullError, OptionError
 from ..fields import bytes_option, local_path_option, number_option, refuse_non_boolean_flags
 from ..formats.atomic import atomic_write_bytes, commit, discard
-from ..shard_copy import CopyStopped, is_staged, remove_staged, stamp_path, write_stamp
+from ..shard_copy import CopyStopped, copy_shard, copy_sidecars, is_staged, remove_staged, stamp_path, write_stamp
 from ..throttle import SourceLimits
 from .job_lock import hold_directory
 from .local_dir import node_local_dir
@@ -207,13 +207,13 @@ class NodeStager:
             discard(self._failed(dest))  # and a failure of an earlier run is tried again
             t0 = time.perf_counter()
             try:
-                self.dataset.copy_sidecars(shard, self.dir)
+                copy_sidecars(self.dataset, shard, self.dir)
                 peer = self._holders.get(shard)
                 if peer is not None and self._link is not None and fetch_from_peer(self._link, peer, shard, dest, info):
                     self.stats["peer_copied"] += 1
                     self.stats["peer_bytes"] += info.bytes
                 else:
-                    self.dataset.copy_shard(shard, dest, self.options.limits, self._stop)
+                    copy_shard(self.dataset, shard, dest, self.options.limits, self._stop)
             except DiskFullError as e:
                 print(f"ddpipe: warning: {e}; readers use the source for {info.file}", file=sys.stderr, flush=True)
                 atomic_write_bytes(self._failed(dest), str(e).encode())
