@@ -3,13 +3,16 @@ handed to the consumer in groups through a queue bounded in samples (:class:`ddp
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import queue
 import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from .exchange import EMIT_GROUP, ExchangeShuffler
-from .handoff import END, in_groups, put_unless_stopped, read_ahead
+from .handoff import END, SampleQueue, groups, in_groups, put_unless_stopped, read_ahead
 from .loader_stats import ExchangeStats
 from .shufflers import receipt_lifetimes
 
@@ -18,6 +21,9 @@ if TYPE_CHECKING:
     from .options import ReadOptions
     from .plan import EpochPlan
     from .sample import Sample
+
+# stops a running producer, waiting for its thread to end (see Producer.start)
+Stopper = functools.partial[None]
 
 
 class Producer:
@@ -45,6 +51,22 @@ class Producer:
         have to run further ahead of the consumer for every rank to finish its batch while this
         rank's caller waits for them (a training step's allreduce: ``RankPlan.lead``)."""
         return max(self.read.prefetch, self.plan.ranks[self.rank].lead)
+
+    def start(self) -> tuple[Generator[list[Any], None, None], Stopper]:
+        """Run on a thread of its own: the lists of (global index, sample) it puts, up to ``group``
+        long, as they arrive, and what stops it (:func:`stop_now`), which the interpreter's exit
+        calls at the latest."""
+        out: queue.Queue[Any] = SampleQueue(self.ahead)
+        stop = threading.Event()
+        thread = threading.Thread(target=self.run, args=(out, stop), daemon=True, name=f"ddpipe-producer-{self.rank}")
+        thread.start()
+        # stopped at the latest as the interpreter exits, before the exit handlers of the libraries it
+        # reads with, registered earlier (handlers run last in, first out): h5py's took its type
+        # converters from under a producer still reading, which crashed or hung the exit of a script
+        # that left its loader mid-epoch (HDF5 shards: 4 runs in 6 here)
+        stopped = functools.partial(_stop, stop, thread, out)
+        atexit.register(stopped)
+        return groups(out), stopped
 
     def run(self, out: queue.Queue[Any], stop: threading.Event) -> None:
         rank_plan = self.plan.ranks[self.rank]
@@ -91,3 +113,18 @@ class Producer:
             emit(END)
         except BaseException as e:  # reaches the consumer intact
             emit(e)
+
+
+def stop_now(stopped: Stopper) -> None:
+    """Stop a producer now, no longer at exit."""
+    atexit.unregister(stopped)
+    stopped()
+
+
+def _stop(stop: threading.Event, thread: threading.Thread, out: queue.Queue[Any]) -> None:
+    stop.set()  # the producer notices within one queue timeout, even when the queue is full
+    if thread is not threading.current_thread():
+        thread.join()
+    # at exit, a consumer on another thread (an epoch read ahead) may be waiting for the next group: it ends
+    with contextlib.suppress(queue.Full):
+        out.put_nowait(END)

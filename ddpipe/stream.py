@@ -11,13 +11,9 @@ holds samples that arrived before their turn: at most about one buffer plus one 
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
 import os
-import queue
 import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Generator
@@ -39,12 +35,12 @@ from .errors import (
     bound_to_its_process,
 )
 from .fields import seed_option, whole_option
-from .handoff import END, Ahead, SampleQueue, groups
+from .handoff import Ahead
 from .loader_stats import ReadStats, SkippedSample
 from .loop import HeldLoop, Loop
 from .options import STREAM_STAGES, ReadOptions, apply_keywords
 from .plan import EpochPlan, PlanOptions, plan_epoch
-from .producer import Producer
+from .producer import Producer, Stopper, stop_now
 from .rank_agreement import RankView, check_ranks_agree
 from .reading import read_samples
 from .reorder import batches_in_order
@@ -336,33 +332,21 @@ class EncodedStream:
         waits = self.stager is not None and self.stager.options.capacity is not None
         producer = Producer(plan, self.rank, self.comm, self.read_options, samples, reads_wait_on_peers=waits,
                             views=self.views)
-        # the producer puts lists of (global index, sample), up to ``group`` long: ``prefetch`` samples
-        # queued, or the plan's lead where that is more
-        out: queue.Queue[Any] = SampleQueue(producer.ahead)
-        stop = threading.Event()
-        thread = threading.Thread(target=producer.run, args=(out, stop), daemon=True,
-                                  name=f"ddpipe-producer-{self.rank}")
-        thread.start()
-        # stopped when this epoch is left, and at the latest as the interpreter exits, before the exit handlers
-        # of the libraries it reads with, registered earlier (handlers run last in, first out): h5py's took its
-        # type converters from under a producer still reading, which crashed or hung the exit of a script
-        # that left its loader mid-epoch (HDF5 shards: 4 runs in 6 here)
-        stopped = functools.partial(_stop_producer, stop, thread, out)
-        atexit.register(stopped)
-        ordered = self._ordered(plan, producer, groups(out), stopped)
+        arrivals, stopped = producer.start()
+        ordered = self._ordered(plan, producer, arrivals, stopped)
         # a generator closed before its first next() never runs its body, so its finally neither
-        weakref.finalize(ordered, _unregistered, stopped).atexit = False  # the exit handler above does
+        weakref.finalize(ordered, stop_now, stopped).atexit = False  # the producer's exit handler does
         return ordered
 
     def _ordered(self, plan: EpochPlan, producer: Producer, arrivals: Generator[list[Any], None, None],
-                 stopped: functools.partial[None]) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
+                 stopped: Stopper) -> Generator[tuple[np.ndarray, list[Sample]], None, None]:
         rank_plan = plan.ranks[self.rank]
         try:
             yield from batches_in_order(arrivals, rank_plan.order, rank_plan.positions, plan.options.batch_size,
                                         plan.num_batches, self.stats)
         finally:
             arrivals.close()
-            _unregistered(stopped)
+            stop_now(stopped)
         self.stats.exchange = producer.exchange  # the epoch was read whole: its figures are final
 
     def state_dict(self) -> dict[str, Any]:
@@ -380,21 +364,6 @@ class EncodedStream:
         self._batches_done = 0
         self._plan = None
         self.repeats.reset()
-
-
-def _unregistered(stopped: functools.partial[None]) -> None:
-    """Stop a producer now, no longer at exit."""
-    atexit.unregister(stopped)
-    stopped()
-
-
-def _stop_producer(stop: threading.Event, thread: threading.Thread, out: queue.Queue[Any]) -> None:
-    stop.set()  # the producer notices within one queue timeout, even when the queue is full
-    if thread is not threading.current_thread():
-        thread.join()
-    # at exit, a consumer on another thread (an epoch read ahead) may be waiting for the next group: it ends
-    with contextlib.suppress(queue.Full):
-        out.put_nowait(END)
 
 
 def unreadable(stream: EncodedStream, index: int, sample: Sample, reason: str) -> SampleError:
