@@ -31,7 +31,8 @@ def _cluster_up() -> str | None:
         probe = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
         return "sinfo did not answer within 30 s: is the Slurm controller up? `make test-slurm` starts one"
-    if probe.returncode != 0 or len(re.findall(r"idle|mixed|allocated", probe.stdout)) < 1:
+    # a node still completing an earlier job is up: srun waits for it
+    if probe.returncode != 0 or len(re.findall(r"idle|mixed|allocated|completing", probe.stdout)) < 1:
         return "no Slurm cluster answers (SLURM_CONF unset or its daemons stopped): run `make test-slurm`"
     return None
 
