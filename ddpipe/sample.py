@@ -21,8 +21,9 @@ from .errors import SampleError
 
 #: A sample: ``"__key__"`` maps to a ``str``; every other entry is a field of bytes: ``bytes`` of its
 #: own, or a ``memoryview`` where the consumer takes views (``EncodedStream.views``, which the decode
-#: stage sets for DALI): of its shard's mapping, or of the exchange round's receive buffer, handed on
-#: without a copy (``bytes(field)`` makes one where a ``bytes`` is needed).
+#: stage sets for DALI and for a decode service's client): of its shard's mapping, or of the exchange
+#: round's receive buffer, handed on without a copy (``bytes(field)`` makes one where a ``bytes`` is
+#: needed).
 Sample = dict[str, Any]
 
 KEY = "__key__"
