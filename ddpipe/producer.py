@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .sample import Sample
 
 # stops a running producer, waiting for its thread to end (see Producer.start)
-Stopper = functools.partial[None]
+Stopper = Callable[[], None]
 
 
 class Producer:
