@@ -98,6 +98,7 @@ class _Server:
                  ) -> None:
         from .comm import Comm
         from .comm.relay import RelayedComm
+        from .decode.batches import KnownSizes
         from .memory import EpochMemory, keep_freed_memory
         from .staging import NodeStager
         from .stream import EncodedStream
@@ -124,6 +125,7 @@ class _Server:
                              name="ddpipe-parent-watch").start()
         self.stream.views = True  # each sample handed on as its place in its shard, or copied once into the buffer
         self.decode = spec.decode
+        self.sizes = KnownSizes()  # each image's, read once for every epoch
         self.ring = _Ring(ring)
         self.ring_bytes = np.frombuffer(ring, dtype=np.uint8)
         self.seq = 0  # every batch sent, over every epoch: what releases count in
@@ -251,8 +253,8 @@ class _Server:
         if not batch.datas:
             return batch
         if self.decode.train:
-            return with_crops(batch, seed, epoch, self.decode, self.on_bad)
-        return checked_headers(batch, self.decode, self.on_bad)[0]
+            return with_crops(batch, seed, epoch, self.decode, self.on_bad, self.sizes)
+        return checked_headers(batch, self.decode, self.on_bad, self.sizes)[0]
 
     def send(self, batch: EncodedBatch, forget: bool = True) -> None:
         """Send the batch: each image that is a view of a shard file the parent can map, or of a round

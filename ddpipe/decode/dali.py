@@ -25,7 +25,7 @@ import torch.utils.dlpack
 
 from ..errors import DdpipeError
 from ..handoff import Ahead
-from .batches import EncodedBatch, OnBad, checked_headers, with_crops
+from .batches import EncodedBatch, KnownSizes, OnBad, checked_headers, with_crops
 from .resample import Resampler
 from .ring import TORCH_DTYPES
 from .spec import DecodeOptions, decode_check
@@ -68,6 +68,7 @@ class _Feed:
         self._front: deque[EncodedBatch] = deque()  # fed again before the rest, after a failed pipeline
         self._seed = self._epoch = 0
         self._on_bad: OnBad | None = None
+        self._sizes = KnownSizes()  # each image's, read once for every epoch
 
     def attach(self, batches: Iterator[EncodedBatch], seed: int, epoch: int, on_bad: OnBad) -> None:
         """Feed ``batches`` from now on (preparing them ahead starts now)."""
@@ -95,8 +96,8 @@ class _Feed:
         if not batch.datas:
             return batch
         if not batch.checked:  # else the reading process did it
-            batch = with_crops(batch, self._seed, self._epoch, self.options, self._on_bad) if self.options.train \
-                else checked_headers(batch, self.options, self._on_bad)[0]
+            batch = with_crops(batch, self._seed, self._epoch, self.options, self._on_bad, self._sizes) \
+                if self.options.train else checked_headers(batch, self.options, self._on_bad, self._sizes)[0]
         if not batch.datas:
             return batch
         # one array of each sample's numbers (label, then its crop window and flip): DALI gives each
