@@ -384,8 +384,10 @@ def main() -> None:
             # and runs in it: a reading process before 597b022 imported the ddpipe of its working directory
             env = env_of(trees[tree])
             out = subprocess.run([*launcher, sys.executable, __file__, "--epochs", str(args.epochs), "--run", kind,
-                                  str(roots[fmt])], check=True, timeout=600, capture_output=True, text=True, env=env,
+                                  str(roots[fmt])], timeout=600, capture_output=True, text=True, env=env,
                                  cwd=trees[tree])
+            if out.returncode != 0:  # what the child said, not only that it failed
+                sys.exit(f"feed.py: {tree} {fmt} {kind} exited {out.returncode}:\n{out.stderr[-4000:]}")
             results.setdefault((tree, fmt, kind), []).append(json.loads(out.stdout.splitlines()[-1]))
             got = results[tree, fmt, kind][-1]
             print(f"  {tree} {fmt} {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in got.items()), file=sys.stderr)
