@@ -336,7 +336,11 @@ def processor_seconds() -> float:
     total = t.user + t.system
     tick = os.sysconf("SC_CLK_TCK")
     for listing in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-        for pid in listing.read_text().split():
+        try:
+            children = listing.read_text().split()
+        except OSError:  # a thread that ended since the listing
+            continue
+        for pid in children:
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:  # ended meanwhile
