@@ -126,11 +126,12 @@ def checked_headers(batch: EncodedBatch, options: DecodeOptions, on_bad: OnBad |
             if on_bad is not None:
                 on_bad(batch.indices[i], batch.samples[i], f"does not decode: {e}")
             bad.add(batch.indices[i])
+    dropped = np.isin(indices, list(bad))  # by global index, as batch.without drops them
     if known is not None:
-        read = ~have & ~np.isin(indices, list(bad))
+        read = ~have & ~dropped
         known.learn(indices[read], [d for d, r in zip(batch.datas, read.tolist(), strict=True) if r], sizes[read])
     if bad:
-        sizes = sizes[~np.isin(indices, list(bad))]
+        sizes = sizes[~dropped]
         batch = batch.without(bad)
     return batch, sizes
 
@@ -140,6 +141,6 @@ def with_crops(batch: EncodedBatch, seed: int, epoch: int, options: DecodeOption
     """The batch with each sample's crop window and flip; samples without a readable header, or
     over the pixel limit, are reported and left out (``known``: as :func:`checked_headers`)."""
     batch, sizes = checked_headers(batch, options, on_bad, known)
-    wh = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-    batch.crops = random_crops(seed, epoch, np.asarray(batch.indices, dtype=np.int64), wh[:, 0], wh[:, 1], options)
+    batch.crops = random_crops(seed, epoch, np.asarray(batch.indices, dtype=np.int64), sizes[:, 0], sizes[:, 1],
+                               options)
     return batch

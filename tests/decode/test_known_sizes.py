@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,7 +31,7 @@ VERSIONS = [_image(12, 9), _image(30, 17), _image(9, 40, "PNG"), _image(61, 61),
 def _checked(batch: EncodedBatch, known: KnownSizes | None) -> tuple[list[int], list[tuple[int, int]], list[int]]:
     reported: list[int] = []
     kept, sizes = checked_headers(batch, OPTS, lambda g, s, why: reported.append(g), known)
-    return kept.indices, [(int(w), int(h)) for w, h in np.asarray(sizes).reshape(-1, 2)], reported
+    return kept.indices, [(int(w), int(h)) for w, h in sizes], reported
 
 
 @settings(max_examples=60, deadline=None)
