@@ -77,16 +77,21 @@ def test_a_damaged_staged_copy_is_dropped_and_the_source_read(data: Path, tmp_pa
     assert epoch(data, stage_dir=stage) == EXPECTED and "staged copy" not in capfd.readouterr().err  # re-staged
 
 
+def swapped_offsets(index: str) -> str:
+    """A tar index with the bin members of samples 1 and 2 at each other's offsets: the same size."""
+    lines = index.splitlines()
+    a, b = lines[2].split(), lines[3].split()
+    ia, ib = a.index("bin") + 1, b.index("bin") + 1
+    a[ia], b[ib] = b[ib], a[ia]
+    lines[2], lines[3] = " ".join(a), " ".join(b)
+    return "\n".join(lines) + "\n"
+
+
 def test_a_tar_index_with_two_offsets_swapped_is_refused(tmp_path: Path) -> None:
     root = make_dataset(tmp_path / "wds", "wds", [12, 12], payload=4000)
     idx = shard_file(root, 0).with_suffix(".idx")
     good = idx.read_text()
-    lines = good.splitlines()
-    a, b = lines[2].split(), lines[3].split()  # samples 1 and 2: swap their bin members' offsets
-    ia, ib = a.index("bin") + 1, b.index("bin") + 1
-    a[ia], b[ib] = b[ib], a[ia]
-    lines[2], lines[3] = " ".join(a), " ".join(b)
-    bad = "\n".join(lines) + "\n"
+    bad = swapped_offsets(good)
     assert len(bad) == len(good)  # the same size: only the content tells
     idx.write_text(bad)
     with pytest.raises(CorruptShardError, match="does not match the tar header"):
@@ -97,6 +102,30 @@ def test_a_tar_index_with_two_offsets_swapped_is_refused(tmp_path: Path) -> None
     assert epoch(root, stage_dir=stage) == want
     next(stage.rglob(idx.name)).write_text(bad)
     assert epoch(root, stage_dir=stage) == want  # dropped, and the source read
+
+
+def test_a_tar_index_changed_between_epochs_of_one_stream_is_refused_then_read_again_once_repaired(
+        tmp_path: Path) -> None:
+    """A stream checks each index against its tar once, and takes the index as it found it in later
+    epochs: an index that changes in between, its size and time kept, is parsed and checked again."""
+    root = make_dataset(tmp_path / "wds", "wds", [12, 12], payload=4000)
+    idx = shard_file(root, 0).with_suffix(".idx")
+    good = idx.read_text()
+    stream = ddpipe.EncodedStream(root, 4, shuffle="local")
+
+    def epoch_of(e: int) -> dict[str, bytes]:
+        stream.set_epoch(e)
+        return {s["__key__"]: bytes(s["bin"]) for batch in stream for s in batch}
+
+    want = {k: v for k, v in EXPECTED.items() if int(k[2:]) < 24}
+    assert epoch_of(0) == want
+    before = idx.stat()
+    idx.write_text(swapped_offsets(good))
+    os.utime(idx, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(CorruptShardError, match="does not match the tar header"):
+        epoch_of(1)
+    idx.write_text(good)
+    assert epoch_of(2) == want
 
 
 @pytest.mark.parametrize("shuffle", ["none", "local", "partial", "global"])

@@ -17,10 +17,13 @@ import itertools
 import os
 import tarfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ..checksum import buffer_checksum
 from ..sample import KEY, Sample, owned
 from .base import ShardFormat, ShardReader, ShardWriter
 from .mapped import MappedFile, ShardMapping
@@ -135,13 +138,67 @@ def parse_dali_index(text: str, path: str | os.PathLike[str]) -> list[list[Membe
 
 
 def read_dali_index(path: str | os.PathLike[str]) -> list[list[Member]]:
+    return _parsed(Path(path).read_bytes(), path)
+
+
+def _parsed(data: bytes, path: str | os.PathLike[str]) -> list[list[Member]]:
     from ..errors import CorruptShardError
 
     try:
-        text = Path(path).read_bytes().decode("ascii")
+        text = data.decode("ascii")
     except UnicodeDecodeError:
         raise CorruptShardError("bad DALI index: not ASCII text", path=path) from None
     return parse_dali_index(text, path)
+
+
+@dataclass(frozen=True)
+class ParsedIndex:
+    """A DALI index file as parsed, named by the digest of its bytes."""
+
+    digest: str
+    groups: list[list[Member]]  # shared by every reader given it: read, never changed
+    end: int  # where the data of its furthest member ends
+
+
+class KnownIndexes:
+    """The DALI indexes a dataset's reads have parsed, by the digest of their bytes, and the shards
+    (by checksum) each was found to agree with. A rank reads the same shards every epoch (sticky
+    assignment): parsing each index again and checking it against its tar's headers again took about
+    a tenth of a reading process's processor time (benchmarks/feed.py). The same index bytes parse
+    the same, and agree with the same shard bytes, so a changed index, or a shard whose bytes no
+    longer hash to what its check found, is parsed and checked afresh. Kept up to ``limit`` members
+    (about 0.3 KB each), enough for a rank's share of ImageNet; indexes past it are parsed each time.
+    Shared by a dataset's reading threads: each step is one dictionary or set operation."""
+
+    LIMIT = 1_000_000
+
+    def __init__(self, limit: int = LIMIT) -> None:
+        self.limit = limit
+        self._parsed: dict[str, ParsedIndex] = {}
+        self._agreed: set[tuple[str, str]] = set()  # (index digest, shard checksum)
+        self._members = 0
+
+    def read(self, path: Path) -> ParsedIndex:
+        """The index file at ``path``, parsed (:class:`CorruptShardError` for a bad one)."""
+        data = path.read_bytes()
+        digest = buffer_checksum(data)
+        known = self._parsed.get(digest)
+        if known is None:
+            groups = _parsed(data, path)
+            known = ParsedIndex(digest, groups, max((o + s for g in groups for _, o, s, _ in g), default=0))
+            members = sum(map(len, groups))
+            if self._members + members <= self.limit:
+                self._parsed[digest] = known
+                self._members += members
+        return known
+
+    def agree(self, digest: str, checksum: str) -> bool:
+        """An index of ``digest`` was found to agree with a shard whose bytes hash to ``checksum``."""
+        return (digest, checksum) in self._agreed
+
+    def agreed(self, digest: str, checksum: str) -> None:
+        if digest in self._parsed:  # kept for as long as the parse it names
+            self._agreed.add((digest, checksum))
 
 
 def check_dali_index(shard: str | os.PathLike[str]) -> None:
@@ -226,17 +283,19 @@ class TarReader(ShardReader):
     0.17 s when the file was read (this machine, page cache warm; 0.15 against 0.23 cold).
     """
 
-    def __init__(self, path: str | os.PathLike[str], groups: list[list[Member]] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], groups: list[list[Member]] | None = None,
+                 indexes: KnownIndexes | None = None) -> None:
         """``groups``: the members as a scan of the headers found them (an index being written), else
-        from the index beside the shard."""
+        from the index beside the shard, read through ``indexes`` where given."""
         super().__init__(path)
         idx = index_path(self.path)
+        self.index: ParsedIndex | None = None  # the index read, if one was
         if groups is not None:
             self._groups = groups
         elif idx.is_file():
-            self._groups = read_dali_index(idx)
-            size = self.path.stat().st_size
-            if self._groups and max(o + s for g in self._groups for _, o, s, _ in g) > size:
+            self.index = (indexes or KnownIndexes(limit=0)).read(idx)
+            self._groups = self.index.groups
+            if self.index.end > self.path.stat().st_size:
                 raise self._corrupt("truncated tar: its index points past the end of the file")
         else:
             self._groups = scan_tar_members(self.path)
@@ -302,8 +361,14 @@ class TarFormat(ShardFormat):
     name = "wds"
     suffix = ".tar"
 
+    def __init__(self) -> None:
+        self.indexes = KnownIndexes()  # this dataset's: each made by get_format
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "indexes": KnownIndexes()}  # a process sent the dataset parses its own
+
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
-        return TarReader(path)
+        return TarReader(path, indexes=self.indexes)
 
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         from .tar_writer import TarWriter  # it builds on this module
@@ -311,10 +376,13 @@ class TarFormat(ShardFormat):
         return TarWriter(path)
 
     def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:
-        super().verify(reader, checksum, actual)
-        if isinstance(reader, TarReader) and index_path(reader.path).is_file():
+        super().verify(reader, checksum, actual)  # the shard's bytes hash to checksum: else it raised
+        if not isinstance(reader, TarReader) or reader.index is None:
+            return
+        if not self.indexes.agree(reader.index.digest, checksum):
             with reader.content(whole=True) as content:  # mapped and paged in by the checksum
                 check_index_against_headers(reader.path, reader.groups, content)
+            self.indexes.agreed(reader.index.digest, checksum)
 
     def sidecar_files(self, path: str | os.PathLike[str]) -> list[Path]:
         return [index_path(path)]

@@ -164,6 +164,33 @@ def test_index_parse_rejects_garbage(tmp_path: Path) -> None:
             parse_dali_index(text, tmp_path / "x.idx")
 
 
+def test_known_indexes_parse_an_index_once_up_to_their_limit_and_a_bad_one_every_time(tmp_path: Path) -> None:
+    import pickle
+
+    from ddpipe.errors import CorruptShardError
+    from ddpipe.formats.tar import KnownIndexes, TarFormat
+
+    shard = TestTarConformance().write(tmp_path / "s.tar", example_samples())
+    idx = index_path(shard)
+    members = sum(map(len, scan_tar_members(shard)))
+    kept, over = KnownIndexes(limit=members), KnownIndexes(limit=members - 1)
+    assert kept.read(idx) is kept.read(idx)  # the same parse, shared
+    assert over.read(idx) is not over.read(idx)  # past the limit: parsed each time, to the same members
+    assert over.read(idx).groups == kept.read(idx).groups == scan_tar_members(shard)
+    fmt = TarFormat()  # as get_format("wds") makes it for each dataset
+    with fmt.reader(shard) as reader:
+        fmt.verify(reader, fmt.checksum(reader))
+    assert fmt.indexes.read(idx) is fmt.indexes.read(idx)  # kept by the format its dataset has
+    assert len(pickle.dumps(fmt)) == len(pickle.dumps(TarFormat()))  # sent to a process without them
+    good = idx.read_bytes()
+    idx.write_bytes(good.replace(b"v1.2", b"v9.9", 1))
+    for _ in range(2):
+        with pytest.raises(CorruptShardError, match="bad DALI index"):
+            kept.read(idx)
+    idx.write_bytes(good)
+    assert kept.read(idx).groups == scan_tar_members(shard)
+
+
 @pytest.mark.dali
 def test_dali_webdataset_reader_reads_ddpipe_tars(tmp_path: Path) -> None:
     dali = pytest.importorskip("nvidia.dali", reason="DALI is installed by make test (ddpipe[dali])")
