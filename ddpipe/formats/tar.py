@@ -141,10 +141,10 @@ def parse_dali_index(text: str, path: str | os.PathLike[str]) -> list[list[Membe
 
 
 def read_dali_index(path: str | os.PathLike[str]) -> list[list[Member]]:
-    return _parsed(Path(path).read_bytes(), path)
+    return _parse_index_bytes(Path(path).read_bytes(), path)
 
 
-def _parsed(data: bytes, path: str | os.PathLike[str]) -> list[list[Member]]:
+def _parse_index_bytes(data: bytes, path: str | os.PathLike[str]) -> list[list[Member]]:
     from ..errors import CorruptShardError
 
     try:
@@ -187,7 +187,7 @@ class KnownIndexes:
         digest = buffer_checksum(data)
         known = self._parsed.get(digest)
         if known is None:
-            groups = _parsed(data, path)
+            groups = _parse_index_bytes(data, path)
             known = ParsedIndex(digest, groups, max((o + s for g in groups for _, o, s, _ in g), default=0))
             members = sum(map(len, groups))
             if self._members + members <= self.limit:
