@@ -129,7 +129,8 @@ class ShardsAhead:
         if path is None:
             return False
         try:
-            mapping = self.dataset.format.mapping(path)
+            # a staged copy or a store's scratch file is deleted by ddpipe: its mapping is not kept
+            mapping = self.dataset.format.mapping(path, keep=self.store is None)
         except OSError:  # opening the shard then says why
             return False
         mapping.prepare()  # here, not on the hash's thread: ShardMapping.prepare

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,44 @@ def test_a_tar_index_changed_between_epochs_of_one_stream_is_refused_then_read_a
         epoch_of(1)
     idx.write_text(good)
     assert epoch_of(2) == want
+
+
+def _truncated_in_place(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def _replaced_by_a_damaged_copy(path: Path) -> None:
+    copy = path.with_name("damaged")
+    shutil.copyfile(path, copy)
+    flip_middle_keeping_time(copy)
+    os.replace(copy, path)  # another file at the path: the mapping kept of the first still reads it
+
+
+@pytest.mark.parametrize("change", [flip_middle_keeping_time, _truncated_in_place, _replaced_by_a_damaged_copy],
+                         ids=["flipped in place", "truncated in place", "replaced"])
+@pytest.mark.parametrize("fmt", ["wds", "hdf5"])
+def test_a_shard_changed_between_epochs_of_one_stream_is_refused_then_read_again_once_repaired(
+        tmp_path: Path, fmt: str, change: Callable[[Path], None]) -> None:
+    """A stream keeps the mappings of the shards it hashed ahead for its next epoch (KeptMappings),
+    and hashes each through its mapping every epoch: a shard changed in place is seen changed, and
+    one truncated (whose old mapping would fault past the file's end) or replaced is mapped again."""
+    root = make_dataset(tmp_path / fmt, fmt, [12, 12, 12, 12], payload=4000)
+    stream = ddpipe.EncodedStream(root, 4, shuffle="none")  # shards in order: 1 to 3 hashed ahead
+
+    def epoch_of(e: int) -> dict[str, bytes]:
+        stream.set_epoch(e)
+        return {s["__key__"]: bytes(s["bin"]) for batch in stream for s in batch}
+
+    assert epoch_of(0) == EXPECTED
+    assert len(stream.dataset.format.kept) == 3
+    path = shard_file(root, 1)
+    good = path.read_bytes()
+    change(path)
+    with pytest.raises(CorruptShardError, match=path.name):
+        epoch_of(1)
+    path.write_bytes(good)
+    assert epoch_of(2) == EXPECTED
 
 
 @pytest.mark.parametrize("shuffle", ["none", "local", "partial", "global"])

@@ -18,7 +18,7 @@ from ..checksum import file_checksum
 from ..errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
 from ..sample import Sample, check_sample
 from . import atomic
-from .mapped import MappedFile, ShardMapping
+from .mapped import KeptMappings, MappedFile, ShardMapping
 
 R = TypeVar("R", bound="ShardReader")
 
@@ -192,13 +192,17 @@ class ShardFormat(abc.ABC):
     # may hold a whole dataset, of which a rank reads a part
     pages_in_ahead: bool = False
 
+    def __init__(self) -> None:
+        self.kept = KeptMappings()  # this dataset's: each made by get_format; pickled empty
+
     @abc.abstractmethod
     def reader(self, path: str | os.PathLike[str]) -> ShardReader: ...
 
-    def mapping(self, path: str | os.PathLike[str]) -> ShardMapping:
+    def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:
         """The file at ``path`` mapped as this format's readers map it: a shard hashed ahead is hashed
-        through it, and with :attr:`reads_mapped` its reader then takes it over."""
-        return MappedFile(Path(path))
+        through it, and with :attr:`reads_mapped` its reader then takes it over. ``keep``: a file of
+        the dataset's own, whose mapping may be kept for the next epoch (:class:`KeptMappings`)."""
+        return MappedFile(Path(path), self.kept if keep else None)
 
     @abc.abstractmethod
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter: ...
@@ -241,6 +245,7 @@ class AdoptedFormat(ShardFormat):
     dataset's own files are (side files live there, not beside a staged copy)."""
 
     def __init__(self, layout: dict[str, Any] | None = None) -> None:
+        super().__init__()
         self.layout = dict(layout or {})
 
     def configured(self, layout: dict[str, Any], data_root: Path) -> ShardFormat:

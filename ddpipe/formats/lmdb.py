@@ -382,8 +382,8 @@ class LMDBFormat(ShardFormat):
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return LMDBReader(path)
 
-    def mapping(self, path: str | os.PathLike[str]) -> ShardMapping:
-        return LMDBFile(Path(path))
+    def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:
+        return LMDBFile(Path(path))  # LMDB maps its file itself, an environment at a time (lmdb_env.py)
 
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         return LMDBWriter(path)

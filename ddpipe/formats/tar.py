@@ -365,6 +365,7 @@ class TarFormat(ShardFormat):
     suffix = ".tar"
 
     def __init__(self) -> None:
+        super().__init__()
         self.indexes = KnownIndexes()  # this dataset's: each made by get_format
 
     def __getstate__(self) -> dict[str, Any]:

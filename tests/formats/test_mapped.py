@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pickle
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpipe.formats.mapped import SCAN_WHOLE_LIMIT, MappedFile
+from ddpipe.formats import get_format
+from ddpipe.formats.mapped import SCAN_WHOLE_LIMIT, KeptMappings, MappedFile
 
 
 def test_a_scan_pages_in_whole_only_a_shard_sized_file_read_from_its_start(tmp_path: Path) -> None:
@@ -81,3 +83,37 @@ def test_a_views_address_is_where_its_bytes_are(size: int, data: st.DataObject) 
         assert address_of(whole[start:stop]) - base == start
     assert bytes((ctypes.c_char * (stop - start)).from_address(address_of(memoryview(mapping)[start:stop]))) == \
         mapping[start:stop]
+
+
+def test_kept_mappings_keep_hashed_files_up_to_their_limit_and_only_while_the_path_names_them(
+        tmp_path: Path) -> None:
+    files = []
+    for k in range(3):
+        files.append(tmp_path / f"f{k}")
+        files[-1].write_bytes(os.urandom(1 << 16))
+    kept = KeptMappings(limit=2 << 16)
+    digests = [MappedFile(f, kept).checksum() for f in files]
+    assert len(kept) == 2  # the third would pass the limit
+    few = KeptMappings(files=1)
+    for f in files:
+        MappedFile(f, few).checksum()
+    assert len(few) == 1
+    again = MappedFile(files[0], kept)
+    assert again.content().obj is kept.find(files[0])  # its mapping taken from those kept, paged in
+    assert again.paged_in and again.checksum() == digests[0]
+    assert kept.find(files[2]) is None
+    files[1].unlink()
+    assert kept.find(files[1]) is None and len(kept) == 1  # gone from its path: let go
+    moved = tmp_path / "moved"
+    files[0].rename(moved)
+    files[0].write_bytes(moved.read_bytes())  # another file of the same bytes at the path
+    assert kept.find(files[0]) is None and len(kept) == 0
+
+
+def test_a_format_sent_to_another_process_keeps_no_mappings(tmp_path: Path) -> None:
+    fmt = get_format("wds")
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(1 << 12))
+    fmt.mapping(path, keep=True).checksum()
+    assert len(fmt.kept) == 1
+    assert len(pickle.loads(pickle.dumps(fmt)).kept) == 0
