@@ -97,8 +97,9 @@ def bytes_sent(stream: ddpipe.EncodedStream) -> int:
 def worker(root: Path, out: Path, repeats: int, round_size: int, slow_source: str) -> None:
     comm = init_comm()
     files = [root / s.file for s in ddpipe.load_manifest(root).shards]
+    # each evicted before its cold epochs: none of their shards kept mapped, which would keep their pages in
     loaders = {q: ddpipe.EncodedStream(root, BATCH, shuffle="partial", exchange_fraction=q,
-                                  round_size=round_size, comm=comm)
+                                  round_size=round_size, comm=comm, keep_mapped=False)
                for q in (0.0, 0.3)}
     slow = {q: ddpipe.EncodedStream(root, BATCH, shuffle="partial", exchange_fraction=q,
                                round_size=round_size, comm=comm, source_limits=slow_source)

@@ -63,7 +63,7 @@ def worker(root: Path, stage: Path, throttle: str, out: Path) -> None:
     # 0.75 to 1.02 of a local disk from run to run. In turns, each order once (staged, local, local,
     # staged): this machine's cold reads of the same files alternate between two speeds (0.37 and
     # 0.46 s for 354 MB) from one read to the next
-    local = loader()
+    local = loader(keep_mapped=False)  # each epoch cold, as the staged copies' (which are never kept mapped)
     timed_epoch(local, source)
     times: dict[str, list[float]] = {"staged": [], "local": []}
     for epoch, order in ((1, ("staged", "local")), (2, ("local", "staged"))):

@@ -32,7 +32,8 @@ from .throttle import SourceLimits
 
 def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool = False,
                  store: ShardStore | None = None, limits: SourceLimits | None = None, verify: bool = True,
-                 on_corrupt: OnCorrupt | None = None, views: bool = False) -> Generator[Sample, None, None]:
+                 on_corrupt: OnCorrupt | None = None, views: bool = False, keep_mapped: bool = False
+                 ) -> Generator[Sample, None, None]:
     """The samples of ``dataset`` at global ``indices``, in that order.
 
     Sequential by default: each run of increasing positions within one shard is one scan of the
@@ -40,6 +41,8 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
     the last run of a shard is done. ``random_access`` reads each sample on its own, keeping a
     few shards open. ``on_corrupt``: see :class:`~ddpipe.dataset.Dataset`. ``views``: sequential
     reads may give fields as views of the shard in memory (:meth:`ShardReader.scan_views`).
+    ``keep_mapped``: the mappings of the dataset's own shard files hashed ahead are kept for a later
+    read (:class:`~ddpipe.formats.mapped.KeptMappings`).
     """
     shards, positions = dataset.locate(np.asarray(indices, dtype=np.int64))
     if random_access:
@@ -54,7 +57,7 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
         if on_corrupt is not None:
             on_corrupt(shard, error)
 
-    ahead = ShardsAhead(dataset, store, verify) if limits is None and not dataset.is_remote else None
+    ahead = ShardsAhead(dataset, store, verify, keep_mapped) if limits is None and not dataset.is_remote else None
     # views, copied out only where wanted (samples skipped between wanted ones cost no copy), unless the
     # format copies a sample out for less than its views cost
     scan_views = views or not dataset.format.copies_cheaply
@@ -110,8 +113,10 @@ class ShardsAhead:
     files), nor a staged copy not complete yet (waiting for it would wait on the node's stager,
     which may itself wait for this reader)."""
 
-    def __init__(self, dataset: Dataset, store: ShardStore | None, verify: bool) -> None:
+    def __init__(self, dataset: Dataset, store: ShardStore | None, verify: bool, keep_mapped: bool = False) -> None:
         self.dataset, self.store, self.verify = dataset, store, verify
+        # a staged copy or a store's scratch file is deleted by ddpipe: its mapping is not kept
+        self.keep = keep_mapped and store is None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-check-ahead" if verify else "ddpipe-page-ahead")
         self._hashing: dict[int, tuple[ShardMapping, Future[HashedFile | None]]] = {}
 
@@ -129,8 +134,7 @@ class ShardsAhead:
         if path is None:
             return False
         try:
-            # a staged copy or a store's scratch file is deleted by ddpipe: its mapping is not kept
-            mapping = self.dataset.format.mapping(path, keep=self.store is None)
+            mapping = self.dataset.format.mapping(path, keep=self.keep)
         except OSError:  # opening the shard then says why
             return False
         mapping.prepare()  # here, not on the hash's thread: ShardMapping.prepare

@@ -327,6 +327,7 @@ class EncodedStream:
         # views), a sent one into its receiver's landing zone or a send slot (views until then)
         samples = functools.partial(read_samples, self.dataset, rank_plan.reads, random_access=plan.random_access,
                                     store=self.stager, limits=self._source_limits, verify=self.read_options.verify,
+                                    keep_mapped=self.read_options.keep_mapped,
                                     on_corrupt=self._on_corrupt if self.read_options.on_error == "skip" else None,
                                     views=bool(rank_plan.rounds) or self.views)
         waits = self.stager is not None and self.stager.options.capacity is not None

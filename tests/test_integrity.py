@@ -3,6 +3,7 @@ format, on source shards and on staged copies alike."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from collections.abc import Callable
@@ -165,6 +166,29 @@ def test_a_shard_changed_between_epochs_of_one_stream_is_refused_then_read_again
         epoch_of(1)
     path.write_bytes(good)
     assert epoch_of(2) == EXPECTED
+
+
+def _mapped_under(root: Path) -> set[str]:
+    """The files under ``root`` this process maps."""
+    with open("/proc/self/maps") as maps:
+        names = (line.split(maxsplit=5)[5].strip() for line in maps if len(line.split(maxsplit=5)) == 6)
+        return {name for name in names if name.startswith(str(root))}
+
+
+@pytest.mark.parametrize("keep", [True, False, "staged"])
+def test_an_epoch_leaves_the_shards_it_hashed_ahead_mapped_unless_told_not_to_or_staged(
+        tmp_path: Path, keep: bool | str) -> None:
+    """The next epoch hashes them through the same mappings; with keep_mapped=False an evicted page is
+    read from the device again (a cold epoch), and a staged copy, which ddpipe may delete, is never kept."""
+    root = make_dataset(tmp_path / "wds", "wds", [12, 12, 12, 12], payload=4000)
+    options = {"stage_dir": tmp_path / "stage"} if keep == "staged" else {"keep_mapped": keep}
+    stream = ddpipe.EncodedStream(root, 4, shuffle="none", **options)
+    for epoch in range(2):  # the second reads the staged copies made in the first
+        stream.set_epoch(epoch)
+        assert sum(len(batch) for batch in stream) == 48
+    gc.collect()
+    want = {str(shard_file(root, k)) for k in (1, 2, 3)} if keep is True else set()
+    assert _mapped_under(tmp_path) == want
 
 
 @pytest.mark.parametrize("shuffle", ["none", "local", "partial", "global"])

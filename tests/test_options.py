@@ -46,6 +46,7 @@ VALUES: dict[tuple[type, str], st.SearchStrategy[Any]] = {
     (PlanOptions, "round_size"): st.integers(1, 10_000),
     (ReadOptions, "prefetch"): st.integers(1, 10_000),
     (ReadOptions, "verify"): st.booleans(),
+    (ReadOptions, "keep_mapped"): st.booleans(),
     (ReadOptions, "on_error"): st.sampled_from(["fail", "skip"]),
     (ReadOptions, "source_limits"): st.builds(SourceLimits, st.floats(1e3, 1e10), st.floats(0, 1)),
     (StageOptions, "stage_dir"): st.sampled_from([Path("/scratch/node{node}"), Path("$TMPDIR/x"), Path("auto")]),

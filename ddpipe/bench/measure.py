@@ -90,13 +90,15 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
             raise DdpipeError(f"unknown model {o.model!r}; choose one of {', '.join(MODELS)}")
     if o.epochs < 1:
         raise DdpipeError("epochs must be at least 1")
+    # cold: every epoch reads its shards from the device, none kept mapped (a mapped page is not evicted)
+    read = dataclasses.replace(o.read, keep_mapped=False) if o.cold else o.read
 
     def stream(shuffle: str) -> EncodedStream:
-        return EncodedStream(dataset, plan=dataclasses.replace(o.plan, shuffle=shuffle), read=o.read, stage=o.stage,
+        return EncodedStream(dataset, plan=dataclasses.replace(o.plan, shuffle=shuffle), read=read, stage=o.stage,
                              seed=o.seed, comm=comm)
 
     def loader(shuffle: str) -> Loader:
-        return Loader(dataset, plan=dataclasses.replace(o.plan, shuffle=shuffle), read=o.read, stage=o.stage,
+        return Loader(dataset, plan=dataclasses.replace(o.plan, shuffle=shuffle), read=read, stage=o.stage,
                       decode=o.decode, seed=o.seed, comm=comm)
 
     stages: list[StageFigures] = []
