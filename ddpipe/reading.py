@@ -67,12 +67,15 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
             while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
                 j += 1
             wanted = positions[i:j].tolist()
+            shard = int(shards[i])
+            if ahead is not None and ahead.keep and shard not in corrupt:
+                # the first shard too, before the next: its mapping is made where it may be kept
+                ahead.start(shard, wanted[0] == 0)
             if j < n and shards[j] != shards[i]:
                 for later in _shards_ahead(dataset, shards, j):
                     if later not in corrupt and (ahead is None or not ahead.start(later, positions[j] == 0)):
                         dataset.prefetch(later, store, limits)
             k = 0
-            shard = int(shards[i])
             if shard in corrupt:
                 yield from (dataset.placeholder(shard, p, corrupt[shard]) for p in wanted)
             else:
@@ -111,7 +114,9 @@ class ShardsAhead:
     with one call, ``MAP_POPULATE``, even after asking for the whole file, the read was no faster
     than the reading thread paging it in itself). Not for a shard checked sample by sample (adopted
     files), nor a staged copy not complete yet (waiting for it would wait on the node's stager,
-    which may itself wait for this reader)."""
+    which may itself wait for this reader). Where mappings are kept for the next epoch
+    (``keep_mapped``), a run's own shard is hashed here too, when its turn comes, if it was not ahead:
+    the mapping made for it is then one that may be kept."""
 
     def __init__(self, dataset: Dataset, store: ShardStore | None, verify: bool, keep_mapped: bool = False) -> None:
         self.dataset, self.store, self.verify = dataset, store, verify

@@ -147,18 +147,18 @@ def _replaced_by_a_damaged_copy(path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["wds", "hdf5"])
 def test_a_shard_changed_between_epochs_of_one_stream_is_refused_then_read_again_once_repaired(
         tmp_path: Path, fmt: str, change: Callable[[Path], None]) -> None:
-    """A stream keeps the mappings of the shards it hashed ahead for its next epoch (KeptMappings),
+    """A stream keeps the mappings of the shards it hashed for its next epoch (KeptMappings),
     and hashes each through its mapping every epoch: a shard changed in place is seen changed, and
     one truncated (whose old mapping would fault past the file's end) or replaced is mapped again."""
     root = make_dataset(tmp_path / fmt, fmt, [12, 12, 12, 12], payload=4000)
-    stream = ddpipe.EncodedStream(root, 4, shuffle="none")  # shards in order: 1 to 3 hashed ahead
+    stream = ddpipe.EncodedStream(root, 4, shuffle="none")
 
     def epoch_of(e: int) -> dict[str, bytes]:
         stream.set_epoch(e)
         return {s["__key__"]: bytes(s["bin"]) for batch in stream for s in batch}
 
     assert epoch_of(0) == EXPECTED
-    assert len(stream.dataset.format.kept) == 3
+    assert len(stream.dataset.format.kept) == 4
     path = shard_file(root, 1)
     good = path.read_bytes()
     change(path)
@@ -176,7 +176,7 @@ def _mapped_under(root: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("keep", [True, False, "staged"])
-def test_an_epoch_leaves_the_shards_it_hashed_ahead_mapped_unless_told_not_to_or_staged(
+def test_an_epoch_leaves_its_shards_mapped_unless_told_not_to_or_staged(
         tmp_path: Path, keep: bool | str) -> None:
     """The next epoch hashes them through the same mappings; with keep_mapped=False an evicted page is
     read from the device again (a cold epoch), and a staged copy, which ddpipe may delete, is never kept."""
@@ -187,7 +187,7 @@ def test_an_epoch_leaves_the_shards_it_hashed_ahead_mapped_unless_told_not_to_or
         stream.set_epoch(epoch)
         assert sum(len(batch) for batch in stream) == 48
     gc.collect()
-    want = {str(shard_file(root, k)) for k in (1, 2, 3)} if keep is True else set()
+    want = {str(shard_file(root, k)) for k in range(4)} if keep is True else set()
     assert _mapped_under(tmp_path) == want
 
 
