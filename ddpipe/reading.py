@@ -120,8 +120,10 @@ class ShardsAhead:
 
     def __init__(self, dataset: Dataset, store: ShardStore | None, verify: bool, keep_mapped: bool = False) -> None:
         self.dataset, self.store, self.verify = dataset, store, verify
-        # a staged copy or a store's scratch file is deleted by ddpipe: its mapping is not kept
-        self.keep = keep_mapped and store is None
+        # a staged copy or a store's scratch file is deleted by ddpipe: its mapping is not kept. Nor is one an
+        # unchecked read made: the next epoch's check is what vouches that a file kept mapped (an LMDB
+        # file's environment, its tree walked as it opened: lmdb_env.py) has not changed since
+        self.keep = keep_mapped and store is None and verify
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-check-ahead" if verify else "ddpipe-page-ahead")
         self._hashing: dict[int, tuple[ShardMapping, Future[HashedFile | None]]] = {}
 

@@ -144,7 +144,7 @@ def _replaced_by_a_damaged_copy(path: Path) -> None:
 
 @pytest.mark.parametrize("change", [flip_middle_keeping_time, _truncated_in_place, _replaced_by_a_damaged_copy],
                          ids=["flipped in place", "truncated in place", "replaced"])
-@pytest.mark.parametrize("fmt", ["wds", "hdf5"])
+@pytest.mark.parametrize("fmt", ["wds", "hdf5", "lmdb"])
 def test_a_shard_changed_between_epochs_of_one_stream_is_refused_then_read_again_once_repaired(
         tmp_path: Path, fmt: str, change: Callable[[Path], None]) -> None:
     """A stream keeps the mappings of the shards it hashed for its next epoch (KeptMappings),
@@ -176,11 +176,12 @@ def _mapped_under(root: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("keep", [True, False, "staged"])
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 def test_an_epoch_leaves_its_shards_mapped_unless_told_not_to_or_staged(
-        tmp_path: Path, keep: bool | str) -> None:
+        tmp_path: Path, fmt: str, keep: bool | str) -> None:
     """The next epoch hashes them through the same mappings; with keep_mapped=False an evicted page is
     read from the device again (a cold epoch), and a staged copy, which ddpipe may delete, is never kept."""
-    root = make_dataset(tmp_path / "wds", "wds", [12, 12, 12, 12], payload=4000)
+    root = make_dataset(tmp_path / fmt, fmt, [12, 12, 12, 12], payload=4000)
     options = {"stage_dir": tmp_path / "stage"} if keep == "staged" else {"keep_mapped": keep}
     stream = ddpipe.EncodedStream(root, 4, shuffle="none", **options)
     for epoch in range(2):  # the second reads the staged copies made in the first
@@ -332,3 +333,23 @@ def test_sample_digests_that_do_not_read_are_a_manifest_error(tmp_path: Path) ->
     proc = run_cli("inspect", root)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "sample digests" in proc.stderr and "index.json" in proc.stderr
+
+
+def test_an_lmdb_file_damaged_between_unchecked_epochs_is_walked_again_not_read_through_its_old_environment(
+        tmp_path: Path) -> None:
+    """Unchecked, nothing tells the next epoch that a file changed, so no mapping is kept: an LMDB
+    file's environment kept open would be read through the walk made before the damage (its root now
+    past the file's end), where a new one is walked first and refused (lmdb_tree.py)."""
+    import struct
+
+    root = make_dataset(tmp_path / "lmdb", "lmdb", [12, 12, 12, 12], payload=4000)
+    stream = ddpipe.EncodedStream(root, 4, shuffle="none", verify=False)
+    assert sum(len(batch) for batch in stream) == 48
+    path = shard_file(root, 1)
+    with open(path, "r+b") as f:
+        for meta in (0, 4096):  # both meta pages: the main tree's root page number (64-bit layout)
+            f.seek(meta + 128)
+            f.write(struct.pack("<Q", 1 << 40))
+    stream.set_epoch(1)
+    with pytest.raises(CorruptShardError, match=path.name):
+        sum(len(batch) for batch in stream)

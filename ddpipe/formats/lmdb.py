@@ -39,7 +39,7 @@ from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
 from .lmdb_env import EnvironmentLease, LMDBMapping, lease_environment
 from .lmdb_tree import MappedKeys, PlacedRecords, Tree, TreeError
-from .mapped import POPULATE_LIMIT, MappedFile, ShardMapping
+from .mapped import POPULATE_LIMIT, KeptMappings, MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
 META_KEY = b"__ddpipe__"
@@ -59,11 +59,15 @@ class LMDBFile:
     :class:`~ddpipe.formats.mapped.ShardMapping`): its checksum is taken through the pages LMDB will
     read, so that a shard hashed ahead, on another thread, is then scanned without a page fault on
     the reading thread (32 MB shards of 66 KB samples, warm: a scan through a fresh environment
-    took 20 us a sample, 5 once the file was hashed through it)."""
+    took 20 us a sample, 5 once the file was hashed through it). With ``kept``, the mapping it was
+    hashed through is kept for the next epoch (:class:`~ddpipe.formats.mapped.KeptMappings`): it
+    holds the environment open, which the next epoch's lease then finds, its file's tree walked and
+    its pages mapped already."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, kept: KeptMappings | None = None) -> None:
         self.path = path
         self.size = path.stat().st_size
+        self._kept = kept
         self._lease: EnvironmentLease | None = None
 
     @property
@@ -72,6 +76,8 @@ class LMDBFile:
 
     def env(self) -> lmdb.Environment:
         if self._lease is None:
+            if self._kept is not None:  # one kept of a file the path no longer names, or resized, let go first
+                self._kept.find(self.path, LMDBMapping)
             self._lease = lease_environment(self.path)
         return self._lease.env
 
@@ -111,7 +117,10 @@ class LMDBFile:
         if mapping is None:
             return MappedFile(self.path).checksum()
         with memoryview(mapping).cast("B") as view:
-            return buffer_checksum(view)
+            digest = buffer_checksum(view)
+        if self._kept is not None and self.fits_whole:
+            self._kept.keep(mapping)
+        return digest
 
     def close(self) -> None:
         if self._lease is not None:
@@ -383,7 +392,7 @@ class LMDBFormat(ShardFormat):
         return LMDBReader(path)
 
     def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:
-        return LMDBFile(Path(path))  # LMDB maps its file itself, an environment at a time (lmdb_env.py)
+        return LMDBFile(Path(path), self.kept if keep else None)
 
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         return LMDBWriter(path)

@@ -82,6 +82,8 @@ class LMDBMapping:
     if TYPE_CHECKING:  # what the ctypes array beside this class in each instance's type gives
         def __buffer__(self, flags: int, /) -> memoryview: ...
 
+        def __len__(self) -> int: ...
+
 
 class MappedRecords:
     """Where py-lmdb's buffers (views of LMDB's mapping, valid only until its cursor moves) lie in an

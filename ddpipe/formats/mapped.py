@@ -27,7 +27,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
@@ -84,6 +84,19 @@ class FileMapping(mmap.mmap):
     identity: tuple[int, int]  # the file's (st_dev, st_ino) when it was mapped
 
 
+class KeptMapping(Protocol):
+    """A mapping of a whole file that knows which file it maps: a :class:`FileMapping`, or the mapping
+    LMDB makes of its file (formats/lmdb_env.py, whose environment it holds open)."""
+
+    path: Path
+    identity: tuple[int, int]  # the file's (st_dev, st_ino) when it was mapped
+
+    def __len__(self) -> int: ...
+
+
+M = TypeVar("M", bound=KeptMapping)
+
+
 class KeptMappings:
     """The mappings of a dataset's shard files kept from one epoch to the next, up to ``limit`` bytes.
 
@@ -103,12 +116,13 @@ class KeptMappings:
 
     def __init__(self, limit: int = KEPT_BYTES, files: int = KEPT_FILES) -> None:
         self.limit, self.files = limit, files
-        self._mappings: dict[Path, FileMapping] = {}
+        self._mappings: dict[Path, KeptMapping] = {}
         self._bytes = 0
         self._lock = threading.Lock()  # kept on the hash's thread, found on the reading thread
 
-    def find(self, path: Path) -> FileMapping | None:
-        """The mapping kept of the file ``path`` names now, if any."""
+    def find(self, path: Path, kind: type[M]) -> M | None:
+        """The mapping kept of the file ``path`` names now, if any (of type ``kind``); one kept of a file
+        that ``path`` no longer names, or whose size changed, is let go of."""
         with self._lock:
             mapping = self._mappings.get(path)
         if mapping is None:
@@ -124,9 +138,9 @@ class KeptMappings:
                     del self._mappings[path]
                     self._bytes -= len(mapping)
             return None
-        return mapping
+        return mapping if isinstance(mapping, kind) else None
 
-    def keep(self, mapping: FileMapping) -> None:
+    def keep(self, mapping: KeptMapping) -> None:
         """Keep ``mapping`` (every page of it in) where there is room."""
         with self._lock:
             if mapping.path not in self._mappings and self._bytes + len(mapping) <= self.limit \
@@ -165,7 +179,8 @@ class MappedFile:
         they are touched, or as a scan asks for them ahead of itself. An empty file, which cannot be
         mapped, is a :class:`CorruptShardError`."""
         whole = whole and self.fits_whole
-        if self._mapping is None and self._kept is not None and (found := self._kept.find(self.path)) is not None:
+        found = self._kept.find(self.path, FileMapping) if self._mapping is None and self._kept is not None else None
+        if found is not None:
             self._mapping, self._whole, self._random, self._asked = found, True, False, len(found)
         if self._mapping is None or (whole and not self._whole):
             with open(self.path, "rb") as f:

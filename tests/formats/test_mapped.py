@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpipe.formats import get_format
-from ddpipe.formats.mapped import SCAN_WHOLE_LIMIT, KeptMappings, MappedFile
+from ddpipe.formats.mapped import SCAN_WHOLE_LIMIT, FileMapping, KeptMappings, MappedFile
 
 
 def test_a_scan_pages_in_whole_only_a_shard_sized_file_read_from_its_start(tmp_path: Path) -> None:
@@ -99,15 +99,15 @@ def test_kept_mappings_keep_hashed_files_up_to_their_limit_and_only_while_the_pa
         MappedFile(f, few).checksum()
     assert len(few) == 1
     again = MappedFile(files[0], kept)
-    assert again.content().obj is kept.find(files[0])  # its mapping taken from those kept, paged in
+    assert again.content().obj is kept.find(files[0], FileMapping)  # its mapping taken from those kept, paged in
     assert again.paged_in and again.checksum() == digests[0]
-    assert kept.find(files[2]) is None
+    assert kept.find(files[2], FileMapping) is None
     files[1].unlink()
-    assert kept.find(files[1]) is None and len(kept) == 1  # gone from its path: let go
+    assert kept.find(files[1], FileMapping) is None and len(kept) == 1  # gone from its path: let go
     moved = tmp_path / "moved"
     files[0].rename(moved)
     files[0].write_bytes(moved.read_bytes())  # another file of the same bytes at the path
-    assert kept.find(files[0]) is None and len(kept) == 0
+    assert kept.find(files[0], FileMapping) is None and len(kept) == 0
 
 
 def test_a_format_sent_to_another_process_keeps_no_mappings(tmp_path: Path) -> None:
