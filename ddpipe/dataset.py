@@ -221,8 +221,9 @@ class Dataset:
                    hashed: HashedFile | None = None) -> ShardReader:
         self.check_file(info, path)
         ahead = hashed if hashed is not None and hashed.path == path else None
+        known = ahead.checksum if verify and ahead is not None and ahead.checksum == info.checksum else None
         try:
-            reader = self.format.reader(path)
+            reader = self.format.reader_of(path, known)
         except CorruptShardError:
             # a changed file that no longer opens is said as the change it is, not in its library's words
             # ("actual len exceeds EOA"); only here, where opening failed, is it hashed before the open

@@ -45,10 +45,11 @@ class ReadOptions:
     # second pass over bytes the read leaves in the page cache: see benchmarks/loader.py for its cost)
     verify: bool = True
     on_error: str = "fail"
-    # the mappings of a rank's shard files kept from one epoch to the next, so that its next epoch's
-    # check does not map them again (up to 4 GiB a process: formats/mapped.py, KeptMappings); off, each
-    # epoch maps its shards afresh, and pages dropped from the page cache between epochs are read again
-    # from the device (a cold epoch: ``ddpipe bench --cold`` turns it off)
+    # the mappings of a rank's shard files kept from one epoch to the next (checked reads of the
+    # dataset's own files), so that its next epoch's check does not map them again (up to 4 GiB a
+    # process: formats/mapped.py, KeptMappings); off, each epoch maps its shards afresh, and pages
+    # dropped from the page cache between epochs are read again from the device (a cold epoch:
+    # ``ddpipe bench --cold`` turns it off)
     keep_mapped: bool = True
     # a slow shared file system (tests, benchmarks): a SourceLimits, or its text, e.g. "100MB/s,5ms"
     source_limits: SourceLimits | None = None

@@ -198,6 +198,11 @@ class ShardFormat(abc.ABC):
     @abc.abstractmethod
     def reader(self, path: str | os.PathLike[str]) -> ShardReader: ...
 
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None) -> ShardReader:
+        """:meth:`reader`, for a file whose bytes are known to hash to ``checksum``, the manifest's (None:
+        not known): a format may then open it from what it learnt of a file of those bytes before."""
+        return self.reader(path)
+
     def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:
         """The file at ``path`` mapped as this format's readers map it: a shard hashed ahead is hashed
         through it, and with :attr:`reads_mapped` its reader then takes it over. ``keep``: a file of

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import h5py
+import pytest
 
 from .conformance import FormatConformance, example_samples
 
@@ -32,3 +34,43 @@ def test_samples_with_different_fields(tmp_path: Path) -> None:
     TestHDF5Conformance().write(path, items)
     with TestHDF5Conformance().fmt.reader(path) as r:
         assert list(r) == items
+
+
+def test_a_checked_stream_opens_each_shard_through_h5py_once_and_a_changed_one_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its layout is kept by the shard's checksum (KnownLayouts): a later epoch's shard whose bytes
+    hash to it is opened without h5py; one that hashes to anything else is refused, and once repaired
+    read again; an unchecked stream knows no checksum, and asks h5py every epoch."""
+    import ddpipe
+
+    from ..helpers import make_dataset
+
+    opened: list[str] = []
+    real = h5py.File
+
+    def counted(path: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(Path(path).name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", counted)  # the module ddpipe.formats.hdf5 opens files through
+    root = make_dataset(tmp_path / "ds", "hdf5", [8, 8, 8], payload=1000)
+    names = sorted(p.name for p in root.glob("*.h5"))
+
+    def epoch(stream: ddpipe.EncodedStream, e: int) -> list[str]:
+        opened.clear()
+        stream.set_epoch(e)
+        assert sum(len(batch) for batch in stream) == 24
+        return sorted(opened)
+
+    checked = ddpipe.EncodedStream(root, 4, shuffle="local")
+    assert epoch(checked, 0) == names
+    assert epoch(checked, 1) == []
+    shard = root / names[1]
+    good = shard.read_bytes()
+    shard.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(ddpipe.ChecksumMismatchError, match=names[1]):
+        epoch(checked, 2)
+    shard.write_bytes(good)
+    assert epoch(checked, 3) == []
+    unchecked = ddpipe.EncodedStream(root, 4, shuffle="local", verify=False)
+    assert epoch(unchecked, 0) == epoch(unchecked, 1) == names
