@@ -101,7 +101,7 @@ class KeptMappings:
     """The mappings of a dataset's shard files kept from one epoch to the next, up to ``limit`` bytes.
 
     Mapping a file from the page cache costs more than hashing it: each page is entered in the
-    process's page tables as it is touched, and taken out again when the mapping goes (64 MB tar
+    process's page tables as it is touched, and taken out again when the mapping goes (32 MB tar
     shards hashed warm: 8 GB/s through a new mapping, 23 through one kept). Every epoch a rank reads
     the same shards again (sticky assignment), so the mapping its hash ahead made is kept, every page
     of it in, and the next epoch's hash goes through it. Each epoch still hashes the whole file: a

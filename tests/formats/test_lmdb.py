@@ -163,7 +163,10 @@ def test_lmdbs_mapping_is_found_where_lmdb_maps_the_file(tmp_path: Path, kind: s
 def test_two_readers_of_one_shard_at_once_share_its_environment(tmp_path: Path) -> None:
     """LMDB lets a process open a file's environment once: two streams over one LMDB dataset (a
     training loader and an evaluation one, say), each checking and reading the same shards at the
-    same time, both read everything, and once both are done the environment is closed."""
+    same time, both read everything, and once both are gone (their datasets keep each shard's mapping,
+    and so its environment, for their next epoch) the environment is closed."""
+    import gc
+
     import ddpipe
     from ddpipe.sample import KEY
 
@@ -176,6 +179,8 @@ def test_two_readers_of_one_shard_at_once_share_its_environment(tmp_path: Path) 
         got_a += [s[KEY] for s in x]
         got_b += [s[KEY] for s in y]
     assert got_a == got_b == [f"k{i:03d}" for i in range(60)]
+    del a, b, x, y
+    gc.collect()
     for shard in sorted(root.glob("*.lmdb")):  # no environment left open: a plain open is allowed again
         lmdb.open(str(shard), subdir=False, readonly=True, lock=False).close()
 
