@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,9 @@ class KnownLayouts:
     about a fifth of what reading an HDF5 shard through a kept mapping costs. A file whose bytes hash
     to a checksum the manifest gives, and a layout was found in, has that layout; any other is opened
     through h5py as before. Up to ``limit`` samples' worth (a few hundred bytes a sample), past which a
-    shard is opened each epoch; a dataset sent to another process arrives without them."""
+    shard is opened each epoch; a dataset sent to another process arrives without them. Shared by a
+    dataset's reading threads, as :class:`~ddpipe.formats.tar.KnownIndexes` is: each step is one
+    dictionary operation."""
 
     LIMIT = 1_000_000
 
@@ -64,16 +65,14 @@ class KnownLayouts:
         self.limit = limit
         self._layouts: dict[str, ShardLayout] = {}
         self._samples = 0
-        self._lock = threading.Lock()  # readers of one dataset on several threads (an epoch read ahead)
 
     def get(self, checksum: str) -> ShardLayout | None:
         return self._layouts.get(checksum)
 
     def learn(self, checksum: str, layout: ShardLayout) -> None:
-        with self._lock:
-            if checksum not in self._layouts and self._samples + layout.samples <= self.limit:
-                self._layouts[checksum] = layout
-                self._samples += layout.samples
+        if checksum not in self._layouts and self._samples + layout.samples <= self.limit:
+            self._layouts[checksum] = layout
+            self._samples += layout.samples
 
     def __len__(self) -> int:
         return len(self._layouts)

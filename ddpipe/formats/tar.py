@@ -20,7 +20,6 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -203,6 +202,9 @@ class KnownIndexes:
         if digest in self._parsed:  # kept for as long as the parse it names
             self._agreed.add((digest, checksum))
 
+    def __reduce__(self) -> tuple[type[KnownIndexes], tuple[int]]:
+        return KnownIndexes, (self.limit,)  # a process sent the dataset parses its own
+
 
 def check_dali_index(shard: str | os.PathLike[str]) -> None:
     """Raise :class:`CorruptShardError` unless the shard's index, if it has one, agrees with its tar
@@ -366,10 +368,7 @@ class TarFormat(ShardFormat):
 
     def __init__(self) -> None:
         super().__init__()
-        self.indexes = KnownIndexes()  # this dataset's: each made by get_format
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "indexes": KnownIndexes()}  # a process sent the dataset parses its own
+        self.indexes = KnownIndexes()  # this dataset's: each made by get_format; pickled empty
 
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return TarReader(path, indexes=self.indexes)
