@@ -41,6 +41,11 @@ class ShardStore(Protocol):
     def ready_path(self, shard: int) -> Path | None:
         """Its copy of ``shard`` if complete now, else None (never waits)."""
 
+    @property
+    def keeps_copies(self) -> bool:
+        """Whether a complete copy stays while the store lives (none is evicted to make room; one found
+        damaged is still removed): a reader may then keep its mapping for the next epoch."""
+
 
 class Dataset:
     """A dataset opened by :func:`open_dataset`: its manifest, its length, its samples shard by shard.
@@ -202,7 +207,7 @@ class Dataset:
             if store is None or path == source:
                 raise
             print(f"ddpipe: warning: staged copy {e}; reading the source instead", file=sys.stderr, flush=True)
-            store.invalidate(shard)
+            self._drop_copy(shard, store, path)
             return self._open(info, source, verify)
 
     def _open(self, info: ShardInfo, path: Path, verify: bool,
@@ -279,7 +284,7 @@ class Dataset:
                     error = digest_mismatch(digests, position, sample, source)
                     if error is not None:
                         if self.reads_staged_copy(shard, reader):
-                            opened = self.reopen_from_source(shard, store, error)
+                            opened = self.reopen_from_source(shard, store, error, reader.path)
                             break
                         if on_corrupt is None:
                             raise error
@@ -298,13 +303,20 @@ class Dataset:
         """The reader reads a staged copy, not the shard's source file."""
         return reader.path != self.data_root / self.manifest.shards[shard].file
 
-    def reopen_from_source(self, shard: int, store: ShardStore | None, error: CorruptShardError) -> ShardReader:
+    def reopen_from_source(self, shard: int, store: ShardStore | None, error: CorruptShardError,
+                           copy: Path) -> ShardReader:
         """A staged copy's sample differs: drop the copy and read the shard's source instead."""
         print(f"ddpipe: warning: staged copy {error}; reading the rest from the source", file=sys.stderr, flush=True)
         if store is not None:
-            store.invalidate(shard)
+            self._drop_copy(shard, store, copy)
         info = self.manifest.shards[shard]
         return self._open(info, self.data_root / info.file, False)  # checked sample by sample, as the copy was
+
+    def _drop_copy(self, shard: int, store: ShardStore, copy: Path) -> None:
+        """Remove the damaged staged ``copy`` of ``shard`` (to be staged again), and let go of a mapping
+        of it kept for the next epoch, which would hold its space until then."""
+        store.invalidate(shard)
+        self.format.kept.let_go(copy)
 
     def _scan(self, shard: int, reader: ShardReader, start: int, limits: SourceLimits | None,
               views: bool) -> Iterator[Sample]:

@@ -46,10 +46,10 @@ class ReadOptions:
     verify: bool = True
     on_error: str = "fail"
     # the mappings of a rank's shard files kept from one epoch to the next (checked reads of the
-    # dataset's own files), so that its next epoch's check does not map them again (up to 4 GiB a
-    # process: formats/mapped.py, KeptMappings); off, each epoch maps its shards afresh, and pages
-    # dropped from the page cache between epochs are read again from the device (a cold epoch:
-    # ``ddpipe bench --cold`` turns it off)
+    # dataset's own files, or of staged copies no capacity evicts), so that its next epoch's check
+    # does not map them again (up to 4 GiB a process: formats/mapped.py, KeptMappings); off, each
+    # epoch maps its shards afresh, and pages dropped from the page cache between epochs are read
+    # again from the device (a cold epoch: ``ddpipe bench --cold`` turns it off)
     keep_mapped: bool = True
     # a slow shared file system (tests, benchmarks): a SourceLimits, or its text, e.g. "100MB/s,5ms"
     source_limits: SourceLimits | None = None

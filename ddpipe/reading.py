@@ -57,7 +57,9 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
         if on_corrupt is not None:
             on_corrupt(shard, error)
 
-    ahead = ShardsAhead(dataset, store, verify, keep_mapped) if limits is None and not dataset.is_remote else None
+    # objects are fetched ahead by their cache (Dataset.prefetch); their staged copies are files like any other
+    ahead = ShardsAhead(dataset, store, verify, keep_mapped) \
+        if limits is None and (store is not None or not dataset.is_remote) else None
     # views, copied out only where wanted (samples skipped between wanted ones cost no copy), unless the
     # format copies a sample out for less than its views cost
     scan_views = views or not dataset.format.copies_cheaply
@@ -120,10 +122,10 @@ class ShardsAhead:
 
     def __init__(self, dataset: Dataset, store: ShardStore | None, verify: bool, keep_mapped: bool = False) -> None:
         self.dataset, self.store, self.verify = dataset, store, verify
-        # a staged copy or a store's scratch file is deleted by ddpipe: its mapping is not kept. Nor is one an
-        # unchecked read made: the next epoch's check is what vouches that a file kept mapped (an LMDB
-        # file's environment, its tree walked as it opened: lmdb_env.py) has not changed since
-        self.keep = keep_mapped and store is None and verify
+        # a staged copy that a capacity may evict is deleted by ddpipe while a mapping would hold its space: not
+        # kept. Nor is a mapping an unchecked read made: the next epoch's check is what vouches that a file kept
+        # mapped (an LMDB file's environment, its tree walked as it opened: lmdb_env.py) has not changed since
+        self.keep = keep_mapped and verify and (store is None or store.keeps_copies)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddpipe-check-ahead" if verify else "ddpipe-page-ahead")
         self._hashing: dict[int, tuple[ShardMapping, Future[HashedFile | None]]] = {}
 
@@ -215,7 +217,7 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
             error = digest_mismatch(digests, pos, sample, dataset.source_name(reader.path))
             if error is not None and dataset.reads_staged_copy(shard, reader):
                 reader.close()
-                reader = dataset.reopen_from_source(shard, store, error)
+                reader = dataset.reopen_from_source(shard, store, error, reader.path)
                 sample = reader[pos]
                 error = digest_mismatch(digests, pos, sample, dataset.source_name(reader.path))
             readers[shard] = reader

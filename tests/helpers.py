@@ -59,6 +59,13 @@ def tar_of(path: Path, names: list[str]) -> Path:
     return path
 
 
+def mapped_under(root: Path) -> set[str]:
+    """The files under ``root`` this process maps (one deleted since ends in " (deleted)")."""
+    with open("/proc/self/maps") as maps:
+        names = (line.split(maxsplit=5)[5].strip() for line in maps if len(line.split(maxsplit=5)) == 6)
+        return {name for name in names if name.startswith(str(root))}
+
+
 def descendants(pid: int) -> list[int]:
     """Every process under ``pid`` (pool workers, the resource tracker), read from /proc."""
     parents = {}

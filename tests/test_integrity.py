@@ -16,7 +16,7 @@ from ddpipe.errors import ChecksumMismatchError, CorruptShardError, DigestMismat
 from ddpipe.formats import FORMAT_NAMES
 from ddpipe.reading import read_samples
 
-from .helpers import make_dataset, tiny_samples
+from .helpers import make_dataset, mapped_under, tiny_samples
 
 EXPECTED = {s["__key__"]: s["bin"] for s in tiny_samples(48, 4, 4000)}
 
@@ -168,28 +168,48 @@ def test_a_shard_changed_between_epochs_of_one_stream_is_refused_then_read_again
     assert epoch_of(2) == EXPECTED
 
 
-def _mapped_under(root: Path) -> set[str]:
-    """The files under ``root`` this process maps."""
-    with open("/proc/self/maps") as maps:
-        names = (line.split(maxsplit=5)[5].strip() for line in maps if len(line.split(maxsplit=5)) == 6)
-        return {name for name in names if name.startswith(str(root))}
-
-
-@pytest.mark.parametrize("keep", [True, False, "staged"])
+@pytest.mark.parametrize("keep", [True, False, "staged", "staged with a capacity"])
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
-def test_an_epoch_leaves_its_shards_mapped_unless_told_not_to_or_staged(
+def test_an_epoch_leaves_its_shards_mapped_unless_told_not_to_or_evictable(
         tmp_path: Path, fmt: str, keep: bool | str) -> None:
     """The next epoch hashes them through the same mappings; with keep_mapped=False an evicted page is
-    read from the device again (a cold epoch), and a staged copy, which ddpipe may delete, is never kept."""
+    read from the device again (a cold epoch). Staged copies are kept where they stay; a capacity may
+    evict one, and a mapping would hold its space: never kept then."""
     root = make_dataset(tmp_path / fmt, fmt, [12, 12, 12, 12], payload=4000)
-    options = {"stage_dir": tmp_path / "stage"} if keep == "staged" else {"keep_mapped": keep}
-    stream = ddpipe.EncodedStream(root, 4, shuffle="none", **options)
+    stage = tmp_path / "stage"
+    options: dict[str, object] = {"keep_mapped": keep} if isinstance(keep, bool) else {"stage_dir": stage}
+    if keep == "staged with a capacity":
+        options["stage_capacity"] = sum(shard_file(root, k).stat().st_size for k in range(4))  # all fit
+    stream = ddpipe.EncodedStream(root, 4, shuffle="none", **options)  # type: ignore[arg-type]
     for epoch in range(2):  # the second reads the staged copies made in the first
         stream.set_epoch(epoch)
         assert sum(len(batch) for batch in stream) == 48
     gc.collect()
-    want = {str(shard_file(root, k)) for k in range(4)} if keep is True else set()
-    assert _mapped_under(tmp_path) == want
+    copies = {str(next(stage.rglob(shard_file(root, k).name))) for k in range(4)} if keep == "staged" else set()
+    want = {str(shard_file(root, k)) for k in range(4)} if keep is True else copies
+    assert mapped_under(tmp_path) == want
+
+
+def test_a_kept_staged_copy_found_damaged_is_let_go_as_it_is_removed(tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """Removed to be staged again, it would otherwise stay mapped (and hold its space) until the next
+    epoch looked its path up."""
+    root = make_dataset(tmp_path / "wds", "wds", [12, 12, 12, 12], payload=4000)
+    stage = tmp_path / "stage"
+    stream = ddpipe.EncodedStream(root, 4, shuffle="none", stage_dir=stage)
+
+    def keys_of(epoch: int) -> list[str]:
+        stream.set_epoch(epoch)
+        return [s["__key__"] for batch in stream for s in batch]
+
+    keys = [keys_of(0), keys_of(1)]  # the second reads the copies
+    copy = next(stage.rglob(shard_file(root, 1).name))
+    assert str(copy) in mapped_under(stage)
+    flip_middle_keeping_time(copy)
+    assert keys_of(2) == keys[1] == sorted(keys[1])  # the source's samples read instead
+    assert copy.name in capfd.readouterr().err
+    gc.collect()
+    assert not [name for name in mapped_under(stage) if name.endswith("(deleted)")]
 
 
 @pytest.mark.parametrize("shuffle", ["none", "local", "partial", "global"])

@@ -107,8 +107,10 @@ class KeptMappings:
     of it in, and the next epoch's hash goes through it. Each epoch still hashes the whole file: a
     kept mapping shares the file's pages, so a shard changed in place is seen changed. A path that no
     longer names the file mapped (replaced, deleted), or whose size changed (a truncated file would
-    fault through the old mapping's end), is mapped again. Only a dataset's own files are kept, never
-    a staged copy or a store's scratch file: ddpipe deletes those, and a mapping would hold their space.
+    fault through the old mapping's end), is mapped again. Only files that stay are kept: a dataset's
+    own, and node-local staged copies where no capacity evicts them (a damaged one, removed to be
+    staged again, is let go of first); never a copy a capacity may evict: ddpipe deletes it, and a
+    mapping would hold its space.
 
     ``limit`` bounds what the process's resident size shows (its shard pages, which the page cache
     holds anyway: a mapping adds none) and its page tables (2 MB a GB); ``files``, the descriptors
@@ -147,6 +149,14 @@ class KeptMappings:
                     and len(self._mappings) < self.files:
                 self._mappings[mapping.path] = mapping
                 self._bytes += len(mapping)
+
+    def let_go(self, path: Path) -> None:
+        """Let go of the mapping kept of ``path``, if any: ddpipe is about to delete the file (a damaged
+        staged copy), and the mapping would hold its space until the path was next looked up."""
+        with self._lock:
+            mapping = self._mappings.pop(path, None)
+            if mapping is not None:
+                self._bytes -= len(mapping)
 
     def __len__(self) -> int:
         return len(self._mappings)

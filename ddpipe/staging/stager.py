@@ -305,6 +305,11 @@ class NodeStager:
         dest = self.dir / info.file
         return dest if is_staged(dest, info) else None
 
+    @property
+    def keeps_copies(self) -> bool:
+        """Without a capacity no copy is evicted: each stays for the next epoch (and run)."""
+        return self.options.capacity is None
+
     def invalidate(self, shard: int) -> None:
         """The copy of ``shard`` differs from the manifest (found on read): remove it, stamp first, so
         that it is staged again rather than trusted."""

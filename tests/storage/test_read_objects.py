@@ -3,6 +3,7 @@ files, in every format, on several ranks, staged, resumed, and faults that lose 
 
 from __future__ import annotations
 
+import gc
 import shutil
 import socket
 from pathlib import Path
@@ -16,6 +17,7 @@ from ddpipe.staging import StageOptions
 from ddpipe.storage import StorageError, open_storage
 
 from ..conftest import mpiexec, run_cli
+from ..helpers import mapped_under
 from .bucket_data import FAST_FAIL, WORKER, samples, upload_dir
 from .servers import RangeServer
 
@@ -133,6 +135,10 @@ def test_staging_from_a_server_copies_each_shard_once_and_later_epochs_read_loca
     loader.set_epoch(1)
     assert samples(loader) == first
     assert http_root.requests == requests  # the second epoch read the node's copies only
+    gc.collect()
+    copies = {str(p) for p in (tmp_path / "stage").rglob("*.tar")}
+    assert len(copies) == len(loader.dataset.manifest.shards)
+    assert mapped_under(tmp_path) == copies  # hashed ahead as a local dataset's are, and kept for the next epoch
 
 
 def test_resuming_from_a_bucket_yields_exactly_the_rest(local_sets: dict[str, Path], bucket: str) -> None:
