@@ -47,6 +47,9 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
   checks no checksum; the Loader checks every shard. *vs DALI's own* sets each of the Loader's tar
   rows against it.
 
+``--stage``: the Loader's rows read the copies they stage (``stage_dir``, no capacity) in a directory
+beside each dataset's: every epoch after the first reads node-local copies, as a job that stages does.
+
 ``--ranks N`` runs each of the Loader's rows on N MPI ranks (mpiexec), shuffling partially across
 them (each rank exchanges a share of its samples every round): read in a process, those rounds go
 through the training process's relay thread (``ddpipe/comm/relay.py``). Each figure is then the
@@ -104,6 +107,8 @@ DALI_KINDS = {"loader": "dali-wds", "loader-process": "dali-wds", "launches": "l
               "device-process": "device-dali-wds"}
 # the kinds --ranks runs: the Loader's and DALI's own
 LOADER_KINDS = {*DALI_KINDS, *DALI_KINDS.values()}
+# the kinds --stage has read staged copies: the Loader's
+STAGED_KINDS = {*DALI_KINDS, "stall"}
 BATCH = 256
 # a training step that holds the interpreter lock as a model's Python does (its forward and backward
 # dispatched op by op): the Loader's threads get the lock back only when the step's thread lets go
@@ -176,12 +181,15 @@ class DaliOwnReader:
         return (b[0]["images"] for b in self._batches)
 
 
-def loader_decoding_nothing(root: Path, read_in: str = "thread", comm: Any = None) -> Any:
+def loader_decoding_nothing(root: Path, read_in: str = "thread", comm: Any = None, stage: Path | None = None) -> Any:
     """The Loader (every shard checked) with :func:`null_decoder` as its decoder: a local shuffle on
-    one rank, on several a partial one (the default), exchanging samples with the others."""
+    one rank, on several a partial one (the default), exchanging samples with the others; ``stage``:
+    reading the copies it stages there (no capacity: each epoch after the first reads copies)."""
     import ddpipe
 
     extra: dict[str, Any] = {} if read_in == "thread" else {"read_in": read_in}  # not known to a reference before it
+    if stage is not None:
+        extra["stage_dir"] = stage
     shuffle = "local" if comm is None or comm.world.size == 1 else "partial"
     loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle=shuffle, comm=comm, **extra)
     loader.decoding._decoder = null_decoder()  # the stage's decoder, made before its first epoch
@@ -239,7 +247,7 @@ def beside_launches(make: Callable[[], Any], epochs: int, step: Callable[[], Non
             "slowdown_all": median(slowed_all[1:])}
 
 
-def child(kind: str, root: Path, epochs: int) -> dict[str, float] | None:
+def child(kind: str, root: Path, epochs: int, stage: Path | None) -> dict[str, float] | None:
     """``kind``'s figures on ``root``: samples/s (``samples_s``), or for ``stall`` the fraction of the
     time spent waiting for batches (``stall``; ``stall_steady`` without each epoch's first batch), or
     for the launches :func:`beside_launches`'s; each the median of its epochs after the first. Under
@@ -248,7 +256,7 @@ def child(kind: str, root: Path, epochs: int) -> dict[str, float] | None:
     from ddpipe.comm import init_comm
 
     comm = init_comm()
-    mine = measure(kind, root, epochs, comm)
+    mine = measure(kind, root, epochs, comm, stage)
     if comm.world.size == 1:
         return mine
     ranks = comm.allgather(mine)
@@ -257,8 +265,8 @@ def child(kind: str, root: Path, epochs: int) -> dict[str, float] | None:
     return {key: (min if key == "samples_s" else max)(r[key] for r in ranks) for key in mine}
 
 
-def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
-    """:func:`child`'s figures on this rank."""
+def measure(kind: str, root: Path, epochs: int, comm: Any, stage: Path | None) -> dict[str, float]:
+    """:func:`child`'s figures on this rank (the Loader's kinds reading the copies staged in ``stage``, if given)."""
     import ddpipe
     from ddpipe.decode.batches import EncodedBatch
 
@@ -283,7 +291,7 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
             encoded = (EncodedBatch.of(i, s, on_bad) for i, s in batches)
             return sum(len(labels) for _, labels in decoder.decode(encoded, 0, e, on_bad))
     elif kind == "stall":
-        loader = loader_decoding_nothing(root)
+        loader = loader_decoding_nothing(root, stage=stage)
         stalls, steady = [], []
         for e in range(epochs):
             loader.set_epoch(e)
@@ -307,9 +315,9 @@ def measure(kind: str, root: Path, epochs: int, comm: Any) -> dict[str, float]:
             return sum(len(images) for images in reader)
     elif kind in ("launches", "launches-process", "device", "device-process"):
         read_in = "process" if kind.endswith("process") else "thread"
-        return beside_launches(lambda: loader_decoding_nothing(root, read_in, comm), epochs, step)
+        return beside_launches(lambda: loader_decoding_nothing(root, read_in, comm, stage), epochs, step)
     else:
-        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm)
+        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm, stage)
 
         def epoch(e: int) -> int:
             loader.set_epoch(e)
@@ -363,10 +371,14 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=1,
                     help="MPI ranks (mpiexec) for each run of the Loader's kinds, shuffling partially across "
                          "them: each figure is the slowest rank's")
+    ap.add_argument("--stage", action="store_true",
+                    help="the Loader's kinds read the copies they stage (no capacity) in a directory beside each "
+                         "dataset's, rather than the dataset's own files")
+    ap.add_argument("--stage-dir", type=Path, help=argparse.SUPPRESS)  # a child's: where --stage stages
     ap.add_argument("--run", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
-        got = child(args.run[0], Path(args.run[1]), args.epochs)
+        got = child(args.run[0], Path(args.run[1]), args.epochs, args.stage_dir)
         if got is not None:
             print(json.dumps(got))
         return
@@ -387,8 +399,9 @@ def main() -> None:
             # the child imports the ddpipe of its tree (this script runs it either way: the same measurement),
             # and runs in it: a reading process before 597b022 imported the ddpipe of its working directory
             env = env_of(trees[tree])
-            out = subprocess.run([*launcher, sys.executable, __file__, "--epochs", str(args.epochs), "--run", kind,
-                                  str(roots[fmt])], timeout=600, capture_output=True, text=True, env=env,
+            stage = ["--stage-dir", str(roots[fmt].with_name(f"{fmt}-staged"))] if args.stage else []
+            out = subprocess.run([*launcher, sys.executable, __file__, "--epochs", str(args.epochs), *stage, "--run",
+                                  kind, str(roots[fmt])], timeout=600, capture_output=True, text=True, env=env,
                                  cwd=trees[tree])
             if out.returncode != 0:  # what the child said, not only that it failed
                 sys.exit(f"feed.py: {tree} {fmt} {kind} exited {out.returncode}:\n{out.stderr[-4000:]}")
@@ -411,7 +424,8 @@ def main() -> None:
                 mine = figure(tree, fmt, kind)
                 versus = {f"vs_at_{ref}": mine / figure(ref, fmt, kind)
                           if tree == "this" and (ref, fmt, kind) in results else None for ref in references}
-                row = {"format": fmt, "pipeline": name, "tree": tree, "commit": commits[tree],
+                staged = " (staged copies)" if args.stage and kind in STAGED_KINDS else ""
+                row = {"format": fmt, "pipeline": name + staged, "tree": tree, "commit": commits[tree],
                        "samples_s": got.get("samples_s"), "stall": got.get("stall"),
                        "stall_steady": got.get("stall_steady"), "slowdown": got.get("slowdown"),
                        "cpu_us": got.get("cpu_us"), "first_ms": got.get("first_ms"),
@@ -445,8 +459,10 @@ def main() -> None:
         command += f" --name {args.name}"
     if args.ranks > 1:
         command += f" --ranks {args.ranks}"
+    if args.stage:
+        command += " --stage"
     doc = {"benchmark": "feed", "command": command, "commits": commits, "machine": machine(), "batch": BATCH,
-           "ranks": args.ranks,
+           "ranks": args.ranks, "staged": args.stage,
            "rows": rows, "runs": {f"{tree} {fmt} {kind}": r for (tree, fmt, kind), r in results.items()},
            "table": text}
     path = save(args.name, doc)
