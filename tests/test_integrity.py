@@ -190,6 +190,23 @@ def test_an_epoch_leaves_its_shards_mapped_unless_told_not_to_or_evictable(
     assert mapped_under(tmp_path) == want
 
 
+def test_a_staged_stream_dropped_mid_epoch_lets_go_of_its_kept_mappings(tmp_path: Path) -> None:
+    """Its stager, registered to stop a copy under way as the process ends, held it (and a descriptor a
+    kept mapping) until then."""
+    root = make_dataset(tmp_path / "wds", "wds", [12, 12, 12, 12], payload=4000)
+    stream = ddpipe.EncodedStream(root, 4, shuffle="none", stage_dir=tmp_path / "stage")
+    for epoch in range(2):
+        stream.set_epoch(epoch)
+        assert sum(len(batch) for batch in stream) == 48
+    assert len(mapped_under(tmp_path / "stage")) == 4
+    stream.set_epoch(2)
+    batches = iter(stream)
+    next(batches)
+    del batches, stream
+    gc.collect()
+    assert mapped_under(tmp_path) == set()
+
+
 def test_a_kept_staged_copy_found_damaged_is_let_go_as_it_is_removed(tmp_path: Path,
                                                                      capfd: pytest.CaptureFixture[str]) -> None:
     """Removed to be staged again, it would otherwise stay mapped (and hold its space) until the next

@@ -21,10 +21,12 @@ import atexit
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +114,10 @@ class NodeStager:
                       "peer_copied": 0, "peer_bytes": 0, "not_fitted": 0}
         self._thread: threading.Thread | None = None
         self._thread_ended = threading.Event()  # set by the thread as it ends (see _join)
+        # registered while a thread stages, by a weak reference: the thread holds the stager while it runs,
+        # and a stream dropped mid-epoch after that goes with its stager (and its dataset's kept mappings,
+        # a descriptor each) rather than live until the process ends
+        self._at_exit = functools.partial(_stop_if_alive, weakref.ref(self))
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._epoch = 0
@@ -169,7 +175,7 @@ class NodeStager:
             self._thread.start()
             # a process that ends while a copy is under way (a script's Ctrl-C) stops it first: the
             # thread, killed at exit, left the copy under its hidden name, for a rerun to remove
-            atexit.register(self._stop_at_exit)
+            atexit.register(self._at_exit)
 
     def _stage_all(self, order: list[int], staged: list[int]) -> None:
         """Stage ``order``; ``staged``: what the node holds already, which counts against the capacity."""
@@ -391,4 +397,11 @@ class NodeStager:
         if self._thread is not None and self._thread_ended.wait(timeout):
             self._thread.join()
             self._thread = None
-            atexit.unregister(self._stop_at_exit)
+            atexit.unregister(self._at_exit)
+
+
+def _stop_if_alive(stager: weakref.ReferenceType[NodeStager]) -> None:
+    """Stop ``stager``'s copy under way as the process ends, if the stager is still alive."""
+    alive = stager()
+    if alive is not None:
+        alive._stop_at_exit()
