@@ -188,15 +188,18 @@ class Dataset:
                                     "each)", path=path)
 
     def open_shard(self, shard: int, store: ShardStore | None = None, *, verify: bool = False,
-                   hashed: HashedFile | None = None) -> ShardReader:
+                   hashed: HashedFile | None = None, keep: bool = False) -> ShardReader:
         """A reader over one shard (its copy in ``store``, if given), checked against its manifest
         entry: size and sample count, and with ``verify`` its content (``hashed``: a file hashed ahead,
-        used, checksum and mapping, if that file is the one opened)."""
+        used, checksum and mapping, if that file is the one opened). ``keep``: the file stays (see
+        :func:`ddpipe.reading.keeps_mappings`), and its reader reads through the mapping kept of it,
+        if any, or keeps the one it checks the file through."""
         info = self.manifest.shards[shard]
         source = self.data_root / info.file
         path = store.path(shard) if store is not None else source
+        keep = keep and (store is None or path != source)  # under a store the source is a fallback: read once
         try:
-            return self._open(info, path, verify, hashed)
+            return self._open(info, path, verify, hashed, keep)
         except MissingShardError:
             if store is None or path == source:
                 raise
@@ -211,19 +214,19 @@ class Dataset:
             return self._open(info, source, verify)
 
     def _open(self, info: ShardInfo, path: Path, verify: bool,
-              hashed: HashedFile | None = None) -> ShardReader:
+              hashed: HashedFile | None = None, keep: bool = False) -> ShardReader:
         if self._objects is not None and path == self.data_root / info.file:
             self._objects.fetch(*self.object_names(info))
-            try:
+            try:  # a scratch file, deleted by its cache: never kept mapped
                 return self._open_file(info, path, verify, hashed)
             except CorruptShardError as e:
                 if e.path is not None:
                     e.path = self.source_name(Path(e.path))
                 raise
-        return self._open_file(info, path, verify, hashed)
+        return self._open_file(info, path, verify, hashed, keep)
 
     def _open_file(self, info: ShardInfo, path: Path, verify: bool,
-                   hashed: HashedFile | None = None) -> ShardReader:
+                   hashed: HashedFile | None = None, keep: bool = False) -> ShardReader:
         self.check_file(info, path)
         ahead = hashed if hashed is not None and hashed.path == path else None
         known = ahead.checksum if verify and ahead is not None and ahead.checksum == info.checksum else None
@@ -242,6 +245,9 @@ class Dataset:
                 hashed.mapped.close()  # another file's (an LMDB environment is open once per process)
             if ahead is not None and ahead.mapped is not None:
                 reader.adopt_mapping(ahead.mapped)
+            elif keep and ahead is None and self.format.reads_mapped:
+                # read through the mapping kept of the file (every page in) or keep the one checked through
+                reader.adopt_mapping(self.format.mapping(path, keep=True))
             if verify:  # first: the check pages the file in whole, and the count may read scattered pages
                 self.format.verify(reader, info.checksum, ahead.checksum if ahead is not None else None)
             if len(reader) != info.samples:
