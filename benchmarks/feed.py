@@ -50,6 +50,10 @@ sample's first bytes), so that what is left is that host-side work, on the CPU o
 ``--stage``: the Loader's rows read the copies they stage (``stage_dir``, no capacity) in a directory
 beside each dataset's: every epoch after the first reads node-local copies, as a job that stages does.
 
+``--global-shuffle``: the encoded stream's and the Loader's rows shuffle the whole dataset
+(``shuffle="global"``): each sample is read on its own, from a few shards kept open, each shard
+checked whole as an epoch first opens it.
+
 ``--ranks N`` runs each of the Loader's rows on N MPI ranks (mpiexec), shuffling partially across
 them (each rank exchanges a share of its samples every round): read in a process, those rounds go
 through the training process's relay thread (``ddpipe/comm/relay.py``). Each figure is then the
@@ -109,6 +113,8 @@ DALI_KINDS = {"loader": "dali-wds", "loader-process": "dali-wds", "launches": "l
 LOADER_KINDS = {*DALI_KINDS, *DALI_KINDS.values()}
 # the kinds --stage has read staged copies: the Loader's
 STAGED_KINDS = {*DALI_KINDS, "stall"}
+# the kinds --global-shuffle shuffles globally: the stream's and the Loader's
+SHUFFLED_KINDS = {*STAGED_KINDS, "stream"}
 BATCH = 256
 # a training step that holds the interpreter lock as a model's Python does (its forward and backward
 # dispatched op by op): the Loader's threads get the lock back only when the step's thread lets go
@@ -181,16 +187,18 @@ class DaliOwnReader:
         return (b[0]["images"] for b in self._batches)
 
 
-def loader_decoding_nothing(root: Path, read_in: str = "thread", comm: Any = None, stage: Path | None = None) -> Any:
+def loader_decoding_nothing(root: Path, read_in: str = "thread", comm: Any = None, stage: Path | None = None,
+                            shuffle: str | None = None) -> Any:
     """The Loader (every shard checked) with :func:`null_decoder` as its decoder: a local shuffle on
-    one rank, on several a partial one (the default), exchanging samples with the others; ``stage``:
-    reading the copies it stages there (no capacity: each epoch after the first reads copies)."""
+    one rank, on several a partial one (the default), exchanging samples with the others, unless
+    ``shuffle`` says another; ``stage``: reading the copies it stages there (no capacity: each epoch
+    after the first reads copies)."""
     import ddpipe
 
     extra: dict[str, Any] = {} if read_in == "thread" else {"read_in": read_in}  # not known to a reference before it
     if stage is not None:
         extra["stage_dir"] = stage
-    shuffle = "local" if comm is None or comm.world.size == 1 else "partial"
+    shuffle = shuffle or ("local" if comm is None or comm.world.size == 1 else "partial")
     loader = ddpipe.Loader(root, BATCH, decoder="dali-cpu", device="cpu", shuffle=shuffle, comm=comm, **extra)
     loader.decoding._decoder = null_decoder()  # the stage's decoder, made before its first epoch
     return loader
@@ -247,7 +255,7 @@ def beside_launches(make: Callable[[], Any], epochs: int, step: Callable[[], Non
             "slowdown_all": median(slowed_all[1:])}
 
 
-def child(kind: str, root: Path, epochs: int, stage: Path | None) -> dict[str, float] | None:
+def child(kind: str, root: Path, epochs: int, stage: Path | None, shuffle: str | None) -> dict[str, float] | None:
     """``kind``'s figures on ``root``: samples/s (``samples_s``), or for ``stall`` the fraction of the
     time spent waiting for batches (``stall``; ``stall_steady`` without each epoch's first batch), or
     for the launches :func:`beside_launches`'s; each the median of its epochs after the first. Under
@@ -256,7 +264,7 @@ def child(kind: str, root: Path, epochs: int, stage: Path | None) -> dict[str, f
     from ddpipe.comm import init_comm
 
     comm = init_comm()
-    mine = measure(kind, root, epochs, comm, stage)
+    mine = measure(kind, root, epochs, comm, stage, shuffle)
     if comm.world.size == 1:
         return mine
     ranks = comm.allgather(mine)
@@ -265,8 +273,9 @@ def child(kind: str, root: Path, epochs: int, stage: Path | None) -> dict[str, f
     return {key: (min if key == "samples_s" else max)(r[key] for r in ranks) for key in mine}
 
 
-def measure(kind: str, root: Path, epochs: int, comm: Any, stage: Path | None) -> dict[str, float]:
-    """:func:`child`'s figures on this rank (the Loader's kinds reading the copies staged in ``stage``, if given)."""
+def measure(kind: str, root: Path, epochs: int, comm: Any, stage: Path | None, shuffle: str | None) -> dict[str, float]:
+    """:func:`child`'s figures on this rank (the Loader's kinds reading the copies staged in ``stage``, if given;
+    the stream's and the Loader's shuffling as ``shuffle`` says, if given)."""
     import ddpipe
     from ddpipe.decode.batches import EncodedBatch
 
@@ -277,7 +286,7 @@ def measure(kind: str, root: Path, epochs: int, comm: Any, stage: Path | None) -
     if comm.world.size > 1 and kind not in LOADER_KINDS:
         raise SystemExit(f"--ranks measures the Loader's kinds, not {kind!r}")
     if kind == "stream":
-        stream = ddpipe.EncodedStream(root, BATCH, shuffle="local", comm=comm)
+        stream = ddpipe.EncodedStream(root, BATCH, shuffle=shuffle or "local", comm=comm)
         stream.views = True  # as the DALI decoders read it
 
         def epoch(e: int) -> int:
@@ -291,7 +300,7 @@ def measure(kind: str, root: Path, epochs: int, comm: Any, stage: Path | None) -
             encoded = (EncodedBatch.of(i, s, on_bad) for i, s in batches)
             return sum(len(labels) for _, labels in decoder.decode(encoded, 0, e, on_bad))
     elif kind == "stall":
-        loader = loader_decoding_nothing(root, stage=stage)
+        loader = loader_decoding_nothing(root, stage=stage, shuffle=shuffle)
         stalls, steady = [], []
         for e in range(epochs):
             loader.set_epoch(e)
@@ -315,9 +324,10 @@ def measure(kind: str, root: Path, epochs: int, comm: Any, stage: Path | None) -
             return sum(len(images) for images in reader)
     elif kind in ("launches", "launches-process", "device", "device-process"):
         read_in = "process" if kind.endswith("process") else "thread"
-        return beside_launches(lambda: loader_decoding_nothing(root, read_in, comm, stage), epochs, step)
+        return beside_launches(lambda: loader_decoding_nothing(root, read_in, comm, stage, shuffle), epochs, step)
     else:
-        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm, stage)
+        loader = loader_decoding_nothing(root, "process" if kind.endswith("process") else "thread", comm, stage,
+                                         shuffle)
 
         def epoch(e: int) -> int:
             loader.set_epoch(e)
@@ -374,11 +384,14 @@ def main() -> None:
     ap.add_argument("--stage", action="store_true",
                     help="the Loader's kinds read the copies they stage (no capacity) in a directory beside each "
                          "dataset's, rather than the dataset's own files")
+    ap.add_argument("--global-shuffle", action="store_true",
+                    help="the stream's and the Loader's kinds shuffle the whole dataset (random access)")
     ap.add_argument("--stage-dir", type=Path, help=argparse.SUPPRESS)  # a child's: where --stage stages
     ap.add_argument("--run", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
-        got = child(args.run[0], Path(args.run[1]), args.epochs, args.stage_dir)
+        got = child(args.run[0], Path(args.run[1]), args.epochs, args.stage_dir,
+                    "global" if args.global_shuffle else None)
         if got is not None:
             print(json.dumps(got))
         return
@@ -400,6 +413,7 @@ def main() -> None:
             # and runs in it: a reading process before 597b022 imported the ddpipe of its working directory
             env = env_of(trees[tree])
             stage = ["--stage-dir", str(roots[fmt].with_name(f"{fmt}-staged"))] if args.stage else []
+            stage += ["--global-shuffle"] if args.global_shuffle else []
             out = subprocess.run([*launcher, sys.executable, __file__, "--epochs", str(args.epochs), *stage, "--run",
                                   kind, str(roots[fmt])], timeout=600, capture_output=True, text=True, env=env,
                                  cwd=trees[tree])
@@ -425,6 +439,7 @@ def main() -> None:
                 versus = {f"vs_at_{ref}": mine / figure(ref, fmt, kind)
                           if tree == "this" and (ref, fmt, kind) in results else None for ref in references}
                 staged = " (staged copies)" if args.stage and kind in STAGED_KINDS else ""
+                staged += " (global shuffle)" if args.global_shuffle and kind in SHUFFLED_KINDS else ""
                 row = {"format": fmt, "pipeline": name + staged, "tree": tree, "commit": commits[tree],
                        "samples_s": got.get("samples_s"), "stall": got.get("stall"),
                        "stall_steady": got.get("stall_steady"), "slowdown": got.get("slowdown"),
@@ -461,8 +476,10 @@ def main() -> None:
         command += f" --ranks {args.ranks}"
     if args.stage:
         command += " --stage"
+    if args.global_shuffle:
+        command += " --global-shuffle"
     doc = {"benchmark": "feed", "command": command, "commits": commits, "machine": machine(), "batch": BATCH,
-           "ranks": args.ranks, "staged": args.stage,
+           "ranks": args.ranks, "staged": args.stage, "global_shuffle": args.global_shuffle,
            "rows": rows, "runs": {f"{tree} {fmt} {kind}": r for (tree, fmt, kind), r in results.items()},
            "table": text}
     path = save(args.name, doc)
