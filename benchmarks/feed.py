@@ -113,6 +113,8 @@ DALI_KINDS = {"loader": "dali-wds", "loader-process": "dali-wds", "launches": "l
 LOADER_KINDS = {*DALI_KINDS, *DALI_KINDS.values()}
 # the kinds --stage has read staged copies: the Loader's
 STAGED_KINDS = {*DALI_KINDS, "stall"}
+# the shards' size: a dozen shards of the synth set (3,000 images), fewer than a random access keeps open
+SHARD_BYTES = 32_000_000
 # the kinds --global-shuffle shuffles globally: the stream's and the Loader's
 SHUFFLED_KINDS = {*STAGED_KINDS, "stream"}
 BATCH = 256
@@ -384,6 +386,8 @@ def main() -> None:
     ap.add_argument("--stage", action="store_true",
                     help="the Loader's kinds read the copies they stage (no capacity) in a directory beside each "
                          "dataset's, rather than the dataset's own files")
+    ap.add_argument("--shard-bytes", type=int, default=SHARD_BYTES,
+                    help="the shards' size: smaller, more shards than a random access keeps open (OPEN_SHARDS)")
     ap.add_argument("--global-shuffle", action="store_true",
                     help="the stream's and the Loader's kinds shuffle the whole dataset (random access)")
     ap.add_argument("--stage-dir", type=Path, help=argparse.SUPPRESS)  # a child's: where --stage stages
@@ -399,7 +403,8 @@ def main() -> None:
     if args.ranks > 1:
         mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
         launcher = [mpiexec, "-n", str(args.ranks)]
-    roots = {fmt: synth_shards(args.n, "loader", fmt, shard_bytes=32_000_000, seed=0) for fmt in FORMATS}
+    name = "loader" if args.shard_bytes == SHARD_BYTES else f"loader-{args.shard_bytes}"
+    roots = {fmt: synth_shards(args.n, name, fmt, shard_bytes=args.shard_bytes, seed=0) for fmt in FORMATS}
     trees = trees_to_measure(args.reference)
     references = [tree for tree in trees if tree != "this"]
     kinds = {kind: KINDS[kind] for kind in KINDS if kind in args.kinds}
@@ -478,8 +483,11 @@ def main() -> None:
         command += " --stage"
     if args.global_shuffle:
         command += " --global-shuffle"
+    if args.shard_bytes != SHARD_BYTES:
+        command += f" --shard-bytes {args.shard_bytes}"
     doc = {"benchmark": "feed", "command": command, "commits": commits, "machine": machine(), "batch": BATCH,
            "ranks": args.ranks, "staged": args.stage, "global_shuffle": args.global_shuffle,
+           "shard_bytes": args.shard_bytes,
            "rows": rows, "runs": {f"{tree} {fmt} {kind}": r for (tree, fmt, kind), r in results.items()},
            "table": text}
     path = save(args.name, doc)

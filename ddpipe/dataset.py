@@ -14,7 +14,7 @@ from .checksum import digest_mismatch, file_checksum, unpack_digests
 from .errors import ChecksumMismatchError, CorruptShardError, ManifestError, MissingShardError, OptionError
 from .formats import ShardFormat, ShardReader, get_format
 from .formats.base import LayoutError
-from .formats.mapped import HashedFile, advise_willneed
+from .formats.mapped import HashedFile, advise_willneed, hash_mapped
 from .manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, load_manifest_from
 from .sample import BAD, KEY, Sample
 from .storage import ObjectCache, ObjectStorage, StorageOptions, is_remote, open_storage, parse_location
@@ -188,18 +188,20 @@ class Dataset:
                                     "each)", path=path)
 
     def open_shard(self, shard: int, store: ShardStore | None = None, *, verify: bool = False,
-                   hashed: HashedFile | None = None, keep: bool = False) -> ShardReader:
+                   hashed: HashedFile | None = None, keep: bool = False, vouched: Path | None = None) -> ShardReader:
         """A reader over one shard (its copy in ``store``, if given), checked against its manifest
         entry: size and sample count, and with ``verify`` its content (``hashed``: a file hashed ahead,
         used, checksum and mapping, if that file is the one opened). ``keep``: the file stays (see
         :func:`ddpipe.reading.keeps_mappings`), and its reader reads through the mapping kept of it,
-        if any, or keeps the one it checks the file through."""
+        if any, or keeps the one it checks the file through. ``vouched``: a file checked whole earlier
+        in the same read, its bytes trusted since (a random access reopening a shard): if it is the
+        one opened, its format may open it from what it learnt of those bytes (an HDF5 shard's layout)."""
         info = self.manifest.shards[shard]
         source = self.data_root / info.file
         path = store.path(shard) if store is not None else source
         keep = keep and (store is None or path != source)  # under a store the source is a fallback: read once
         try:
-            return self._open(info, path, verify, hashed, keep)
+            return self._open(info, path, verify, hashed, keep, vouched)
         except MissingShardError:
             if store is None or path == source:
                 raise
@@ -213,23 +215,31 @@ class Dataset:
             self._drop_copy(shard, store, path)
             return self._open(info, source, verify)
 
-    def _open(self, info: ShardInfo, path: Path, verify: bool,
-              hashed: HashedFile | None = None, keep: bool = False) -> ShardReader:
+    def _open(self, info: ShardInfo, path: Path, verify: bool, hashed: HashedFile | None = None,
+              keep: bool = False, vouched: Path | None = None) -> ShardReader:
         if self._objects is not None and path == self.data_root / info.file:
             self._objects.fetch(*self.object_names(info))
-            try:  # a scratch file, deleted by its cache: never kept mapped
+            try:  # a scratch file, deleted by its cache and fetched again: never kept mapped, nor vouched for
                 return self._open_file(info, path, verify, hashed)
             except CorruptShardError as e:
                 if e.path is not None:
                     e.path = self.source_name(Path(e.path))
                 raise
-        return self._open_file(info, path, verify, hashed, keep)
+        return self._open_file(info, path, verify, hashed, keep, vouched)
 
-    def _open_file(self, info: ShardInfo, path: Path, verify: bool,
-                   hashed: HashedFile | None = None, keep: bool = False) -> ShardReader:
+    def _open_file(self, info: ShardInfo, path: Path, verify: bool, hashed: HashedFile | None = None,
+                   keep: bool = False, vouched: Path | None = None) -> ShardReader:
         self.check_file(info, path)
         ahead = hashed if hashed is not None and hashed.path == path else None
+        if hashed is not None and ahead is None and hashed.mapped is not None:
+            hashed.mapped.close()  # another file's (an LMDB environment is open once per process)
+        if verify and ahead is None and keep and self.format.reads_mapped:
+            # hashed before it is opened, as a file hashed ahead is (a random access's first open of it):
+            # through the mapping kept of it, or one then kept, which its reader reads through
+            ahead = hash_mapped(self.format.mapping(path, keep=True), keep=True)
         known = ahead.checksum if verify and ahead is not None and ahead.checksum == info.checksum else None
+        if vouched == path and not verify:
+            known = info.checksum
         try:
             reader = self.format.reader_of(path, known)
         except CorruptShardError:
@@ -241,13 +251,10 @@ class Dataset:
                     raise ChecksumMismatchError(path, expected=info.checksum, actual=actual) from None
             raise
         try:
-            if hashed is not None and ahead is None and hashed.mapped is not None:
-                hashed.mapped.close()  # another file's (an LMDB environment is open once per process)
             if ahead is not None and ahead.mapped is not None:
                 reader.adopt_mapping(ahead.mapped)
-            elif keep and ahead is None and self.format.reads_mapped:
-                # read through the mapping kept of the file (every page in) or keep the one checked through
-                reader.adopt_mapping(self.format.mapping(path, keep=True))
+            elif keep and ahead is None and self.format.reads_mapped:  # reopened unchecked: vouched for
+                reader.adopt_mapping(self.format.mapping(path, keep=True))  # the mapping kept, if any
             if verify:  # first: the check pages the file in whole, and the count may read scattered pages
                 self.format.verify(reader, info.checksum, ahead.checksum if ahead is not None else None)
             if len(reader) != info.samples:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -205,7 +206,9 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
     shard of the dataset each epoch: warm tar shards' samples 27 us each through new mappings, 13
     through kept ones)."""
     readers: OrderedDict[int, ShardReader] = OrderedDict()
-    verified: set[int] = set()  # each shard once, however often it is reopened
+    # each shard checked whole once (the file checked), however often it is reopened: a reopen trusts its
+    # bytes, as it trusts the samples it reads, so a format may open it from what it learnt of them
+    checked: dict[int, Path] = {}
     corrupt: dict[int, CorruptShardError] = {}
     told: set[int] = set()  # shards with a sample that differs, reported once to on_corrupt
     try:
@@ -214,9 +217,10 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
                 yield dataset.placeholder(shard, pos, corrupt[shard])
                 continue
             digests = dataset.sample_digests(shard) if verify else None
-            check = verify and digests is None and shard not in verified
+            check = verify and digests is None and shard not in checked
             try:
-                reader = readers.pop(shard, None) or dataset.open_shard(shard, store, verify=check, keep=keep)
+                reader = readers.pop(shard, None) or dataset.open_shard(shard, store, verify=check, keep=keep,
+                                                                        vouched=checked.get(shard))
             except CorruptShardError as e:
                 if on_corrupt is None:
                     raise
@@ -224,7 +228,8 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
                 corrupt[shard] = e
                 yield dataset.placeholder(shard, pos, e)
                 continue
-            verified.add(shard)
+            if check:
+                checked[shard] = reader.path
             sample = reader[pos]
             error = digest_mismatch(digests, pos, sample, dataset.source_name(reader.path))
             if error is not None and dataset.reads_staged_copy(shard, reader):

@@ -246,7 +246,7 @@ class LMDBReader(ShardReader):
         if self._placed is None:  # where each record lies, from the tree's pages (lmdb_tree.PlacedRecords)
             self._open()
             try:
-                self._placed = PlacedRecords(self.path, self._file.identity())
+                self._placed = PlacedRecords(self.path, self._file.identity(), self._file.placed())
             except (TreeError, OSError) as e:
                 raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
         record = self._placed.keys.find(sample_key(i))

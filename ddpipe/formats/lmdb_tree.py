@@ -322,7 +322,7 @@ class MappedKeys(Keys):
         return bytes(self._data[at : at + int(self._size[index])])
 
 
-def _packed_keys(data: mmap.mmap, tree: Tree) -> PackedKeys:
+def _packed_keys(data: mmap.mmap | memoryview, tree: Tree) -> PackedKeys:
     """The keys the walk found, packed, a chunk of keys at a time (a bytes object for every key at once
     would hold as much as the list this replaces, if only while it is made)."""
     at, size = tree.key_at, tree.key_size
@@ -339,14 +339,22 @@ class PlacedRecords:
     instead, a record's first page is read through LMDB's mapping, and with it the kernel's
     read-ahead window around it: benchmarks/random_access.py.) The file read is the file walked, and
     must be ``identity`` (device, inode): the one its reader's environment maps, checked as a whole,
-    whatever its path names now. TreeError where the file does not hold together or is another."""
+    whatever its path names now. TreeError where the file does not hold together or is another.
+    ``walked``: the file's bytes where its environment maps them and the walk made as it opened
+    (:meth:`.lmdb_env.EnvironmentLease.placed`), not made again: a random access reopening a shard,
+    its environment still open, walked the whole tree again each time (about a third of its time a
+    sample, reopening LMDB shards of 12 samples)."""
 
-    def __init__(self, path: Path, identity: tuple[int, int]) -> None:
+    def __init__(self, path: Path, identity: tuple[int, int], walked: tuple[memoryview, Tree] | None = None) -> None:
         self._fd = _open_as(path, identity)
         self.close = weakref.finalize(self, os.close, self._fd)
         try:
-            self.keys, self._at, self._size = _walk_file(
-                path, lambda data, tree: (_packed_keys(data, tree), tree.value_at, tree.value_size), fd=self._fd)
+            if walked is not None:
+                data, tree = walked
+                self.keys, self._at, self._size = _packed_keys(data, tree), tree.value_at, tree.value_size
+            else:
+                self.keys, self._at, self._size = _walk_file(
+                    path, lambda data, tree: (_packed_keys(data, tree), tree.value_at, tree.value_size), fd=self._fd)
         except BaseException:
             self.close()
             raise

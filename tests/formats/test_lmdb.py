@@ -292,11 +292,15 @@ def test_the_tree_walk_finds_the_pages_and_keys_lmdb_has(tmp_path: Path) -> None
     assert tree_keys(path) == keys  # read from the leaf pages, in LMDB's order
 
 
-def test_placed_records_hold_each_key_and_value_where_lmdb_finds_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("walk", ["its own", "its environment's"])
+def test_placed_records_hold_each_key_and_value_where_lmdb_finds_them(tmp_path: Path, walk: str) -> None:
     """Random reads find every record's key and value (inline, and in overflow pages) as LMDB's own
-    cursor gives them, in its order, and look a key up (LMDB's default order) or say it is not there."""
+    cursor gives them, in its order, and look a key up (LMDB's default order) or say it is not there:
+    through a walk of their own, or the one the file's environment made as it opened (a reader reopened
+    while its environment stays open)."""
     import random
 
+    from ddpipe.formats.lmdb_env import lease_environment
     from ddpipe.formats.lmdb_tree import PlacedRecords
 
     path = tmp_path / "many.mdb"
@@ -306,7 +310,12 @@ def test_placed_records_hold_each_key_and_value_where_lmdb_finds_them(tmp_path: 
         records = [(bytes(key), bytes(value)) for key, value in txn.cursor()]
     env.close()
     st = path.stat()
-    placed = PlacedRecords(path, (st.st_dev, st.st_ino))
+    lease = lease_environment(path)
+    walked = lease.placed() if walk == "its environment's" else None
+    assert walked is not None or walk == "its own"
+    placed = PlacedRecords(path, (st.st_dev, st.st_ino), walked)
+    del walked
+    lease.release()
     keys = placed.keys
     assert len(keys) == len(records) and list(keys) == [key for key, _ in records]
     for j in [0, 1, len(records) - 1, *random.Random(0).sample(range(len(records)), 300)]:
