@@ -203,8 +203,7 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
                  verify: bool, on_corrupt: OnCorrupt | None, keep: bool) -> Iterator[Sample]:
     """Each sample read on its own from a few shards kept open; a shard is checked whole when first
     opened, its mapping then kept for the next epoch with ``keep`` (a global shuffle reads every
-    shard of the dataset each epoch: warm tar shards' samples 27 us each through new mappings, 13
-    through kept ones)."""
+    shard of the dataset each epoch: docs/benchmarks.md, feed-global-kept)."""
     readers: OrderedDict[int, ShardReader] = OrderedDict()
     # each shard checked whole once (the file checked), however often it is reopened: a reopen trusts its
     # bytes, as it trusts the samples it reads, so a format may open it from what it learnt of them

@@ -342,8 +342,8 @@ class PlacedRecords:
     whatever its path names now. TreeError where the file does not hold together or is another.
     ``walked``: the file's bytes where its environment maps them and the walk made as it opened
     (:meth:`.lmdb_env.EnvironmentLease.placed`), not made again: a random access reopening a shard,
-    its environment still open, walked the whole tree again each time (about a third of its time a
-    sample, reopening LMDB shards of 12 samples)."""
+    its environment still open, walked the whole tree again each time (docs/benchmarks.md,
+    feed-global-reopen)."""
 
     def __init__(self, path: Path, identity: tuple[int, int], walked: tuple[memoryview, Tree] | None = None) -> None:
         self._fd = _open_as(path, identity)

@@ -87,8 +87,8 @@ def test_a_global_shuffle_opens_each_shard_through_h5py_once_however_often_it_re
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify: bool) -> None:
     """Random access keeps a few shards open (OPEN_SHARDS) and reopens the others as their samples come.
     A reopen trusts the bytes its epoch's first open checked, as it trusts the samples it reads, and
-    opens the shard from the layout learnt then (h5py's open took about 1.3 ms a sample here, against
-    0.06 ms from the layout); a later epoch's first open hashes the shard before opening it, as a scan's
+    opens the shard from the layout learnt then, not through h5py (docs/benchmarks.md,
+    feed-global-reopen); a later epoch's first open hashes the shard before opening it, as a scan's
     hash ahead does, and finds its layout by that checksum. Unchecked, no bytes are known: h5py opens
     the shard each time."""
     import ddpipe
