@@ -206,8 +206,10 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
     shard of the dataset each epoch: docs/benchmarks.md, feed-global-kept)."""
     readers: OrderedDict[int, ShardReader] = OrderedDict()
     # each shard checked whole once (the file checked), however often it is reopened: a reopen trusts its
-    # bytes, as it trusts the samples it reads, so a format may open it from what it learnt of them
+    # bytes, as it trusts the samples it reads, so a format may open it from what it learnt of them. Not an
+    # object's scratch copy: its cache lets it go and fetches it again, other bytes if the object changed
     checked: dict[int, Path] = {}
+    refetched = dataset.is_remote and store is None
     corrupt: dict[int, CorruptShardError] = {}
     told: set[int] = set()  # shards with a sample that differs, reported once to on_corrupt
     try:
@@ -216,7 +218,7 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
                 yield dataset.placeholder(shard, pos, corrupt[shard])
                 continue
             digests = dataset.sample_digests(shard) if verify else None
-            check = verify and digests is None and shard not in checked
+            check = verify and digests is None and (shard not in checked or refetched)
             try:
                 reader = readers.pop(shard, None) or dataset.open_shard(shard, store, verify=check, keep=keep,
                                                                         vouched=checked.get(shard))

@@ -4,11 +4,13 @@ files, in every format, on several ranks, staged, resumed, and faults that lose 
 from __future__ import annotations
 
 import gc
+import itertools
 import shutil
 import socket
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import ddpipe
@@ -206,6 +208,30 @@ def test_an_object_changed_after_indexing_is_named_or_skipped(local_sets: dict[s
     _overwrite(url, name, lambda data: data + b"\0" * 512)  # another size: found at open
     with pytest.raises(CorruptShardError, match=f"s3://{bucket}/wds/{name}: index.json says"):
         ddpipe.open_dataset(url)
+
+
+def test_an_object_changed_mid_epoch_is_refused_when_a_random_access_fetches_it_again(
+        http_root: RangeServer) -> None:
+    """A global shuffle keeps a few shards open, and an object's scratch copy goes once a few more are
+    fetched: a reopen fetches the object again, and was read unchecked (checked once an epoch, as a
+    local file is), so bytes changed since its first read came out as samples."""
+    from ddpipe.dataset import OPEN_SHARDS
+    from ddpipe.reading import read_samples
+
+    from ..helpers import make_dataset
+    from ..test_integrity import flip_middle_keeping_time
+
+    shards = OPEN_SHARDS + 6  # more than the cache keeps (OPEN_SHARDS + 2)
+    root = make_dataset(http_root.root / "wds", "wds", [2] * shards, payload=2000)
+    url = f"{http_root.url}/wds"
+    dataset = ddpipe.open_dataset(url)
+    first = [2 * k for k in range(shards)]  # each shard's first sample, shard 0's first
+    read = read_samples(dataset, np.array([*first, 1]), random_access=True)  # then shard 0's second
+    assert [s["__key__"] for s in itertools.islice(read, shards)] == [f"s/{k:06d}" for k in first]
+    name = dataset.manifest.shards[0].file
+    flip_middle_keeping_time(root / name)  # the second sample's bytes: same size, same time
+    with pytest.raises(ChecksumMismatchError, match=f"{url}/{name}"):
+        next(read)
 
 
 def test_verify_names_the_object_not_its_scratch_copy(local_sets: dict[str, Path], bucket: str) -> None:
