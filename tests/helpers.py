@@ -13,8 +13,9 @@ import pytest
 
 from ddpipe.checksum import file_checksum
 from ddpipe.convert import write_dataset
+from ddpipe.dataset import open_dataset
 from ddpipe.formats import get_format
-from ddpipe.manifest import Manifest, ShardInfo, save_manifest
+from ddpipe.manifest import Manifest, ShardInfo, load_manifest, save_manifest
 from ddpipe.sample import Sample
 
 
@@ -141,3 +142,41 @@ def started_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(threading.Thread, "start", recorded)
     return names
+
+
+def shard_file(root: Path, k: int) -> Path:
+    """The file of the ``k``-th shard of the dataset at ``root``."""
+    return root / load_manifest(root).shards[k].file
+
+
+def flip_middle_keeping_time(path: Path) -> None:
+    """Flip a byte in the middle of the file, keeping its size and time."""
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the size and time a quick check trusts
+
+
+def flip_inside_sample(path: Path, image: bytes) -> None:
+    """Flip a byte in the middle of one sample's image where the file holds it, keeping the time."""
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    at = data.find(image)
+    assert at >= 0 and data.find(image, at + 1) < 0  # the sample's bytes, and only they
+    data[at + len(image) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def image_of(root: Path, position: int) -> tuple[str, bytes]:
+    """The key and image of the sample at ``position`` of the dataset at ``root``."""
+    sample = list(open_dataset(root))[position]
+    return sample["__key__"], bytes(sample["jpg"])
+
+
+def adopted(name: str, tmp_path: Path) -> Path:
+    """Files of another tool (``name``: tests/convert/adopted.py), adopted in place."""
+    from .convert.adopted import adopt
+
+    return adopt(name, tmp_path)

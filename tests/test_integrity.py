@@ -16,7 +16,16 @@ from ddpipe.errors import ChecksumMismatchError, CorruptShardError, DigestMismat
 from ddpipe.formats import FORMAT_NAMES
 from ddpipe.reading import read_samples
 
-from .helpers import make_dataset, mapped_under, tiny_samples
+from .helpers import (
+    adopted,
+    flip_inside_sample,
+    flip_middle_keeping_time,
+    image_of,
+    make_dataset,
+    mapped_under,
+    shard_file,
+    tiny_samples,
+)
 
 EXPECTED = {s["__key__"]: s["bin"] for s in tiny_samples(48, 4, 4000)}
 
@@ -29,18 +38,6 @@ def data(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 def epoch(root: Path, **kw: object) -> dict[str, bytes]:
     loader = ddpipe.EncodedStream(root, 4, shuffle="local", **kw)  # type: ignore[arg-type]
     return {s["__key__"]: bytes(s["bin"]) for batch in loader for s in batch}
-
-
-def shard_file(root: Path, k: int) -> Path:
-    return root / ddpipe.load_manifest(root).shards[k].file
-
-
-def flip_middle_keeping_time(path: Path) -> None:
-    before = path.stat()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x40
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the size and time a quick check trusts
 
 
 def test_a_shard_replaced_by_another_of_the_same_size_is_refused(data: Path) -> None:
@@ -291,28 +288,6 @@ def test_checking_can_be_turned_off(data: Path) -> None:
 
 # Adopted files: one shard each, which many ranks may each read a part of, checked sample by sample
 ADOPTED = ["h5-vlen", "caffe-encoded"]
-
-
-def adopted(name: str, tmp_path: Path) -> Path:
-    from .convert.adopted import adopt
-
-    return adopt(name, tmp_path)
-
-
-def flip_inside_sample(path: Path, image: bytes) -> None:
-    """Flip a byte in the middle of one sample's image where the file holds it, keeping the time."""
-    before = path.stat()
-    data = bytearray(path.read_bytes())
-    at = data.find(image)
-    assert at >= 0 and data.find(image, at + 1) < 0  # the sample's bytes, and only they
-    data[at + len(image) // 2] ^= 0x40
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-
-
-def image_of(root: Path, position: int) -> tuple[str, bytes]:
-    sample = list(ddpipe.open_dataset(root))[position]
-    return sample["__key__"], bytes(sample["jpg"])
 
 
 @pytest.mark.parametrize("name", ADOPTED)

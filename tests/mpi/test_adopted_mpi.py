@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import mpiexec
-from ..test_integrity import adopted, flip_inside_sample, image_of, shard_file
+from ..helpers import adopted, flip_inside_sample, image_of, shard_file
 
 pytestmark = pytest.mark.mpi
 

@@ -166,7 +166,7 @@ def test_skipped_images_leave_batches_of_constant_size_on_every_rank(tmp_path: P
     data = tmp_path / "bad"
     ddpipe.write_dataset(data, iter(samples), samples_per_shard=4)
     if damage == "shard":
-        from ..test_integrity import flip_middle_keeping_time, shard_file
+        from ..helpers import flip_middle_keeping_time, shard_file
 
         flip_middle_keeping_time(shard_file(data, 2))
     out = tmp_path / "out.json"
@@ -223,7 +223,7 @@ def test_a_corrupt_shard_met_while_reading_ahead_ends_the_job_naming_it(tmp_path
     """With ``on_error="fail"``, a shard that fails its checksum is reported by the rank that reads it,
     wherever it met it (a rank reads the next round's samples while it waits for a round), and the
     job ends at once rather than at the watchdog's timeout."""
-    from ..test_integrity import flip_middle_keeping_time, shard_file
+    from ..helpers import flip_middle_keeping_time, shard_file
 
     data = make_dataset(tmp_path / "wds", "wds", [12] * 8, payload=2048)
     bad = shard_file(data, 5)

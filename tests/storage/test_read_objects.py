@@ -218,8 +218,7 @@ def test_an_object_changed_mid_epoch_is_refused_when_a_random_access_fetches_it_
     from ddpipe.dataset import OPEN_SHARDS
     from ddpipe.reading import read_samples
 
-    from ..helpers import make_dataset
-    from ..test_integrity import flip_middle_keeping_time
+    from ..helpers import flip_middle_keeping_time, make_dataset
 
     shards = OPEN_SHARDS + 6  # more than the cache keeps (OPEN_SHARDS + 2)
     root = make_dataset(http_root.root / "wds", "wds", [2] * shards, payload=2000)

@@ -83,7 +83,7 @@ def test_a_sample_without_a_label_stops_training_naming_it_unless_skipped(tmp_pa
 def test_a_corrupt_shard_stops_training_naming_it_unless_skipped(data: Path, tmp_path: Path) -> None:
     import shutil
 
-    from ..test_integrity import flip_middle_keeping_time, shard_file
+    from ..helpers import flip_middle_keeping_time, shard_file
 
     copy = tmp_path / "copy"
     shutil.copytree(data, copy)
