@@ -417,9 +417,9 @@ def main() -> None:
             # the child imports the ddpipe of its tree (this script runs it either way: the same measurement),
             # and runs in it: a reading process before 597b022 imported the ddpipe of its working directory
             env = env_of(trees[tree])
-            stage = ["--stage-dir", str(roots[fmt].with_name(f"{fmt}-staged"))] if args.stage else []
-            stage += ["--global-shuffle"] if args.global_shuffle else []
-            out = subprocess.run([*launcher, sys.executable, __file__, "--epochs", str(args.epochs), *stage, "--run",
+            options = ["--stage-dir", str(roots[fmt].with_name(f"{fmt}-staged"))] if args.stage else []
+            options += ["--global-shuffle"] if args.global_shuffle else []
+            out = subprocess.run([*launcher, sys.executable, __file__, "--epochs", str(args.epochs), *options, "--run",
                                   kind, str(roots[fmt])], timeout=600, capture_output=True, text=True, env=env,
                                  cwd=trees[tree])
             if out.returncode != 0:  # what the child said, not only that it failed

@@ -219,8 +219,10 @@ class Dataset:
               keep: bool = False, vouched: Path | None = None) -> ShardReader:
         if self._objects is not None and path == self.data_root / info.file:
             self._objects.fetch(*self.object_names(info))
-            try:  # a scratch file, deleted by its cache and fetched again: never kept mapped, nor vouched for
-                return self._open_file(info, path, verify, hashed)
+            # a scratch copy, which its cache lets go and fetches again (the object's bytes as they are then):
+            # never kept mapped, and checked at every open, whatever an earlier check vouched for
+            try:
+                return self._open_file(info, path, verify or vouched is not None, hashed)
             except CorruptShardError as e:
                 if e.path is not None:
                     e.path = self.source_name(Path(e.path))
@@ -233,10 +235,10 @@ class Dataset:
         ahead = hashed if hashed is not None and hashed.path == path else None
         if hashed is not None and ahead is None and hashed.mapped is not None:
             hashed.mapped.close()  # another file's (an LMDB environment is open once per process)
-        if verify and ahead is None and keep and self.format.reads_mapped:
-            # hashed before it is opened, as a file hashed ahead is (a random access's first open of it):
-            # through the mapping kept of it, or one then kept, which its reader reads through
-            ahead = hash_mapped(self.format.mapping(path, keep=True), keep=True)
+        # read through the mapping kept of the file, or one then kept (ShardMapping: its reader takes it over)
+        own = self.format.mapping(path, keep=True) if keep and ahead is None and self.format.reads_mapped else None
+        if own is not None and verify:  # hashed before it is opened, as a file hashed ahead is
+            ahead, own = hash_mapped(own, keep=True), None
         known = ahead.checksum if verify and ahead is not None and ahead.checksum == info.checksum else None
         if vouched == path and not verify:
             known = info.checksum
@@ -253,8 +255,8 @@ class Dataset:
         try:
             if ahead is not None and ahead.mapped is not None:
                 reader.adopt_mapping(ahead.mapped)
-            elif keep and ahead is None and self.format.reads_mapped:  # reopened unchecked: vouched for
-                reader.adopt_mapping(self.format.mapping(path, keep=True))  # the mapping kept, if any
+            elif own is not None:  # reopened unchecked: vouched for
+                reader.adopt_mapping(own)
             if verify:  # first: the check pages the file in whole, and the count may read scattered pages
                 self.format.verify(reader, info.checksum, ahead.checksum if ahead is not None else None)
             if len(reader) != info.samples:

@@ -206,10 +206,9 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
     shard of the dataset each epoch: docs/benchmarks.md, feed-global-kept)."""
     readers: OrderedDict[int, ShardReader] = OrderedDict()
     # each shard checked whole once (the file checked), however often it is reopened: a reopen trusts its
-    # bytes, as it trusts the samples it reads, so a format may open it from what it learnt of them. Not an
-    # object's scratch copy: its cache lets it go and fetches it again, other bytes if the object changed
+    # bytes, as it trusts the samples it reads, so a format may open it from what it learnt of them (an
+    # object's scratch copy, fetched again, is checked again: Dataset.open_shard)
     checked: dict[int, Path] = {}
-    refetched = dataset.is_remote and store is None
     corrupt: dict[int, CorruptShardError] = {}
     told: set[int] = set()  # shards with a sample that differs, reported once to on_corrupt
     try:
@@ -218,7 +217,7 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
                 yield dataset.placeholder(shard, pos, corrupt[shard])
                 continue
             digests = dataset.sample_digests(shard) if verify else None
-            check = verify and digests is None and (shard not in checked or refetched)
+            check = verify and digests is None and shard not in checked
             try:
                 reader = readers.pop(shard, None) or dataset.open_shard(shard, store, verify=check, keep=keep,
                                                                         vouched=checked.get(shard))
