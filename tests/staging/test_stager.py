@@ -299,8 +299,10 @@ def test_a_stage_directory_removed_during_the_run_is_named(tmp_path: Path, when:
     hidden file's name, and the node's other readers waited out the timeout (a hang bound here),
     then asked whether local rank 0 was alive; a reader once the stager had ended did the same."""
     data = make_dataset(tmp_path / "src", "wds", [12] * 5, payload=20_000)
+    # prefetch: the reader no more than a batch ahead, so that the shards after the first two are read once
+    # the directory is gone (reading 256 ahead, it once read them all before the removal, on a loaded host)
     with ddpipe.EncodedStream(data, 8, shuffle="none", stage_dir=tmp_path / "stage", stage_wait_timeout=60,
-                              stage_limits=SourceLimits(bandwidth=1e6)) as stream:  # ~0.25 s a shard
+                              stage_limits=SourceLimits(bandwidth=1e6), prefetch=8) as stream:  # ~0.25 s a shard
         batches = iter(stream)
         next(batches)
         if when == "copied":
