@@ -240,10 +240,11 @@ class Dataset:
         if own is not None and verify:  # hashed before it is opened, as a file hashed ahead is
             ahead, own = hash_mapped(own, keep=True), None
         known = ahead.checksum if verify and ahead is not None and ahead.checksum == info.checksum else None
-        if vouched == path and not verify:
+        reopened = vouched == path and not verify
+        if reopened:
             known = info.checksum
         try:
-            reader = self.format.reader_of(path, known)
+            reader = self.format.reader_of(path, known, vouched=reopened)
         except CorruptShardError:
             # a changed file that no longer opens is said as the change it is, not in its library's words
             # ("actual len exceeds EOA"); only here, where opening failed, is it hashed before the open
@@ -259,6 +260,8 @@ class Dataset:
                 reader.adopt_mapping(own)
             if verify:  # first: the check pages the file in whole, and the count may read scattered pages
                 self.format.verify(reader, info.checksum, ahead.checksum if ahead is not None else None)
+            elif reopened:  # its bytes vouched for, not the files beside it, unless read as they agreed with them
+                self.format.check_sidecars(reader, info.checksum)
             if len(reader) != info.samples:
                 raise CorruptShardError(f"holds {len(reader)} samples, index.json says {info.samples}", path=path)
         except BaseException:

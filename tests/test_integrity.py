@@ -9,11 +9,14 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import ddpipe
+from ddpipe.dataset import OPEN_SHARDS
 from ddpipe.errors import ChecksumMismatchError, CorruptShardError, DigestMismatchError
 from ddpipe.formats import FORMAT_NAMES
+from ddpipe.formats.tar import KnownIndexes
 from ddpipe.reading import read_samples
 
 from .helpers import (
@@ -125,6 +128,32 @@ def test_a_tar_index_changed_between_epochs_of_one_stream_is_refused_then_read_a
         epoch_of(1)
     idx.write_text(good)
     assert epoch_of(2) == want
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["index kept", "index past the limit"])
+def test_a_global_shuffle_reopens_a_tar_shard_through_its_index_as_the_epochs_first_open_checked_it(
+        tmp_path: Path, kept: bool) -> None:
+    """A random access checks each shard and its index as the epoch first opens it, then reopens it
+    trusting its bytes (OPEN_SHARDS are kept open): the index changed in between, two offsets swapped,
+    is not read then where the one checked is kept, and is checked against the tar where it is not."""
+    root = make_dataset(tmp_path / "wds", "wds", [3] * (OPEN_SHARDS + 2), payload=4000)
+    want = {s["__key__"]: s["bin"] for s in tiny_samples(3 * (OPEN_SHARDS + 2), 4, 4000)}
+    dataset = ddpipe.open_dataset(root)
+    if not kept:
+        dataset.format.indexes = KnownIndexes(limit=0)  # type: ignore[attr-defined]
+    # shard 0 opened, closed as OPEN_SHARDS others open after it, then reopened
+    order = [0, *range(3, 3 * (OPEN_SHARDS + 2), 3), 1, 2]
+    reads = read_samples(dataset, np.array(order), random_access=True)
+    assert bytes(next(reads)["bin"]) == want["s/000000"]
+    idx = shard_file(root, 0).with_suffix(".idx")
+    before = idx.stat()
+    idx.write_text(swapped_offsets(idx.read_text()))
+    os.utime(idx, ns=(before.st_atime_ns, before.st_mtime_ns))
+    if not kept:
+        with pytest.raises(CorruptShardError, match="does not match the tar header"):
+            list(reads)
+        return
+    assert [bytes(s["bin"]) for s in reads] == [want[f"s/{i:06d}"] for i in order[1:]]
 
 
 def _truncated_in_place(path: Path) -> None:
@@ -292,7 +321,6 @@ ADOPTED = ["h5-vlen", "caffe-encoded"]
 
 @pytest.mark.parametrize("name", ADOPTED)
 def test_an_adopted_file_is_checked_by_what_each_rank_reads(name: str, tmp_path: Path) -> None:
-    import numpy as np
 
     root = adopted(name, tmp_path)
     dataset = ddpipe.open_dataset(root)

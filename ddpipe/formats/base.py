@@ -198,9 +198,12 @@ class ShardFormat(abc.ABC):
     @abc.abstractmethod
     def reader(self, path: str | os.PathLike[str]) -> ShardReader: ...
 
-    def reader_of(self, path: str | os.PathLike[str], checksum: str | None) -> ShardReader:
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False) -> ShardReader:
         """:meth:`reader`, for a file whose bytes are known to hash to ``checksum``, the manifest's (None:
-        not known): a format may then open it from what it learnt of a file of those bytes before."""
+        not known): a format may then open it from what it learnt of a file of those bytes before.
+        ``vouched``: the file was checked whole earlier in the same read, and is reopened trusting its
+        bytes (a random access): a format read through files beside the shard may read them as they
+        were found to agree with those bytes, where it kept them (:meth:`check_sidecars`)."""
         return self.reader(path)
 
     def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:
@@ -225,11 +228,18 @@ class ShardFormat(abc.ABC):
     def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:
         """Raise :class:`ChecksumMismatchError` unless the shard's bytes hash to ``checksum`` (its
         manifest's), so that a replaced or damaged file is caught before any of its samples is used.
-        ``actual``: the file's checksum, taken already (ahead, on another thread). A format that
-        reads through a sidecar index also checks the index against the shard."""
+        ``actual``: the file's checksum, taken already (ahead, on another thread). The files beside
+        the shard that its reader reads through are then checked against it (:meth:`check_sidecars`)."""
         actual = actual if actual is not None else self.checksum(reader)
         if actual != checksum:
             raise ChecksumMismatchError(reader.path, expected=checksum, actual=actual)
+        self.check_sidecars(reader, checksum)
+
+    def check_sidecars(self, reader: ShardReader, checksum: str) -> None:
+        """Raise :class:`CorruptShardError` unless the files beside the shard that ``reader`` reads
+        through (:meth:`sidecar_files`) agree with the shard, whose bytes hash to ``checksum``: they are
+        not in its checksum. Nothing to check for a format without them."""
+        return
 
     def checksum(self, reader: ShardReader) -> str:
         """The checksum of the shard ``reader`` reads, as manifests record it: through the reader's

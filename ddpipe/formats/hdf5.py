@@ -247,7 +247,7 @@ class HDF5Format(ShardFormat):
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return HDF5Reader(path)
 
-    def reader_of(self, path: str | os.PathLike[str], checksum: str | None) -> ShardReader:
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False) -> ShardReader:
         layout = self.layouts.get(checksum) if checksum is not None else None
         return HDF5Reader(path, layout)
 

@@ -178,6 +178,7 @@ class KnownIndexes:
         self.limit = limit
         self._parsed: dict[str, ParsedIndex] = {}
         self._agreed: set[tuple[str, str]] = set()  # (index digest, shard checksum)
+        self._last_agreed: dict[str, ParsedIndex] = {}  # by shard checksum: the index last found to agree
         self._members = 0
 
     def read(self, path: Path) -> ParsedIndex:
@@ -199,8 +200,14 @@ class KnownIndexes:
         return (digest, checksum) in self._agreed
 
     def agreed(self, digest: str, checksum: str) -> None:
-        if digest in self._parsed:  # kept for as long as the parse it names
+        parsed = self._parsed.get(digest)
+        if parsed is not None:  # kept for as long as the parse it names
             self._agreed.add((digest, checksum))
+            self._last_agreed[checksum] = parsed
+
+    def last_agreed(self, checksum: str) -> ParsedIndex | None:
+        """The index last found to agree with a shard whose bytes hash to ``checksum``, if kept."""
+        return self._last_agreed.get(checksum)
 
     def __reduce__(self) -> tuple[type[KnownIndexes], tuple[int]]:
         return KnownIndexes, (self.limit,)  # a process sent the dataset parses its own
@@ -289,22 +296,24 @@ class TarReader(ShardReader):
     """
 
     def __init__(self, path: str | os.PathLike[str], groups: list[list[Member]] | None = None,
-                 indexes: KnownIndexes | None = None) -> None:
+                 indexes: KnownIndexes | None = None, index: ParsedIndex | None = None) -> None:
         """``groups``: the members as a scan of the headers found them (an index being written), else
-        from the index beside the shard, read through ``indexes`` where given."""
+        ``index``'s (the shard's index as it was read before), else from the index beside the shard,
+        read through ``indexes`` where given."""
         super().__init__(path)
-        idx = index_path(self.path)
-        self.index: ParsedIndex | None = None  # the index read, if one was
+        self.index: ParsedIndex | None = index  # the index read, if one was
         if groups is not None:
             self._groups = groups
-        elif idx.is_file():
+        elif index is not None:
+            self._groups = index.groups
+        elif (idx := index_path(self.path)).is_file():
             self.index = (indexes or KnownIndexes(limit=0)).read(idx)
             self._groups = self.index.groups
             if self.index.end > self.path.stat().st_size:
                 raise self._corrupt("truncated tar: its index points past the end of the file")
         else:
             self._groups = scan_tar_members(self.path)
-        self._file = MappedFile(self.path)
+        self._file: MappedFile | None = None  # mapped as first read, unless a mapping is adopted before
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -316,9 +325,11 @@ class TarReader(ShardReader):
 
     def content(self, *, whole: bool = False) -> memoryview:
         """The shard's bytes, mapped (see mapped.py)."""
-        return self._file.content(whole=whole)
+        return self.mapped_file().content(whole=whole)
 
     def mapped_file(self) -> MappedFile:
+        if self._file is None:
+            self._file = MappedFile(self.path)
         return self._file
 
     def adopt_mapping(self, mapped: ShardMapping) -> None:
@@ -338,7 +349,7 @@ class TarReader(ShardReader):
     def __getitem__(self, index: int) -> Sample:
         group = self._groups[self._check_index(index)]
         content = self.content()
-        self._file.ask(min(m[1] for m in group), max(m[1] + m[2] for m in group))  # this sample's bytes alone
+        self.mapped_file().ask(min(m[1] for m in group), max(m[1] + m[2] for m in group))  # this sample's bytes alone
         return owned(self._sample(content, group))
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
@@ -347,15 +358,17 @@ class TarReader(ShardReader):
     def scan_views(self, start: int = 0) -> Iterator[Sample]:
         if start >= len(self._groups):
             return
-        content = self._file.for_scan(from_start=start == 0)
-        ask_ahead = not self._file.paged_in
+        file = self.mapped_file()
+        content = file.for_scan(from_start=start == 0)
+        ask_ahead = not file.paged_in
         for group in self._groups[start:]:
             if ask_ahead:
-                self._file.ask_ahead(group[0][1])
+                file.ask_ahead(group[0][1])
             yield self._sample(content, group)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 class TarFormat(ShardFormat):
@@ -373,17 +386,26 @@ class TarFormat(ShardFormat):
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return TarReader(path, indexes=self.indexes)
 
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False) -> ShardReader:
+        """A shard reopened trusting its bytes is read through the index its first open found to agree
+        with them, not the file beside it read again: that file may have changed since (unchecked, an
+        index with two samples' offsets swapped would swap them), and the reopen then reads nothing
+        but the shard's mapping (docs/benchmarks.md, feed-global-index)."""
+        known = self.indexes.last_agreed(checksum) if vouched and checksum is not None else None
+        return TarReader(path, index=known) if known is not None else self.reader(path)
+
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         from .tar_writer import TarWriter  # it builds on this module
 
         return TarWriter(path)
 
-    def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:
-        super().verify(reader, checksum, actual)  # the shard's bytes hash to checksum: else it raised
+    def check_sidecars(self, reader: ShardReader, checksum: str) -> None:
+        """The index read is checked against the tar's headers, once for each pair of index and shard
+        bytes (:class:`KnownIndexes`)."""
         if not isinstance(reader, TarReader) or reader.index is None:
             return
         if not self.indexes.agree(reader.index.digest, checksum):
-            with reader.content(whole=True) as content:  # mapped and paged in by the checksum
+            with reader.content(whole=True) as content:  # paged in by the checksum, where it was just taken
                 check_index_against_headers(reader.path, reader.groups, content)
             self.indexes.agreed(reader.index.digest, checksum)
 
