@@ -24,6 +24,8 @@ import contextlib
 import ctypes
 import mmap
 import os
+import resource
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +43,28 @@ AHEAD = 8 << 20
 POPULATE_LIMIT = 2 << 30
 # A scan pages in whole only a file of a shard's size at most (ddpipe writes up to 256 MB).
 SCAN_WHOLE_LIMIT = 256 << 20
-# The bytes of shard files a dataset keeps mapped between epochs (KeptMappings), per process, and how
-# many files at most: Python's mmap keeps a duplicate of its file's descriptor (before 3.13's trackfd)
-KEPT_BYTES, KEPT_FILES = 4 << 30, 128
+# The bytes of shard files a dataset keeps mapped between epochs (KeptMappings), per process; and how
+# many files, each holding a descriptor (Python's mmap keeps a duplicate of its file's before 3.13's
+# trackfd; an LMDB environment holds its file's): this share of the process's descriptors, within
+# KEPT_FILES (at the usual soft limit of 1024, the least)
+KEPT_BYTES = 4 << 30
+KEPT_FILES = (128, 4096)
+KEPT_DESCRIPTOR_SHARE = 8
+
+
+def kept_files(descriptors: int) -> int:
+    """How many files a dataset keeps mapped in a process that may hold ``descriptors`` open (its soft
+    ``RLIMIT_NOFILE``): a random access over more shards than are kept maps each again, and an LMDB
+    shard's environment is opened and its tree walked again, at nearly every sample
+    (docs/benchmarks.md, feed-global-files)."""
+    least, most = KEPT_FILES
+    return max(least, min(most, descriptors // KEPT_DESCRIPTOR_SHARE))
+
+
+def open_files_limit() -> int:
+    """The descriptors this process may hold open at once (its soft ``RLIMIT_NOFILE``)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return sys.maxsize if soft == resource.RLIM_INFINITY else soft
 
 
 class _PyBuffer(ctypes.Structure):
@@ -116,8 +137,10 @@ class KeptMappings:
     holds anyway: a mapping adds none) and its page tables (2 MB a GB); ``files``, the descriptors
     held, one a mapping. DALI's readers keep every file they read mapped."""
 
-    def __init__(self, limit: int = KEPT_BYTES, files: int = KEPT_FILES) -> None:
-        self.limit, self.files = limit, files
+    def __init__(self, limit: int = KEPT_BYTES, files: int | None = None) -> None:
+        """``files``: how many at most (default: :func:`kept_files` of this process's limit)."""
+        self.limit = limit
+        self.files = files if files is not None else kept_files(open_files_limit())
         self._mappings: dict[Path, KeptMapping] = {}
         self._bytes = 0
         self._lock = threading.Lock()  # kept on the hash's thread, found on the reading thread

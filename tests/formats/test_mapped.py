@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import os
 import pickle
+import resource
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ddpipe
 from ddpipe.formats import get_format
-from ddpipe.formats.mapped import SCAN_WHOLE_LIMIT, FileMapping, KeptMappings, MappedFile
+from ddpipe.formats.mapped import KEPT_FILES, SCAN_WHOLE_LIMIT, FileMapping, KeptMappings, MappedFile
+
+from ..helpers import make_dataset, mapped_under
 
 
 def test_a_scan_pages_in_whole_only_a_shard_sized_file_read_from_its_start(tmp_path: Path) -> None:
@@ -117,3 +124,33 @@ def test_a_format_sent_to_another_process_keeps_no_mappings(tmp_path: Path) -> N
     fmt.mapping(path, keep=True).checksum()
     assert len(fmt.kept) == 1
     assert len(pickle.loads(pickle.dumps(fmt)).kept) == 0
+
+
+@contextlib.contextmanager
+def descriptors_allowed(soft: int) -> Iterator[None]:
+    """This process allowed ``soft`` open descriptors for a while (skipped past its hard limit)."""
+    before, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft > hard:
+        pytest.skip(f"this process may open at most {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (before, hard))
+
+
+@pytest.mark.parametrize("fmt", ["wds", "hdf5", "lmdb"])
+@pytest.mark.parametrize("descriptors", [1024, 8 * (KEPT_FILES[0] + 8)])
+def test_a_dataset_keeps_as_many_files_mapped_as_the_descriptors_it_may_open_allow(
+        tmp_path: Path, fmt: str, descriptors: int) -> None:
+    """Each kept file holds a descriptor: an eighth of the process's may be held, and never fewer than
+    128 files (the share of the usual soft limit, 1024). A global shuffle over more shards than are
+    kept maps them again, at nearly every sample."""
+    shards = KEPT_FILES[0] + 8
+    root = make_dataset(tmp_path / fmt, fmt, [2] * shards, payload=64)
+    with descriptors_allowed(descriptors):
+        stream = ddpipe.EncodedStream(root, 4, shuffle="global")
+        assert sum(len(batch) for batch in stream) == 2 * shards
+        assert len(mapped_under(root)) == (128 if descriptors == 1024 else shards)
+        del stream
+        gc.collect()
