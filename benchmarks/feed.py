@@ -86,6 +86,8 @@ from typing import Any
 from _common import commit_of, env_of, save, synth_shards, trees_to_measure
 
 from ddpipe.bench.harness import machine, median, table
+from ddpipe.formats.mapped import open_files_limit
+from ddpipe.manifest import load_manifest
 
 FORMATS = ("wds", "hdf5", "lmdb")
 KINDS = {"stream": "encoded stream alone", "memory": "ddpipe's DALI decoder fed from memory",
@@ -488,6 +490,8 @@ def main() -> None:
     doc = {"benchmark": "feed", "command": command, "commits": commits, "machine": machine(), "batch": BATCH,
            "ranks": args.ranks, "staged": args.stage, "global_shuffle": args.global_shuffle,
            "shard_bytes": args.shard_bytes,
+           "shards": {fmt: len(load_manifest(root).shards) for fmt, root in roots.items()},
+           "open_files_limit": open_files_limit(),  # how many files a dataset keeps mapped follows it (kept_files)
            "rows": rows, "runs": {f"{tree} {fmt} {kind}": r for (tree, fmt, kind), r in results.items()},
            "table": text}
     path = save(args.name, doc)
