@@ -86,8 +86,6 @@ from typing import Any
 from _common import commit_of, env_of, save, synth_shards, trees_to_measure
 
 from ddpipe.bench.harness import machine, median, table
-from ddpipe.formats.mapped import open_files_limit
-from ddpipe.manifest import load_manifest
 
 FORMATS = ("wds", "hdf5", "lmdb")
 KINDS = {"stream": "encoded stream alone", "memory": "ddpipe's DALI decoder fed from memory",
@@ -487,6 +485,9 @@ def main() -> None:
         command += " --global-shuffle"
     if args.shard_bytes != SHARD_BYTES:
         command += f" --shard-bytes {args.shard_bytes}"
+    from ddpipe.formats.mapped import open_files_limit  # this tree's (a child may run a reference's ddpipe)
+    from ddpipe.manifest import load_manifest
+
     doc = {"benchmark": "feed", "command": command, "commits": commits, "machine": machine(), "batch": BATCH,
            "ranks": args.ranks, "staged": args.stage, "global_shuffle": args.global_shuffle,
            "shard_bytes": args.shard_bytes,
