@@ -167,7 +167,7 @@ class ForeignLMDBReader(ShardReader):
         i = self._check_index(index)
         if self._placed is None:  # the keys and where each value lies, from the tree's pages
             try:
-                self._placed = PlacedRecords(self.path, self._lease.identity)
+                self._placed = self._lease.records()
             except (TreeError, OSError) as e:
                 raise self._corrupt(f"unreadable LMDB environment: {e}") from None
             self._samples = np.fromiter((j for j, key in enumerate(self._placed.keys) if not META_KEY.match(key)),
@@ -281,9 +281,7 @@ class ForeignLMDBReader(ShardReader):
             raise self._corrupt(f"cannot read: {e}") from None
 
     def close(self) -> None:
-        if self._placed is not None:
-            self._placed.close()
-            self._placed = None
+        self._placed = None  # its environment's, closed with it
         self._lease.release()
 
 

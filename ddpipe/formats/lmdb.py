@@ -98,6 +98,12 @@ class LMDBFile:
         assert self._lease is not None
         return self._lease.mapping()
 
+    def records(self) -> PlacedRecords:
+        """Where each record lies, for reads of one at a time (:meth:`.lmdb_env.EnvironmentLease.records`)."""
+        self.env()
+        assert self._lease is not None
+        return self._lease.records()
+
     def identity(self) -> tuple[int, int]:
         """The (device, inode) of the file the environment maps."""
         self.env()
@@ -246,7 +252,7 @@ class LMDBReader(ShardReader):
         if self._placed is None:  # where each record lies, from the tree's pages (lmdb_tree.PlacedRecords)
             self._open()
             try:
-                self._placed = PlacedRecords(self.path, self._file.identity(), self._file.placed())
+                self._placed = self._file.records()
             except (TreeError, OSError) as e:
                 raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
         record = self._placed.keys.find(sample_key(i))
@@ -331,9 +337,7 @@ class LMDBReader(ShardReader):
             raise self._corrupt(f"cannot read: {e}") from None
 
     def close(self) -> None:
-        if self._placed is not None:
-            self._placed.close()
-            self._placed = None
+        self._placed = None  # its environment's, closed with it
         self._file.close()
 
 

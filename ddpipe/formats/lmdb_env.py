@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from ..errors import CorruptShardError
-from .lmdb_tree import Tree, TreeError, file_tree
+from .lmdb_tree import PlacedRecords, Tree, TreeError, file_tree
 from .mapped import address_of
 
 
@@ -110,6 +110,7 @@ class _Environment:
         self.users = 0
         self.start: int | None = None  # where its mapping starts, once found
         self.mapping: weakref.ref[Any] | None = None
+        self.records: PlacedRecords | None = None  # once a record is read on its own (EnvironmentLease.records)
 
 
 class Environments:
@@ -137,6 +138,8 @@ class Environments:
             entry.users -= 1
             if entry.users == 0:
                 del self._open[entry.identity]
+                if entry.records is not None:
+                    entry.records.close()
                 entry.env.close()
 
     def _mapping(self, entry: _Environment) -> LMDBMapping | None:
@@ -181,6 +184,24 @@ class EnvironmentLease:
         if mapping is None or self.places is None:
             return None
         return memoryview(mapping).cast("B"), self.places
+
+    def records(self) -> PlacedRecords:
+        """Where each record's key and value lie, for reads of one record at a time
+        (:class:`.lmdb_tree.PlacedRecords`), from the walk the environment made as it opened where its
+        mapping is found (else from a walk of their own): made once while the environment is open, and
+        shared by its readers. Made by each reader, they were made again at each reopen of a shard
+        (a random access: docs/benchmarks.md, feed-global-records), and an adopted file's tree,
+        walked as its environment opened, was walked again. TreeError or OSError where the file cannot
+        be read so."""
+        entry = self._entry
+        if entry.records is None:
+            made = PlacedRecords(entry.path, entry.identity, self.placed())  # outside the lock: it may walk
+            with self._environments._lock:
+                if entry.records is None:
+                    entry.records = made
+            if entry.records is not made:  # another reader's came first
+                made.close()
+        return entry.records
 
     def __enter__(self) -> EnvironmentLease:
         return self

@@ -383,3 +383,65 @@ def test_random_reads_read_the_file_the_reader_opened_or_say_it_was_replaced(tmp
         os.replace(tmp_path / "ds" / ds.manifest.shards[1].file, ds.shard_path(0))
         with pytest.raises(ddpipe.CorruptShardError, match="replaced since it was opened"):
             reader[3]
+
+
+def _records_made(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
+    """The files whose record places (PlacedRecords) are made, and the files whose trees are walked,
+    as they are."""
+    from ddpipe.formats import lmdb_tree
+
+    made: list[str] = []
+    walked: list[str] = []
+    make, walk = lmdb_tree.PlacedRecords.__init__, lmdb_tree._walk_file
+
+    def counted_make(self: lmdb_tree.PlacedRecords, path: Path, *args: object, **kwargs: object) -> None:
+        made.append(Path(path).name)
+        make(self, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    def counted_walk(path: Path, *args: object, **kwargs: object) -> object:
+        walked.append(Path(path).name)
+        return walk(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lmdb_tree.PlacedRecords, "__init__", counted_make)
+    monkeypatch.setattr(lmdb_tree, "_walk_file", counted_walk)
+    return made, walked
+
+
+def test_a_global_shuffle_places_each_shards_records_once_however_often_it_reopens_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random access keeps a few shards open (OPEN_SHARDS) and reopens the others as their samples come.
+    Where each record lies is made once while the shard's environment is open (its mapping kept from
+    one epoch to the next), from the walk made as it opened, and shared by every reopen."""
+    import ddpipe
+    from ddpipe.dataset import OPEN_SHARDS
+
+    from ..helpers import make_dataset
+
+    made, walked = _records_made(monkeypatch)
+    root = make_dataset(tmp_path / "ds", "lmdb", [3] * (OPEN_SHARDS + 4), payload=200)
+    names = sorted(p.name for p in root.glob("*.lmdb"))
+    stream = ddpipe.EncodedStream(root, 4, shuffle="global")
+
+    def epoch(e: int) -> tuple[list[str], list[str]]:
+        made.clear()
+        walked.clear()
+        stream.set_epoch(e)
+        assert sum(len(batch) for batch in stream) == 3 * len(names)
+        return sorted(made), sorted(walked)
+
+    assert epoch(0) == (names, names)  # each walked as its environment opened, its records placed from that walk
+    assert epoch(1) == ([], [])
+
+
+def test_an_adopted_lmdb_read_at_random_walks_its_tree_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its environment walks its tree as it opens (before LMDB reads a page); its records are placed from
+    that walk, not from a second one."""
+    import ddpipe
+
+    from ..helpers import adopted
+
+    root = adopted("caffe-encoded", tmp_path)
+    made, walked = _records_made(monkeypatch)
+    stream = ddpipe.EncodedStream(root, 4, shuffle="global")
+    assert sum(len(batch) for batch in stream) == 25
+    assert len(made) == len(walked) == 1
