@@ -23,7 +23,8 @@ from .throttle import SourceLimits
 # on_corrupt(shard, error): under on_error="skip", hears of a shard whose content is not the manifest's
 OnCorrupt = Callable[[int, CorruptShardError], None]
 
-# shards kept open by random access (global shuffling): enough to reuse, few enough for file limits
+# shards checked whole that random access (global shuffling) keeps open, their mappings paged in whole:
+# enough to reuse, few enough for file limits (those read sample by sample: reading._read_random)
 OPEN_SHARDS = 16
 
 
@@ -60,11 +61,14 @@ class Dataset:
     placeholder marked :data:`~ddpipe.sample.BAD`: the stream keeps the plan's length and order (the
     exchange and every rank's batch count depend on it) while the decoder drops and counts them.
 
-    A shard whose manifest entry holds sample digests (adopted files: one shard that many ranks may
-    each read a part of) is checked sample by sample instead, each sample read against its digest
-    before it is used, so a rank hashes what it reads rather than the whole file: a sample that
-    differs is an error naming the shard and the sample, a staged copy's makes the rest of the shard
-    come from the source, and under ``on_corrupt`` only that sample becomes a placeholder."""
+    Where a shard's manifest entry holds sample digests (ddpipe writes them for every shard it
+    converts; adopted HDF5 and LMDB files have them), random reads check it sample by sample
+    instead, each sample read against its digest before it is used, so a rank hashes what it reads
+    rather than the whole file: a global shuffle's rank reads its share of each shard, not the
+    dataset. So does a sequential scan of an adopted file (one that many ranks may each read a part
+    of; :attr:`~ddpipe.formats.ShardFormat.scans_check_samples`). A sample that differs is an error
+    naming the shard and the sample, a staged copy's makes the rest of the shard come from the
+    source, and under ``on_corrupt`` only that sample becomes a placeholder."""
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest, storage: ObjectStorage | None = None) -> None:
         self.manifest = manifest
@@ -244,7 +248,7 @@ class Dataset:
         if reopened:
             known = info.checksum
         try:
-            reader = self.format.reader_of(path, known, vouched=reopened)
+            reader = self.format.reader_of(path, known, vouched=reopened, by_sample=not verify and not reopened)
         except CorruptShardError:
             # a changed file that no longer opens is said as the change it is, not in its library's words
             # ("actual len exceeds EOA"); only here, where opening failed, is it hashed before the open
@@ -278,13 +282,18 @@ class Dataset:
             self._digests[shard] = unpack_digests(info.digests, info.samples)  # checked as the manifest loaded
         return self._digests[shard]
 
+    def scan_digests(self, shard: int) -> np.ndarray | None:
+        """The digests a sequential scan of the shard checks its samples against, or None where it
+        checks the whole file: an adopted file's (see the class)."""
+        return self.sample_digests(shard) if self.format.scans_check_samples else None
+
     def iter_shard(self, shard: int, start: int = 0, *, store: ShardStore | None = None,
                    limits: SourceLimits | None = None, verify: bool = True, on_corrupt: OnCorrupt | None = None,
                    views: bool = False, hashed: HashedFile | None = None) -> Generator[Sample, None, None]:
         """The samples of one shard from position ``start``, read sequentially. ``views``: fields
         may be views of the shard in memory (:meth:`ShardReader.scan_views`). ``hashed``: see
         :meth:`open_shard`."""
-        digests = self.sample_digests(shard) if verify else None
+        digests = self.scan_digests(shard) if verify else None
         try:
             opened = self.open_shard(shard, store, verify=verify and digests is None, hashed=hashed)
         except CorruptShardError as e:

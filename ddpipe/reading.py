@@ -2,7 +2,8 @@
 
 Sequential reading scans each run of increasing positions within a shard once (samples in between
 are skipped) and asks for the next shard while one is read; random access (``global`` shuffling)
-keeps a few shards open. Either way every sample is checked against the manifest before it is
+keeps shards open, and checks a shard it wants a share of sample by sample where the manifest
+records their digests. Either way every sample is checked against the manifest before it is
 used (invariant 7): a damaged one is an error naming it, or under ``on_corrupt`` a placeholder.
 
 A shard checked whole against its checksum is hashed ahead (:class:`ShardsAhead`): the next
@@ -15,7 +16,7 @@ cold than a checked one (``ShardFormat.pages_in_ahead``).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -38,8 +39,14 @@ def keeps_mappings(dataset: Dataset, store: ShardStore | None, verify: bool, kee
     as it opened: lmdb_env.py) has not changed since; and only files that stay: a dataset's own local
     files, or staged copies no capacity evicts. A copy a capacity may evict, or an object's scratch
     file, is deleted by ddpipe while a mapping would hold its space."""
-    stays = store.keeps_copies if store is not None else not dataset.is_remote
-    return keep_mapped and verify and stays
+    return keep_mapped and verify and files_stay(dataset, store)
+
+
+def files_stay(dataset: Dataset, store: ShardStore | None) -> bool:
+    """The files a read opens stay while it reads: a dataset's own local files, or staged copies no
+    capacity evicts; not a copy a capacity may evict, nor an object's scratch file, which ddpipe
+    deletes while a mapping of it would hold its space."""
+    return store.keeps_copies if store is not None else not dataset.is_remote
 
 
 def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool = False,
@@ -143,7 +150,7 @@ class ShardsAhead:
         reader starts at its first sample."""
         if shard in self._hashing:
             return True
-        if self.verify and self.dataset.sample_digests(shard) is not None:
+        if self.verify and self.dataset.scan_digests(shard) is not None:
             return False
         if not self.verify and not (from_start and self.dataset.format.pages_in_ahead
                                     and self.dataset.manifest.shards[shard].bytes <= SCAN_WHOLE_LIMIT):
@@ -201,10 +208,20 @@ def _shards_ahead(dataset: Dataset, shards: np.ndarray, j: int) -> list[int]:
 
 def _read_random(dataset: Dataset, shards: list[int], positions: list[int], store: ShardStore | None,
                  verify: bool, on_corrupt: OnCorrupt | None, keep: bool) -> Iterator[Sample]:
-    """Each sample read on its own from a few shards kept open; a shard is checked whole when first
-    opened, its mapping then kept for the next epoch with ``keep`` (a global shuffle reads every
-    shard of the dataset each epoch: docs/benchmarks.md, feed-global-kept)."""
-    readers: OrderedDict[int, ShardReader] = OrderedDict()
+    """Each sample read on its own from shards kept open. A shard this read wants most of is checked
+    whole when first opened, its mapping then kept for the next epoch with ``keep`` (a global shuffle
+    on one rank reads every shard of the dataset each epoch: docs/benchmarks.md, feed-global-kept);
+    one it wants less of (a rank's share of a global shuffle on many), where the manifest records its
+    samples' digests, is checked sample by sample, so that the rank reads its share of the dataset
+    rather than all of it (random_access in docs/benchmarks.md). Readers of shards checked whole, their
+    mappings paged in whole, stay open up to ``OPEN_SHARDS``; the others' mappings hold the pages
+    read alone, and they stay open up to the descriptors a dataset keeps mappings with
+    (:func:`~ddpipe.formats.mapped.kept_files`), where the files stay (:func:`files_stay`): reopening
+    a shard for each sample read from it cost more than reading the sample."""
+    whole: OrderedDict[int, ShardReader] = OrderedDict()  # readers of shards checked whole
+    sparse: OrderedDict[int, ShardReader] = OrderedDict()  # the others: unchecked, or checked sample by sample
+    sparse_limit = dataset.format.kept.files if files_stay(dataset, store) else OPEN_SHARDS
+    wanted = Counter(shards)
     # each shard checked whole once (the file checked), however often it is reopened: a reopen trusts its
     # bytes, as it trusts the samples it reads, so a format may open it from what it learnt of them (an
     # object's scratch copy, fetched again, is checked again: Dataset.open_shard)
@@ -216,11 +233,12 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
             if shard in corrupt:
                 yield dataset.placeholder(shard, pos, corrupt[shard])
                 continue
-            digests = dataset.sample_digests(shard) if verify else None
+            digests = _random_digests(dataset, shard, wanted[shard]) if verify else None
             check = verify and digests is None and shard not in checked
             try:
-                reader = readers.pop(shard, None) or dataset.open_shard(shard, store, verify=check, keep=keep,
-                                                                        vouched=checked.get(shard))
+                reader = whole.pop(shard, None) or sparse.pop(shard, None) or \
+                    dataset.open_shard(shard, store, verify=check, keep=keep and digests is None,
+                                       vouched=checked.get(shard))
             except CorruptShardError as e:
                 if on_corrupt is None:
                     raise
@@ -237,9 +255,10 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
                 reader = dataset.reopen_from_source(shard, store, error, reader.path)
                 sample = reader[pos]
                 error = digest_mismatch(digests, pos, sample, dataset.source_name(reader.path))
-            readers[shard] = reader
-            if len(readers) > OPEN_SHARDS:
-                readers.popitem(last=False)[1].close()
+            open_now, limit = (whole, OPEN_SHARDS) if shard in checked else (sparse, sparse_limit)
+            open_now[shard] = reader
+            if len(open_now) > limit:
+                open_now.popitem(last=False)[1].close()
             if error is not None:
                 if on_corrupt is None:
                     raise error
@@ -251,5 +270,15 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
                 sample = reader.parse(sample)  # checked first, then parsed
             yield sample
     finally:
-        for reader in readers.values():
+        for reader in [*whole.values(), *sparse.values()]:
             reader.close()
+
+
+def _random_digests(dataset: Dataset, shard: int, wanted: int) -> np.ndarray | None:
+    """The digests a random read checks ``shard``'s samples against, or None where it checks the whole
+    file: its manifest's, where the read wants less than half of its samples (else hashing it whole
+    reads and hashes little more, for less than each sample's own hash costs), or where the format
+    checks its scans sample by sample too (an adopted file)."""
+    if not dataset.format.scans_check_samples and 2 * wanted >= dataset.manifest.shards[shard].samples:
+        return None
+    return dataset.sample_digests(shard)

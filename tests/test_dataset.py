@@ -189,6 +189,33 @@ def test_a_checked_read_stops_at_a_damaged_shard_and_leaves_none_open(dataset: P
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds
 
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_a_random_read_of_a_share_of_each_shard_opens_each_once_however_many_it_reads_between(
+        fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's share of a global shuffle comes back to each shard a sample or two at a time, past
+    many others: the readers of shards checked sample by sample (their mappings hold the pages read
+    alone) stay open past ``OPEN_SHARDS``, where the files stay, and each shard is opened once."""
+    from ddpipe.dataset import OPEN_SHARDS, Dataset
+
+    from .helpers import make_dataset
+
+    shards = OPEN_SHARDS + 4
+    root = make_dataset(tmp_path / fmt, fmt, [6] * shards)
+    dataset = ddpipe.open_dataset(root)
+    opened: list[int] = []
+    real = Dataset.open_shard
+
+    def counted(self: Dataset, shard: int, *args: object, **kwargs: object) -> object:
+        opened.append(shard)
+        return real(self, shard, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Dataset, "open_shard", counted)
+    share = [6 * k + p for p in (0, 3) for k in range(shards)]  # two of each shard's six, a round apart
+    got = [s["__key__"] for s in read_samples(dataset, np.array(share), random_access=True)]
+    assert got == [f"s/{i:06d}" for i in share]
+    assert sorted(opened) == list(range(shards))
+
+
 def test_missing_shard(dataset: Path) -> None:
     shard = shard_file(dataset, 2)
     shard.unlink()

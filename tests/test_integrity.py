@@ -4,6 +4,7 @@ format, on source shards and on staged copies alike."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from ddpipe.formats import FORMAT_NAMES
 from ddpipe.formats.tar import KnownIndexes
 from ddpipe.reading import read_samples
 
+from .conftest import run_cli
 from .helpers import (
     adopted,
     flip_inside_sample,
@@ -133,16 +135,17 @@ def test_a_tar_index_changed_between_epochs_of_one_stream_is_refused_then_read_a
 @pytest.mark.parametrize("kept", [True, False], ids=["index kept", "index past the limit"])
 def test_a_global_shuffle_reopens_a_tar_shard_through_its_index_as_the_epochs_first_open_checked_it(
         tmp_path: Path, kept: bool) -> None:
-    """A random access checks each shard and its index as the epoch first opens it, then reopens it
-    trusting its bytes (OPEN_SHARDS are kept open): the index changed in between, two offsets swapped,
-    is not read then where the one checked is kept, and is checked against the tar where it is not."""
+    """A random access checks each shard it reads whole and its index as the epoch first opens it,
+    then reopens it trusting its bytes (OPEN_SHARDS are kept open): the index changed in between, two
+    offsets swapped, is not read then where the one checked is kept, and is checked against the tar
+    where it is not."""
     root = make_dataset(tmp_path / "wds", "wds", [3] * (OPEN_SHARDS + 2), payload=4000)
     want = {s["__key__"]: s["bin"] for s in tiny_samples(3 * (OPEN_SHARDS + 2), 4, 4000)}
     dataset = ddpipe.open_dataset(root)
     if not kept:
         dataset.format.indexes = KnownIndexes(limit=0)  # type: ignore[attr-defined]
-    # shard 0 opened, closed as OPEN_SHARDS others open after it, then reopened
-    order = [0, *range(3, 3 * (OPEN_SHARDS + 2), 3), 1, 2]
+    # shard 0 opened, closed as OPEN_SHARDS others open after it, then reopened; every shard read whole
+    order = [0, *range(3, 3 * (OPEN_SHARDS + 2)), 1, 2]
     reads = read_samples(dataset, np.array(order), random_access=True)
     assert bytes(next(reads)["bin"]) == want["s/000000"]
     idx = shard_file(root, 0).with_suffix(".idx")
@@ -315,6 +318,72 @@ def test_checking_can_be_turned_off(data: Path) -> None:
     assert len(epoch(data, verify=False)) == 48  # the user's choice: read as it is
 
 
+# ddpipe's own shards: each sample's digest, recorded as they are written, checks a rank's share of them
+SHARE = np.arange(0, 48, 4)  # 3 of each shard's 12 samples: a rank's share of a global shuffle on four
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_a_random_read_of_a_share_of_each_shard_checks_the_samples_it_reads_not_the_files(
+        fmt: str, tmp_path: Path) -> None:
+    """A rank of a global shuffle on many reads a share of each shard: where the manifest records its
+    samples' digests (ddpipe writes them), it checks each sample it reads against its digest and reads
+    nothing else of the file. A read that wants most of a shard still hashes it whole, and so does any
+    read of a manifest written before ddpipe recorded digests."""
+    root = make_dataset(tmp_path / fmt, fmt, [12, 12, 12, 12], payload=4000)
+    flip_inside_sample(shard_file(root, 1), EXPECTED["s/000017"])  # shard 1's sample 5, outside the share
+    dataset = ddpipe.open_dataset(root)
+    assert all(info.digests for info in dataset.manifest.shards)
+    got = {s["__key__"]: bytes(s["bin"]) for s in read_samples(dataset, SHARE[::-1], random_access=True)}
+    assert got == {f"s/{i:06d}": EXPECTED[f"s/{i:06d}"] for i in SHARE}
+    with pytest.raises(DigestMismatchError, match="sample 5 \\('s/000017'\\)") as info:
+        list(read_samples(dataset, np.array([0, 17, 40]), random_access=True))
+    assert info.value.path == str(shard_file(root, 1))
+    most_of_shard_1 = np.array([i for i in range(12, 24) if i != 17])
+    with pytest.raises(ChecksumMismatchError):
+        next(read_samples(dataset, most_of_shard_1, random_access=True))
+    manifest = root / "index.json"
+    doc = json.loads(manifest.read_text())
+    for shard in doc["shards"]:
+        del shard["digests"]
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(ChecksumMismatchError):
+        list(read_samples(ddpipe.open_dataset(root), SHARE, random_access=True))
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_a_converted_dataset_records_the_digests_that_check_its_random_reads(
+        fmt: str, raw_images: Path, tmp_path: Path) -> None:
+    """``ddpipe convert`` (shards written by its jobs, not write_dataset) records them too."""
+    total = sum(f.stat().st_size for f in raw_images.rglob("*.jpg"))
+    ddpipe.convert(raw_images, tmp_path / "out", ddpipe.ConvertOptions(format=fmt, shard_bytes=total // 4,
+                                                                       progress=False))
+    root = tmp_path / "out"
+    dataset = ddpipe.open_dataset(root)
+    first = np.asarray(dataset.manifest.shard_starts())  # each shard's first sample: a share of each
+    want = {s["__key__"]: bytes(s["jpg"]) for s in read_samples(dataset, first, random_access=True)}
+    assert len(want) == len(dataset.manifest.shards) >= 4
+    key, image = image_of(root, int(first[1]))
+    flip_inside_sample(shard_file(root, 1), image)
+    with pytest.raises(DigestMismatchError, match=f"sample 0 \\({key!r}\\)"):
+        list(read_samples(ddpipe.open_dataset(root), first, random_access=True))
+
+
+def test_adopted_tars_record_the_digests_that_check_a_random_read_of_a_share(tmp_path: Path) -> None:
+    """WebDataset tars another tool wrote, adopted in place by ``ddpipe index``: their manifest records
+    each sample's digest as a conversion's does."""
+    root = make_dataset(tmp_path / "tars", "wds", [12, 12, 12, 12], payload=4000)
+    for made in [root / "index.json", *root.glob("*.idx")]:
+        made.unlink()
+    proc = run_cli("index", root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    flip_inside_sample(shard_file(root, 1), EXPECTED["s/000017"])
+    dataset = ddpipe.open_dataset(root)
+    assert all(info.digests for info in dataset.manifest.shards)
+    assert len(list(read_samples(dataset, SHARE, random_access=True))) == len(SHARE)
+    with pytest.raises(DigestMismatchError, match="sample 5 \\('s/000017'\\)"):
+        list(read_samples(dataset, np.array([0, 17, 40]), random_access=True))
+
+
 # Adopted files: one shard each, which many ranks may each read a part of, checked sample by sample
 ADOPTED = ["h5-vlen", "caffe-encoded"]
 
@@ -371,10 +440,6 @@ def test_a_changed_sample_in_a_staged_copy_of_an_adopted_file_is_read_from_the_s
 
 
 def test_sample_digests_that_do_not_read_are_a_manifest_error(tmp_path: Path) -> None:
-    import json
-
-    from .conftest import run_cli
-
     root = adopted("h5-vlen", tmp_path)
     doc = json.loads((root / "index.json").read_text())
     doc["shards"][0]["digests"] = doc["shards"][0]["digests"][:-12]

@@ -15,11 +15,13 @@ from .helpers import make_dataset
 
 
 def inflate(root: Path, samples: int, keep_bytes: bool) -> None:
-    """Shard 0 claims ``samples`` samples, its label runs and the total made consistent with it."""
+    """Shard 0 claims ``samples`` samples, its label runs and the total made consistent with it (its
+    sample digests, which would no longer match the count, taken out)."""
     doc = json.loads((root / "index.json").read_text())
     shard = doc["shards"][0]
     doc["num_samples"] += samples - shard["samples"]
     shard["samples"] = samples
+    shard.pop("digests", None)
     if shard.get("labels"):
         shard["labels"] = [[0, samples]]
     if not keep_bytes:

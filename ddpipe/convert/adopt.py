@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checksum import file_checksum
+from ..checksum import file_checksum, pack_digests, sample_digest
 from ..errors import ConversionConflictError, DdpipeError, ManifestError, OptionError, UnlabelledSamplesWarning
 from ..formats.atomic import Finished, discard, partial_path, raise_if_disk_full
 from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members, split_member_name
@@ -115,12 +115,15 @@ def adopt_tar(tar: Path, *, index: bool = True) -> AdoptedTar:
         raise DdpipeError(f"member {name!r}: its name is not UTF-8; rename it, or repack the tar", path=tar) from None
     fields = frozenset(ext for group in groups for ext, *_ in group)
     stored: list[bytes | None] = [None] * len(groups)
-    if "cls" in fields:
-        with TarReader(tar, groups) as reader:
-            stored = [reader[i]["cls"] if any(ext == "cls" for ext, *_ in group) else None
-                      for i, group in enumerate(groups)]
+    digests: list[int] = []  # each sample's, as a reader gives it: a rank reading a share checks those
+    with TarReader(tar, groups) as reader:
+        for sample in reader.scan():
+            digests.append(sample_digest(sample))
+            if "cls" in sample:
+                stored[len(digests) - 1] = bytes(sample["cls"])
     numbers = [_as_int(v) for v in stored]
-    shard = ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar), label_runs(numbers))
+    shard = ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar), label_runs(numbers),
+                      pack_digests(digests))
     without = [i for i, n in enumerate(numbers) if n < 0]
     first = (split_member_name(groups[without[0]][0][3])[0], stored[without[0]]) if without else None
     return AdoptedTar(shard, _written(index_path(tar), dali_index) if index else Finished(()), fields,

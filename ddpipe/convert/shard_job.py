@@ -103,7 +103,7 @@ def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None, *, com
     info: ShardInfo | None = None
     if writer.count:
         info = ShardInfo(Path(job.shard_path).name, writer.count, writer.tmp_path.stat().st_size,
-                         file_checksum(writer.tmp_path), label_runs(labels))
+                         file_checksum(writer.tmp_path), label_runs(labels), fmt.sample_digests(writer.tmp_path))
     else:  # every item was skipped: no shard at all, nor one an earlier run left under its name
         finished.discard()
         for p in [Path(job.shard_path), *fmt.sidecar_files(job.shard_path)]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..checksum import file_checksum
 from ..errors import ConversionConflictError, OptionError, SampleError, SourceError
 from ..fields import whole_option
-from ..formats import ShardWriter, get_format
+from ..formats import ShardFormat, ShardWriter, get_format
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, numbered_class_limit, save_manifest
 from ..sample import KEY, Sample, class_of
 from ..storage.location import is_remote
@@ -66,10 +66,10 @@ def write_dataset(out: str | os.PathLike[str], samples: Iterable[Sample], *, for
             fields.update(k for k in sample if k != KEY)
             labels.append(label)
             if writer.count == samples_per_shard:
-                shards.append(_commit(writer, labels))
+                shards.append(_commit(fmt, writer, labels))
                 writer, labels = None, []
         if writer is not None:
-            shards.append(_commit(writer, labels))
+            shards.append(_commit(fmt, writer, labels))
             writer = None
     except BaseException:
         if writer is not None:
@@ -108,6 +108,7 @@ def _label(sample: Sample, names: tuple[str, ...], samples: int) -> int:
     return label
 
 
-def _commit(writer: ShardWriter, labels: list[int]) -> ShardInfo:
+def _commit(fmt: ShardFormat, writer: ShardWriter, labels: list[int]) -> ShardInfo:
     path = writer.commit()
-    return ShardInfo(path.name, writer.count, path.stat().st_size, file_checksum(path), label_runs(labels))
+    return ShardInfo(path.name, writer.count, path.stat().st_size, file_checksum(path), label_runs(labels),
+                     fmt.sample_digests(path))

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..checksum import file_checksum
+from ..checksum import file_checksum, pack_digests, sample_digest
 from ..errors import ChecksumMismatchError, CorruptShardError, DdpipeError, MissingShardError
 from ..sample import Sample, check_sample
 from . import atomic
@@ -191,6 +191,11 @@ class ShardFormat(abc.ABC):
     # environment was opened on the reading thread (ShardMapping.prepare). Not adopted files: one
     # may hold a whole dataset, of which a rank reads a part
     pages_in_ahead: bool = False
+    # a sequential scan of one of its shards checks each sample against the manifest's digests, not the
+    # whole file's checksum: adopted files, one of which may hold a whole dataset that many ranks each
+    # read a part of. A shard of ddpipe's own is scanned whole, and hashing it whole (ahead, on another
+    # thread: reading.ShardsAhead) costs less than hashing each sample; its digests are for random reads
+    scans_check_samples: bool = False
 
     def __init__(self) -> None:
         self.kept = KeptMappings()  # this dataset's: each made by get_format; pickled empty
@@ -198,12 +203,16 @@ class ShardFormat(abc.ABC):
     @abc.abstractmethod
     def reader(self, path: str | os.PathLike[str]) -> ShardReader: ...
 
-    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False) -> ShardReader:
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False,
+                  by_sample: bool = False) -> ShardReader:
         """:meth:`reader`, for a file whose bytes are known to hash to ``checksum``, the manifest's (None:
         not known): a format may then open it from what it learnt of a file of those bytes before.
         ``vouched``: the file was checked whole earlier in the same read, and is reopened trusting its
         bytes (a random access): a format read through files beside the shard may read them as they
-        were found to agree with those bytes, where it kept them (:meth:`check_sidecars`)."""
+        were found to agree with those bytes, where it kept them (:meth:`check_sidecars`).
+        ``by_sample``: its bytes are not checked whole, now or before: each sample read is checked
+        against its digest, or none is (an unchecked read), so a format may open it from what it
+        learnt of the same file (:func:`~ddpipe.formats.mapped.file_identity`) opened so before."""
         return self.reader(path)
 
     def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:
@@ -241,6 +250,13 @@ class ShardFormat(abc.ABC):
         not in its checksum. Nothing to check for a format without them."""
         return
 
+    def sample_digests(self, path: str | os.PathLike[str]) -> str:
+        """Each sample's digest (:func:`~ddpipe.checksum.sample_digest`) of the shard at ``path``, as
+        its reader gives the sample, packed as the manifest records them: a shard just written is read
+        back for them, so that they are what a read will compare, not what the writer was given."""
+        with self.reader(path) as reader:
+            return pack_digests(sample_digest(sample) for sample in reader.scan())
+
     def checksum(self, reader: ShardReader) -> str:
         """The checksum of the shard ``reader`` reads, as manifests record it: through the reader's
         mapping of the file where it has one that fits whole, else read in chunks."""
@@ -258,6 +274,8 @@ class AdoptedFormat(ShardFormat):
     """Files another tool wrote, read in place (``ddpipe index`` adopts them) and never written. Each
     dataset's manifest gives the ``layout`` its reader follows; ``layout["source_dir"]`` is where the
     dataset's own files are (side files live there, not beside a staged copy)."""
+
+    scans_check_samples = True
 
     def __init__(self, layout: dict[str, Any] | None = None) -> None:
         super().__init__()

@@ -33,7 +33,7 @@ from ..errors import CorruptShardError
 from ..sample import KEY, Sample, owned
 from .atomic import is_disk_full
 from .base import ShardFormat, ShardReader, ShardWriter
-from .mapped import MappedFile, ShardMapping
+from .mapped import MappedFile, ShardMapping, file_identity
 
 LAYOUT_VERSION = 1
 
@@ -64,15 +64,30 @@ class KnownLayouts:
     def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
         self._layouts: dict[str, ShardLayout] = {}
+        # those of files read sample by sample or unchecked, by file version (mapped.file_identity), for
+        # such reads alone: never for a checked open, which would learn its layout as the manifest's
+        self._by_file: dict[tuple[int, int, int, int], ShardLayout] = {}
         self._samples = 0
 
     def get(self, checksum: str) -> ShardLayout | None:
         return self._layouts.get(checksum)
 
     def learn(self, checksum: str, layout: ShardLayout) -> None:
-        if checksum not in self._layouts and self._samples + layout.samples <= self.limit:
+        if checksum not in self._layouts and self._room(layout):
             self._layouts[checksum] = layout
-            self._samples += layout.samples
+
+    def of_file(self, identity: tuple[int, int, int, int]) -> ShardLayout | None:
+        return self._by_file.get(identity)
+
+    def learn_of_file(self, identity: tuple[int, int, int, int], layout: ShardLayout) -> None:
+        if identity not in self._by_file and self._room(layout):
+            self._by_file[identity] = layout
+
+    def _room(self, layout: ShardLayout) -> bool:
+        if self._samples + layout.samples > self.limit:
+            return False
+        self._samples += layout.samples
+        return True
 
     def __len__(self) -> int:
         return len(self._layouts)
@@ -247,9 +262,24 @@ class HDF5Format(ShardFormat):
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return HDF5Reader(path)
 
-    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False) -> ShardReader:
-        layout = self.layouts.get(checksum) if checksum is not None else None
-        return HDF5Reader(path, layout)
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False,
+                  by_sample: bool = False) -> ShardReader:
+        """Opened from a layout found before where one is known: of a file of the manifest's bytes, or,
+        read sample by sample (a rank's share of a global shuffle opens each shard for a sample or two
+        an epoch, and h5py's open cost ten times the read), of this version of the file. A file read
+        so that has changed since without its size or time changing reads at the old places: its
+        samples' digests then differ, or an unchecked read reads what it finds, as it would anyway."""
+        if checksum is not None:
+            return HDF5Reader(path, self.layouts.get(checksum))
+        if not by_sample:
+            return HDF5Reader(path)
+        try:
+            identity = file_identity(path)
+        except OSError:
+            return HDF5Reader(path)  # which says what is wrong
+        reader = HDF5Reader(path, self.layouts.of_file(identity))
+        self.layouts.learn_of_file(identity, reader.layout)
+        return reader
 
     def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:
         super().verify(reader, checksum, actual)

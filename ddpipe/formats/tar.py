@@ -386,7 +386,8 @@ class TarFormat(ShardFormat):
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return TarReader(path, indexes=self.indexes)
 
-    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False) -> ShardReader:
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False,
+                  by_sample: bool = False) -> ShardReader:
         """A shard reopened trusting its bytes is read through the index its first open found to agree
         with them, not the file beside it read again: that file may have changed since (unchecked, an
         index with two samples' offsets swapped would swap them), and the reopen then reads nothing
