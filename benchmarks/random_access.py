@@ -8,17 +8,23 @@ One rank's share of a global shuffle, a random ``1/share`` of the dataset's samp
 checks by default and unchecked (``verify=False``); the reference, in the same run: the same
 samples, read in shard order (a sequential scan that skips the samples between them). Each way's
 time and the megabytes it had read from the disk (the kernel's count: read-ahead included), against
-the megabytes the samples hold. A checked read of a ddpipe shard hashes all of it first, so reads
-it whole either way; adopted HDF5 files (h5py's variable-length rows) and an adopted LMDB are checked
-sample by sample against their digests. Medians of
-``--repeats``, the ways alternated.
+the megabytes the samples hold. A checked random read of a share of each ddpipe shard checks each
+sample against the digest its manifest records, as it does for adopted HDF5 files (h5py's
+variable-length rows) and an adopted LMDB; the same shards under a manifest without digests (as
+ddpipe wrote them before it recorded digests: hard links to the files, the digests taken out) are
+hashed whole first, so read whole either way: each checked random read is set against that one,
+``vs_no_digests``, cold and warm (the files in the page cache; its mappings, kept from one read to
+the next as a loader's epochs keep them, too). Medians of ``--repeats``, the ways alternated.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +56,23 @@ def sample_bytes(dataset: Any, indices: np.ndarray) -> int:
                for name, value in sample.items() if name != KEY and isinstance(value, bytes | memoryview))
 
 
+def without_digests(path: Path) -> Path:
+    """The dataset at ``path`` as ddpipe wrote it before it recorded sample digests: hard links to its
+    files (the same pages in the cache), beside a manifest without them."""
+    out = path.parent / f"{path.name}-no-digests"
+    if not (out / "index.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        for f in path.iterdir():
+            if f.is_file() and f.name != "index.json":
+                os.link(f, out / f.name)
+        doc = json.loads((path / "index.json").read_text())
+        for shard in doc["shards"]:
+            shard.pop("digests", None)
+        (out / "index.json").write_text(json.dumps(doc))
+    return out
+
+
 def measure(path: Path, share: int, repeats: int, verify: bool) -> dict[str, Any]:
     ds = ddpipe.open_dataset(path)
     files = [ds.data_root / s.file for s in ds.manifest.shards]
@@ -60,6 +83,11 @@ def measure(path: Path, share: int, repeats: int, verify: bool) -> dict[str, Any
     for _ in range(repeats):
         for way, work in ways.items():
             runs[way].append(cold(files, work))
+    warm = []  # after the cold ones: a mapping kept would keep its file's pages in the cache
+    for _ in range(repeats + 1):  # the first brings the files in, and makes the mappings a loader keeps
+        t = time.perf_counter()
+        collections.deque(read_samples(ds, mine, random_access=True, verify=verify, keep_mapped=True), 0)
+        warm.append(time.perf_counter() - t)
     row: dict[str, Any] = {"samples": len(mine), "sample_mb": sample_bytes(ds, mine) / 1e6,
                            "file_mb": sum(f.stat().st_size for f in files) / 1e6}
     for way, measured in runs.items():
@@ -67,6 +95,7 @@ def measure(path: Path, share: int, repeats: int, verify: bool) -> dict[str, Any
         row[f"{way}_mb"] = median([float(b) for _, b in measured]) / 1e6
     row["random_over_in_order"] = median([r[0] / o[0] for r, o in zip(runs["random"], runs["in_order"], strict=True)])
     row["random_read_over_samples"] = row["random_mb"] / row["sample_mb"]
+    row["warm_random_ms"] = median(warm[1:]) * 1e3
     return row
 
 
@@ -76,23 +105,34 @@ def main() -> None:
     ap.add_argument("--share", type=int, default=8, help="the rank's share: 1/share of the samples")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    sets = {f"ddpipe {fmt}": synth_shards(args.n, "loader", fmt) for fmt in ("wds", "hdf5", "lmdb")}
+    sets: dict[str, Path] = {}
+    for fmt in ("wds", "hdf5", "lmdb"):
+        sets[f"ddpipe {fmt}"] = synth_shards(args.n, "loader", fmt)
+        sets[f"ddpipe {fmt}, no digests"] = without_digests(sets[f"ddpipe {fmt}"])
     sets["HDF5 files of the images, adopted"] = adopted_hdf5(args.n)
     sets["one LMDB of the images, adopted"] = whole_dataset_lmdb(synth_images(args.n), DATA / f"lmdb-whole-{args.n}",
                                                                  small=False)
     rows = []
     for name, path in sets.items():
-        for verify in (True, False):
+        for verify in (True, False) if not name.endswith("no digests") else (True,):  # unchecked reads no digest
             row = {"data": name, "check": "checked" if verify else "unchecked",
                    **measure(path, args.share, args.repeats, verify)}
             rows.append(row)
             print(row, flush=True)
+    for row in rows:
+        whole = [r for r in rows if r["data"] == f"{row['data']}, no digests" and r["check"] == row["check"]]
+        if whole:
+            row["vs_no_digests"] = row["random_ms"] / whole[0]["random_ms"]
+            row["warm_vs_no_digests"] = row["warm_random_ms"] / whole[0]["warm_random_ms"]
     text = table(rows, [("data", "data", "s"), ("check", "read", "s"), ("samples", "samples", ",d"),
                         ("sample_mb", "their MB", ".1f"), ("file_mb", "files' MB", ".0f"),
                         ("random_mb", "random: MB read", ".1f"), ("random_ms", "ms", ".0f"),
                         ("in_order_mb", "in order: MB read", ".1f"), ("in_order_ms", "ms", ".0f"),
                         ("random_over_in_order", "random / in order", ".2f"),
-                        ("random_read_over_samples", "random MB read / their MB", ".2f")])
+                        ("random_read_over_samples", "random MB read / their MB", ".2f"),
+                        ("vs_no_digests", "random / without digests", ".2f"),
+                        ("warm_random_ms", "warm: random ms", ".0f"),
+                        ("warm_vs_no_digests", "random / without digests", ".2f")])
     print(text)
     doc = {"benchmark": "random_access",
            "command": f"python benchmarks/random_access.py --n {args.n} --share {args.share} --repeats {args.repeats}",
