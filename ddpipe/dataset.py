@@ -62,13 +62,14 @@ class Dataset:
     exchange and every rank's batch count depend on it) while the decoder drops and counts them.
 
     Where a shard's manifest entry holds sample digests (ddpipe writes them for every shard it
-    converts; adopted HDF5 and LMDB files have them), random reads check it sample by sample
-    instead, each sample read against its digest before it is used, so a rank hashes what it reads
-    rather than the whole file: a global shuffle's rank reads its share of each shard, not the
-    dataset. So does a sequential scan of an adopted file (one that many ranks may each read a part
-    of; :attr:`~ddpipe.formats.ShardFormat.scans_check_samples`). A sample that differs is an error
-    naming the shard and the sample, a staged copy's makes the rest of the shard come from the
-    source, and under ``on_corrupt`` only that sample becomes a placeholder."""
+    converts and adopts), random reads may check it sample by sample instead, each sample read
+    against its digest before it is used, so a rank hashes what it reads rather than the whole file:
+    a global shuffle's rank on many nodes reads its share of each shard, not the dataset
+    (:func:`ddpipe.reading.read_samples`). So does a sequential scan of an adopted file (one that
+    many ranks may each read a part of; :attr:`~ddpipe.formats.ShardFormat.scans_check_samples`). A
+    sample that differs is an error naming the shard and the sample, a staged copy's makes the rest
+    of the shard come from the source, and under ``on_corrupt`` only that sample becomes a
+    placeholder."""
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest, storage: ObjectStorage | None = None) -> None:
         self.manifest = manifest

@@ -51,8 +51,8 @@ def files_stay(dataset: Dataset, store: ShardStore | None) -> bool:
 
 def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool = False,
                  store: ShardStore | None = None, limits: SourceLimits | None = None, verify: bool = True,
-                 on_corrupt: OnCorrupt | None = None, views: bool = False, keep_mapped: bool = False
-                 ) -> Generator[Sample, None, None]:
+                 on_corrupt: OnCorrupt | None = None, views: bool = False, keep_mapped: bool = False,
+                 node_ranks: int = 1) -> Generator[Sample, None, None]:
     """The samples of ``dataset`` at global ``indices``, in that order.
 
     Sequential by default: each run of increasing positions within one shard is one scan of the
@@ -61,12 +61,15 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
     few shards open. ``on_corrupt``: see :class:`~ddpipe.dataset.Dataset`. ``views``: sequential
     reads may give fields as views of the shard in memory (:meth:`ShardReader.scan_views`).
     ``keep_mapped``: the mappings of shard files checked whole are kept for a later read, where the
-    files stay (:func:`keeps_mappings`, :class:`~ddpipe.formats.mapped.KeptMappings`).
+    files stay (:func:`keeps_mappings`, :class:`~ddpipe.formats.mapped.KeptMappings`). ``node_ranks``:
+    the ranks of this node that read the dataset at random as this read does, a share each (a global
+    shuffle's: the node's ranks), whose reads share the node's page cache (:func:`_random_digests`).
     """
     shards, positions = dataset.locate(np.asarray(indices, dtype=np.int64))
     keep = keeps_mappings(dataset, store, verify, keep_mapped)
     if random_access:
-        yield from _read_random(dataset, shards.tolist(), positions.tolist(), store, verify, on_corrupt, keep)
+        yield from _read_random(dataset, shards.tolist(), positions.tolist(), store, verify, on_corrupt, keep,
+                                node_ranks)
         return
     n = len(shards)
     i = 0
@@ -207,17 +210,18 @@ def _shards_ahead(dataset: Dataset, shards: np.ndarray, j: int) -> list[int]:
 
 
 def _read_random(dataset: Dataset, shards: list[int], positions: list[int], store: ShardStore | None,
-                 verify: bool, on_corrupt: OnCorrupt | None, keep: bool) -> Iterator[Sample]:
-    """Each sample read on its own from shards kept open. A shard this read wants most of is checked
-    whole when first opened, its mapping then kept for the next epoch with ``keep`` (a global shuffle
-    on one rank reads every shard of the dataset each epoch: docs/benchmarks.md, feed-global-kept);
-    one it wants less of (a rank's share of a global shuffle on many), where the manifest records its
-    samples' digests, is checked sample by sample, so that the rank reads its share of the dataset
-    rather than all of it (random_access in docs/benchmarks.md). Readers of shards checked whole, their
-    mappings paged in whole, stay open up to ``OPEN_SHARDS``; the others' mappings hold the pages
-    read alone, and they stay open up to the descriptors a dataset keeps mappings with
-    (:func:`~ddpipe.formats.mapped.kept_files`), where the files stay (:func:`files_stay`): reopening
-    a shard for each sample read from it cost more than reading the sample."""
+                 verify: bool, on_corrupt: OnCorrupt | None, keep: bool, node_ranks: int = 1) -> Iterator[Sample]:
+    """Each sample read on its own from shards kept open. A shard that this node's reads want most of
+    is checked whole when first opened, its mapping then kept for the next epoch with ``keep`` (a
+    global shuffle reads every shard of the dataset each epoch: docs/benchmarks.md,
+    feed-global-kept); one they want less of (a rank's share of a global shuffle on many nodes),
+    where the manifest records its samples' digests, is checked sample by sample, so that the node
+    reads its share of the dataset rather than all of it (random_access in docs/benchmarks.md).
+    Readers of shards checked whole, their mappings paged in whole, stay open up to ``OPEN_SHARDS``;
+    the others' mappings hold the pages read alone, and they stay open up to the descriptors a
+    dataset keeps mappings with (:func:`~ddpipe.formats.mapped.kept_files`), where the files stay
+    (:func:`files_stay`): reopening a shard for each sample read from it cost more than reading the
+    sample."""
     whole: OrderedDict[int, ShardReader] = OrderedDict()  # readers of shards checked whole
     sparse: OrderedDict[int, ShardReader] = OrderedDict()  # the others: unchecked, or checked sample by sample
     sparse_limit = dataset.format.kept.files if files_stay(dataset, store) else OPEN_SHARDS
@@ -233,7 +237,7 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
             if shard in corrupt:
                 yield dataset.placeholder(shard, pos, corrupt[shard])
                 continue
-            digests = _random_digests(dataset, shard, wanted[shard]) if verify else None
+            digests = _random_digests(dataset, shard, wanted[shard], node_ranks) if verify else None
             check = verify and digests is None and shard not in checked
             try:
                 reader = whole.pop(shard, None) or sparse.pop(shard, None) or \
@@ -274,11 +278,15 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
             reader.close()
 
 
-def _random_digests(dataset: Dataset, shard: int, wanted: int) -> np.ndarray | None:
+def _random_digests(dataset: Dataset, shard: int, wanted: int, node_ranks: int) -> np.ndarray | None:
     """The digests a random read checks ``shard``'s samples against, or None where it checks the whole
-    file: its manifest's, where the read wants less than half of its samples (else hashing it whole
-    reads and hashes little more, for less than each sample's own hash costs), or where the format
-    checks its scans sample by sample too (an adopted file)."""
-    if not dataset.format.scans_check_samples and 2 * wanted >= dataset.manifest.shards[shard].samples:
+    file: its manifest's, where the ``node_ranks`` ranks of this node, each wanting about ``wanted``
+    of its samples as this read does, want less than half of them together; or where the format
+    checks its scans sample by sample too (an adopted file). A node whose ranks want most of a
+    shard reads it whole either way, and hashing it reads it in order, once, into the page cache
+    they share: ranks sharing one cache that read their shares sample by sample read every file in
+    random order, and their cold epochs took longer than each hashing every file whole
+    (docs/benchmarks.md, global_shuffle)."""
+    if not dataset.format.scans_check_samples and 2 * wanted * node_ranks >= dataset.manifest.shards[shard].samples:
         return None
     return dataset.sample_digests(shard)

@@ -329,7 +329,8 @@ class EncodedStream:
                                     store=self.stager, limits=self._source_limits, verify=self.read_options.verify,
                                     keep_mapped=self.read_options.keep_mapped,
                                     on_corrupt=self._on_corrupt if self.read_options.on_error == "skip" else None,
-                                    views=bool(rank_plan.rounds) or self.views)
+                                    views=bool(rank_plan.rounds) or self.views,
+                                    node_ranks=self.comm.world.local_size)
         waits = self.stager is not None and self.stager.options.capacity is not None
         producer = Producer(plan, self.rank, self.comm, self.read_options, samples, reads_wait_on_peers=waits,
                             views=self.views)

@@ -325,10 +325,11 @@ SHARE = np.arange(0, 48, 4)  # 3 of each shard's 12 samples: a rank's share of a
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_a_random_read_of_a_share_of_each_shard_checks_the_samples_it_reads_not_the_files(
         fmt: str, tmp_path: Path) -> None:
-    """A rank of a global shuffle on many reads a share of each shard: where the manifest records its
-    samples' digests (ddpipe writes them), it checks each sample it reads against its digest and reads
-    nothing else of the file. A read that wants most of a shard still hashes it whole, and so does any
-    read of a manifest written before ddpipe recorded digests."""
+    """A rank of a global shuffle on many nodes reads a share of each shard: where the manifest records
+    its samples' digests (ddpipe writes them), it checks each sample it reads against its digest and
+    reads nothing else of the file. A read that wants most of a shard still hashes it whole, as does
+    one whose node's ranks want most of it together (they share one page cache, which one read of the
+    file in order fills), and any read of a manifest written before ddpipe recorded digests."""
     root = make_dataset(tmp_path / fmt, fmt, [12, 12, 12, 12], payload=4000)
     flip_inside_sample(shard_file(root, 1), EXPECTED["s/000017"])  # shard 1's sample 5, outside the share
     dataset = ddpipe.open_dataset(root)
@@ -341,6 +342,9 @@ def test_a_random_read_of_a_share_of_each_shard_checks_the_samples_it_reads_not_
     most_of_shard_1 = np.array([i for i in range(12, 24) if i != 17])
     with pytest.raises(ChecksumMismatchError):
         next(read_samples(dataset, most_of_shard_1, random_access=True))
+    with pytest.raises(ChecksumMismatchError):  # four such shares on this node: all of each shard
+        list(read_samples(dataset, SHARE, random_access=True, node_ranks=4))
+    assert len(list(read_samples(dataset, SHARE, random_access=True, node_ranks=1))) == len(SHARE)
     manifest = root / "index.json"
     doc = json.loads(manifest.read_text())
     for shard in doc["shards"]:
