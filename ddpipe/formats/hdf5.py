@@ -265,8 +265,8 @@ class HDF5Format(ShardFormat):
     def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False,
                   by_sample: bool = False) -> ShardReader:
         """Opened from a layout found before where one is known: of a file of the manifest's bytes, or,
-        read sample by sample (a rank's share of a global shuffle opens each shard for a sample or two
-        an epoch, and h5py's open cost ten times the read), of this version of the file. A file read
+        read sample by sample (a rank's share of a global shuffle may open a shard for a few samples
+        an epoch, and h5py's open cost more than reading them), of this version of the file. A file read
         so that has changed since without its size or time changing reads at the old places: its
         samples' digests then differ, or an unchecked read reads what it finds, as it would anyway."""
         if checksum is not None:

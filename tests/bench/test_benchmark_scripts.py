@@ -30,6 +30,7 @@ SMALL = {
     "exchange.py": ["--n", "300", "--ranks", "2", "--repeats", "1", "--round-size", "128", "--torchrun-ranks", "2"],
     "feed.py": ["--n", "300", "--repeats", "1", "--epochs", "2", "--kinds", "stream", "loader"],
     "formats.py": ["--n", "300", "--repeats", "1"],
+    "global_shuffle.py": ["--n", "300", "--ranks", "2", "--repeats", "1"],
     "heartbeat.py": ["--repeats", "1", "--rounds", "1"],
     "loader.py": ["--n", "300", "--repeats", "1", "--warmup", "1", "--only", "ddpipe lmdb, dali-cpu, none",
                   "DALI file reader"],
