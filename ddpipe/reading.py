@@ -217,14 +217,16 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
     feed-global-kept); one they want less of (a rank's share of a global shuffle on many nodes),
     where the manifest records its samples' digests, is checked sample by sample, so that the node
     reads its share of the dataset rather than all of it (random_access in docs/benchmarks.md).
-    Readers of shards checked whole, their mappings paged in whole, stay open up to ``OPEN_SHARDS``;
-    the others' mappings hold the pages read alone, and they stay open up to the descriptors a
-    dataset keeps mappings with (:func:`~ddpipe.formats.mapped.kept_files`), where the files stay
-    (:func:`files_stay`): reopening a shard for each sample read from it cost more than reading the
-    sample."""
-    whole: OrderedDict[int, ShardReader] = OrderedDict()  # readers of shards checked whole
-    sparse: OrderedDict[int, ShardReader] = OrderedDict()  # the others: unchecked, or checked sample by sample
-    sparse_limit = dataset.format.kept.files if files_stay(dataset, store) else OPEN_SHARDS
+    Readers whose mappings were paged in whole (checked whole) and are not kept stay open up to
+    ``OPEN_SHARDS``: each holds its file's pages in the process's page tables. The others stay open up
+    to the descriptors a dataset keeps mappings with (:func:`~ddpipe.formats.mapped.kept_files`),
+    where the files stay (:func:`files_stay`): a mapping kept holds its descriptor and its pages
+    whether or not a reader is open on it, and one read sample by sample (or unchecked) holds the
+    pages read alone. Reopening a shard for each sample read from it cost more than reading the
+    sample (docs/benchmarks.md, feed-global-resident)."""
+    paged: OrderedDict[int, ShardReader] = OrderedDict()  # mappings paged in whole, not kept
+    resident: OrderedDict[int, ShardReader] = OrderedDict()  # the others
+    resident_limit = dataset.format.kept.files if files_stay(dataset, store) else OPEN_SHARDS
     wanted = Counter(shards)
     # each shard checked whole once (the file checked), however often it is reopened: a reopen trusts its
     # bytes, as it trusts the samples it reads, so a format may open it from what it learnt of them (an
@@ -240,7 +242,7 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
             digests = _random_digests(dataset, shard, wanted[shard], node_ranks) if verify else None
             check = verify and digests is None and shard not in checked
             try:
-                reader = whole.pop(shard, None) or sparse.pop(shard, None) or \
+                reader = paged.pop(shard, None) or resident.pop(shard, None) or \
                     dataset.open_shard(shard, store, verify=check, keep=keep and digests is None,
                                        vouched=checked.get(shard))
             except CorruptShardError as e:
@@ -259,7 +261,8 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
                 reader = dataset.reopen_from_source(shard, store, error, reader.path)
                 sample = reader[pos]
                 error = digest_mismatch(digests, pos, sample, dataset.source_name(reader.path))
-            open_now, limit = (whole, OPEN_SHARDS) if shard in checked else (sparse, sparse_limit)
+            whole = shard in checked and not dataset.format.kept.holds(reader.path)
+            open_now, limit = (paged, OPEN_SHARDS) if whole else (resident, resident_limit)
             open_now[shard] = reader
             if len(open_now) > limit:
                 open_now.popitem(last=False)[1].close()
@@ -274,7 +277,7 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
                 sample = reader.parse(sample)  # checked first, then parsed
             yield sample
     finally:
-        for reader in [*whole.values(), *sparse.values()]:
+        for reader in [*paged.values(), *resident.values()]:
             reader.close()
 
 

@@ -216,6 +216,36 @@ def test_a_random_read_of_a_share_of_each_shard_opens_each_once_however_many_it_
     assert sorted(opened) == list(range(shards))
 
 
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_a_random_read_keeps_the_shards_it_keeps_mapped_open_and_reopens_others_past_open_shards(
+        fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A global shuffle on one rank reads all of every shard, a sample at a time, each checked whole:
+    a reader whose mapping is kept (as a loader keeps them for the next epoch) holds nothing the
+    kept mapping does not, and stays open; without kept mappings, each holds its file's pages, and
+    no more than ``OPEN_SHARDS`` stay open, the others reopened as their samples come."""
+    from ddpipe.dataset import OPEN_SHARDS, Dataset
+
+    from .helpers import make_dataset
+
+    shards = OPEN_SHARDS + 4
+    root = make_dataset(tmp_path / fmt, fmt, [6] * shards)
+    opened: list[int] = []
+    real = Dataset.open_shard
+
+    def counted(self: Dataset, shard: int, *args: object, **kwargs: object) -> object:
+        opened.append(shard)
+        return real(self, shard, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Dataset, "open_shard", counted)
+    every = np.array([6 * k + p for p in range(6) for k in range(shards)])  # a round of all shards, six times
+    for keep_mapped, opens in ((True, shards), (False, 6 * shards)):
+        opened.clear()
+        got = [s["__key__"] for s in read_samples(ddpipe.open_dataset(root), every, random_access=True,
+                                                 keep_mapped=keep_mapped)]
+        assert got == [f"s/{i:06d}" for i in every]
+        assert len(opened) == opens and set(opened) == set(range(shards))
+
+
 def test_missing_shard(dataset: Path) -> None:
     shard = shard_file(dataset, 2)
     shard.unlink()

@@ -180,6 +180,11 @@ class KeptMappings:
                 self._mappings[mapping.path] = mapping
                 self._bytes += len(mapping)
 
+    def holds(self, path: Path) -> bool:
+        """A mapping of ``path`` is kept (as the file was when it was mapped: :meth:`find` checks)."""
+        with self._lock:
+            return path in self._mappings
+
     def let_go(self, path: Path) -> None:
         """Let go of the mapping kept of ``path``, if any: ddpipe is about to delete the file (a damaged
         staged copy), and the mapping would hold its space until the path was next looked up."""
