@@ -210,7 +210,7 @@ def _shards_ahead(dataset: Dataset, shards: np.ndarray, j: int) -> list[int]:
 
 
 def _read_random(dataset: Dataset, shards: list[int], positions: list[int], store: ShardStore | None,
-                 verify: bool, on_corrupt: OnCorrupt | None, keep: bool, node_ranks: int = 1) -> Iterator[Sample]:
+                 verify: bool, on_corrupt: OnCorrupt | None, keep: bool, node_ranks: int) -> Iterator[Sample]:
     """Each sample read on its own from shards kept open. A shard that this node's reads want most of
     is checked whole when first opened, its mapping then kept for the next epoch with ``keep`` (a
     global shuffle reads every shard of the dataset each epoch: docs/benchmarks.md,
@@ -227,7 +227,9 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
     paged: OrderedDict[int, ShardReader] = OrderedDict()  # mappings paged in whole, not kept
     resident: OrderedDict[int, ShardReader] = OrderedDict()  # the others
     resident_limit = dataset.format.kept.files if files_stay(dataset, store) else OPEN_SHARDS
-    wanted = Counter(shards)
+    # each shard's digests, or None where it is checked whole: decided once for the read, from what it wants
+    digests_of = {shard: _random_digests(dataset, shard, count, node_ranks)
+                  for shard, count in Counter(shards).items()} if verify else {}
     # each shard checked whole once (the file checked), however often it is reopened: a reopen trusts its
     # bytes, as it trusts the samples it reads, so a format may open it from what it learnt of them (an
     # object's scratch copy, fetched again, is checked again: Dataset.open_shard)
@@ -239,7 +241,7 @@ def _read_random(dataset: Dataset, shards: list[int], positions: list[int], stor
             if shard in corrupt:
                 yield dataset.placeholder(shard, pos, corrupt[shard])
                 continue
-            digests = _random_digests(dataset, shard, wanted[shard], node_ranks) if verify else None
+            digests = digests_of.get(shard)
             check = verify and digests is None and shard not in checked
             try:
                 reader = paged.pop(shard, None) or resident.pop(shard, None) or \

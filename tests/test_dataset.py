@@ -12,6 +12,7 @@ from PIL import Image
 
 import ddpipe
 from ddpipe.convert import ConvertOptions, convert, write_dataset
+from ddpipe.dataset import OPEN_SHARDS, Dataset
 from ddpipe.errors import CorruptShardError, ManifestError, MissingShardError
 from ddpipe.formats import FORMAT_NAMES
 from ddpipe.reading import read_samples
@@ -19,6 +20,7 @@ from ddpipe.sample import owned
 from ddpipe.verify import verify_dataset
 
 from .conftest import run_cli
+from .helpers import make_dataset
 
 
 @pytest.fixture(params=["wds", "hdf5", "lmdb"])
@@ -189,19 +191,8 @@ def test_a_checked_read_stops_at_a_damaged_shard_and_leaves_none_open(dataset: P
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds
 
-@pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_a_random_read_of_a_share_of_each_shard_opens_each_once_however_many_it_reads_between(
-        fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A rank's share of a global shuffle comes back to each shard a sample or two at a time, past
-    many others: the readers of shards checked sample by sample (their mappings hold the pages read
-    alone) stay open past ``OPEN_SHARDS``, where the files stay, and each shard is opened once."""
-    from ddpipe.dataset import OPEN_SHARDS, Dataset
-
-    from .helpers import make_dataset
-
-    shards = OPEN_SHARDS + 4
-    root = make_dataset(tmp_path / fmt, fmt, [6] * shards)
-    dataset = ddpipe.open_dataset(root)
+def shard_opens(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The shards that Dataset.open_shard opens from now on, as they are opened."""
     opened: list[int] = []
     real = Dataset.open_shard
 
@@ -210,6 +201,19 @@ def test_a_random_read_of_a_share_of_each_shard_opens_each_once_however_many_it_
         return real(self, shard, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Dataset, "open_shard", counted)
+    return opened
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_a_random_read_of_a_share_of_each_shard_opens_each_once_however_many_it_reads_between(
+        fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's share of a global shuffle comes back to each shard a sample or two at a time, past
+    many others: the readers of shards checked sample by sample (their mappings hold the pages read
+    alone) stay open past ``OPEN_SHARDS``, where the files stay, and each shard is opened once."""
+    shards = OPEN_SHARDS + 4
+    root = make_dataset(tmp_path / fmt, fmt, [6] * shards)
+    dataset = ddpipe.open_dataset(root)
+    opened = shard_opens(monkeypatch)
     share = [6 * k + p for p in (0, 3) for k in range(shards)]  # two of each shard's six, a round apart
     got = [s["__key__"] for s in read_samples(dataset, np.array(share), random_access=True)]
     assert got == [f"s/{i:06d}" for i in share]
@@ -223,20 +227,9 @@ def test_a_random_read_keeps_the_shards_it_keeps_mapped_open_and_reopens_others_
     a reader whose mapping is kept (as a loader keeps them for the next epoch) holds nothing the
     kept mapping does not, and stays open; without kept mappings, each holds its file's pages, and
     no more than ``OPEN_SHARDS`` stay open, the others reopened as their samples come."""
-    from ddpipe.dataset import OPEN_SHARDS, Dataset
-
-    from .helpers import make_dataset
-
     shards = OPEN_SHARDS + 4
     root = make_dataset(tmp_path / fmt, fmt, [6] * shards)
-    opened: list[int] = []
-    real = Dataset.open_shard
-
-    def counted(self: Dataset, shard: int, *args: object, **kwargs: object) -> object:
-        opened.append(shard)
-        return real(self, shard, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Dataset, "open_shard", counted)
+    opened = shard_opens(monkeypatch)
     every = np.array([6 * k + p for p in range(6) for k in range(shards)])  # a round of all shards, six times
     for keep_mapped, opens in ((True, shards), (False, 6 * shards)):
         opened.clear()

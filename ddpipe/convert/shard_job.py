@@ -102,8 +102,9 @@ def write_shard(job: ShardJob, on_item: Callable[[], None] | None = None, *, com
         loader.close()
     info: ShardInfo | None = None
     if writer.count:
-        info = ShardInfo(Path(job.shard_path).name, writer.count, writer.tmp_path.stat().st_size,
-                         file_checksum(writer.tmp_path), label_runs(labels), fmt.sample_digests(writer.tmp_path))
+        checksum, digests = fmt.written_checksums(writer.tmp_path)
+        info = ShardInfo(Path(job.shard_path).name, writer.count, writer.tmp_path.stat().st_size, checksum,
+                         label_runs(labels), digests)
     else:  # every item was skipped: no shard at all, nor one an earlier run left under its name
         finished.discard()
         for p in [Path(job.shard_path), *fmt.sidecar_files(job.shard_path)]:

@@ -7,7 +7,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..checksum import file_checksum
 from ..errors import ConversionConflictError, OptionError, SampleError, SourceError
 from ..fields import whole_option
 from ..formats import ShardFormat, ShardWriter, get_format
@@ -110,5 +109,5 @@ def _label(sample: Sample, names: tuple[str, ...], samples: int) -> int:
 
 def _commit(fmt: ShardFormat, writer: ShardWriter, labels: list[int]) -> ShardInfo:
     path = writer.commit()
-    return ShardInfo(path.name, writer.count, path.stat().st_size, file_checksum(path), label_runs(labels),
-                     fmt.sample_digests(path))
+    checksum, digests = fmt.written_checksums(path)
+    return ShardInfo(path.name, writer.count, path.stat().st_size, checksum, label_runs(labels), digests)

@@ -250,12 +250,13 @@ class ShardFormat(abc.ABC):
         not in its checksum. Nothing to check for a format without them."""
         return
 
-    def sample_digests(self, path: str | os.PathLike[str]) -> str:
-        """Each sample's digest (:func:`~ddpipe.checksum.sample_digest`) of the shard at ``path``, as
-        its reader gives the sample, packed as the manifest records them: a shard just written is read
-        back for them, so that they are what a read will compare, not what the writer was given."""
+    def written_checksums(self, path: str | os.PathLike[str]) -> tuple[str, str]:
+        """The checksum of the shard just written at ``path`` and each sample's digest
+        (:func:`~ddpipe.checksum.sample_digest`) packed, as the manifest records them: read back
+        through one mapping of the file, so that the digests are of what a read will compare, not of
+        what the writer was given."""
         with self.reader(path) as reader:
-            return pack_digests(sample_digest(sample) for sample in reader.scan())
+            return self.checksum(reader), pack_digests(sample_digest(sample) for sample in reader.scan())
 
     def checksum(self, reader: ShardReader) -> str:
         """The checksum of the shard ``reader`` reads, as manifests record it: through the reader's

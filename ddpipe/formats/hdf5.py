@@ -73,17 +73,18 @@ class KnownLayouts:
         return self._layouts.get(checksum)
 
     def learn(self, checksum: str, layout: ShardLayout) -> None:
-        if checksum not in self._layouts and self._room(layout):
+        if checksum not in self._layouts and self._admit(layout):
             self._layouts[checksum] = layout
 
     def of_file(self, identity: tuple[int, int, int, int]) -> ShardLayout | None:
         return self._by_file.get(identity)
 
     def learn_of_file(self, identity: tuple[int, int, int, int], layout: ShardLayout) -> None:
-        if identity not in self._by_file and self._room(layout):
+        if identity not in self._by_file and self._admit(layout):
             self._by_file[identity] = layout
 
-    def _room(self, layout: ShardLayout) -> bool:
+    def _admit(self, layout: ShardLayout) -> bool:
+        """Count ``layout`` in, where the limit has room for it."""
         if self._samples + layout.samples > self.limit:
             return False
         self._samples += layout.samples
