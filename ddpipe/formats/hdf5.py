@@ -33,7 +33,8 @@ from ..errors import CorruptShardError
 from ..sample import KEY, Sample, owned
 from .atomic import is_disk_full
 from .base import ShardFormat, ShardReader, ShardWriter
-from .mapped import MappedFile, ShardMapping, file_identity
+from .learnt import FileVersion, Learnt, file_identity
+from .mapped import MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
 
@@ -47,54 +48,6 @@ class ShardLayout:
     base: dict[str, int]
     offsets: dict[str, list[int]]
     present: dict[str, list[bool]]
-
-
-class KnownLayouts:
-    """The layouts of the shards a dataset's checked reads have opened, by the shard's checksum: a rank
-    reads the same shards every epoch (sticky assignment), and opening each through h5py again cost
-    about a fifth of what reading an HDF5 shard through a kept mapping costs. A file whose bytes hash
-    to a checksum the manifest gives, and a layout was found in, has that layout; any other is opened
-    through h5py as before. Up to ``limit`` samples' worth (a few hundred bytes a sample), past which a
-    shard is opened each epoch; a dataset sent to another process arrives without them. Shared by a
-    dataset's reading threads, as :class:`~ddpipe.formats.tar.KnownIndexes` is: each step is one
-    dictionary operation."""
-
-    LIMIT = 1_000_000
-
-    def __init__(self, limit: int = LIMIT) -> None:
-        self.limit = limit
-        self._layouts: dict[str, ShardLayout] = {}
-        # those of files read sample by sample or unchecked, by file version (mapped.file_identity), for
-        # such reads alone: never for a checked open, which would learn its layout as the manifest's
-        self._by_file: dict[tuple[int, int, int, int], ShardLayout] = {}
-        self._samples = 0
-
-    def get(self, checksum: str) -> ShardLayout | None:
-        return self._layouts.get(checksum)
-
-    def learn(self, checksum: str, layout: ShardLayout) -> None:
-        if checksum not in self._layouts and self._admit(layout):
-            self._layouts[checksum] = layout
-
-    def of_file(self, identity: tuple[int, int, int, int]) -> ShardLayout | None:
-        return self._by_file.get(identity)
-
-    def learn_of_file(self, identity: tuple[int, int, int, int], layout: ShardLayout) -> None:
-        if identity not in self._by_file and self._admit(layout):
-            self._by_file[identity] = layout
-
-    def _admit(self, layout: ShardLayout) -> bool:
-        """Count ``layout`` in, where the limit has room for it."""
-        if self._samples + layout.samples > self.limit:
-            return False
-        self._samples += layout.samples
-        return True
-
-    def __len__(self) -> int:
-        return len(self._layouts)
-
-    def __reduce__(self) -> tuple[type[KnownLayouts], tuple[int]]:
-        return KnownLayouts, (self.limit,)
 
 
 class HDF5Reader(ShardReader):
@@ -258,7 +211,11 @@ class HDF5Format(ShardFormat):
 
     def __init__(self) -> None:
         super().__init__()
-        self.layouts = KnownLayouts()  # this dataset's: each made by get_format
+        # the layouts its reads found (learnt.py), by the checksum of the bytes a checked read found one
+        # in; and by file version, for reads sample by sample or unchecked: opening a shard through h5py
+        # cost about a fifth of what reading it through a kept mapping costs. A few hundred bytes a sample
+        self.layouts = Learnt[str, ShardLayout]()
+        self.file_layouts = Learnt[FileVersion, ShardLayout]()
 
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return HDF5Reader(path)
@@ -278,14 +235,15 @@ class HDF5Format(ShardFormat):
             identity = file_identity(path)
         except OSError:
             return HDF5Reader(path)  # which says what is wrong
-        reader = HDF5Reader(path, self.layouts.of_file(identity))
-        self.layouts.learn_of_file(identity, reader.layout)
+        reader = HDF5Reader(path, self.file_layouts.get(identity))
+        self.file_layouts.learn(identity, reader.layout, reader.layout.samples)
         return reader
 
     def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:
         super().verify(reader, checksum, actual)
         if isinstance(reader, HDF5Reader):
-            self.layouts.learn(checksum, reader.layout)  # the bytes it was found in are the manifest's
+            # the bytes it was found in are the manifest's
+            self.layouts.learn(checksum, reader.layout, reader.layout.samples)
 
     def writer(self, path: str | os.PathLike[str]) -> ShardWriter:
         return HDF5Writer(path)

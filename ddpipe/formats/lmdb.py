@@ -37,8 +37,9 @@ from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
+from .learnt import FileVersion, Learnt, file_identity
 from .lmdb_env import EnvironmentLease, LMDBMapping, lease_environment
-from .lmdb_tree import MappedKeys, PlacedRecords, Tree, TreeError
+from .lmdb_tree import Keys, MappedKeys, PlacedRecords, Placement, Tree, TreeError
 from .mapped import POPULATE_LIMIT, KeptMappings, MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
@@ -51,6 +52,27 @@ _MAP_SIZE = 1 << 40
 
 def sample_key(index: int) -> bytes:
     return b"%012d" % index
+
+
+class NumberedKeys(Keys):
+    """The keys of a shard of ddpipe's own, in key order (each sample's :func:`sample_key`, then
+    ``META_KEY``), made as they are asked for: a placement kept of a shard (:class:`LMDBReader`)
+    holds 16 bytes a sample, its values' places, and no key."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return self.samples + 1
+
+    def _key(self, index: int) -> bytes:
+        return sample_key(index) if index < self.samples else META_KEY
+
+    @classmethod
+    def of(cls, keys: Keys, samples: int) -> NumberedKeys | None:
+        """``keys`` as numbered keys, where they are those of a shard of ``samples`` samples; else None."""
+        numbered = cls(samples)
+        return numbered if len(keys) == len(numbered) and list(keys) == list(numbered) else None
 
 
 class LMDBFile:
@@ -69,6 +91,11 @@ class LMDBFile:
         self.size = path.stat().st_size
         self._kept = kept
         self._lease: EnvironmentLease | None = None
+
+    @property
+    def opened(self) -> bool:
+        """Whether its environment is taken (:meth:`env`)."""
+        return self._lease is not None
 
     @property
     def fits_whole(self) -> bool:
@@ -181,13 +208,26 @@ def record_views(whole: memoryview, at: int, end: int) -> Sample | None:
 
 class LMDBReader(ShardReader):
     """Opens its environment on first use, through its :class:`LMDBFile`: a check of the shard's
-    checksum hashes the file through LMDB's own mapping, so a scan after it finds every page in."""
+    checksum hashes the file through LMDB's own mapping, so a scan after it finds every page in.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    A reader of a file read sample by sample (each sample checked against its digest) or unchecked
+    is given ``placements``, where its records lie in versions of files read so before, and the
+    ``version`` of its own (learnt.py): one whose placement is known reads its records at those
+    places without opening an environment or walking the file's tree again, and a reader that found
+    a placement keeps it for the next (a rank's share of a global shuffle opens each shard for a few
+    samples every epoch, and the open and the walk cost more than reading them)."""
+
+    def __init__(self, path: str | os.PathLike[str], placements: Learnt[FileVersion, Placement] | None = None,
+                 version: FileVersion | None = None) -> None:
         super().__init__(path)
         self._file = LMDBFile(self.path)
         self._samples: int | None = None
         self._placed: PlacedRecords | None = None  # made on the first random read
+        self._own_placed = False  # made by this reader from a known placement, not its environment's
+        self._placements, self._version = placements, version
+        self._known = placements.get(version) if placements is not None and version is not None else None
+        if self._known is not None:
+            self._samples = len(self._known.keys) - 1
 
     @property
     def _env(self) -> lmdb.Environment:
@@ -197,7 +237,7 @@ class LMDBReader(ShardReader):
         return self._file
 
     def adopt_mapping(self, mapped: ShardMapping) -> None:
-        if isinstance(mapped, LMDBFile) and self._samples is None:
+        if isinstance(mapped, LMDBFile) and not self._file.opened:
             self._file.close()
             self._file = mapped
 
@@ -236,7 +276,7 @@ class LMDBReader(ShardReader):
         return bytes(whole[at : at + int(tree.value_size[record])])
 
     def __len__(self) -> int:
-        return self._open()[1]
+        return self._samples if self._samples is not None else self._open()[1]
 
     def _unpack(self, raw: bytes | memoryview | None, index: int) -> Sample:
         if raw is None:
@@ -250,12 +290,11 @@ class LMDBReader(ShardReader):
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
         if self._placed is None:  # where each record lies, from the tree's pages (lmdb_tree.PlacedRecords)
-            self._open()
             try:
-                self._placed = self._file.records()
+                self._placed = self._records()
             except (TreeError, OSError) as e:
                 raise self._corrupt(f"unreadable or truncated LMDB shard: {e}") from None
-        record = self._placed.keys.find(sample_key(i))
+        record = self._placed.keys.find(sample_key(i), guess=i)  # sample i is record i in a shard of ddpipe's
         try:
             raw = self._placed.value(record) if record is not None else None
         except (TreeError, OSError) as e:
@@ -336,8 +375,28 @@ class LMDBReader(ShardReader):
         except lmdb.Error as e:
             raise self._corrupt(f"cannot read: {e}") from None
 
+    def _records(self) -> PlacedRecords:
+        """Where each record lies: at the places known for this version of the file, where a reader of
+        it found them before (read at them without an environment: see the class), else as its
+        environment's walk found them, then kept for the next reader."""
+        version = self._version
+        if self._known is not None and version is not None and not self._file.opened:
+            self._own_placed = True
+            return PlacedRecords(self.path, version[:2], placement=self._known)
+        _, samples = self._open()
+        records = self._file.records()
+        if self._known is None and self._placements is not None and version is not None \
+                and self._file.identity() == version[:2]:  # the file opened is the version named
+            keys = NumberedKeys.of(records.keys, samples)
+            if keys is not None:
+                placed = records.placement
+                self._placements.learn(version, Placement(keys, placed.value_at, placed.value_size), samples)
+        return records
+
     def close(self) -> None:
-        self._placed = None  # its environment's, closed with it
+        if self._placed is not None and self._own_placed:
+            self._placed.close()
+        self._placed = None  # its environment's, closed with it, unless its own
         self._file.close()
 
 
@@ -392,8 +451,25 @@ class LMDBFormat(ShardFormat):
     copies_cheaply = True
     pages_in_ahead = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        # where each record lies in files read sample by sample or unchecked, by version: LMDBReader
+        self.placements = Learnt[FileVersion, Placement]()  # this dataset's: each made by get_format
+
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return LMDBReader(path)
+
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False,
+                  by_sample: bool = False) -> ShardReader:
+        """Read sample by sample (or unchecked), from where its records lie in this version of the file,
+        where a reader of it found them before (:class:`LMDBReader`)."""
+        if not by_sample:
+            return LMDBReader(path)
+        try:
+            version = file_identity(path)
+        except OSError:
+            return LMDBReader(path)  # which says what is wrong
+        return LMDBReader(path, self.placements, version)
 
     def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:
         return LMDBFile(Path(path), self.kept if keep else None)

@@ -332,6 +332,22 @@ def _packed_keys(data: mmap.mmap | memoryview, tree: Tree) -> PackedKeys:
     return PackedKeys(packed, np.concatenate(([0], np.cumsum(tree.key_size))).astype(np.int64))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Each record's key, in key order, and where its value lies in the file and its length, as a walk
+    found them (:class:`Tree`): what :class:`PlacedRecords` reads a file's records by, and a format may
+    keep from one open of the same file to the next (learnt.py)."""
+
+    keys: Keys
+    value_at: np.ndarray
+    value_size: np.ndarray
+
+    @classmethod
+    def of(cls, data: mmap.mmap | memoryview, tree: Tree) -> Placement:
+        """The placement of ``tree``'s records, its keys read from ``data`` (the file's bytes)."""
+        return cls(_packed_keys(data, tree), tree.value_at, tree.value_size)
+
+
 class PlacedRecords:
     """An LMDB file's records read one at a time (random access) from their places in the file, as
     the tree walk found them (:func:`walk_tree`: every place within the file), with ``pread`` on a
@@ -343,27 +359,30 @@ class PlacedRecords:
     ``walked``: the file's bytes where its environment maps them and the walk made as it opened
     (:meth:`.lmdb_env.EnvironmentLease.placed`), not made again: a random access reopening a shard,
     its environment still open, walked the whole tree again each time (docs/benchmarks.md,
-    feed-global-reopen)."""
+    feed-global-reopen). ``placement``: where the records lie, found by a walk of this file before
+    (of this version of it: learnt.py), for a reader that checks each record it reads."""
 
-    def __init__(self, path: Path, identity: tuple[int, int], walked: tuple[memoryview, Tree] | None = None) -> None:
+    def __init__(self, path: Path, identity: tuple[int, int], walked: tuple[memoryview, Tree] | None = None,
+                 placement: Placement | None = None) -> None:
         self._fd = _open_as(path, identity)
         self.close = weakref.finalize(self, os.close, self._fd)
         try:
-            if walked is not None:
-                data, tree = walked
-                self.keys, self._at, self._size = _packed_keys(data, tree), tree.value_at, tree.value_size
+            if placement is not None:
+                self.placement = placement
+            elif walked is not None:
+                self.placement = Placement.of(*walked)
             else:
-                self.keys, self._at, self._size = _walk_file(
-                    path, lambda data, tree: (_packed_keys(data, tree), tree.value_at, tree.value_size), fd=self._fd)
+                self.placement = _walk_file(path, Placement.of, fd=self._fd)
         except BaseException:
             self.close()
             raise
+        self.keys = self.placement.keys
         os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
 
     def value(self, record: int) -> bytes:
         """The value of the ``record``-th record (in key order, as :attr:`keys`)."""
-        size = int(self._size[record])
-        data = os.pread(self._fd, size, int(self._at[record]))
+        size = int(self.placement.value_size[record])
+        data = os.pread(self._fd, size, int(self.placement.value_at[record]))
         if len(data) != size:
             raise TreeError(f"record {record}'s value is cut short")
         return data

@@ -118,13 +118,6 @@ class KeptMapping(Protocol):
 M = TypeVar("M", bound=KeptMapping)
 
 
-def file_identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int]:
-    """One version of a file: its device, inode, size and modification time (ns). A file written
-    again in place, or replaced, is another; what was learnt of one version (a layout) is for it alone."""
-    stat = os.stat(path)
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
 class KeptMappings:
     """The mappings of a dataset's shard files kept from one epoch to the next, up to ``limit`` bytes.
 

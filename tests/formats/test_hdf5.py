@@ -52,7 +52,7 @@ def h5py_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_a_checked_stream_opens_each_shard_through_h5py_once_and_a_changed_one_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its layout is kept by the shard's checksum (KnownLayouts): a later epoch's shard whose bytes
+    """Its layout is kept by the shard's checksum (learnt.Learnt): a later epoch's shard whose bytes
     hash to it is opened without h5py; one that hashes to anything else is refused, and once repaired
     read again. An unchecked stream knows no checksum: it keeps a layout by the version of the file
     it was found in (its inode, size and time), and asks h5py again for a file written since."""

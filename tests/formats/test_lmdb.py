@@ -433,6 +433,61 @@ def test_a_global_shuffle_places_each_shards_records_once_however_often_it_reope
     assert epoch(1) == ([], [])
 
 
+def _environments_opened(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files LMDB opens an environment on, as it does."""
+    opened: list[str] = []
+    open_env = lmdb.open
+
+    def counted(path: str, *args: object, **kwargs: object) -> lmdb.Environment:
+        opened.append(Path(path).name)
+        return open_env(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lmdb, "open", counted)
+    return opened
+
+
+def test_a_share_read_sample_by_sample_learns_where_each_shards_records_lie_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's share of a global shuffle on many nodes reads a few samples of each shard an epoch,
+    each checked against its digest. Where a shard's records lie is learnt of the file's version
+    (inode, size, time) in the first epoch; later epochs read them there without opening LMDB or
+    walking the tree. A file written anew is learnt again; one changed in place at the same size
+    and time is read at the old places, and the changed sample's digest says so."""
+    import numpy as np
+
+    import ddpipe
+    from ddpipe.reading import read_samples
+
+    from ..helpers import flip_inside_sample, make_dataset, shard_file
+
+    root = make_dataset(tmp_path / "ds", "lmdb", [8] * 4, payload=300)
+    names = sorted(p.name for p in root.glob("*.lmdb"))
+    dataset = ddpipe.open_dataset(root)
+    share = np.array([25, 1, 17, 9])  # one sample of each shard's eight: checked sample by sample
+    opened = _environments_opened(monkeypatch)
+    _, walked = _records_made(monkeypatch)
+
+    def epoch() -> tuple[list[tuple[str, bytes]], list[str], list[str]]:
+        opened.clear()
+        walked.clear()
+        got = [(s[KEY], bytes(s["bin"])) for s in read_samples(dataset, share, random_access=True)]
+        return got, sorted(opened), sorted(walked)
+
+    first, opened_first, walked_first = epoch()
+    assert [key for key, _ in first] == [f"s/{i:06d}" for i in share]
+    assert opened_first == walked_first == names
+    assert epoch() == (first, [], [])
+    copy = tmp_path / "copy.lmdb"
+    copy.write_bytes(shard_file(root, 2).read_bytes())
+    os.replace(copy, shard_file(root, 2))  # the same bytes in another file
+    assert epoch() == (first, [names[2]], [names[2]])
+    assert epoch() == (first, [], [])
+    flip_inside_sample(shard_file(root, 1), first[3][1])  # sample 9 (shard 1's second), its size and time kept
+    with pytest.raises(ddpipe.DigestMismatchError, match="sample 1 \\('s/000009'\\)"):
+        epoch()
+    assert opened == [] and walked == []
+
+
 def test_an_adopted_lmdb_read_at_random_walks_its_tree_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its environment walks its tree as it opens (before LMDB reads a page); its records are placed from
     that walk, not from a second one."""
