@@ -14,10 +14,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checksum import file_checksum, pack_digests, sample_digest
+from ..checksum import pack_digests, sample_digest
 from ..errors import ConversionConflictError, DdpipeError, ManifestError, OptionError, UnlabelledSamplesWarning
 from ..formats.atomic import Finished, discard, partial_path, raise_if_disk_full
-from ..formats.tar import TarReader, format_dali_index, index_path, scan_tar_members, split_member_name
+from ..formats.tar import TarFormat, TarReader, format_dali_index, index_path, scan_tar_members, split_member_name
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, load_manifest, save_manifest
 from ..sample import label_of
 from ..storage.location import is_remote
@@ -121,9 +121,9 @@ def adopt_tar(tar: Path, *, index: bool = True) -> AdoptedTar:
             digests.append(sample_digest(sample))
             if "cls" in sample:
                 stored[len(digests) - 1] = bytes(sample["cls"])
+        checksum = TarFormat().checksum(reader)  # through the mapping the scan paged in: the file read once
     numbers = [_as_int(v) for v in stored]
-    shard = ShardInfo(tar.name, len(groups), tar.stat().st_size, file_checksum(tar), label_runs(numbers),
-                      pack_digests(digests))
+    shard = ShardInfo(tar.name, len(groups), tar.stat().st_size, checksum, label_runs(numbers), pack_digests(digests))
     without = [i for i, n in enumerate(numbers) if n < 0]
     first = (split_member_name(groups[without[0]][0][3])[0], stored[without[0]]) if without else None
     return AdoptedTar(shard, _written(index_path(tar), dali_index) if index else Finished(()), fields,
