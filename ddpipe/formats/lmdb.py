@@ -33,14 +33,13 @@ from typing import Any
 import lmdb
 import msgpack
 
-from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
 from .learnt import FileVersion, Learnt, file_identity
-from .lmdb_env import EnvironmentLease, LMDBMapping, lease_environment
-from .lmdb_tree import Keys, MappedKeys, PlacedRecords, Placement, Tree, TreeError
-from .mapped import POPULATE_LIMIT, KeptMappings, MappedFile, ShardMapping
+from .lmdb_env import LMDBFile
+from .lmdb_tree import Keys, MappedKeys, PlacedRecords, Placement, TreeError
+from .mapped import ShardMapping
 
 LAYOUT_VERSION = 1
 META_KEY = b"__ddpipe__"
@@ -73,92 +72,6 @@ class NumberedKeys(Keys):
         """``keys`` as numbered keys, where they are those of a shard of ``samples`` samples; else None."""
         numbered = cls(samples)
         return numbered if len(keys) == len(numbered) and list(keys) == list(numbered) else None
-
-
-class LMDBFile:
-    """An LMDB shard's environment, taken on first use (shared with every other reader of the file in
-    this process: :mod:`.lmdb_env`), and LMDB's own mapping of the file (a
-    :class:`~ddpipe.formats.mapped.ShardMapping`): its checksum is taken through the pages LMDB will
-    read, so that a shard hashed ahead, on another thread, is then scanned without a page fault on
-    the reading thread (32 MB shards of 66 KB samples, warm: a scan through a fresh environment
-    took 20 us a sample, 5 once the file was hashed through it). With ``kept``, the mapping it was
-    hashed through is kept for the next epoch (:class:`~ddpipe.formats.mapped.KeptMappings`): it
-    holds the environment open, which the next epoch's lease then finds, its file's tree walked and
-    its pages mapped already."""
-
-    def __init__(self, path: Path, kept: KeptMappings | None = None) -> None:
-        self.path = path
-        self.size = path.stat().st_size
-        self._kept = kept
-        self._lease: EnvironmentLease | None = None
-
-    @property
-    def opened(self) -> bool:
-        """Whether its environment is taken (:meth:`env`)."""
-        return self._lease is not None
-
-    @property
-    def fits_whole(self) -> bool:
-        return self.size <= POPULATE_LIMIT
-
-    def env(self) -> lmdb.Environment:
-        if self._lease is None:
-            if self._kept is not None:  # one kept of a file the path no longer names, or resized, let go first
-                self._kept.find(self.path, LMDBMapping)
-            self._lease = lease_environment(self.path)
-        return self._lease.env
-
-    def placed(self) -> tuple[memoryview, Tree] | None:
-        """The file's bytes where LMDB maps them (:meth:`mapping`), and where each record's key and
-        value lie there, as the walk before LMDB opened the file found them (:mod:`.lmdb_tree`), in
-        key order; None where the mapping is not found (a file without records) or the walk was
-        left out (a benchmark's reference)."""
-        self.env()
-        assert self._lease is not None
-        return self._lease.placed()
-
-    def mapping(self) -> LMDBMapping | None:
-        """The file's bytes where LMDB maps them, or None for a file without records. Where the mapping
-        starts is found from the address LMDB gives the first record's value (:func:`lmdb_mapping_start`):
-        no record is read before the checksum has vouched for the file."""
-        self.env()
-        assert self._lease is not None
-        return self._lease.mapping()
-
-    def records(self) -> PlacedRecords:
-        """Where each record lies, for reads of one at a time (:meth:`.lmdb_env.EnvironmentLease.records`)."""
-        self.env()
-        assert self._lease is not None
-        return self._lease.records()
-
-    def identity(self) -> tuple[int, int]:
-        """The (device, inode) of the file the environment maps."""
-        self.env()
-        assert self._lease is not None
-        return self._lease.identity
-
-    def prepare(self) -> None:
-        """Open the environment and find its mapping (see :meth:`ShardMapping.prepare`)."""
-        with contextlib.suppress(OSError, lmdb.Error, CorruptShardError):  # said again by checksum() or the reader
-            self.mapping()
-
-    def checksum(self) -> str:
-        try:
-            mapping = self.mapping()
-        except (lmdb.Error, CorruptShardError):  # not a whole LMDB file: its checksum says that it differs
-            mapping = None
-        if mapping is None:
-            return MappedFile(self.path).checksum()
-        with memoryview(mapping).cast("B") as view:
-            digest = buffer_checksum(view)
-        if self._kept is not None and self.fits_whole:
-            self._kept.keep(mapping)
-        return digest
-
-    def close(self) -> None:
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
 
 
 def record_views(whole: memoryview, at: int, end: int) -> Sample | None:

@@ -93,7 +93,8 @@ def test_a_shard_hashed_through_lmdbs_own_mapping_is_then_scanned_without_a_page
     import resource
 
     from ddpipe.checksum import file_checksum
-    from ddpipe.formats.lmdb import LMDBFile, LMDBFormat, LMDBReader
+    from ddpipe.formats.lmdb import LMDBFormat, LMDBReader
+    from ddpipe.formats.lmdb_env import LMDBFile
     from ddpipe.formats.mapped import hash_mapped
     from ddpipe.sample import KEY
 
@@ -139,7 +140,7 @@ def test_lmdbs_mapping_is_found_where_lmdb_maps_the_file(tmp_path: Path, kind: s
     it or not: its bytes are the file's, and the hash through it is the file's checksum. A file
     without records has none found, and is hashed through a mapping of its own."""
     from ddpipe.checksum import file_checksum
-    from ddpipe.formats.lmdb import LMDBFile
+    from ddpipe.formats.lmdb_env import LMDBFile
     from ddpipe.formats.mapped import MappedFile
 
     path = tmp_path / "s.lmdb"
