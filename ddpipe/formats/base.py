@@ -212,7 +212,7 @@ class ShardFormat(abc.ABC):
         were found to agree with those bytes, where it kept them (:meth:`check_sidecars`).
         ``by_sample``: its bytes are not checked whole, now or before: each sample read is checked
         against its digest, or none is (an unchecked read), so a format may open it from what it
-        learnt of the same file (:func:`~ddpipe.formats.learnt.file_identity`) opened so before."""
+        learnt of the same file (:func:`~ddpipe.formats.learnt.file_version`) opened so before."""
         return self.reader(path)
 
     def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:

@@ -23,8 +23,9 @@ from ..errors import CorruptShardError, DdpipeError
 from ..fields import checked, whole_number
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
-from .lmdb_env import MappedRecords, lease_environment
-from .lmdb_tree import MappedKeys, PlacedRecords, Tree, TreeError, tree_keys
+from .learnt import FileVersion, Learnt, file_version
+from .lmdb_env import EnvironmentLease, MappedRecords, lease_environment
+from .lmdb_tree import MappedKeys, PlacedRecords, Placement, Tree, TreeError, tree_keys
 from .lmdb_values import META_KEY, VALUE_KINDS, RecordError, read_value
 
 # an unparsed record's fields (see ShardReader.parse): the key as stored and the value
@@ -88,8 +89,23 @@ class LabelSource:
 _PLACES_CHUNK = 1 << 16
 
 
+# what a random read learns of an adopted file: where its records lie, and which of them are samples
+PlacedSamples = tuple[Placement, np.ndarray]
+
+
 class ForeignLMDBReader(ShardReader):
-    def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any]) -> None:
+    """Reads an adopted LMDB file through its environment, taken as it is first needed. A reader of a
+    file read sample by sample (or unchecked) is given ``placements``, where the records lie in
+    versions of files read so before, and the ``version`` of its own (learnt.py): one whose
+    placement is known reads its records there without opening the environment or walking the
+    file's tree, and one that found a placement keeps it for the next. One adopted file may hold a
+    whole dataset, of which a rank of a global shuffle reads a share every epoch: opening it, walking
+    its tree and sorting its samples from the tools' own records cost, for each epoch, in proportion
+    to the dataset and not to the share."""
+
+    def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any],
+                 placements: Learnt[FileVersion, PlacedSamples] | None = None,
+                 version: FileVersion | None = None) -> None:
         super().__init__(path)
         self._kind = str(layout.get("values", "image"))
         self._field = str(layout.get("field", "jpg"))
@@ -98,20 +114,38 @@ class ForeignLMDBReader(ShardReader):
         # dataset to check before it parses them (a changed value is refused before it is read)
         self._records_checked = layout.get("digests") == "records" and self._kind != "image"
         self._placed: PlacedRecords | None = None  # made on the first random read
+        self._own_placed = False  # made by this reader from a known placement, not its environment's
         self._samples = np.zeros(0, dtype=np.int64)  # the records that are samples, by position (not the metadata)
+        self._placements, self._version = placements, version
+        self._known = placements.get(version) if placements is not None and version is not None else None
+        self._leased: EnvironmentLease | None = None
         # where a scan may start: every seek_every-th sample's key (recorded by ddpipe index)
         self._seek_every = int(layout.get("seek_every", 0))
         self._seek_keys = [base64.b64decode(k) for k in layout.get("seek_keys", ())]
         try:
             # the label side file lives with the source data, not with a staged copy of data.mdb
             self._labels = LabelSource(layout, Path(layout.get("source_dir", self.path.parent)))
-            self._lease = lease_environment(self.path)
-        except CorruptShardError:
-            raise
-        except (lmdb.Error, OSError, re.error, KeyError) as e:
+        except (OSError, re.error, KeyError) as e:
             raise self._corrupt(f"unreadable LMDB environment: {e}") from None
+        if self._known is None:  # opened now, where nothing vouches for the file: a damaged one is said at once
+            self._take_lease()
         if self._n < 0:
-            self._n = len(self._sample_keys())
+            self._n = len(self._known[1]) if self._known is not None else len(self._sample_keys())
+
+    @property
+    def _lease(self) -> EnvironmentLease:
+        return self._take_lease()
+
+    def _take_lease(self) -> EnvironmentLease:
+        """The file's environment, taken the first time it is needed."""
+        if self._leased is None:
+            try:
+                self._leased = lease_environment(self.path)
+            except CorruptShardError:
+                raise
+            except (lmdb.Error, OSError) as e:
+                raise self._corrupt(f"unreadable LMDB environment: {e}") from None
+        return self._leased
 
     def __len__(self) -> int:
         return self._n
@@ -167,11 +201,9 @@ class ForeignLMDBReader(ShardReader):
         i = self._check_index(index)
         if self._placed is None:  # the keys and where each value lies, from the tree's pages
             try:
-                self._placed = self._lease.records()
+                self._placed, self._samples = self._records()
             except (TreeError, OSError) as e:
                 raise self._corrupt(f"unreadable LMDB environment: {e}") from None
-            self._samples = np.fromiter((j for j, key in enumerate(self._placed.keys) if not META_KEY.match(key)),
-                                        dtype=np.int64)
         if i >= len(self._samples):
             raise self._corrupt(f"holds {len(self._samples)} records, not {self._n}")
         record = int(self._samples[i])
@@ -179,6 +211,22 @@ class ForeignLMDBReader(ShardReader):
             return self._sample(self._placed.keys[record], self._placed.value(record))
         except (TreeError, OSError) as e:
             raise self._corrupt(f"cannot read record {i}: {e}") from None
+
+    def _records(self) -> tuple[PlacedRecords, np.ndarray]:
+        """Where each record lies, and which records are samples: as found before in this version of
+        the file (read there without an environment: see the class), else as the environment's walk
+        found them, then kept for the next reader."""
+        version = self._version
+        if self._known is not None and version is not None and self._leased is None:
+            placement, samples = self._known
+            self._own_placed = True
+            return PlacedRecords(self.path, version[:2], placement=placement), samples
+        records = self._lease.records()
+        samples = np.fromiter((j for j, key in enumerate(records.keys) if not META_KEY.match(key)), dtype=np.int64)
+        if self._known is None and self._placements is not None and version is not None \
+                and self._lease.identity == version[:2]:  # the file opened is the version named
+            self._placements.learn(version, (records.placement, samples), len(samples))
+        return records, samples
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return (sample for _, sample in self.records(start))
@@ -281,16 +329,34 @@ class ForeignLMDBReader(ShardReader):
             raise self._corrupt(f"cannot read: {e}") from None
 
     def close(self) -> None:
-        self._placed = None  # its environment's, closed with it
-        self._lease.release()
+        if self._placed is not None and self._own_placed:
+            self._placed.close()
+        self._placed = None  # its environment's, closed with it, unless its own
+        if self._leased is not None:
+            self._leased.release()
 
 
 class ForeignLMDBFormat(AdoptedFormat):
     name = "lmdb-foreign"
     suffix = ".mdb"
 
+    # where the records of files read sample by sample or unchecked lie, by version (ForeignLMDBReader),
+    # up to a few adopted ImageNets' worth (50-60 bytes a record: its key, its value's place), which a
+    # reader holds anyway while it reads
+    PLACED_RECORDS = 1 << 23
+
+    def __init__(self, layout: dict[str, Any] | None = None) -> None:
+        super().__init__(layout)
+        self.placements = Learnt[FileVersion, PlacedSamples](self.PLACED_RECORDS)
+
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return ForeignLMDBReader(path, self.layout)
+
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False,
+                  by_sample: bool = False) -> ShardReader:
+        """Read sample by sample (or unchecked), from where its records lie in this version of the file,
+        where a reader of it found them before (:class:`ForeignLMDBReader`)."""
+        return ForeignLMDBReader(path, self.layout, self.placements, file_version(path) if by_sample else None)
 
     @staticmethod
     def check_layout(layout: dict[str, Any]) -> None:

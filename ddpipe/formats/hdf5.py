@@ -33,7 +33,7 @@ from ..errors import CorruptShardError
 from ..sample import KEY, Sample, owned
 from .atomic import is_disk_full
 from .base import ShardFormat, ShardReader, ShardWriter
-from .learnt import FileVersion, Learnt, file_identity
+from .learnt import FileVersion, Learnt, file_version
 from .mapped import MappedFile, ShardMapping
 
 LAYOUT_VERSION = 1
@@ -229,14 +229,11 @@ class HDF5Format(ShardFormat):
         samples' digests then differ, or an unchecked read reads what it finds, as it would anyway."""
         if checksum is not None:
             return HDF5Reader(path, self.layouts.get(checksum))
-        if not by_sample:
+        version = file_version(path) if by_sample else None
+        if version is None:
             return HDF5Reader(path)
-        try:
-            identity = file_identity(path)
-        except OSError:
-            return HDF5Reader(path)  # which says what is wrong
-        reader = HDF5Reader(path, self.file_layouts.get(identity))
-        self.file_layouts.learn(identity, reader.layout, reader.layout.samples)
+        reader = HDF5Reader(path, self.file_layouts.get(version))
+        self.file_layouts.learn(version, reader.layout, reader.layout.samples)
         return reader
 
     def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:

@@ -4,7 +4,7 @@ next open of the same bytes need not learn it again: a rank reads the same shard
 where learning it again cost more than reading them.
 
 Kept by what vouches that the bytes are the same: the shard's checksum, for a file a checked read
-hashed whole; or the file's version (:func:`file_identity`) for one read sample by sample or
+hashed whole; or the file's version (:func:`file_version`) for one read sample by sample or
 unchecked, for such reads alone (a checked open would otherwise trust what it learnt as the
 manifest's bytes'). A file read so that changed since without its size or time changing is read at
 the old places: its samples' digests then differ, or an unchecked read reads what it finds, as it
@@ -23,10 +23,14 @@ V = TypeVar("V")
 FileVersion = tuple[int, int, int, int]
 
 
-def file_identity(path: str | os.PathLike[str]) -> FileVersion:
-    """One version of a file: its device, inode, size and modification time (ns). A file written
-    again in place, or replaced, is another; what was learnt of one version (a layout) is for it alone."""
-    stat = os.stat(path)
+def file_version(path: str | os.PathLike[str]) -> FileVersion | None:
+    """One version of a file: its device, inode, size and modification time (ns); None where it cannot
+    be asked (opening it then says why). A file written again in place, or replaced, is another; what
+    was learnt of one version (a layout) is for it alone."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 

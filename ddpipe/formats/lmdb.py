@@ -36,7 +36,7 @@ import msgpack
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
-from .learnt import FileVersion, Learnt, file_identity
+from .learnt import FileVersion, Learnt, file_version
 from .lmdb_env import LMDBFile
 from .lmdb_tree import Keys, MappedKeys, PlacedRecords, Placement, TreeError
 from .mapped import ShardMapping
@@ -376,13 +376,7 @@ class LMDBFormat(ShardFormat):
                   by_sample: bool = False) -> ShardReader:
         """Read sample by sample (or unchecked), from where its records lie in this version of the file,
         where a reader of it found them before (:class:`LMDBReader`)."""
-        if not by_sample:
-            return LMDBReader(path)
-        try:
-            version = file_identity(path)
-        except OSError:
-            return LMDBReader(path)  # which says what is wrong
-        return LMDBReader(path, self.placements, version)
+        return LMDBReader(path, self.placements, file_version(path) if by_sample else None)
 
     def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:
         return LMDBFile(Path(path), self.kept if keep else None)

@@ -501,3 +501,39 @@ def test_an_adopted_lmdb_read_at_random_walks_its_tree_once(tmp_path: Path, monk
     stream = ddpipe.EncodedStream(root, 4, shuffle="global")
     assert sum(len(batch) for batch in stream) == 25
     assert len(made) == len(walked) == 1
+
+
+def test_an_adopted_lmdb_read_at_random_again_reads_its_records_where_they_lie_without_lmdb(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One adopted file may hold a whole dataset, of which a rank reads a share every epoch, each
+    record checked against its digest. Where its records lie, and which are samples, is learnt of the
+    file's version in the first epoch; later epochs read them there without opening LMDB or walking
+    its tree. A record changed in place, the file's size and time kept, is read at its old place and
+    refused by its digest."""
+    import numpy as np
+
+    import ddpipe
+    from ddpipe.reading import read_samples
+
+    from ..helpers import adopted, flip_inside_sample, shard_file
+
+    root = adopted("caffe-encoded", tmp_path)
+    dataset = ddpipe.open_dataset(root)
+    share = np.array([20, 3, 11, 7])
+    opened = _environments_opened(monkeypatch)
+    _, walked = _records_made(monkeypatch)
+
+    def epoch() -> tuple[list[tuple[str, bytes, bytes]], int, int]:
+        opened.clear()
+        walked.clear()
+        got = [(s[KEY], bytes(s["jpg"]), bytes(s["cls"])) for s in read_samples(dataset, share, random_access=True)]
+        return got, len(opened), len(walked)
+
+    first, opened_first, walked_first = epoch()
+    assert [key for key, *_ in first] == [list(dataset)[i][KEY] for i in share]
+    assert opened_first == walked_first == 1
+    assert epoch() == (first, 0, 0)
+    flip_inside_sample(shard_file(root, 0), first[2][1])  # the image of the share's third sample
+    with pytest.raises(ddpipe.DigestMismatchError, match=f"sample 11 \\({first[2][0]!r}\\)"):
+        epoch()
+    assert opened == [] and walked == []
