@@ -61,6 +61,21 @@ class LabelSource:
         self.table = read_labels_file(data_dir / layout["labels_file"]) if layout.get("labels_file") else None
         self.names = {str(name): i for i, name in enumerate(layout.get("label_names", ()))}
 
+    @classmethod
+    def of(cls, layout: dict[str, Any], data_dir: Path,
+           known: Learnt[FileVersion, LabelSource] | None = None) -> LabelSource:
+        """The label source of ``layout``, its labels file's lines as read before where ``known`` holds
+        this version of the file: a reader opens the file every epoch, and an ImageNet's lines took
+        4.3 s to read here."""
+        file = data_dir / layout["labels_file"] if layout.get("labels_file") else None
+        version = file_version(file) if file is not None and known is not None else None
+        source = known.get(version) if known is not None and version is not None else None
+        if source is None:
+            source = cls(layout, data_dir)
+            if known is not None and version is not None:
+                known.learn(version, source, len(source.table or ()))
+        return source
+
     def label(self, key: str) -> int | None:
         if self.pattern is not None:
             m = self.pattern.search(key)
@@ -105,7 +120,8 @@ class ForeignLMDBReader(ShardReader):
 
     def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any],
                  placements: Learnt[FileVersion, PlacedSamples] | None = None,
-                 version: FileVersion | None = None) -> None:
+                 version: FileVersion | None = None,
+                 label_sources: Learnt[FileVersion, LabelSource] | None = None) -> None:
         super().__init__(path)
         self._kind = str(layout.get("values", "image"))
         self._field = str(layout.get("field", "jpg"))
@@ -124,7 +140,7 @@ class ForeignLMDBReader(ShardReader):
         self._seek_keys = [base64.b64decode(k) for k in layout.get("seek_keys", ())]
         try:
             # the label side file lives with the source data, not with a staged copy of data.mdb
-            self._labels = LabelSource(layout, Path(layout.get("source_dir", self.path.parent)))
+            self._labels = LabelSource.of(layout, Path(layout.get("source_dir", self.path.parent)), label_sources)
         except (OSError, re.error, KeyError) as e:
             raise self._corrupt(f"unreadable LMDB environment: {e}") from None
         if self._known is None:  # opened now, where nothing vouches for the file: a damaged one is said at once
@@ -341,22 +357,25 @@ class ForeignLMDBFormat(AdoptedFormat):
     suffix = ".mdb"
 
     # where the records of files read sample by sample or unchecked lie, by version (ForeignLMDBReader),
-    # up to a few adopted ImageNets' worth (50-60 bytes a record: its key, its value's place), which a
-    # reader holds anyway while it reads
+    # and the labels files read, by version (LabelSource.of): up to a few adopted ImageNets' worth
+    # (50-60 bytes a record: its key, its value's place; about 100 a label), which a reader holds
+    # anyway while it reads
     PLACED_RECORDS = 1 << 23
 
     def __init__(self, layout: dict[str, Any] | None = None) -> None:
         super().__init__(layout)
         self.placements = Learnt[FileVersion, PlacedSamples](self.PLACED_RECORDS)
+        self.label_sources = Learnt[FileVersion, LabelSource](self.PLACED_RECORDS)
 
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
-        return ForeignLMDBReader(path, self.layout)
+        return ForeignLMDBReader(path, self.layout, label_sources=self.label_sources)
 
     def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False,
                   by_sample: bool = False) -> ShardReader:
         """Read sample by sample (or unchecked), from where its records lie in this version of the file,
         where a reader of it found them before (:class:`ForeignLMDBReader`)."""
-        return ForeignLMDBReader(path, self.layout, self.placements, file_version(path) if by_sample else None)
+        return ForeignLMDBReader(path, self.layout, self.placements, file_version(path) if by_sample else None,
+                                 self.label_sources)
 
     @staticmethod
     def check_layout(layout: dict[str, Any]) -> None:

@@ -258,3 +258,40 @@ def test_a_labels_file_line_whose_label_is_no_integer_is_one_line(label: str, tm
     assert proc.returncode == 1 and proc.stderr == f"ddpipe: error: {root}/labels.txt: line 3: expected 'key label' " \
         f"with an integer label, found 'photo-00002.JPEG {label}'\n", proc.stderr
     assert not (root / "index.json").exists()
+
+
+def test_a_labels_file_is_read_once_for_every_epoch_until_it_is_written_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every epoch opens an adopted LMDB again, and with it the labels file beside it, whose lines (an
+    ImageNet's) took seconds to read: they are kept by the version of the file, and read again once
+    it is written anew (each sample's digest, taken with its label as indexed, then refuses a label
+    changed since)."""
+    from ddpipe.formats import foreign_lmdb
+
+    from ..helpers import adopted
+
+    root = adopted("lmdb-labels-file", tmp_path)
+    read: list[str] = []
+    read_file = foreign_lmdb.read_labels_file
+
+    def counted(path: Path) -> dict[str, int]:
+        read.append(path.name)
+        return read_file(path)
+
+    monkeypatch.setattr(foreign_lmdb, "read_labels_file", counted)
+    stream = ddpipe.EncodedStream(root, 5)
+
+    def epoch(e: int) -> dict[str, bytes]:
+        stream.set_epoch(e)
+        return {s["__key__"]: bytes(s["cls"]) for batch in stream for s in batch}
+
+    first = epoch(0)
+    assert epoch(1) == first and read == ["labels.txt"]
+    indexed = (root / "labels.txt").read_text()
+    shifted = [f"{line.rsplit(' ', 1)[0]} {(int(line.rsplit(' ', 1)[1]) + 1) % fd.CLASSES}"
+               for line in indexed.splitlines()]
+    (root / "labels.txt").write_text("\n".join(shifted) + "\n\n")  # another size: a version of its own
+    with pytest.raises(ddpipe.DigestMismatchError, match=r"sample \d+ \('photo-\d+_JPEG'\)"):
+        epoch(2)
+    (root / "labels.txt").write_text(indexed)
+    assert epoch(3) == first and read == ["labels.txt"] * 3
