@@ -1,7 +1,7 @@
 """What a rank's random reads (``shuffle="global"``) take from a cold disk, against the same samples
 read in shard order.
 
-    python benchmarks/random_access.py [--n 3000] [--share 8] [--repeats 5]
+    python benchmarks/random_access.py [--n 3000] [--share 8] [--repeats 5] [--reference CHECKOUT ...]
 
 One rank's share of a global shuffle, a random ``1/share`` of the dataset's samples, read cold
 (the files out of the page cache) with ``read_samples(random_access=True)``, checked as ddpipe
@@ -15,6 +15,9 @@ ddpipe wrote them before it recorded digests: hard links to the files, the diges
 hashed whole first, so read whole either way: each checked random read is set against that one,
 ``vs_no_digests``, cold and warm (the files in the page cache; its mappings, kept from one read to
 the next as a loader's epochs keep them, too). Medians of ``--repeats``, the ways alternated.
+``--reference`` (repeatable) measures an earlier commit's ddpipe on the same files, each tree in a
+process of its own, the trees alternated from one data set to the next; each row of this tree's
+gives its ratio to each reference (``vs_at_<commit>``, cold and warm).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import collections
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import DATA, cold, read_ahead_kb, save, synth_images, synth_shards
+from _common import DATA, cold, commit_of, env_of, read_ahead_kb, save, synth_images, synth_shards, trees_to_measure
 from formats import foreign_datasets
 from lmdb_tree import whole_dataset_lmdb
 
@@ -99,12 +104,29 @@ def measure(path: Path, share: int, repeats: int, verify: bool) -> dict[str, Any
     return row
 
 
+def measured_in(tree: Path, path: Path, share: int, repeats: int, check: str) -> dict[str, Any]:
+    """:func:`measure` in a process of its own, importing ``tree``'s ddpipe."""
+    out = subprocess.run([sys.executable, __file__, "--share", str(share), "--repeats", str(repeats), "--run",
+                          str(path), check], capture_output=True, text=True, env=env_of(tree), cwd=tree, timeout=1200)
+    if out.returncode != 0:
+        sys.exit(f"random_access.py: {tree} {path.name} {check} exited {out.returncode}:\n{out.stderr[-4000:]}")
+    got: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
+    return got
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--share", type=int, default=8, help="the rank's share: 1/share of the samples")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--reference", type=Path, action="append", default=[],
+                    help="a checkout of an earlier commit, measured beside this one (repeatable)")
+    ap.add_argument("--run", nargs=2, metavar=("PATH", "CHECK"), help=argparse.SUPPRESS)  # a child's one measure
     args = ap.parse_args()
+    if args.run:
+        print(json.dumps(measure(Path(args.run[0]), args.share, args.repeats, args.run[1] == "checked")))
+        return
+    trees = trees_to_measure(args.reference)
     sets: dict[str, Path] = {}
     for fmt in ("wds", "hdf5", "lmdb"):
         sets[f"ddpipe {fmt}"] = synth_shards(args.n, "loader", fmt)
@@ -113,18 +135,28 @@ def main() -> None:
     sets["one LMDB of the images, adopted"] = whole_dataset_lmdb(synth_images(args.n), DATA / f"lmdb-whole-{args.n}",
                                                                  small=False)
     rows = []
-    for name, path in sets.items():
+    for k, (name, path) in enumerate(sets.items()):
         for verify in (True, False) if not name.endswith("no digests") else (True,):  # unchecked reads no digest
-            row = {"data": name, "check": "checked" if verify else "unchecked",
-                   **measure(path, args.share, args.repeats, verify)}
-            rows.append(row)
-            print(row, flush=True)
-    for row in rows:
-        whole = [r for r in rows if r["data"] == f"{row['data']}, no digests" and r["check"] == row["check"]]
+            check = "checked" if verify else "unchecked"
+            for tree in list(trees) if k % 2 == 0 else list(trees)[::-1]:  # alternated: drift hits all alike
+                row = {"data": name, "check": check, **({"tree": tree} if len(trees) > 1 else {}),
+                       **(measure(path, args.share, args.repeats, verify) if len(trees) == 1
+                          else measured_in(trees[tree], path, args.share, args.repeats, check))}
+                rows.append(row)
+                print(row, flush=True)
+    mine = [r for r in rows if r.get("tree", "this") == "this"]
+    for row in mine:
+        whole = [r for r in mine if r["data"] == f"{row['data']}, no digests" and r["check"] == row["check"]]
         if whole:
             row["vs_no_digests"] = row["random_ms"] / whole[0]["random_ms"]
             row["warm_vs_no_digests"] = row["warm_random_ms"] / whole[0]["warm_random_ms"]
-    text = table(rows, [("data", "data", "s"), ("check", "read", "s"), ("samples", "samples", ",d"),
+        for ref in (t for t in trees if t != "this"):
+            theirs = next(r for r in rows
+                          if r["tree"] == ref and r["data"] == row["data"] and r["check"] == row["check"])
+            row[f"vs_at_{ref}"] = row["random_ms"] / theirs["random_ms"]
+            row[f"warm_vs_at_{ref}"] = row["warm_random_ms"] / theirs["warm_random_ms"]
+    by_tree = [("tree", "tree", "s")] if len(trees) > 1 else []
+    text = table(rows, [("data", "data", "s"), ("check", "read", "s"), *by_tree, ("samples", "samples", ",d"),
                         ("sample_mb", "their MB", ".1f"), ("file_mb", "files' MB", ".0f"),
                         ("random_mb", "random: MB read", ".1f"), ("random_ms", "ms", ".0f"),
                         ("in_order_mb", "in order: MB read", ".1f"), ("in_order_ms", "ms", ".0f"),
@@ -132,10 +164,13 @@ def main() -> None:
                         ("random_read_over_samples", "random MB read / their MB", ".2f"),
                         ("vs_no_digests", "random / without digests", ".2f"),
                         ("warm_random_ms", "warm: random ms", ".0f"),
-                        ("warm_vs_no_digests", "random / without digests", ".2f")])
+                        ("warm_vs_no_digests", "random / without digests", ".2f"),
+                        *[(f"{when}vs_at_{ref}", f"{label}random / at {ref}", ".2f") for ref in trees if ref != "this"
+                          for when, label in (("", "cold: "), ("warm_", "warm: "))]])
     print(text)
-    doc = {"benchmark": "random_access",
-           "command": f"python benchmarks/random_access.py --n {args.n} --share {args.share} --repeats {args.repeats}",
+    command = f"python benchmarks/random_access.py --n {args.n} --share {args.share} --repeats {args.repeats}"
+    command += "".join(f" --reference <checkout of {ref}>" for ref in trees if ref != "this")
+    doc = {"benchmark": "random_access", "command": command, "commit": commit_of(trees["this"]),
            "machine": machine(), "read_ahead_kb": read_ahead_kb(DATA), "rows": rows, "table": text}
     print(f"wrote {save('random_access', doc)}")
 
