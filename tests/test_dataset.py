@@ -20,7 +20,7 @@ from ddpipe.sample import owned
 from ddpipe.verify import verify_dataset
 
 from .conftest import run_cli
-from .helpers import make_dataset
+from .helpers import make_dataset, shard_file
 
 
 @pytest.fixture(params=["wds", "hdf5", "lmdb"])
@@ -28,10 +28,6 @@ def dataset(request: pytest.FixtureRequest, raw_images: Path, tmp_path: Path) ->
     out = tmp_path / "ds"
     convert(raw_images, out, ConvertOptions(format=request.param, samples_per_shard=6, progress=False))
     return out
-
-
-def shard_file(dataset: Path, k: int) -> Path:
-    return dataset / ddpipe.load_manifest(dataset).shards[k].file
 
 
 def one_line_error(*args: object) -> str:
