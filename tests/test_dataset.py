@@ -187,6 +187,7 @@ def test_a_checked_read_stops_at_a_damaged_shard_and_leaves_none_open(dataset: P
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds
 
+
 def shard_opens(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The shards that Dataset.open_shard opens from now on, as they are opened."""
     opened: list[int] = []

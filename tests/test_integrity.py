@@ -354,6 +354,27 @@ def test_a_random_read_of_a_share_of_each_shard_checks_the_samples_it_reads_not_
         list(read_samples(ddpipe.open_dataset(root), SHARE, random_access=True))
 
 
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_a_shard_cut_short_while_read_sample_by_sample_is_an_error_naming_it(fmt: str, tmp_path: Path) -> None:
+    """A tar or LMDB shard read sample by sample (a share of a global shuffle, or unchecked) is read with
+    ``pread``, not through a mapping: one cut short in place while its reader is open is an error
+    naming it, where a mapping's page past the new end would have killed the process (SIGBUS); and the
+    reader leaves no descriptor open once closed."""
+    root = make_dataset(tmp_path / fmt, fmt, [12, 12], payload=4000)
+    dataset = ddpipe.open_dataset(root)
+    path = shard_file(root, 1)
+    gc.collect()
+    fds = len(os.listdir("/proc/self/fd"))
+    with dataset.open_shard(1) as reader:
+        assert reader.parse(reader[0])["bin"] == EXPECTED["s/000012"]
+        os.truncate(path, path.stat().st_size // 2)
+        with pytest.raises(CorruptShardError, match="cut short") as info:
+            reader[11]
+        assert Path(str(info.value.path)) == path
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_a_converted_dataset_records_the_digests_that_check_its_random_reads(
         fmt: str, raw_images: Path, tmp_path: Path) -> None:

@@ -314,6 +314,7 @@ class TarReader(ShardReader):
         else:
             self._groups = scan_tar_members(self.path)
         self._file: MappedFile | None = None  # mapped as first read, unless a mapping is adopted before
+        self._fd: int | None = None  # where samples are read one at a time from a file not mapped
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -348,9 +349,28 @@ class TarReader(ShardReader):
 
     def __getitem__(self, index: int) -> Sample:
         group = self._groups[self._check_index(index)]
+        if self._file is None:
+            return self._read_sample(group)
         content = self.content()
         self.mapped_file().ask(min(m[1] for m in group), max(m[1] + m[2] for m in group))  # this sample's bytes alone
         return owned(self._sample(content, group))
+
+    def _read_sample(self, group: list[Member]) -> Sample:
+        """The sample of ``group`` read with ``pread``, a call for each member, from a file not mapped (a
+        random read of a few samples of each shard: a share of a global shuffle). Copied out of a
+        mapping made for them, their pages each faulted in, such reads took about twice as long warm
+        (docs/benchmarks.md, random_access); the descriptor is advised ``POSIX_FADV_RANDOM``, so that
+        a cold read reads the sample's pages alone, as a mapping's reads asked for first do."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        sample: Sample = {KEY: split_member_name(group[0][3])[0]}
+        for ext, offset, size, name in group:
+            data = os.pread(self._fd, size, offset)
+            if len(data) != size:
+                raise self._corrupt(f"truncated tar: member {name!r} is cut short")
+            sample[ext] = data
+        return sample
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return map(owned, self.scan_views(start))
@@ -369,6 +389,9 @@ class TarReader(ShardReader):
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class TarFormat(ShardFormat):
