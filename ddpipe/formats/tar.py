@@ -358,9 +358,10 @@ class TarReader(ShardReader):
     def _read_sample(self, group: list[Member]) -> Sample:
         """The sample of ``group`` read with ``pread``, a call for each member, from a file not mapped (a
         random read of a few samples of each shard: a share of a global shuffle). Copied out of a
-        mapping made for them, their pages each faulted in, such reads took about twice as long warm
-        (docs/benchmarks.md, random_access); the descriptor is advised ``POSIX_FADV_RANDOM``, so that
-        a cold read reads the sample's pages alone, as a mapping's reads asked for first do."""
+        mapping made for them, their pages each faulted in, such reads took about half as long again
+        warm (docs/benchmarks.md, random_access); the descriptor is advised ``POSIX_FADV_RANDOM``, and a
+        sample's members are asked for together, so that a cold read reads the sample's pages alone,
+        in one trip to the disk, as a mapping's reads asked for first do."""
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY)
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
