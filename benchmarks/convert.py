@@ -48,7 +48,7 @@ from _common import DATA, save, synth_images
 
 import ddpipe
 from ddpipe.bench.harness import machine, median, table
-from ddpipe.formats.tar import scan_tar_members, write_dali_index
+from ddpipe.formats.tar_index import scan_tar_members, write_dali_index
 from ddpipe.units import parse_size
 
 

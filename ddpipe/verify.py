@@ -14,7 +14,7 @@ from .checksum import file_checksum, sample_digest
 from .dataset import Dataset, dataset_at
 from .decode.spec import decode_check, is_image_field, no_image
 from .errors import DdpipeError
-from .formats.tar import check_dali_index
+from .formats.tar_index import check_dali_index
 from .sample import KEY, class_of
 from .storage.location import is_remote
 

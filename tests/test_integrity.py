@@ -17,7 +17,7 @@ import ddpipe
 from ddpipe.dataset import OPEN_SHARDS
 from ddpipe.errors import ChecksumMismatchError, CorruptShardError, DigestMismatchError
 from ddpipe.formats import FORMAT_NAMES
-from ddpipe.formats.tar import KnownIndexes
+from ddpipe.formats.tar_index import KnownIndexes
 from ddpipe.reading import read_samples
 
 from .conftest import run_cli

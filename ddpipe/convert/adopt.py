@@ -17,7 +17,8 @@ from pathlib import Path
 from ..checksum import pack_digests, sample_digest
 from ..errors import ConversionConflictError, DdpipeError, ManifestError, OptionError, UnlabelledSamplesWarning
 from ..formats.atomic import Finished, discard, partial_path, raise_if_disk_full
-from ..formats.tar import TarFormat, TarReader, format_dali_index, index_path, scan_tar_members, split_member_name
+from ..formats.tar import TarFormat, TarReader
+from ..formats.tar_index import format_dali_index, index_path, scan_tar_members, split_member_name
 from ..manifest import MANIFEST_NAME, Manifest, ShardInfo, label_runs, load_manifest, save_manifest
 from ..sample import label_of
 from ..storage.location import is_remote

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..sample import KEY, Sample, field_names
 from .base import ShardWriter
-from .tar import Member, format_dali_index, index_path
+from .tar_index import Member, format_dali_index, index_path
 
 _BLOCK = 512
 _RECORD = 20 * _BLOCK  # tarfile pads the archive to whole records of 20 blocks, as GNU tar does

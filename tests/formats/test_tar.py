@@ -13,7 +13,7 @@ import webdataset as wds
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpipe.formats.tar import index_path, parse_dali_index, scan_tar_members, split_member_name
+from ddpipe.formats.tar_index import index_path, parse_dali_index, scan_tar_members, split_member_name
 from ddpipe.sample import KEY
 
 from .conformance import FormatConformance, example_samples
@@ -124,7 +124,8 @@ def test_header_check_accepts_long_names_and_refuses_a_swap(tmp_path: Path, leng
     included (those headers are parsed, not compared whole); two members' offsets swapped in the
     index is refused."""
     from ddpipe.errors import CorruptShardError
-    from ddpipe.formats.tar import TarReader, check_index_against_headers
+    from ddpipe.formats.tar import TarReader
+    from ddpipe.formats.tar_index import check_index_against_headers
 
     items = [{KEY: "k" * n, "bin": bytes([n]) * (600 + n)} for n in lengths]  # sizes differ: a swap shows
     shard = TestTarConformance().write(tmp_path / f"t{len(lengths)}-{lengths[0]}.tar", items)
@@ -145,7 +146,7 @@ def test_header_check_accepts_long_names_and_refuses_a_swap(tmp_path: Path, leng
                                 min_size=1, max_size=3), max_size=20))
 def test_index_parse_reads_back_what_was_written(groups: list[list[tuple[str, int, int, str]]]) -> None:
     """Samples of one, two and three members mixed: each comes back as it was written, in order."""
-    from ddpipe.formats.tar import format_dali_index
+    from ddpipe.formats.tar_index import format_dali_index
 
     assert parse_dali_index(format_dali_index(groups), "x.idx") == groups
 
@@ -168,7 +169,8 @@ def test_known_indexes_parse_an_index_once_up_to_their_limit_and_a_bad_one_every
     import pickle
 
     from ddpipe.errors import CorruptShardError
-    from ddpipe.formats.tar import KnownIndexes, TarFormat
+    from ddpipe.formats.tar import TarFormat
+    from ddpipe.formats.tar_index import KnownIndexes
 
     shard = TestTarConformance().write(tmp_path / "s.tar", example_samples())
     idx = index_path(shard)

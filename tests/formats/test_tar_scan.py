@@ -98,7 +98,7 @@ def test_gnu_tars_archives_are_read_as_tarfile_reads_them(tmp_path: Path, fmt: s
 def test_two_extended_headers_in_a_row_name_the_member_as_tarfile_does(tmp_path: Path, fmt: str) -> None:
     """A long name's extended header written twice before its member, with two names: ddpipe's index
     names the member as tarfile does (the outer one)."""
-    from ddpipe.formats.tar import scan_tar_members
+    from ddpipe.formats.tar_index import scan_tar_members
 
     one, two = tmp_path / "one.tar", tmp_path / "two.tar"
     write_tar(one, fmt, [("a" * 120 + "/x.jpg", "file", 10)])
