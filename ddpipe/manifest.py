@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .checksum import unpack_digests
+from .directory_kind import hint
 from .errors import DdpipeError, ManifestError, MissingShardError
 from .fields import checked, kind_of, whole_number
 from .formats.atomic import atomic_write_bytes
@@ -266,8 +267,6 @@ def load_manifest(dataset: str | os.PathLike[str]) -> Manifest:
 def _what_makes_one(directory: Path) -> str:
     """The command that makes a manifest for what ``directory`` holds (images to convert, shards to
     adopt), for a newcomer who points a loader at the raw data."""
-    from .convert.index_command import hint  # the convert layer knows the layouts: only on this error
-
     try:
         said = hint(directory)
     except DdpipeError:  # a directory whose mode refuses a look: say what is generally done

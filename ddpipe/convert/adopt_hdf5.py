@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from ..checksum import pack_digests, sample_digest
+from ..directory_kind import HDF5_SUFFIXES
 from ..errors import DdpipeError
 from ..manifest import Manifest, ShardInfo, label_runs
 from .adopt import given_or_recorded, refuse_read_only, write_adopted
 from .classes import class_order, named_classes, refuse_negative
 
-HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # rows read to tell labels stored as floats or one-hot rows from other numbers when listing candidates
 LABEL_SNIFF_ROWS = 256
 # files kept elsewhere: their names, and a context in which the file at a path is there

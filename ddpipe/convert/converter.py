@@ -252,16 +252,17 @@ def convert(
         ]
         mine = list(range(world.rank, len(jobs), world.size))
         results: dict[int, ShardResult] = {}
+        progress = f"convert -> {options.format}" if options.progress and world.rank == 0 else None
 
         def write() -> None:
             if objects is None:
-                results.update(run_jobs(jobs, mine, options, world.rank == 0))
+                results.update(run_jobs(jobs, mine, options.workers, progress))
                 return
             # into a bucket: each shard sent as it is finished and removed here; one sent before is not written
             with to_objects.ShardSender(objects, out, fmt, state / SENT_DIR) as sender:
                 results.update({i: r for i in mine if (r := sender.sent_before(jobs[i])) is not None})
                 rest = [i for i in mine if i not in results]
-                results.update(run_jobs(jobs, rest, options, world.rank == 0, sender.send))
+                results.update(run_jobs(jobs, rest, options.workers, progress, sender.send))
 
         _all_ranks(comm, write)
 

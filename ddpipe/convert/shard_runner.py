@@ -15,31 +15,28 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from ..workers import bind_to_parent, ended_as_they_started, stop_workers, worker_context
 from .shard_job import ShardJob, ShardResult, discard_partial, publish, write_shard
 
-if TYPE_CHECKING:
-    from .converter import ConvertOptions
 
-
-def run_jobs(jobs: list[ShardJob], mine: list[int], options: ConvertOptions, show: bool,
+def run_jobs(jobs: list[ShardJob], mine: list[int], workers: int, progress: str | None,
              written: Callable[[ShardResult], None] = lambda result: None) -> dict[int, ShardResult]:
-    """Write the shards ``mine`` (by worker processes where there are several), each passed to
-    ``written`` as it is published, on the publishing thread. The workers are given two shards each at
+    """Write the shards ``mine`` (by ``workers`` processes where there are several), each passed to
+    ``written`` as it is published, on the publishing thread; a progress bar named ``progress`` (none
+    for None) counts their images. The workers are given two shards each at
     a time, not all at once, and no more shards wait to be published than there are workers, so that
     finished shards wait for ``written`` (an upload) a few at a time."""
     total = sum(len(jobs[i].items) for i in mine)
-    with tqdm(total=total, unit="img", desc=f"convert -> {options.format}", disable=not (options.progress and show),
-              dynamic_ncols=True) as bar, _Publisher(jobs, written, options.workers) as publisher:
-        if options.workers <= 1:
+    with tqdm(total=total, unit="img", desc=progress, disable=progress is None,
+              dynamic_ncols=True) as bar, _Publisher(jobs, written, workers) as publisher:
+        if workers <= 1:
             for i in mine:
                 publisher.add(i, write_shard(jobs[i], on_item=lambda: bar.update(1), commit=False))
         else:
-            _in_workers(jobs, mine, options.workers, bar, publisher)
+            _in_workers(jobs, mine, workers, bar, publisher)
     return publisher.results
 
 

@@ -18,6 +18,7 @@ from PIL import UnidentifiedImageError
 from ..dataset import Dataset, open_dataset
 from ..decode.jpeg_header import jpeg_size
 from ..decode.spec import NOT_AN_IMAGE, PixelLimitError, check_pixels, decode_check, open_image
+from ..directory_kind import hint, what_is_in
 from ..errors import DdpipeError, SourceError
 from ..formats import ShardReader
 from ..manifest import MANIFEST_NAME, SkippedItem
@@ -61,8 +62,6 @@ def open_source(src: str | os.PathLike[str]) -> Source:
     path = Path(src)
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         return _dataset_source(path)
-    from .index_command import hint, what_is_in
-
     if what_is_in(path) in ("hdf5", "lmdb") and not (path.is_dir() and any(p.is_dir() for p in path.iterdir())):
         raise SourceError(f"not images but {hint(path)}; then convert the adopted dataset if you want shards",
                           path=path)
