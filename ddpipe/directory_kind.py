@@ -9,8 +9,8 @@ import itertools
 import os
 from pathlib import Path
 
-from .decode.spec import IMAGE_FIELDS
 from .errors import DdpipeError
+from .sample import IMAGE_FIELDS
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # what an ImageFolder's class directories hold: the names a sample's image field goes by

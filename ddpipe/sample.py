@@ -33,6 +33,10 @@ KEY = "__key__"
 #: samples, so they never reach a decoder.
 BAD = "__bad__"
 
+#: The fields named for an image format: a sample's image is one of them (in any case), and so are the
+#: suffixes of the image files a class directory holds.
+IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "gif")
+
 
 
 def owned(sample: Sample) -> Sample:

@@ -14,12 +14,11 @@ import simplejpeg
 
 from ..errors import OptionError
 from ..fields import is_real, number_option, refuse_non_boolean_flags, whole_option
-from ..sample import field_names
+from ..sample import IMAGE_FIELDS, field_names
 from .jpeg_header import jpeg_size
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "gif")
 DTYPES = ("float32", "float16", "uint8")
 # PIL's default limit (Image.MAX_IMAGE_PIXELS): a 631-byte JPEG may say it is 30,000 x 30,000
 MAX_PIXELS = 89_478_485
