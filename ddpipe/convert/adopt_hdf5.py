@@ -178,13 +178,14 @@ def index_hdf5(data: Path, *, out: Path | None = None, images: str | None = None
     fmt = ForeignHDF5Format(layout)
     for path in files:
         with fetch(path), ForeignHDF5Reader(path, layout) as reader:
-            if reader.labels:
-                refuse_negative(reader.labels, path)
-                max_label = max(max_label, max(reader.labels))
+            found: list[int] = [] if reader.labels is None else reader.labels.tolist()
+            if found:
+                refuse_negative(found, path)
+                max_label = max(max_label, max(found))
             checksum = fmt.checksum(reader)  # through the mapping the scan then reads
             digests = pack_digests(sample_digest(sample) for sample in reader.scan())
-            shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, checksum,
-                                    label_runs(reader.labels or ()), digests))
+            shards.append(ShardInfo(path.name, len(reader), path.stat().st_size, checksum, label_runs(found),
+                                    digests))
     fields = tuple(sorted({layout["field"]} | ({"cls"} if "labels" in layout or "label_attr" in layout else set())))
     named = named_classes(max_label, sum(s.samples for s in shards), classes, data)
     manifest = Manifest(format="hdf5-foreign", fields=fields, classes=named, shards=tuple(shards), layout=layout)

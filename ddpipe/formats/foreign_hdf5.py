@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import h5py
@@ -23,7 +24,8 @@ from ..errors import CorruptShardError
 from ..fields import checked
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
-from .hdf5_heap import HeapFormatError, open_vlen_heap
+from .hdf5_heap import HeapFormatError, VlenHeap, vlen_table
+from .learnt import FileVersion, Learnt, file_version
 from .mapped import MappedFile
 from .pixels import pnm
 
@@ -149,32 +151,76 @@ def labels_of(file: Any, images: Any, layout: dict[str, Any]) -> np.ndarray | No
     return np.array([names[t] for t in texts], dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class PlacedImages:
+    """What an open through h5py learnt of an adopted HDF5 file whose images are read straight from
+    it (hdf5_heap.py): where its table of elements lies, how many there are, and their labels; and
+    where each image read since lies in the file (``at``, -1 for one not read yet, and ``size``),
+    filled in by every reader of this version of the file. Kept by the file's version (learnt.py), so
+    that a rank's share of a global shuffle, which opens every file each epoch for a few images,
+    opens none through h5py again and reads each image it read before with one ``pread``: an open
+    through h5py took longer than a few images' reads (docs/benchmarks.md, random_access)."""
+
+    table: int
+    count: int
+    labels: np.ndarray | None  # int64, one a sample
+    at: np.ndarray  # int64: an image's size is written before its place, so a place read is whole
+    size: np.ndarray
+
+    @classmethod
+    def of(cls, table: int, count: int, labels: np.ndarray | None) -> PlacedImages:
+        return cls(table, count, labels, np.full(count, -1, dtype=np.int64), np.zeros(count, dtype=np.int64))
+
+    def place(self, i: int, at: int, size: int) -> None:
+        self.size[i] = size
+        self.at[i] = at
+
+
 class ForeignHDF5Reader(ShardReader):
-    def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any]) -> None:
+    def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any],
+                 placements: Learnt[FileVersion, PlacedImages] | None = None,
+                 version: FileVersion | None = None) -> None:
+        """``placements``, ``version``: what opens of this version of the file learnt (:class:`PlacedImages`),
+        taken where known, else learnt by this one."""
         super().__init__(path)
         self._field = str(layout.get("field", "jpg"))
         self._prefix = sanitize_key(self.path.stem)
+        self._file: Any = None  # h5py's, unless its images are placed
+        self._fd: int | None = None  # where placed images are read with pread
+        self.labels: np.ndarray | None = None  # int64, one a sample, where the layout names labels
+        self._placed = placements.get(version) if placements is not None and version is not None else None
+        if self._placed is not None:
+            self._kind, self._n, self.labels = "vlen", self._placed.count, self._placed.labels
+            self._mapped = MappedFile(self.path)
+            self._heap: VlenHeap | None = VlenHeap(self._mapped, self._placed.table, self._n)
+            return
         try:
             self._file = h5py.File(self.path, "r")
             self._images = self._file[layout["images"]]
-            self._kind = image_kind(self._images)
-            if self._kind is None:
+            kind = image_kind(self._images)
+            if kind is None:
                 raise self._corrupt(f"dataset {layout['images']!r} does not hold one image per row")
+            self._kind = kind
             self._n = int(self._images.shape[0])
             try:
-                labels = labels_of(self._file, self._images, layout)
+                self.labels = labels_of(self._file, self._images, layout)
             except ValueError as e:  # labels of a kind no sample can carry: say so, not "unreadable"
                 raise self._corrupt(f"the labels {layout.get('labels') or layout.get('label_attr')!r}: {e}") from None
-            if labels is not None and len(labels) != self._n:
-                raise self._corrupt(f"{len(labels)} labels for {self._n} images")
-            self.labels: list[int] | None = None if labels is None else labels.tolist()
+            if self.labels is not None and len(self.labels) != self._n:
+                raise self._corrupt(f"{len(self.labels)} labels for {self._n} images")
             # vlen images straight from the file where their layout allows (hdf5_heap.py: why)
             self._mapped = MappedFile(self.path)
-            self._heap = open_vlen_heap(self._file, self._images, self._mapped) if self._kind == "vlen" else None
+            table = vlen_table(self._file, self._images) if self._kind == "vlen" else None
+            self._heap = None if table is None else VlenHeap(self._mapped, table, self._n)
         except CorruptShardError:
+            self.close()
             raise
         except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:  # h5py: RuntimeError for some damage
+            self.close()
             raise self._corrupt(f"unreadable HDF5 file or not the recorded layout: {e}") from None
+        if table is not None and placements is not None and version is not None:
+            self._placed = PlacedImages.of(table, self._n, self.labels)
+            placements.learn(version, self._placed, self._n)
 
     def __len__(self) -> int:
         return self._n
@@ -196,9 +242,30 @@ class ForeignHDF5Reader(ShardReader):
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
         try:
+            if self._placed is not None:
+                return self._sample(i, self._placed_image(i, self._placed))
             return self._sample(i, self._heap.element(i) if self._heap is not None else self._images[i])
         except (OSError, RuntimeError, HeapFormatError) as e:
             raise self._corrupt(f"cannot read image {i}: {e}") from None
+
+    def _placed_image(self, i: int, placed: PlacedImages) -> bytes | memoryview:
+        """Image ``i`` read with ``pread`` where a reader of this version of the file found it before,
+        else found in the file's mapping, and its place kept. Read through a mapping made for a few
+        images, their pages each faulted in, such reads took longer (as tar shards' did)."""
+        at = int(placed.at[i])
+        if at < 0:
+            assert self._heap is not None  # images are placed only where they are read straight from the file
+            at, size = self._heap.place(i)
+            placed.place(i, at, size)
+            return self._mapped.content()[at : at + size]
+        size = int(placed.size[i])
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        data = os.pread(self._fd, size, at)
+        if len(data) != size:
+            raise HeapFormatError(f"it is cut short: {size} bytes at {at} lie past its end")
+        return data
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return self._scan(start, views=False)
@@ -223,16 +290,35 @@ class ForeignHDF5Reader(ShardReader):
         return self._mapped
 
     def close(self) -> None:
-        self._mapped.close()
-        self._file.close()
+        if hasattr(self, "_mapped"):
+            self._mapped.close()
+        if self._file is not None:
+            self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class ForeignHDF5Format(AdoptedFormat):
     name = "hdf5-foreign"
     suffix = ".h5"
 
+    # what opens of files read sample by sample or unchecked learnt, by version (PlacedImages): up to
+    # a few adopted ImageNets' worth (24 bytes an image), which a reader holds anyway while it reads
+    PLACED_IMAGES = 1 << 23
+
+    def __init__(self, layout: dict[str, Any] | None = None) -> None:
+        super().__init__(layout)
+        self.placements = Learnt[FileVersion, PlacedImages](self.PLACED_IMAGES)
+
     def reader(self, path: str | os.PathLike[str]) -> ShardReader:
         return ForeignHDF5Reader(path, self.layout)
+
+    def reader_of(self, path: str | os.PathLike[str], checksum: str | None, *, vouched: bool = False,
+                  by_sample: bool = False) -> ShardReader:
+        """Read sample by sample (or unchecked), opened from what an open of this version of the file
+        learnt before (:class:`PlacedImages`), without h5py."""
+        return ForeignHDF5Reader(path, self.layout, self.placements, file_version(path) if by_sample else None)
 
     @staticmethod
     def check_layout(layout: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ bytes; index 0 is the free space that ends it.
 
 Only the layout it understands is read this way: contiguous storage, 8-byte offsets and lengths,
 no filters. Anything else (chunked or compressed datasets, other sizes) returns None from
-:func:`open_vlen_heap` and h5py's path is used. Every collection read is checked for its signature.
+:func:`vlen_table` and h5py's path is used. Every collection read is checked for its signature.
 """
 
 from __future__ import annotations
@@ -100,6 +100,11 @@ class VlenHeap:
         """A view of the bytes of element ``i`` alone (random access), what it reads asked for first and
         read alone (:meth:`MappedFile.ask`): the dataset's table of elements once, whole (16 bytes an
         element), then the element's collection and bytes together."""
+        at, length = self.place(i)
+        return self._file.content()[at : at + length]
+
+    def place(self, i: int) -> tuple[int, int]:
+        """Where the bytes of element ``i`` lie in the file, and their length (read as :meth:`element`)."""
         content = self._file.content()
         if not self._table_asked:
             self._file.ask(self._offset, self._offset + self._count * ELEMENT.itemsize)
@@ -110,24 +115,23 @@ class VlenHeap:
             raise HeapFormatError("the dataset's elements lie past the end of the file")
         length, address, index = (int(v) for v in np.frombuffer(entry, dtype=ELEMENT)[0])
         if length == 0:
-            return content[0:0]
+            return 0, 0
         if address not in self._collections:  # its header, the object's, its bytes, and what ends a collection
             self._file.ask(address, address + _COLLECTION.size + _OBJECT.size + length + _ONE_PAGE)
         where = self._collection(content, address).get(index)
         if where is None or where[1] < length or where[0] + length > len(content):
             raise HeapFormatError(f"object {index} of the collection at {address} is missing or short")
-        return content[where[0] : where[0] + length]
+        return where[0], length
 
 
-def open_vlen_heap(file: Any, dataset: Any, mapped: MappedFile) -> VlenHeap | None:
-    """A :class:`VlenHeap` over ``dataset`` (an h5py vlen uint8 dataset of ``file``, mapped as
-    ``mapped``), or None when its layout is not the one read here."""
+def vlen_table(file: Any, dataset: Any) -> int | None:
+    """Where the table of elements of ``dataset`` (an h5py vlen uint8 dataset of ``file``) lies in
+    the file, or None when its layout is not the one read here."""
     if dataset.chunks is not None or dataset.compression is not None or dataset.ndim != 1:
         return None
     if file.id.get_create_plist().get_sizes() != (8, 8):
         return None
     offset = dataset.id.get_offset()
-    count = int(dataset.shape[0])
-    if offset is None or dataset.id.get_storage_size() != count * ELEMENT.itemsize:
+    if offset is None or dataset.id.get_storage_size() != int(dataset.shape[0]) * ELEMENT.itemsize:
         return None
-    return VlenHeap(mapped, int(offset), count)
+    return int(offset)

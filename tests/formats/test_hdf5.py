@@ -114,3 +114,54 @@ def test_a_global_shuffle_opens_each_shard_through_h5py_once_however_often_it_re
         return sorted(opened)
 
     assert (epoch(0), epoch(1)) == (names, [])
+
+
+def test_adopted_hdf5_files_read_at_random_again_are_read_where_their_images_lie_without_h5py(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files of variable-length images another tool wrote, adopted in place, of which a rank reads a
+    share every epoch, each image checked against its digest. What opening a file through h5py finds
+    (its table of images, their labels) and where each image read lies is learnt of the file's version
+    in the first epoch; later epochs read the images there, without h5py. A file written anew is
+    learnt again; one changed in place at the same size and time is read at the old places, and the
+    changed sample's digest says so; one cut short in place under its reader is an error naming it."""
+    import numpy as np
+
+    import ddpipe
+    from ddpipe.errors import CorruptShardError
+    from ddpipe.reading import read_samples
+
+    from ..helpers import adopted, flip_inside_sample
+
+    root = adopted("h5-vlen", tmp_path)  # two files of 15
+    files = sorted(root.glob("*.h5"))
+    dataset = ddpipe.open_dataset(root)
+    share = np.array([20, 3, 16, 9, 29])
+    opened = h5py_opens(monkeypatch)
+
+    def epoch(verify: bool = True) -> tuple[list[tuple[str, bytes, bytes]], list[str]]:
+        opened.clear()
+        got = [(s["__key__"], bytes(s["jpg"]), bytes(s["cls"]))
+               for s in read_samples(dataset, share, random_access=True, verify=verify)]
+        return got, sorted(opened)
+
+    first, opened_first = epoch()
+    with ddpipe.open_dataset(root).open_shard(1) as reader:  # through h5py, as before anything was learnt
+        assert [s for s in first if s[0].startswith("part1/")] == [
+            (s["__key__"], bytes(s["jpg"]), bytes(s["cls"])) for s in (reader[5], reader[1], reader[14])]
+    assert opened_first == [f.name for f in files]
+    assert epoch() == epoch(verify=False) == (first, [])
+    copy = tmp_path / "copy.h5"
+    copy.write_bytes(files[0].read_bytes())
+    os.replace(copy, files[0])  # the same bytes in another file
+    assert epoch() == (first, [files[0].name])
+    assert epoch() == (first, [])
+    flip_inside_sample(files[1], first[0][1])  # sample 20 (file 1's sixth), its size and time kept
+    with pytest.raises(ddpipe.DigestMismatchError, match="sample 5 \\('part1/00000005'\\)"):
+        epoch()
+    assert opened == []
+    with dataset.open_shard(0) as reader:
+        os.truncate(files[0], 1024)  # its metadata, before its images
+        with pytest.raises(CorruptShardError, match="cut short") as info:
+            reader[9]
+        assert Path(str(info.value.path)) == files[0]
+    assert opened == []
