@@ -1,7 +1,7 @@
 """What a rank's random reads (``shuffle="global"``) take from a cold disk, against the same samples
 read in shard order.
 
-    python benchmarks/random_access.py [--n 3000] [--share 8] [--repeats 5] [--reference CHECKOUT ...]
+    python benchmarks/random_access.py [--n 3000] [--share 8] [--repeats 5] [--reference CHECKOUT ...] [--name NAME]
 
 One rank's share of a global shuffle, a random ``1/share`` of the dataset's samples, read cold
 (the files out of the page cache) with ``read_samples(random_access=True)``, checked as ddpipe
@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--reference", type=Path, action="append", default=[],
                     help="a checkout of an earlier commit, measured beside this one (repeatable)")
+    ap.add_argument("--name", default="random_access", help="the result's name: benchmarks/results/NAME.json")
     ap.add_argument("--run", nargs=2, metavar=("PATH", "CHECK"), help=argparse.SUPPRESS)  # a child's one measure
     args = ap.parse_args()
     if args.run:
@@ -170,9 +171,11 @@ def main() -> None:
     print(text)
     command = f"python benchmarks/random_access.py --n {args.n} --share {args.share} --repeats {args.repeats}"
     command += "".join(f" --reference <checkout of {ref}>" for ref in trees if ref != "this")
+    if args.name != "random_access":
+        command += f" --name {args.name}"
     doc = {"benchmark": "random_access", "command": command, "commit": commit_of(trees["this"]),
            "machine": machine(), "read_ahead_kb": read_ahead_kb(DATA), "rows": rows, "table": text}
-    print(f"wrote {save('random_access', doc)}")
+    print(f"wrote {save(args.name, doc)}")
 
 
 if __name__ == "__main__":
