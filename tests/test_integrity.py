@@ -354,9 +354,9 @@ def test_a_random_read_of_a_share_of_each_shard_checks_the_samples_it_reads_not_
         list(read_samples(ddpipe.open_dataset(root), SHARE, random_access=True))
 
 
-@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_a_shard_cut_short_while_read_sample_by_sample_is_an_error_naming_it(fmt: str, tmp_path: Path) -> None:
-    """A tar or LMDB shard read sample by sample (a share of a global shuffle, or unchecked) is read with
+    """A shard read sample by sample (a share of a global shuffle, or unchecked) is read with
     ``pread``, not through a mapping: one cut short in place while its reader is open is an error
     naming it, where a mapping's page past the new end would have killed the process (SIGBUS); and the
     reader leaves no descriptor open once closed."""

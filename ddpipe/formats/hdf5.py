@@ -54,11 +54,14 @@ class HDF5Reader(ShardReader):
     """Reads a ddpipe HDF5 shard through h5py for its layout, and each field's bytes from the file's
     mapping (mapped.py) at the data set's place in the file: a checked scan then reads the file from
     the disk once, where reading the data sets through h5py after the check read it twice. Given
-    ``layout`` (the file's bytes are known to be those of a shard it was found in), h5py is not asked."""
+    ``layout`` (the file's bytes are known to be those of a shard it was found in), h5py is not asked.
+    Samples read one at a time from a file not mapped are read with ``pread`` (:meth:`_read_sample`)."""
 
     def __init__(self, path: str | os.PathLike[str], layout: ShardLayout | None = None) -> None:
         super().__init__(path)
         self._mapped = MappedFile(self.path)
+        self._reads_mapped = False  # through the mapping: one adopted, asked for, or scanned; else pread
+        self._fd: int | None = None  # where samples are read one at a time from a file not mapped
         self.layout = layout if layout is not None else self._read_layout()
         self._n = self.layout.samples
         self._base = self.layout.base  # where each field's data starts in the file
@@ -126,11 +129,35 @@ class HDF5Reader(ShardReader):
 
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
+        if not self._reads_mapped:
+            return self._read_sample(i)
         content = self._mapped.for_scan(from_start=False)
         for name, off in self._offsets.items():  # this sample's bytes alone
             if self._present[name][i]:
                 self._mapped.ask(self._base[name] + off[i], self._base[name] + off[i + 1])
         return owned(self._sample(content, i))
+
+    def _read_sample(self, i: int) -> Sample:
+        """The ``i``-th sample read with ``pread``, a call for each field, from a file not mapped (a
+        random read of a few samples of each shard: a share of a global shuffle), on a descriptor
+        advised ``POSIX_FADV_RANDOM``, as tar shards' are (``TarReader._read_sample``: why); a sample's
+        fields, which lie apart, asked for together first, so that a cold sample's reads wait on the
+        disk once."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        places = [(name, self._base[name] + off[i], off[i + 1] - off[i])
+                  for name, off in self._offsets.items() if self._present[name][i]]
+        if len(places) > 1:
+            for _, at, size in places:
+                os.posix_fadvise(self._fd, at, size, os.POSIX_FADV_WILLNEED)
+        sample: Sample = {}
+        for name, at, size in places:
+            data = os.pread(self._fd, size, at)
+            if len(data) != size:
+                raise self._corrupt(f"truncated HDF5 shard: sample {i}'s field {name!r} is cut short")
+            sample[name] = self._key(memoryview(data), i) if name == KEY else data
+        return sample
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return map(owned, self.scan_views(start))
@@ -138,6 +165,7 @@ class HDF5Reader(ShardReader):
     def scan_views(self, start: int = 0) -> Iterator[Sample]:
         # views, as tar shards give them: DALI reads them in place, where a copy of each image cost the
         # reading thread (and the interpreter lock) more than parsing the sample did
+        self._reads_mapped = True
         content = self._mapped.for_scan(from_start=start == 0)
         ask_ahead = not self._mapped.paged_in
         images = max(self._offsets, key=lambda name: self._offsets[name][-1])  # the field that is most bytes
@@ -147,14 +175,19 @@ class HDF5Reader(ShardReader):
             yield self._sample(content, i)
 
     def mapped_file(self) -> MappedFile:
+        self._reads_mapped = True  # asked for to be hashed, or read, through it
         return self._mapped
 
     def adopt_mapping(self, mapped: ShardMapping) -> None:
         if isinstance(mapped, MappedFile):  # the mapping this format's files have
             self._mapped = mapped
+            self._reads_mapped = True
 
     def close(self) -> None:
         self._mapped.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class HDF5Writer(ShardWriter):
