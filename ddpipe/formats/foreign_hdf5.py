@@ -28,6 +28,7 @@ from .hdf5_heap import HeapFormatError, VlenHeap, vlen_table
 from .learnt import FileVersion, Learnt, file_version
 from .mapped import MappedFile
 from .pixels import pnm
+from .random_reads import RandomReads
 
 # rows read at once in a scan: one HDF5 call per block, not per sample
 _BLOCK_ROWS = 256
@@ -186,7 +187,7 @@ class ForeignHDF5Reader(ShardReader):
         self._field = str(layout.get("field", "jpg"))
         self._prefix = sanitize_key(self.path.stem)
         self._file: Any = None  # h5py's, unless its images are placed
-        self._fd: int | None = None  # where placed images are read with pread
+        self._reads = RandomReads(self.path)  # where placed images are read with pread
         self.labels: np.ndarray | None = None  # int64, one a sample, where the layout names labels
         self._placed = placements.get(version) if placements is not None and version is not None else None
         if self._placed is not None:
@@ -251,21 +252,14 @@ class ForeignHDF5Reader(ShardReader):
     def _placed_image(self, i: int, placed: PlacedImages) -> bytes | memoryview:
         """Image ``i`` read with ``pread`` where a reader of this version of the file found it before,
         else found in the file's mapping, and its place kept. Read through a mapping made for a few
-        images, their pages each faulted in, such reads took longer (as tar shards' did)."""
+        images, their pages each faulted in, such reads took longer (random_reads.py)."""
         at = int(placed.at[i])
         if at < 0:
             assert self._heap is not None  # images are placed only where they are read straight from the file
             at, size = self._heap.place(i)
             placed.place(i, at, size)
             return self._mapped.content()[at : at + size]
-        size = int(placed.size[i])
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
-        data = os.pread(self._fd, size, at)
-        if len(data) != size:
-            raise HeapFormatError(f"it is cut short: {size} bytes at {at} lie past its end")
-        return data
+        return self._reads.read(at, int(placed.size[i]), f"image {i}")
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return self._scan(start, views=False)
@@ -294,9 +288,7 @@ class ForeignHDF5Reader(ShardReader):
             self._mapped.close()
         if self._file is not None:
             self._file.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._reads.close()
 
 
 class ForeignHDF5Format(AdoptedFormat):

@@ -35,6 +35,7 @@ from .atomic import is_disk_full
 from .base import ShardFormat, ShardReader, ShardWriter
 from .learnt import FileVersion, Learnt, file_version
 from .mapped import MappedFile, ShardMapping
+from .random_reads import RandomReads
 
 LAYOUT_VERSION = 1
 
@@ -55,13 +56,13 @@ class HDF5Reader(ShardReader):
     mapping (mapped.py) at the data set's place in the file: a checked scan then reads the file from
     the disk once, where reading the data sets through h5py after the check read it twice. Given
     ``layout`` (the file's bytes are known to be those of a shard it was found in), h5py is not asked.
-    Samples read one at a time from a file not mapped are read with ``pread`` (:meth:`_read_sample`)."""
+    Samples read one at a time from a file not mapped are read with ``pread`` (random_reads.py)."""
 
     def __init__(self, path: str | os.PathLike[str], layout: ShardLayout | None = None) -> None:
         super().__init__(path)
         self._mapped = MappedFile(self.path)
         self._reads_mapped = False  # through the mapping: one adopted, asked for, or scanned; else pread
-        self._fd: int | None = None  # where samples are read one at a time from a file not mapped
+        self._reads = RandomReads(self.path)  # samples read one at a time from a file not mapped
         self.layout = layout if layout is not None else self._read_layout()
         self._n = self.layout.samples
         self._base = self.layout.base  # where each field's data starts in the file
@@ -138,24 +139,17 @@ class HDF5Reader(ShardReader):
         return owned(self._sample(content, i))
 
     def _read_sample(self, i: int) -> Sample:
-        """The ``i``-th sample read with ``pread``, a call for each field, from a file not mapped (a
-        random read of a few samples of each shard: a share of a global shuffle), on a descriptor
-        advised ``POSIX_FADV_RANDOM``, as tar shards' are (``TarReader._read_sample``: why); a sample's
-        fields, which lie apart, asked for together first, so that a cold sample's reads wait on the
-        disk once."""
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        """The ``i``-th sample read with ``pread``, a call for each field, from a file not mapped
+        (random_reads.py: why); a sample's fields, which lie apart, asked for together first, so that
+        a cold sample's reads wait on the disk once."""
         places = [(name, self._base[name] + off[i], off[i + 1] - off[i])
                   for name, off in self._offsets.items() if self._present[name][i]]
         if len(places) > 1:
             for _, at, size in places:
-                os.posix_fadvise(self._fd, at, size, os.POSIX_FADV_WILLNEED)
+                self._reads.ask(at, at + size)
         sample: Sample = {}
         for name, at, size in places:
-            data = os.pread(self._fd, size, at)
-            if len(data) != size:
-                raise self._corrupt(f"truncated HDF5 shard: sample {i}'s field {name!r} is cut short")
+            data = self._reads.read(at, size, f"truncated HDF5 shard: sample {i}'s field {name!r}")
             sample[name] = self._key(memoryview(data), i) if name == KEY else data
         return sample
 
@@ -185,9 +179,7 @@ class HDF5Reader(ShardReader):
 
     def close(self) -> None:
         self._mapped.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._reads.close()
 
 
 class HDF5Writer(ShardWriter):

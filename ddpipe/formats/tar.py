@@ -15,6 +15,7 @@ from pathlib import Path
 from ..sample import KEY, Sample, owned
 from .base import ShardFormat, ShardReader, ShardWriter
 from .mapped import MappedFile, ShardMapping
+from .random_reads import RandomReads
 from .tar_index import (
     KnownIndexes,
     Member,
@@ -57,7 +58,7 @@ class TarReader(ShardReader):
         else:
             self._groups = scan_tar_members(self.path)
         self._file: MappedFile | None = None  # mapped as first read, unless a mapping is adopted before
-        self._fd: int | None = None  # where samples are read one at a time from a file not mapped
+        self._reads = RandomReads(self.path)  # samples read one at a time from a file not mapped
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -99,24 +100,14 @@ class TarReader(ShardReader):
         return owned(self._sample(content, group))
 
     def _read_sample(self, group: list[Member]) -> Sample:
-        """The sample of ``group`` read with ``pread``, a call for each member, from a file not mapped (a
-        random read of a few samples of each shard: a share of a global shuffle). Copied out of a
-        mapping made for them, their pages each faulted in, such reads took about half as long again
-        warm (docs/benchmarks.md, random_access); the descriptor is advised ``POSIX_FADV_RANDOM``, and a
-        sample's members are asked for together, so that a cold read reads the sample's pages alone,
-        in one trip to the disk, as a mapping's reads asked for first do."""
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        """The sample of ``group`` read with ``pread``, a call for each member, from a file not mapped
+        (random_reads.py: why), its members asked for together first, so that a cold read reads the
+        sample's pages alone, in one trip to the disk, as a mapping's reads asked for first do."""
         if len(group) > 1:  # the sample's members read from the disk together, not one after another
-            first = min(m[1] for m in group)
-            os.posix_fadvise(self._fd, first, max(m[1] + m[2] for m in group) - first, os.POSIX_FADV_WILLNEED)
+            self._reads.ask(min(m[1] for m in group), max(m[1] + m[2] for m in group))
         sample: Sample = {KEY: split_member_name(group[0][3])[0]}
         for ext, offset, size, name in group:
-            data = os.pread(self._fd, size, offset)
-            if len(data) != size:
-                raise self._corrupt(f"truncated tar: member {name!r} is cut short")
-            sample[ext] = data
+            sample[ext] = self._reads.read(offset, size, f"truncated tar: member {name!r}")
         return sample
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
@@ -136,9 +127,7 @@ class TarReader(ShardReader):
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._reads.close()
 
 
 class TarFormat(ShardFormat):
