@@ -25,7 +25,7 @@ from ..fields import checked
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .hdf5_heap import HeapFormatError, VlenHeap, vlen_table
-from .learnt import FileVersion, Learnt, file_version
+from .learnt import FileVersion, Learnt, LearntOfFile
 from .mapped import MappedFile
 from .pixels import pnm
 from .random_reads import RandomReads
@@ -179,17 +179,16 @@ class PlacedImages:
 
 class ForeignHDF5Reader(ShardReader):
     def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any],
-                 placements: Learnt[FileVersion, PlacedImages] | None = None,
-                 version: FileVersion | None = None) -> None:
-        """``placements``, ``version``: what opens of this version of the file learnt (:class:`PlacedImages`),
-        taken where known, else learnt by this one."""
+                 learnt: LearntOfFile[PlacedImages] | None = None) -> None:
+        """``learnt``: what opens of this version of the file learnt (:class:`PlacedImages`), taken
+        where known, else learnt by this one."""
         super().__init__(path)
         self._field = str(layout.get("field", "jpg"))
         self._prefix = sanitize_key(self.path.stem)
         self._file: Any = None  # h5py's, unless its images are placed
         self._reads = RandomReads(self.path)  # where placed images are read with pread
         self.labels: np.ndarray | None = None  # int64, one a sample, where the layout names labels
-        self._placed = placements.get(version) if placements is not None and version is not None else None
+        self._placed = learnt.known if learnt is not None else None
         if self._placed is not None:
             self._kind, self._n, self.labels = "vlen", self._placed.count, self._placed.labels
             self._mapped = MappedFile(self.path)
@@ -219,9 +218,9 @@ class ForeignHDF5Reader(ShardReader):
         except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:  # h5py: RuntimeError for some damage
             self.close()
             raise self._corrupt(f"unreadable HDF5 file or not the recorded layout: {e}") from None
-        if table is not None and placements is not None and version is not None:
+        if table is not None and learnt is not None:
             self._placed = PlacedImages.of(table, self._n, self.labels)
-            placements.learn(version, self._placed, self._n)
+            learnt.learn(self._placed, self._n)
 
     def __len__(self) -> int:
         return self._n
@@ -310,7 +309,7 @@ class ForeignHDF5Format(AdoptedFormat):
                   by_sample: bool = False) -> ShardReader:
         """Read sample by sample (or unchecked), opened from what an open of this version of the file
         learnt before (:class:`PlacedImages`), without h5py."""
-        return ForeignHDF5Reader(path, self.layout, self.placements, file_version(path) if by_sample else None)
+        return ForeignHDF5Reader(path, self.layout, LearntOfFile.of(self.placements, path) if by_sample else None)
 
     @staticmethod
     def check_layout(layout: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from ..errors import CorruptShardError, DdpipeError
 from ..fields import checked, whole_number
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
-from .learnt import FileVersion, Learnt, file_version
+from .learnt import FileVersion, Learnt, LearntOfFile
 from .lmdb_env import EnvironmentLease, MappedRecords, lease_environment
 from .lmdb_tree import MappedKeys, PlacedRecords, Placement, Tree, TreeError, tree_keys
 from .lmdb_values import META_KEY, VALUE_KINDS, RecordError, read_value
@@ -68,12 +68,12 @@ class LabelSource:
         this version of the file: a reader opens the file every epoch, and an ImageNet's lines took
         4.3 s to read here."""
         file = data_dir / layout["labels_file"] if layout.get("labels_file") else None
-        version = file_version(file) if file is not None and known is not None else None
-        source = known.get(version) if known is not None and version is not None else None
+        learnt = LearntOfFile.of(known, file) if file is not None and known is not None else None
+        source = learnt.known if learnt is not None else None
         if source is None:
             source = cls(layout, data_dir)
-            if known is not None and version is not None:
-                known.learn(version, source, len(source.table or ()))
+            if learnt is not None:
+                learnt.learn(source, len(source.table or ()))
         return source
 
     def label(self, key: str) -> int | None:
@@ -110,17 +110,16 @@ PlacedSamples = tuple[Placement, np.ndarray]
 
 class ForeignLMDBReader(ShardReader):
     """Reads an adopted LMDB file through its environment, taken as it is first needed. A reader of a
-    file read sample by sample (or unchecked) is given ``placements``, where the records lie in
-    versions of files read so before, and the ``version`` of its own (learnt.py): one whose
-    placement is known reads its records there without opening the environment or walking the
-    file's tree, and one that found a placement keeps it for the next. One adopted file may hold a
+    file read sample by sample (or unchecked) is given ``learnt``, where the records lie in its
+    version of the file, if a reader of it found them before (learnt.py): one whose placement is
+    known reads its records there without opening the environment or walking the file's tree, and
+    one that found a placement keeps it for the next. One adopted file may hold a
     whole dataset, of which a rank of a global shuffle reads a share every epoch: opening it, walking
     its tree and sorting its samples from the tools' own records cost, for each epoch, in proportion
     to the dataset and not to the share."""
 
     def __init__(self, path: str | os.PathLike[str], layout: dict[str, Any],
-                 placements: Learnt[FileVersion, PlacedSamples] | None = None,
-                 version: FileVersion | None = None,
+                 learnt: LearntOfFile[PlacedSamples] | None = None,
                  label_sources: Learnt[FileVersion, LabelSource] | None = None) -> None:
         super().__init__(path)
         self._kind = str(layout.get("values", "image"))
@@ -132,8 +131,8 @@ class ForeignLMDBReader(ShardReader):
         self._placed: PlacedRecords | None = None  # made on the first random read
         self._own_placed = False  # made by this reader from a known placement, not its environment's
         self._samples = np.zeros(0, dtype=np.int64)  # the records that are samples, by position (not the metadata)
-        self._placements, self._version = placements, version
-        self._known = placements.get(version) if placements is not None and version is not None else None
+        self._learnt = learnt
+        self._known = learnt.known if learnt is not None else None
         self._leased: EnvironmentLease | None = None
         # where a scan may start: every seek_every-th sample's key (recorded by ddpipe index)
         self._seek_every = int(layout.get("seek_every", 0))
@@ -232,16 +231,16 @@ class ForeignLMDBReader(ShardReader):
         """Where each record lies, and which records are samples: as found before in this version of
         the file (read there without an environment: see the class), else as the environment's walk
         found them, then kept for the next reader."""
-        version = self._version
-        if self._known is not None and version is not None and self._leased is None:
+        learnt = self._learnt
+        if self._known is not None and learnt is not None and self._leased is None:
             placement, samples = self._known
             self._own_placed = True
-            return PlacedRecords(self.path, version[:2], placement=placement), samples
+            return PlacedRecords(self.path, learnt.identity, placement=placement), samples
         records = self._lease.records()
         samples = np.fromiter((j for j, key in enumerate(records.keys) if not META_KEY.match(key)), dtype=np.int64)
-        if self._known is None and self._placements is not None and version is not None \
-                and self._lease.identity == version[:2]:  # the file opened is the version named
-            self._placements.learn(version, (records.placement, samples), len(samples))
+        if self._known is None and learnt is not None \
+                and self._lease.identity == learnt.identity:  # the file opened is the version named
+            learnt.learn((records.placement, samples), len(samples))
         return records, samples
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
@@ -374,7 +373,7 @@ class ForeignLMDBFormat(AdoptedFormat):
                   by_sample: bool = False) -> ShardReader:
         """Read sample by sample (or unchecked), from where its records lie in this version of the file,
         where a reader of it found them before (:class:`ForeignLMDBReader`)."""
-        return ForeignLMDBReader(path, self.layout, self.placements, file_version(path) if by_sample else None,
+        return ForeignLMDBReader(path, self.layout, LearntOfFile.of(self.placements, path) if by_sample else None,
                                  self.label_sources)
 
     @staticmethod

@@ -33,7 +33,7 @@ from ..errors import CorruptShardError
 from ..sample import KEY, Sample, owned
 from .atomic import is_disk_full
 from .base import ShardFormat, ShardReader, ShardWriter
-from .learnt import FileVersion, Learnt, file_version
+from .learnt import FileVersion, Learnt, LearntOfFile
 from .mapped import MappedFile, ShardMapping
 from .random_reads import RandomReads
 
@@ -254,11 +254,11 @@ class HDF5Format(ShardFormat):
         samples' digests then differ, or an unchecked read reads what it finds, as it would anyway."""
         if checksum is not None:
             return HDF5Reader(path, self.layouts.get(checksum))
-        version = file_version(path) if by_sample else None
-        if version is None:
+        learnt = LearntOfFile.of(self.file_layouts, path) if by_sample else None
+        if learnt is None:
             return HDF5Reader(path)
-        reader = HDF5Reader(path, self.file_layouts.get(version))
-        self.file_layouts.learn(version, reader.layout, reader.layout.samples)
+        reader = HDF5Reader(path, learnt.known)
+        learnt.learn(reader.layout, reader.layout.samples)
         return reader
 
     def verify(self, reader: ShardReader, checksum: str, actual: str | None = None) -> None:

@@ -14,6 +14,7 @@ would anyway.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -61,3 +62,31 @@ class Learnt(Generic[K, V]):
 
     def __reduce__(self) -> tuple[type[Learnt[K, V]], tuple[int]]:
         return Learnt, (self.limit,)
+
+
+@dataclass(frozen=True)
+class LearntOfFile(Generic[V]):
+    """What ``store`` keeps of one version of one file, for a reader of it that reads sample by sample
+    or unchecked: :attr:`known`, learnt by an earlier open of that version, or None; :meth:`learn`
+    keeps what this open found."""
+
+    store: Learnt[FileVersion, V]
+    version: FileVersion
+
+    @classmethod
+    def of(cls, store: Learnt[FileVersion, V], path: str | os.PathLike[str]) -> LearntOfFile[V] | None:
+        """The file at ``path`` as it is now in ``store``; None where its version cannot be asked."""
+        version = file_version(path)
+        return None if version is None else cls(store, version)
+
+    @property
+    def known(self) -> V | None:
+        return self.store.get(self.version)
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """The file's device and inode: a reader must read this file, whatever its path names now."""
+        return self.version[0], self.version[1]
+
+    def learn(self, learnt: V, samples: int) -> None:
+        self.store.learn(self.version, learnt, samples)

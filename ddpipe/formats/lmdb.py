@@ -36,7 +36,7 @@ import msgpack
 from ..errors import CorruptShardError
 from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
-from .learnt import FileVersion, Learnt, file_version
+from .learnt import FileVersion, Learnt, LearntOfFile
 from .lmdb_env import LMDBFile
 from .lmdb_tree import Keys, MappedKeys, PlacedRecords, Placement, TreeError
 from .mapped import ShardMapping
@@ -124,21 +124,20 @@ class LMDBReader(ShardReader):
     checksum hashes the file through LMDB's own mapping, so a scan after it finds every page in.
 
     A reader of a file read sample by sample (each sample checked against its digest) or unchecked
-    is given ``placements``, where its records lie in versions of files read so before, and the
-    ``version`` of its own (learnt.py): one whose placement is known reads its records at those
-    places without opening an environment or walking the file's tree again, and a reader that found
-    a placement keeps it for the next (a rank's share of a global shuffle opens each shard for a few
-    samples every epoch, and the open and the walk cost more than reading them)."""
+    is given ``learnt``, where its records lie in its version of the file, if a reader of it found
+    them before (learnt.py): one whose placement is known reads its records at those places without
+    opening an environment or walking the file's tree again, and a reader that found a placement
+    keeps it for the next (a rank's share of a global shuffle opens each shard for a few samples
+    every epoch, and the open and the walk cost more than reading them)."""
 
-    def __init__(self, path: str | os.PathLike[str], placements: Learnt[FileVersion, Placement] | None = None,
-                 version: FileVersion | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], learnt: LearntOfFile[Placement] | None = None) -> None:
         super().__init__(path)
         self._file = LMDBFile(self.path)
         self._samples: int | None = None
         self._placed: PlacedRecords | None = None  # made on the first random read
         self._own_placed = False  # made by this reader from a known placement, not its environment's
-        self._placements, self._version = placements, version
-        self._known = placements.get(version) if placements is not None and version is not None else None
+        self._learnt = learnt
+        self._known = learnt.known if learnt is not None else None
         if self._known is not None:
             self._samples = len(self._known.keys) - 1
 
@@ -292,18 +291,18 @@ class LMDBReader(ShardReader):
         """Where each record lies: at the places known for this version of the file, where a reader of
         it found them before (read at them without an environment: see the class), else as its
         environment's walk found them, then kept for the next reader."""
-        version = self._version
-        if self._known is not None and version is not None and not self._file.opened:
+        learnt = self._learnt
+        if self._known is not None and learnt is not None and not self._file.opened:
             self._own_placed = True
-            return PlacedRecords(self.path, version[:2], placement=self._known)
+            return PlacedRecords(self.path, learnt.identity, placement=self._known)
         _, samples = self._open()
         records = self._file.records()
-        if self._known is None and self._placements is not None and version is not None \
-                and self._file.identity() == version[:2]:  # the file opened is the version named
+        if self._known is None and learnt is not None \
+                and self._file.identity() == learnt.identity:  # the file opened is the version named
             keys = NumberedKeys.of(records.keys, samples)
             if keys is not None:
                 placed = records.placement
-                self._placements.learn(version, Placement(keys, placed.value_at, placed.value_size), samples)
+                learnt.learn(Placement(keys, placed.value_at, placed.value_size), samples)
         return records
 
     def close(self) -> None:
@@ -376,7 +375,7 @@ class LMDBFormat(ShardFormat):
                   by_sample: bool = False) -> ShardReader:
         """Read sample by sample (or unchecked), from where its records lie in this version of the file,
         where a reader of it found them before (:class:`LMDBReader`)."""
-        return LMDBReader(path, self.placements, file_version(path) if by_sample else None)
+        return LMDBReader(path, LearntOfFile.of(self.placements, path) if by_sample else None)
 
     def mapping(self, path: str | os.PathLike[str], *, keep: bool = False) -> ShardMapping:
         return LMDBFile(Path(path), self.kept if keep else None)

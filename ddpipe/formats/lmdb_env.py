@@ -253,40 +253,36 @@ class LMDBFile:
         return self.size <= POPULATE_LIMIT
 
     def env(self) -> lmdb.Environment:
+        return self._taken().env
+
+    def _taken(self) -> EnvironmentLease:
+        """The lease on its environment, taken the first time it is asked for."""
         if self._lease is None:
             if self._kept is not None:  # one kept of a file the path no longer names, or resized, let go first
                 self._kept.find(self.path, LMDBMapping)
             self._lease = lease_environment(self.path)
-        return self._lease.env
+        return self._lease
 
     def placed(self) -> tuple[memoryview, Tree] | None:
         """The file's bytes where LMDB maps them (:meth:`mapping`), and where each record's key and
         value lie there, as the walk before LMDB opened the file found them (:mod:`.lmdb_tree`), in
         key order; None where the mapping is not found (a file without records) or the walk was
         left out (a benchmark's reference)."""
-        self.env()
-        assert self._lease is not None
-        return self._lease.placed()
+        return self._taken().placed()
 
     def mapping(self) -> LMDBMapping | None:
         """The file's bytes where LMDB maps them, or None for a file without records. Where the mapping
         starts is found from the address LMDB gives the first record's value (:func:`lmdb_mapping_start`):
         no record is read before the checksum has vouched for the file."""
-        self.env()
-        assert self._lease is not None
-        return self._lease.mapping()
+        return self._taken().mapping()
 
     def records(self) -> PlacedRecords:
         """Where each record lies, for reads of one at a time (:meth:`.lmdb_env.EnvironmentLease.records`)."""
-        self.env()
-        assert self._lease is not None
-        return self._lease.records()
+        return self._taken().records()
 
     def identity(self) -> tuple[int, int]:
         """The (device, inode) of the file the environment maps."""
-        self.env()
-        assert self._lease is not None
-        return self._lease.identity
+        return self._taken().identity
 
     def prepare(self) -> None:
         """Open the environment and find its mapping (see :meth:`ShardMapping.prepare`)."""
