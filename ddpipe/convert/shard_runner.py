@@ -26,9 +26,9 @@ def run_jobs(jobs: list[ShardJob], mine: list[int], workers: int, progress: str 
              written: Callable[[ShardResult], None] = lambda result: None) -> dict[int, ShardResult]:
     """Write the shards ``mine`` (by ``workers`` processes where there are several), each passed to
     ``written`` as it is published, on the publishing thread; a progress bar named ``progress`` (none
-    for None) counts their images. The workers are given two shards each at
-    a time, not all at once, and no more shards wait to be published than there are workers, so that
-    finished shards wait for ``written`` (an upload) a few at a time."""
+    for None) counts their images. The workers are given two shards each at a time, not all at once,
+    and no more shards wait to be published than there are workers, so that finished shards wait for
+    ``written`` (an upload) a few at a time."""
     total = sum(len(jobs[i].items) for i in mine)
     with tqdm(total=total, unit="img", desc=progress, disable=progress is None,
               dynamic_ncols=True) as bar, _Publisher(jobs, written, workers) as publisher:
