@@ -2,6 +2,7 @@
 read in shard order.
 
     python benchmarks/random_access.py [--n 3000] [--share 8] [--repeats 5] [--reference CHECKOUT ...] [--name NAME]
+                                       [--first-epoch]
 
 One rank's share of a global shuffle, a random ``1/share`` of the dataset's samples, read cold
 (the files out of the page cache) with ``read_samples(random_access=True)``, checked as ddpipe
@@ -17,7 +18,9 @@ hashed whole first, so read whole either way: each checked random read is set ag
 the next as a loader's epochs keep them, too). Medians of ``--repeats``, the ways alternated.
 ``--reference`` (repeatable) measures an earlier commit's ddpipe on the same files, each tree in a
 process of its own, the trees alternated from one data set to the next; each row of this tree's
-gives its ratio to each reference (``vs_at_<commit>``, cold and warm).
+gives its ratio to each reference (``vs_at_<commit>``, cold and warm). ``--first-epoch``: each read
+opens the dataset anew, so that none follows what an earlier one learnt of the files or kept open (a
+job's first epoch); by default the dataset stays open from one read to the next, as a loader's does.
 """
 
 from __future__ import annotations
@@ -78,12 +81,16 @@ def without_digests(path: Path) -> Path:
     return out
 
 
-def measure(path: Path, share: int, repeats: int, verify: bool) -> dict[str, Any]:
-    ds = ddpipe.open_dataset(path)
-    files = [ds.data_root / s.file for s in ds.manifest.shards]
-    mine = np.random.default_rng(0).permutation(len(ds))[: len(ds) // share]
-    ways = {"random": lambda: collections.deque(read_samples(ds, mine, random_access=True, verify=verify), 0),
-            "in_order": lambda: collections.deque(read_samples(ds, np.sort(mine), verify=verify), 0)}
+def measure(path: Path, share: int, repeats: int, verify: bool, first_epoch: bool = False) -> dict[str, Any]:
+    opened = ddpipe.open_dataset(path)
+    files = [opened.data_root / s.file for s in opened.manifest.shards]
+    mine = np.random.default_rng(0).permutation(len(opened))[: len(opened) // share]
+
+    def ds() -> ddpipe.Dataset:
+        return ddpipe.open_dataset(path) if first_epoch else opened
+
+    ways = {"random": lambda: collections.deque(read_samples(ds(), mine, random_access=True, verify=verify), 0),
+            "in_order": lambda: collections.deque(read_samples(ds(), np.sort(mine), verify=verify), 0)}
     runs: dict[str, list[tuple[float, int]]] = {way: [] for way in ways}
     for _ in range(repeats):
         for way, work in ways.items():
@@ -91,9 +98,9 @@ def measure(path: Path, share: int, repeats: int, verify: bool) -> dict[str, Any
     warm = []  # after the cold ones: a mapping kept would keep its file's pages in the cache
     for _ in range(repeats + 1):  # the first brings the files in, and makes the mappings a loader keeps
         t = time.perf_counter()
-        collections.deque(read_samples(ds, mine, random_access=True, verify=verify, keep_mapped=True), 0)
+        collections.deque(read_samples(ds(), mine, random_access=True, verify=verify, keep_mapped=True), 0)
         warm.append(time.perf_counter() - t)
-    row: dict[str, Any] = {"samples": len(mine), "sample_mb": sample_bytes(ds, mine) / 1e6,
+    row: dict[str, Any] = {"samples": len(mine), "sample_mb": sample_bytes(opened, mine) / 1e6,
                            "file_mb": sum(f.stat().st_size for f in files) / 1e6}
     for way, measured in runs.items():
         row[f"{way}_ms"] = median([s for s, _ in measured]) * 1e3
@@ -104,10 +111,11 @@ def measure(path: Path, share: int, repeats: int, verify: bool) -> dict[str, Any
     return row
 
 
-def measured_in(tree: Path, path: Path, share: int, repeats: int, check: str) -> dict[str, Any]:
+def measured_in(tree: Path, path: Path, share: int, repeats: int, check: str, first_epoch: bool) -> dict[str, Any]:
     """:func:`measure` in a process of its own, importing ``tree``'s ddpipe."""
-    out = subprocess.run([sys.executable, __file__, "--share", str(share), "--repeats", str(repeats), "--run",
-                          str(path), check], capture_output=True, text=True, env=env_of(tree), cwd=tree, timeout=1200)
+    command = [sys.executable, __file__, "--share", str(share), "--repeats", str(repeats), "--run", str(path), check]
+    command += ["--first-epoch"] if first_epoch else []
+    out = subprocess.run(command, capture_output=True, text=True, env=env_of(tree), cwd=tree, timeout=1200)
     if out.returncode != 0:
         sys.exit(f"random_access.py: {tree} {path.name} {check} exited {out.returncode}:\n{out.stderr[-4000:]}")
     got: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
@@ -122,10 +130,13 @@ def main() -> None:
     ap.add_argument("--reference", type=Path, action="append", default=[],
                     help="a checkout of an earlier commit, measured beside this one (repeatable)")
     ap.add_argument("--name", default="random_access", help="the result's name: benchmarks/results/NAME.json")
+    ap.add_argument("--first-epoch", action="store_true",
+                    help="open the dataset anew for each read: nothing learnt or kept from an earlier one")
     ap.add_argument("--run", nargs=2, metavar=("PATH", "CHECK"), help=argparse.SUPPRESS)  # a child's one measure
     args = ap.parse_args()
     if args.run:
-        print(json.dumps(measure(Path(args.run[0]), args.share, args.repeats, args.run[1] == "checked")))
+        print(json.dumps(measure(Path(args.run[0]), args.share, args.repeats, args.run[1] == "checked",
+                                 args.first_epoch)))
         return
     trees = trees_to_measure(args.reference)
     sets: dict[str, Path] = {}
@@ -141,8 +152,8 @@ def main() -> None:
             check = "checked" if verify else "unchecked"
             for tree in list(trees) if k % 2 == 0 else list(trees)[::-1]:  # alternated: drift hits all alike
                 row = {"data": name, "check": check, **({"tree": tree} if len(trees) > 1 else {}),
-                       **(measure(path, args.share, args.repeats, verify) if len(trees) == 1
-                          else measured_in(trees[tree], path, args.share, args.repeats, check))}
+                       **(measure(path, args.share, args.repeats, verify, args.first_epoch) if len(trees) == 1
+                          else measured_in(trees[tree], path, args.share, args.repeats, check, args.first_epoch))}
                 rows.append(row)
                 print(row, flush=True)
     mine = [r for r in rows if r.get("tree", "this") == "this"]
@@ -173,6 +184,8 @@ def main() -> None:
     command += "".join(f" --reference <checkout of {ref}>" for ref in trees if ref != "this")
     if args.name != "random_access":
         command += f" --name {args.name}"
+    if args.first_epoch:
+        command += " --first-epoch"
     doc = {"benchmark": "random_access", "command": command, "commit": commit_of(trees["this"]),
            "machine": machine(), "read_ahead_kb": read_ahead_kb(DATA), "rows": rows, "table": text}
     print(f"wrote {save(args.name, doc)}")

@@ -24,7 +24,7 @@ from ..errors import CorruptShardError
 from ..fields import checked
 from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
-from .hdf5_heap import HeapFormatError, VlenHeap, vlen_table
+from .hdf5_heap import HeapFormatError, HeapPlaces, VlenHeap, vlen_table
 from .learnt import FileVersion, Learnt, LearntOfFile
 from .mapped import MappedFile
 from .pixels import pnm
@@ -186,13 +186,14 @@ class ForeignHDF5Reader(ShardReader):
         self._field = str(layout.get("field", "jpg"))
         self._prefix = sanitize_key(self.path.stem)
         self._file: Any = None  # h5py's, unless its images are placed
-        self._reads = RandomReads(self.path)  # where placed images are read with pread
+        self._reads = RandomReads(self.path)  # images read at random, with pread
         self.labels: np.ndarray | None = None  # int64, one a sample, where the layout names labels
         self._placed = learnt.known if learnt is not None else None
         if self._placed is not None:
             self._kind, self._n, self.labels = "vlen", self._placed.count, self._placed.labels
             self._mapped = MappedFile(self.path)
             self._heap: VlenHeap | None = VlenHeap(self._mapped, self._placed.table, self._n)
+            self._places: HeapPlaces | None = HeapPlaces(self._reads, self._placed.table, self._n)
             return
         try:
             self._file = h5py.File(self.path, "r")
@@ -212,6 +213,7 @@ class ForeignHDF5Reader(ShardReader):
             self._mapped = MappedFile(self.path)
             table = vlen_table(self._file, self._images) if self._kind == "vlen" else None
             self._heap = None if table is None else VlenHeap(self._mapped, table, self._n)
+            self._places = None if table is None else HeapPlaces(self._reads, table, self._n)
         except CorruptShardError:
             self.close()
             raise
@@ -242,23 +244,22 @@ class ForeignHDF5Reader(ShardReader):
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
         try:
-            if self._placed is not None:
-                return self._sample(i, self._placed_image(i, self._placed))
-            return self._sample(i, self._heap.element(i) if self._heap is not None else self._images[i])
+            return self._sample(i, self._image(i) if self._places is not None else self._images[i])
         except (OSError, RuntimeError, HeapFormatError) as e:
             raise self._corrupt(f"cannot read image {i}: {e}") from None
 
-    def _placed_image(self, i: int, placed: PlacedImages) -> bytes | memoryview:
-        """Image ``i`` read with ``pread`` where a reader of this version of the file found it before,
-        else found in the file's mapping, and its place kept. Read through a mapping made for a few
-        images, their pages each faulted in, such reads took longer (random_reads.py)."""
-        at = int(placed.at[i])
-        if at < 0:
-            assert self._heap is not None  # images are placed only where they are read straight from the file
-            at, size = self._heap.place(i)
-            placed.place(i, at, size)
-            return self._mapped.content()[at : at + size]
-        return self._reads.read(at, int(placed.size[i]), f"image {i}")
+    def _image(self, i: int) -> bytes:
+        """Image ``i`` read straight from the file with ``pread`` (random_reads.py: why): where a reader
+        of this version of the file found it before, else found (hdf5_heap.HeapPlaces), and its place
+        kept where this reader learns the file's places."""
+        placed = self._placed
+        if placed is not None and placed.at[i] >= 0:
+            return self._reads.read(int(placed.at[i]), int(placed.size[i]), f"image {i}")
+        assert self._places is not None
+        at, image = self._places.element(i)
+        if placed is not None:
+            placed.place(i, at, len(image))
+        return image
 
     def scan(self, start: int = 0) -> Iterator[Sample]:
         return self._scan(start, views=False)

@@ -1,8 +1,9 @@
 """Reading a variable-length ``uint8`` HDF5 dataset straight from the file: written here because
 h5py's own vlen read converts every element through HDF5's type machinery, measured at ~1 GB/s on
 this machine, which holds cold sequential reads to ~0.6 of the disk; this path runs at the disk's
-speed (``benchmarks/formats.py``, "adopted HDF5"). It reads the file's mapping (mapped.py), the one
-the shard's checksum is taken through, so that a checked scan reads the file from the disk once.
+speed (``benchmarks/formats.py``, "adopted HDF5"). A scan (:class:`VlenHeap`) reads the file's
+mapping (mapped.py), the one the shard's checksum is taken through, so that a checked scan reads the
+file from the disk once; a random read (:class:`HeapPlaces`) reads each image with ``pread``.
 
 The HDF5 file format (version 1 structures, the spec's "Global Heap" and "Variable-length" sections):
 a vlen element stored in a contiguous dataset is 16 bytes, the sequence length (uint32), the
@@ -25,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from .mapped import MappedFile
+from .random_reads import RandomReads
 
 ELEMENT = np.dtype([("length", "<u4"), ("collection", "<u8"), ("index", "<u4")])
 _COLLECTION = struct.Struct("<4sB3xQ")
 _OBJECT = struct.Struct("<HH4xQ")
 _CACHED = 64  # collections kept: several small objects share one, large ones have one each
-_ONE_PAGE = 4096
 
 
 class HeapFormatError(ValueError):
@@ -47,7 +48,6 @@ class VlenHeap:
         self._count = count
         # address -> {object index: (data offset, length)}, offsets in the file
         self._collections: OrderedDict[int, dict[int, tuple[int, int]]] = OrderedDict()
-        self._table_asked = False  # the table of elements asked for (see element)
 
     def _collection(self, content: memoryview, address: int) -> dict[int, tuple[int, int]]:
         cached = self._collections.get(address)
@@ -56,18 +56,8 @@ class VlenHeap:
             return cached
         if address + _COLLECTION.size > len(content):
             raise HeapFormatError(f"a global heap collection at {address} lies past the end of the file")
-        magic, version, size = _COLLECTION.unpack_from(content, address)
-        if magic != b"GCOL" or version != 1:
-            raise HeapFormatError(f"no global heap collection at {address}")
-        end = min(address + size, len(content))
-        objects: dict[int, tuple[int, int]] = {}
-        at = address + _COLLECTION.size
-        while at + _OBJECT.size <= end:
-            index, _, length = _OBJECT.unpack_from(content, at)
-            if index == 0:
-                break
-            objects[index] = (at + _OBJECT.size, length)
-            at += _OBJECT.size + (length + 7) // 8 * 8
+        size = _collection_size(content, address, address)
+        objects = _objects(content, address, address, min(address + size, len(content)))
         self._collections[address] = objects
         if len(self._collections) > _CACHED:
             self._collections.popitem(last=False)
@@ -96,32 +86,80 @@ class VlenHeap:
             out.append(content[where[0] : where[0] + length])
         return out
 
-    def element(self, i: int) -> memoryview:
-        """A view of the bytes of element ``i`` alone (random access), what it reads asked for first and
-        read alone (:meth:`MappedFile.ask`): the dataset's table of elements once, whole (16 bytes an
-        element), then the element's collection and bytes together."""
-        at, length = self.place(i)
-        return self._file.content()[at : at + length]
 
-    def place(self, i: int) -> tuple[int, int]:
-        """Where the bytes of element ``i`` lie in the file, and their length (read as :meth:`element`)."""
-        content = self._file.content()
+class HeapPlaces:
+    """Elements of one contiguous vlen ``uint8`` dataset read one at a time with ``pread``
+    (random_reads.py: why), not through the file's mapping: a random read of a few of a file's images
+    (a rank's share of a global shuffle). Each element's entry in the dataset's table (16 bytes) is
+    read alone, the table asked for whole once; an image's collection, which holds it alone where it
+    is large, is read with it in one call, its header, the image's and its bytes together."""
+
+    def __init__(self, reads: RandomReads, offset: int, count: int) -> None:
+        self._reads = reads
+        self._offset = offset
+        self._count = count
+        # address -> {object index: (data offset, length)}, offsets in the file, of collections read whole
+        self._collections: OrderedDict[int, dict[int, tuple[int, int]]] = OrderedDict()
+        self._table_asked = False
+
+    def element(self, i: int) -> tuple[int, bytes]:
+        """Where the bytes of element ``i`` lie in the file, and the bytes. HeapFormatError where the
+        file is not laid out as expected, CorruptShardError where a read runs past its end."""
         if not self._table_asked:
-            self._file.ask(self._offset, self._offset + self._count * ELEMENT.itemsize)
+            self._reads.ask(self._offset, self._offset + self._count * ELEMENT.itemsize)
             self._table_asked = True
-        at = self._offset + i * ELEMENT.itemsize
-        entry = content[at : at + ELEMENT.itemsize]
-        if len(entry) != ELEMENT.itemsize:
-            raise HeapFormatError("the dataset's elements lie past the end of the file")
+        entry = self._reads.read(self._offset + i * ELEMENT.itemsize, ELEMENT.itemsize, f"the table's entry {i}")
         length, address, index = (int(v) for v in np.frombuffer(entry, dtype=ELEMENT)[0])
         if length == 0:
-            return 0, 0
-        if address not in self._collections:  # its header, the object's, its bytes, and what ends a collection
-            self._file.ask(address, address + _COLLECTION.size + _OBJECT.size + length + _ONE_PAGE)
-        where = self._collection(content, address).get(index)
-        if where is None or where[1] < length or where[0] + length > len(content):
-            raise HeapFormatError(f"object {index} of the collection at {address} is missing or short")
-        return where[0], length
+            return 0, b""
+        objects = self._collections.get(address)
+        if objects is not None:
+            self._collections.move_to_end(address)
+            at = _object_at(objects, index, length, address)
+            return at, self._reads.read(at, length, f"image {i}")
+        # the collection's header and its first object's, then that object: image i where it is alone
+        head = self._reads.read(address, _COLLECTION.size + _OBJECT.size + length, f"image {i}'s collection")
+        size = _collection_size(head, 0, address)
+        first, _, first_length = _OBJECT.unpack_from(head, _COLLECTION.size)
+        if first == index and first_length >= length:
+            return address + _COLLECTION.size + _OBJECT.size, head[_COLLECTION.size + _OBJECT.size :]
+        whole = self._reads.read(address, size, f"image {i}'s collection")
+        objects = _objects(whole, 0, address, size)
+        self._collections[address] = objects
+        if len(self._collections) > _CACHED:
+            self._collections.popitem(last=False)
+        at = _object_at(objects, index, length, address)
+        return at, whole[at - address : at - address + length]
+
+
+def _collection_size(content: bytes | memoryview, start: int, address: int) -> int:
+    """The size of the collection whose header is at ``start`` in ``content`` (at ``address`` in the
+    file), checked for its signature."""
+    magic, version, size = _COLLECTION.unpack_from(content, start)
+    if magic != b"GCOL" or version != 1 or size < _COLLECTION.size:
+        raise HeapFormatError(f"no global heap collection at {address}")
+    return int(size)
+
+
+def _objects(content: bytes | memoryview, start: int, address: int, end: int) -> dict[int, tuple[int, int]]:
+    """The objects of the collection at ``start`` in ``content`` (at ``address`` in the file) up to
+    ``end`` in ``content``: {index: (where its data lies in the file, its length)}."""
+    objects: dict[int, tuple[int, int]] = {}
+    at = start + _COLLECTION.size
+    while at + _OBJECT.size <= end:
+        index, _, length = _OBJECT.unpack_from(content, at)
+        if index == 0:
+            break
+        objects[index] = (address + at - start + _OBJECT.size, length)
+        at += _OBJECT.size + (length + 7) // 8 * 8
+    return objects
+
+
+def _object_at(objects: dict[int, tuple[int, int]], index: int, length: int, address: int) -> int:
+    where = objects.get(index)
+    if where is None or where[1] < length:
+        raise HeapFormatError(f"object {index} of the collection at {address} is missing or short")
+    return where[0]
 
 
 def vlen_table(file: Any, dataset: Any) -> int | None:

@@ -22,10 +22,12 @@ class RandomReads:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
+        self._size = 0  # the file's when opened
 
     def _descriptor(self) -> int:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY)
+            self._size = os.fstat(self._fd).st_size
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
         return self._fd
 
@@ -36,8 +38,13 @@ class RandomReads:
 
     def read(self, at: int, size: int, what: str) -> bytes:
         """The ``size`` bytes at ``at``: :class:`CorruptShardError` naming the file where they run past
-        its end (``what`` they are, "member 'a.jpg'", is then cut short)."""
-        data = os.pread(self._descriptor(), size, at)
+        its end (``what`` they are, "member 'a.jpg'", is then cut short), checked against its size
+        first where a damaged file gives the place, before a buffer of ``size`` bytes is made."""
+        fd = self._descriptor()
+        if at < 0 or size < 0 or at + size > self._size:
+            raise CorruptShardError(f"{what} is cut short: it runs past the file's end ({self._size} bytes)",
+                                    path=self.path)
+        data = os.pread(fd, size, at)
         if len(data) != size:
             raise CorruptShardError(f"{what} is cut short", path=self.path)
         return data

@@ -123,7 +123,8 @@ def test_adopted_hdf5_files_read_at_random_again_are_read_where_their_images_lie
     (its table of images, their labels) and where each image read lies is learnt of the file's version
     in the first epoch; later epochs read the images there, without h5py. A file written anew is
     learnt again; one changed in place at the same size and time is read at the old places, and the
-    changed sample's digest says so; one cut short in place under its reader is an error naming it."""
+    changed sample's digest says so; one cut short in place under its reader, before anything was
+    learnt of it or after, is an error naming it (read with pread, not through a mapping: no SIGBUS)."""
     import numpy as np
 
     import ddpipe
@@ -165,3 +166,11 @@ def test_adopted_hdf5_files_read_at_random_again_are_read_where_their_images_lie
             reader[9]
         assert Path(str(info.value.path)) == files[0]
     assert opened == []
+    fresh = adopted("h5-vlen", tmp_path / "fresh")
+    with ddpipe.open_dataset(fresh).open_shard(1) as reader:  # nothing learnt of it: opened through h5py
+        assert (reader[5]["__key__"], bytes(reader[5]["cls"])) == (first[0][0], first[0][2])
+        path = fresh / files[1].name
+        os.truncate(path, 4096)  # a page: its last images lie past it
+        with pytest.raises(CorruptShardError, match="cut short") as info:
+            reader[14]
+        assert Path(str(info.value.path)) == path
