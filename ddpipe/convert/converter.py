@@ -26,7 +26,7 @@ from ..fields import bytes_option, local_path_option, refuse_non_boolean_flags, 
 from ..formats import FORMAT_NAMES, get_format
 from ..formats.atomic import atomic_write_bytes
 from ..manifest import MANIFEST_NAME, Manifest, find_manifest, load_manifest, save_manifest
-from ..storage import is_remote, open_storage
+from ..storage import ObjectStorage, is_remote, open_storage
 from ..storage.location import is_web
 from ..workers import end_if_importing_parents_script
 from . import to_objects
@@ -99,19 +99,63 @@ def _hash(*parts: object) -> str:
     return h.hexdigest()
 
 
-def _plan_fingerprint(source: Source, options: ConvertOptions, items: list[SourceItem],
-                      ranges: list[tuple[int, int]]) -> str:
-    """What a resumed run must share with the interrupted one: options, layout, keys and labels.
+@dataclass(frozen=True)
+class ConversionPlan:
+    """What a conversion writes, the same on every rank and every rerun: the source's items in the
+    order written, the shards' ranges of them, and the fingerprints that say which input and
+    arguments made it."""
 
-    File sizes are left to each shard's own fingerprint, so fixing one bad input redoes only its shard.
-    """
-    listing = [(it.key or it.path, it.index, it.label) for it in items]
-    content = source.identity if source.kind == "dataset" else ""
-    return _hash({"kind": source.kind, **options.layout_args()}, ranges, listing, content)
+    source: Source
+    options: ConvertOptions
+    items: list[SourceItem]
+    ranges: list[tuple[int, int]]
+    # what a resumed run must share with the interrupted one: options, layout, keys and labels; file
+    # sizes are left to each shard's own fingerprint, so fixing one bad input redoes only its shard
+    plan_fingerprint: str
+    fingerprint: str  # the whole input, recorded in the manifest
 
+    @classmethod
+    def of(cls, source: Source, options: ConvertOptions) -> ConversionPlan:
+        order = sample_order(len(source.items), options.seed)
+        items = [source.items[i] for i in order]
+        if source.kind == "dataset" and options.shard_bytes is None and options.samples_per_shard is None \
+                and options.seed is None:
+            ranges = list(source.shard_ranges)
+        else:
+            ranges = pack_shards([it.size for it in items], shard_bytes=options.shard_bytes,
+                                 samples_per_shard=options.samples_per_shard)
+        listing = [(it.key or it.path, it.index, it.label) for it in items]
+        content = source.identity if source.kind == "dataset" else ""
+        plan = _hash({"kind": source.kind, **options.layout_args()}, ranges, listing, content)
+        return cls(source, options, items, ranges, plan, _hash(plan, source.identity))
 
-def _shard_fingerprint(plan: str, items: tuple[SourceItem, ...]) -> str:
-    return _hash(plan, [(it.path, it.size) for it in items])
+    def jobs(self, out: Path, state: Path) -> list[ShardJob]:
+        """A job for each shard, writing it in ``out`` and its record in ``state``."""
+        o = self.options
+        suffix = get_format(o.format).suffix
+        jobs = []
+        for i, (a, b) in enumerate(self.ranges):
+            shard, name = tuple(self.items[a:b]), f"{o.prefix}-{i:06d}"
+            fingerprint = _hash(self.plan_fingerprint, [(it.path, it.size) for it in shard])
+            jobs.append(ShardJob(self.source.kind, self.source.root, shard, str(out / f"{name}{suffix}"),
+                                 str(state / f"{name}.json"), o.format, o.on_error, fingerprint, o.decode_check))
+        return jobs
+
+    def manifest(self, done: list[ShardResult], out: Path) -> Manifest:
+        """The manifest of the shards ``done`` (one result a job, in order)."""
+        skipped = self.source.skipped + tuple(s for r in done for s in r.skipped)
+        if not any(r.shard is not None for r in done) and not self.options.allow_empty:
+            example = f", e.g. {skipped[0].path}: {skipped[0].error}" if skipped else ""
+            raise SourceError(f"every input was skipped ({len(skipped)}): no dataset written{example}", path=out)
+        return Manifest(format=self.options.format, fields=tuple(sorted({f for r in done for f in r.fields})),
+                        classes=self.source.classes, shards=tuple(r.shard for r in done if r.shard is not None),
+                        skipped=skipped, origin={"fingerprint": self.fingerprint})
+
+    def refuse_other_input(self, existing: Manifest, where: str | Path) -> None:
+        """A dataset found at the output was made from this input and these arguments, or is refused."""
+        if existing.origin.get("fingerprint") != self.fingerprint:
+            raise ConversionConflictError("already holds a dataset made from other input or arguments; "
+                                          "choose another output", path=where)
 
 
 def _all_ranks(comm: Comm, action: Callable[[], object]) -> None:
@@ -163,16 +207,53 @@ def convert(
     end_if_importing_parents_script()  # a worker spawned by an earlier convert() of an unguarded script
     options = options or ConvertOptions()
     comm = comm or init_comm()
-    world = comm.world
-    fmt = get_format(options.format)
+    _refuse_paths(src, out)
+    plan = ConversionPlan.of(_source_of(src, options), options)
+    objects = open_storage(str(out)) if is_remote(out) else None
+    if objects is not None:  # written here, then uploaded (to_objects.py)
+        existing = find_manifest(objects)
+        if existing is not None:
+            plan.refuse_other_input(existing, objects.url())
+            return existing
+        out = to_objects.work_dir(objects)
+        out.mkdir(parents=True, exist_ok=True)  # on every node: each writes its ranks' shards
+    out = Path(out)
+    root = plan.source.root
+    if plan.source.kind == "imagefolder" and out.resolve().is_relative_to(Path(root).resolve()):
+        # its shards would be a class of the tree's next conversion (and name clashes within it)
+        raise ConversionConflictError(f"is inside the ImageFolder it would be made from ({root}): "
+                                      "choose an output outside it", path=out)
+    state = out / STATE_DIR
+    _all_ranks(comm, lambda: _claim(out, state, plan) if comm.world.rank == 0 else None)
+    if objects is None:  # into a bucket, each node writes in a work directory of its own (to_objects.py)
+        _all_ranks(comm, lambda: _see_what_rank_0_made(out, (out / MANIFEST_NAME, state / PLAN_FILE),
+                                                       comm.world.host))
+        if (out / MANIFEST_NAME).exists():  # converted before with the same arguments
+            return load_manifest(out)
+    # into a bucket: a conversion written here before, whose upload stopped, is only sent again
+    written = objects is not None and any(comm.allgather((out / MANIFEST_NAME).exists()))
+    made = None if written else _write(plan, out, state, objects, comm)
+    if objects is None:
+        return made if made is not None else load_manifest(out)
+    if made is None and (out / MANIFEST_NAME).exists():
+        made = load_manifest(out)
+    return _publish(objects, out, made, comm)
+
+
+def _refuse_paths(src: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
+    """Paths no conversion can use, refused before the source is listed and read."""
     for named, given in (("src", src), ("out", out)):
         if isinstance(given, str) and not given.strip():  # Path("") is the working directory
             raise OptionError(f"convert's {named} is an empty path: name a directory")
     if is_web(out):
         raise OptionError("a web server is read-only to ddpipe: convert into a directory or an s3:// prefix", path=out)
     if not is_remote(out) and not (Path(out) / MANIFEST_NAME).exists():  # a finished one is only read again
-        refuse_unwritable_out(Path(out), role="the output")  # before the source is listed and read
-    if options.val_labels is not None:  # ImageNet's flat validation directory and its ground truth
+        refuse_unwritable_out(Path(out), role="the output")
+
+
+def _source_of(src: str | os.PathLike[str], options: ConvertOptions) -> Source:
+    """The source at ``src``: ImageNet's flat validation directory where its ground truth is given."""
+    if options.val_labels is not None:
         if is_remote(src):
             raise OptionError("ImageNet's validation ground truth (--val-labels) goes with its flat validation "
                               "directory on a local disk, not a URL", path=src)
@@ -185,123 +266,73 @@ def convert(
                           "take a label, and every class after it another label than a tree without it gives "
                           "(torchvision's ImageFolder refuses them too): remove them, or --allow-empty keeps them "
                           "as classes of no samples", path=source.root)
-    objects = open_storage(str(out)) if is_remote(out) else None
+    return source
 
-    order = sample_order(len(source.items), options.seed)
-    items = [source.items[i] for i in order]
-    if source.kind == "dataset" and options.shard_bytes is None and options.samples_per_shard is None \
-            and options.seed is None:
-        ranges = list(source.shard_ranges)
-    else:
-        ranges = pack_shards([it.size for it in items], shard_bytes=options.shard_bytes,
-                             samples_per_shard=options.samples_per_shard)
-    plan_fp = _plan_fingerprint(source, options, items, ranges)
-    fingerprint = _hash(plan_fp, source.identity)  # the whole input: recorded in the manifest
-    if objects is not None:  # written here, then uploaded (to_objects.py)
-        existing = find_manifest(objects)
-        if existing is not None:
-            if existing.origin.get("fingerprint") != fingerprint:
-                raise ConversionConflictError("already holds a dataset made from other input or arguments; "
-                                              "choose another output", path=objects.url())
-            return existing
-        out = to_objects.work_dir(objects)
-        out.mkdir(parents=True, exist_ok=True)  # on every node: each writes its ranks' shards
-    out = Path(out)
-    if source.kind == "imagefolder" and out.resolve().is_relative_to(Path(source.root).resolve()):
-        # its shards would be a class of the tree's next conversion (and name clashes within it)
-        raise ConversionConflictError(f"is inside the ImageFolder it would be made from ({source.root}): "
-                                      "choose an output outside it", path=out)
-    state = out / STATE_DIR
 
-    def prepare() -> None:
+def _claim(out: Path, state: Path, plan: ConversionPlan) -> None:
+    """Rank 0's look at the output: a dataset this conversion made, or its unfinished record in
+    ``state``, or nothing, where the record is started; anything else is refused."""
+    if (out / MANIFEST_NAME).exists():
+        plan.refuse_other_input(load_manifest(out), out)
+        return
+    if state.is_dir():
+        record = json.loads((state / PLAN_FILE).read_text()) if (state / PLAN_FILE).exists() else {}
+        if record.get("fingerprint") != plan.plan_fingerprint:
+            raise ConversionConflictError("holds an unfinished conversion with other input or arguments; rerun that "
+                                          f"command, or remove {out} to start over", path=out)
+        return
+    if out.exists() and any(out.iterdir()):
+        raise ConversionConflictError("output directory is not empty and holds no ddpipe conversion", path=out)
+    state.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(state / PLAN_FILE, json.dumps({"fingerprint": plan.plan_fingerprint}).encode())
+
+
+def _write(plan: ConversionPlan, out: Path, state: Path, objects: ObjectStorage | None, comm: Comm) -> Manifest | None:
+    """Each rank's shards written (into a bucket: each sent as it is finished), then rank 0's manifest,
+    which it returns (the other ranks None)."""
+    options, world = plan.options, comm.world
+    jobs = plan.jobs(out, state)
+    mine = list(range(world.rank, len(jobs), world.size))
+    results: dict[int, ShardResult] = {}
+    progress = f"convert -> {options.format}" if options.progress and world.rank == 0 else None
+
+    def write() -> None:
+        if objects is None:
+            results.update(run_jobs(jobs, mine, options.workers, progress))
+            return
+        # into a bucket: each shard sent as it is finished and removed here; one sent before is not written
+        with to_objects.ShardSender(objects, out, get_format(options.format), state / SENT_DIR) as sender:
+            results.update({i: r for i in mine if (r := sender.sent_before(jobs[i])) is not None})
+            rest = [i for i in mine if i not in results]
+            results.update(run_jobs(jobs, rest, options.workers, progress, sender.send))
+
+    _all_ranks(comm, write)
+    gathered = comm.allgather(results)
+    finished: list[Manifest] = []
+
+    def finish() -> None:
         if world.rank != 0:
             return
-        if (out / MANIFEST_NAME).exists():
-            existing = load_manifest(out)
-            if existing.origin.get("fingerprint") != fingerprint:
-                raise ConversionConflictError(
-                    "already holds a dataset made from other input or arguments; choose another output", path=out)
-            return
-        if state.is_dir():
-            plan = json.loads((state / PLAN_FILE).read_text()) if (state / PLAN_FILE).exists() else {}
-            if plan.get("fingerprint") != plan_fp:
-                raise ConversionConflictError(
-                    "holds an unfinished conversion with other input or arguments; rerun that command, "
-                    f"or remove {out} to start over", path=out)
-            return
-        if out.exists() and any(out.iterdir()):
-            raise ConversionConflictError("output directory is not empty and holds no ddpipe conversion", path=out)
-        state.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(state / PLAN_FILE, json.dumps({"fingerprint": plan_fp}).encode())
+        merged = {i: r for part in gathered for i, r in part.items()}
+        manifest = plan.manifest([merged[i] for i in range(len(jobs))], out)
+        save_manifest(out, manifest)
+        shutil.rmtree(state, ignore_errors=True)
+        finished.append(manifest)
 
-    _all_ranks(comm, prepare)
-    if objects is None:  # into a bucket, each node writes in a work directory of its own (to_objects.py)
-        _all_ranks(comm, lambda: _see_what_rank_0_made(out, (out / MANIFEST_NAME, state / PLAN_FILE), world.host))
-    if objects is None and (out / MANIFEST_NAME).exists():  # converted before with the same arguments
-        return load_manifest(out)
+    _all_ranks(comm, finish)
+    return finished[0] if finished else None
 
-    # into a bucket: a conversion written here before, whose upload stopped, is only sent again
-    written = objects is not None and any(comm.allgather((out / MANIFEST_NAME).exists()))
-    finished: list[Manifest] = []
-    if not written:
-        jobs = [
-            ShardJob(source.kind, source.root, tuple(items[a:b]), str(out / f"{options.prefix}-{i:06d}{fmt.suffix}"),
-                     str(state / f"{options.prefix}-{i:06d}.json"), options.format, options.on_error,
-                     _shard_fingerprint(plan_fp, tuple(items[a:b])), options.decode_check)
-            for i, (a, b) in enumerate(ranges)
-        ]
-        mine = list(range(world.rank, len(jobs), world.size))
-        results: dict[int, ShardResult] = {}
-        progress = f"convert -> {options.format}" if options.progress and world.rank == 0 else None
 
-        def write() -> None:
-            if objects is None:
-                results.update(run_jobs(jobs, mine, options.workers, progress))
-                return
-            # into a bucket: each shard sent as it is finished and removed here; one sent before is not written
-            with to_objects.ShardSender(objects, out, fmt, state / SENT_DIR) as sender:
-                results.update({i: r for i in mine if (r := sender.sent_before(jobs[i])) is not None})
-                rest = [i for i in mine if i not in results]
-                results.update(run_jobs(jobs, rest, options.workers, progress, sender.send))
+def _publish(objects: ObjectStorage, out: Path, made: Manifest | None, comm: Comm) -> Manifest:
+    """Into a bucket: the shards each rank left in ``out``, then (rank 0) the manifest, ``made`` on
+    rank 0; a failure is every rank's. ``out``, a work directory, is removed."""
+    manifest, run = to_objects.agreed_manifest(objects, made, comm)
+    _all_ranks(comm, lambda: to_objects.send_leftovers(objects, out, manifest, run))
 
-        _all_ranks(comm, write)
+    def publish() -> None:
+        if comm.world.rank == 0:
+            to_objects.publish_manifest(objects, manifest, out)
 
-        gathered = comm.allgather(results)
-
-        def finish() -> None:
-            if world.rank != 0:
-                return
-            merged: dict[int, ShardResult] = {}
-            for part in gathered:
-                merged.update(part)
-            done = [merged[i] for i in range(len(jobs))]
-            if not any(r.shard is not None for r in done) and not options.allow_empty:
-                skipped = source.skipped + tuple(s for r in done for s in r.skipped)
-                example = f", e.g. {skipped[0].path}: {skipped[0].error}" if skipped else ""
-                raise SourceError(f"every input was skipped ({len(skipped)}): no dataset written{example}", path=out)
-            manifest = Manifest(
-                format=options.format,
-                fields=tuple(sorted({f for r in done for f in r.fields})),
-                classes=source.classes,
-                shards=tuple(r.shard for r in done if r.shard is not None),
-                skipped=source.skipped + tuple(s for r in done for s in r.skipped),
-                origin={"fingerprint": fingerprint},
-            )
-            save_manifest(out, manifest)
-            shutil.rmtree(state, ignore_errors=True)
-            finished.append(manifest)
-
-        _all_ranks(comm, finish)
-    if objects is not None:  # the shards each rank left here, then (rank 0) the manifest; a failure is every rank's
-        made = finished[0] if finished else load_manifest(out) if (out / MANIFEST_NAME).exists() else None
-        manifest, run = to_objects.agreed_manifest(objects, made, comm)
-        _all_ranks(comm, lambda: to_objects.send_leftovers(objects, out, manifest, run))
-
-        def publish() -> None:
-            if world.rank == 0:
-                to_objects.publish_manifest(objects, manifest, out)
-
-        _all_ranks(comm, publish)
-        shutil.rmtree(out, ignore_errors=True)
-        return manifest
-    return finished[0] if finished else load_manifest(out)
+    _all_ranks(comm, publish)
+    shutil.rmtree(out, ignore_errors=True)
+    return manifest
