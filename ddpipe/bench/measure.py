@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..comm import Comm
 from ..decode.spec import DecodeOptions
-from ..errors import DdpipeError, NoBatchWarning
+from ..errors import DdpipeError, NoBatchWarning, OptionError
+from ..fields import local_path_option, number_option, refuse_non_boolean_flags, seed_option, whole_option
 from ..options import ReadOptions
 from ..pipeline import Loader
 from ..plan import PlanOptions
@@ -61,6 +62,28 @@ class BenchOptions:
     compare_dir: str | None = None  # under which the peers' inputs are written once (default: the temp dir)
     progress: bool = False  # a progress bar on rank 0
 
+    def __post_init__(self) -> None:
+        refuse_non_boolean_flags(self)
+        whole_option(self.epochs, "epochs", least=1)
+        seed_option(self.seed)
+        if number_option(self.step_time, "step_time") < 0:
+            raise OptionError(f"step_time must be at least 0 seconds, not {self.step_time}")
+        if self.model is not None:
+            from ..train.models import MODELS
+
+            if self.model not in MODELS:
+                raise OptionError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if isinstance(self.compare, str):  # each of its letters would be taken for a peer's name
+            raise OptionError(f"compare is a tuple of peers' names, not the string {self.compare!r}")
+        if self.compare:
+            from .peers import PEERS
+
+            unknown = [p for p in self.compare if p not in PEERS]
+            if unknown:
+                raise OptionError(f"compare names peers from {', '.join(PEERS)}, not {', '.join(map(repr, unknown))}")
+        if self.compare_dir is not None:
+            local_path_option(self.compare_dir, "compare_dir", "a directory on this machine")
+
 
 def _encoded_bytes(batch: SampleBatch) -> int:
     return sum(len(v) for s in batch for k, v in s.items() if k != KEY)
@@ -83,13 +106,6 @@ def _timed(comm: Comm, loader: Loader | EncodedStream, cold: bool, body: Any) ->
 
 def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm) -> BenchReport:
     o = options
-    if o.model is not None:
-        from ..train.models import MODELS
-
-        if o.model not in MODELS:
-            raise DdpipeError(f"unknown model {o.model!r}; choose one of {', '.join(MODELS)}")
-    if o.epochs < 1:
-        raise DdpipeError("epochs must be at least 1")
     # cold: every epoch reads its shards from the device, none kept mapped (a mapped page is not evicted)
     read = dataclasses.replace(o.read, keep_mapped=False) if o.cold else o.read
 

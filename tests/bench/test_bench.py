@@ -110,9 +110,24 @@ def test_a_real_model_step_is_timed(data: Path) -> None:
     assert 0.0 <= report.stall <= 1.0
 
 
-def test_bad_options_are_refused(data: Path) -> None:
-    with pytest.raises(ddpipe.DdpipeError, match="unknown model"):
-        run_bench(data, options(model="resnet9000"), Comm())
+@pytest.mark.parametrize(("given", "says"), [
+    ({"model": "resnet9000"}, "unknown model 'resnet9000'; choose one of resnet18"),
+    ({"epochs": 0}, "epochs must be a whole number of at least 1, not 0"),
+    ({"epochs": 1.5}, "epochs must be a whole number of at least 1, not 1.5"),
+    ({"step_time": -0.1}, "step_time must be at least 0 seconds, not -0.1"),
+    ({"step_time": "0.1"}, "step_time must be a number, not '0.1'"),
+    ({"compare": ("torch", "tensorflow")}, "compare names peers from torch, webdataset, .*, not 'tensorflow'"),
+    ({"compare": "torch"}, "compare is a tuple of peers' names, not the string 'torch'"),
+    ({"compare_dir": "s3://bucket/peers"}, "compare_dir is a directory on this machine, not an object store's URL"),
+    ({"cold": "yes"}, "cold must be True or False, not 'yes'"),
+    ({"seed": 2**64}, "seed must be a whole number from -2\\*\\*63"),
+])
+def test_bad_options_are_refused_when_made_naming_the_option(given: dict[str, object], says: str) -> None:
+    """As every options object of ddpipe's refuses what it cannot take when it is made, not when a
+    benchmark that may have run for minutes reaches it (an unknown model was refused at the start of
+    run_bench, an unknown peer after every stage had been measured)."""
+    with pytest.raises(ddpipe.OptionError, match=says):
+        BenchOptions(**given)  # type: ignore[arg-type]
 
 
 def test_a_batch_size_that_leaves_one_batch_is_refused_before_measuring(data: Path) -> None:
