@@ -25,7 +25,8 @@ from ..sample import KEY, Sample, sanitize_key
 from .base import AdoptedFormat, ShardReader
 from .learnt import FileVersion, Learnt, LearntOfFile
 from .lmdb_env import EnvironmentLease, MappedRecords, lease_environment
-from .lmdb_tree import MappedKeys, PlacedRecords, Placement, Tree, TreeError, tree_keys
+from .lmdb_places import MappedKeys, PlacedRecords, Placement
+from .lmdb_tree import Tree, TreeError, tree_keys
 from .lmdb_values import META_KEY, VALUE_KINDS, RecordError, read_value
 
 # an unparsed record's fields (see ShardReader.parse): the key as stored and the value

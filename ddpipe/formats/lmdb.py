@@ -38,7 +38,8 @@ from ..sample import KEY, Sample, field_names
 from .base import ShardFormat, ShardReader, ShardWriter
 from .learnt import FileVersion, Learnt, LearntOfFile
 from .lmdb_env import LMDBFile
-from .lmdb_tree import Keys, MappedKeys, PlacedRecords, Placement, TreeError
+from .lmdb_places import Keys, MappedKeys, PlacedRecords, Placement
+from .lmdb_tree import TreeError
 from .mapped import ShardMapping
 
 LAYOUT_VERSION = 1
@@ -201,7 +202,7 @@ class LMDBReader(ShardReader):
 
     def __getitem__(self, index: int) -> Sample:
         i = self._check_index(index)
-        if self._placed is None:  # where each record lies, from the tree's pages (lmdb_tree.PlacedRecords)
+        if self._placed is None:  # where each record lies, from the tree's pages (lmdb_places.PlacedRecords)
             try:
                 self._placed = self._records()
             except (TreeError, OSError) as e:

@@ -26,7 +26,8 @@ import lmdb
 
 from ..checksum import buffer_checksum
 from ..errors import CorruptShardError
-from .lmdb_tree import PlacedRecords, Tree, TreeError, file_tree
+from .lmdb_places import PlacedRecords
+from .lmdb_tree import Tree, TreeError, file_tree
 from .mapped import POPULATE_LIMIT, KeptMappings, MappedFile, address_of
 
 
@@ -192,7 +193,7 @@ class EnvironmentLease:
 
     def records(self) -> PlacedRecords:
         """Where each record's key and value lie, for reads of one record at a time
-        (:class:`.lmdb_tree.PlacedRecords`), from the walk the environment made as it opened where its
+        (:class:`.lmdb_places.PlacedRecords`), from the walk the environment made as it opened where its
         mapping is found (else from a walk of their own): made once while the environment is open, and
         shared by its readers. Made by each reader, they were made again at each reopen of a shard
         (a random access: docs/benchmarks.md, feed-global-records), and an adopted file's tree,

@@ -13,7 +13,7 @@ the walk found it. It reads the tree's pages, a few percent of a file of images 
 overflow pages, which it does not read); its cost beside the read it guards: benchmarks/lmdb_tree.py.
 
 The walk also finds where each record's key and value lie (:func:`walk_tree`), every place bounded
-within the file: random reads read a record there (:class:`PlacedRecords`), and an adopted LMDB's
+within the file: random reads read a record there (lmdb_places.py), and an adopted LMDB's
 keys come from there (:func:`tree_keys`), where LMDB, finding a record or listing keys, touches each
 record's first page through its mapping, and with it the kernel's read-ahead window around it.
 
@@ -23,17 +23,13 @@ The on-disk layout read here is LMDB 0.9's (``mdb.c``: ``MDB_page``, ``MDB_meta`
 
 from __future__ import annotations
 
-import abc
-import bisect
-import itertools
 import mmap
 import os
 import struct
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, overload
+from typing import TypeVar
 
 import numpy as np
 
@@ -47,7 +43,6 @@ F_BIGDATA, F_SUBDATA, F_DUPDATA = 0x01, 0x02, 0x04
 _MAIN_DB_AT = PAGE_HEADER + 8 + 8 + 8 + _DB.size  # after magic, version, address, map size and the free DB
 _TXNID_AT = _MAIN_DB_AT + _DB.size + 8
 _T = TypeVar("_T")
-_KEYS_CHUNK = 1 << 16
 
 
 class TreeError(ValueError):
@@ -226,14 +221,14 @@ def check_tree(path: Path) -> list[int]:
 def file_tree(path: Path, identity: tuple[int, int] | None = None) -> Tree:
     """The walk of :func:`check_tree`, whole: where each record lies too. ``identity``: the (device,
     inode) the file must be (the one an environment maps), else TreeError."""
-    fd = _open_as(path, identity)
+    fd = open_as(path, identity)
     try:
-        return _walk_file(path, lambda data, tree: tree, fd=fd)
+        return walk_file(path, lambda data, tree: tree, fd=fd)
     finally:
         os.close(fd)
 
 
-def _open_as(path: Path, identity: tuple[int, int] | None) -> int:
+def open_as(path: Path, identity: tuple[int, int] | None) -> int:
     """A descriptor of ``path``, which must be the file ``identity`` (device, inode) where given: the
     one an environment maps, whatever the path names now. TreeError where it is another."""
     fd = os.open(path, os.O_RDONLY)
@@ -248,147 +243,14 @@ def tree_keys(path: Path) -> list[bytes]:
     """Every record's key of the LMDB file at ``path``, in LMDB's order, read from its leaf pages by the
     walk of :func:`check_tree`. LMDB's own cursor, listing keys, also reads each record's first
     page, which reads the kernel's read-ahead window around it: the whole file, for a list of keys."""
-    return _walk_file(path, _keys)
+    return walk_file(path, _keys)
 
 
 def _keys(data: mmap.mmap, tree: Tree) -> list[bytes]:
     return [data[at : at + size] for at, size in zip(tree.key_at.tolist(), tree.key_size.tolist(), strict=True)]
 
 
-class Keys(Sequence[bytes]):
-    """An LMDB file's keys, in key order: by default byte order (Python's for bytes), where
-    :meth:`find` looks one up."""
-
-    @abc.abstractmethod
-    def __len__(self) -> int: ...
-
-    @abc.abstractmethod
-    def _key(self, index: int) -> bytes:
-        """The ``index``-th key, ``index`` within ``range(len(self))``."""
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        if isinstance(index, slice):
-            return [self._key(i) for i in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError("key index out of range")
-        return self._key(index % len(self))
-
-    def find(self, key: bytes, guess: int | None = None) -> int | None:
-        """Where ``key`` is (``guess`` first, where given), or None; for a database in LMDB's default
-        order (ddpipe's shards)."""
-        if guess is not None and 0 <= guess < len(self) and self._key(guess) == key:
-            return guess
-        at = bisect.bisect_left(self, key)
-        return at if at < len(self) and self._key(at) == key else None
-
-
-class PackedKeys(Keys):
-    """Keys in one bytes object, with where each starts: a random reader of an adopted ImageNet holds
-    1.28M keys, each a bytes object of its own in a list cost about three times their bytes."""
-
-    def __init__(self, packed: bytes, starts: np.ndarray) -> None:
-        self._packed, self._starts = packed, starts  # starts: one more than keys, the last the end
-
-    def __len__(self) -> int:
-        return len(self._starts) - 1
-
-    def _key(self, index: int) -> bytes:
-        return self._packed[self._starts[index] : self._starts[index + 1]]
-
-    def __iter__(self) -> Iterator[bytes]:
-        for c in range(0, len(self), _KEYS_CHUNK):  # a chunk's places as ints at a time, not every key's
-            starts = self._starts[c : c + _KEYS_CHUNK + 1].tolist()
-            yield from (self._packed[a:b] for a, b in itertools.pairwise(starts))
-
-
-class MappedKeys(Keys):
-    """The keys a walk placed (``tree``), read from the file's bytes (LMDB's own mapping, say) as
-    they are asked for."""
-
-    def __init__(self, data: memoryview, tree: Tree) -> None:
-        self._data, self._at, self._size = data, tree.key_at, tree.key_size
-
-    def __len__(self) -> int:
-        return len(self._at)
-
-    def _key(self, index: int) -> bytes:
-        at = int(self._at[index])
-        return bytes(self._data[at : at + int(self._size[index])])
-
-
-def _packed_keys(data: mmap.mmap | memoryview, tree: Tree) -> PackedKeys:
-    """The keys the walk found, packed, a chunk of keys at a time (a bytes object for every key at once
-    would hold as much as the list this replaces, if only while it is made)."""
-    at, size = tree.key_at, tree.key_size
-    packed = b"".join(b"".join([data[a : a + n] for a, n in zip(at[c : c + _KEYS_CHUNK].tolist(),
-                                                                 size[c : c + _KEYS_CHUNK].tolist(), strict=True)])
-                      for c in range(0, len(at), _KEYS_CHUNK))
-    return PackedKeys(packed, np.concatenate(([0], np.cumsum(tree.key_size))).astype(np.int64))
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Each record's key, in key order, and where its value lies in the file and its length, as a walk
-    found them (:class:`Tree`): what :class:`PlacedRecords` reads a file's records by, and a format may
-    keep from one open of the same file to the next (learnt.py)."""
-
-    keys: Keys
-    value_at: np.ndarray
-    value_size: np.ndarray
-
-    @classmethod
-    def of(cls, data: mmap.mmap | memoryview, tree: Tree) -> Placement:
-        """The placement of ``tree``'s records, its keys read from ``data`` (the file's bytes)."""
-        return cls(_packed_keys(data, tree), tree.value_at, tree.value_size)
-
-
-class PlacedRecords:
-    """An LMDB file's records read one at a time (random access) from their places in the file, as
-    the tree walk found them (:func:`walk_tree`: every place within the file), with ``pread`` on a
-    descriptor advised ``POSIX_FADV_RANDOM``: one read of a record's own bytes. (Found by LMDB
-    instead, a record's first page is read through LMDB's mapping, and with it the kernel's
-    read-ahead window around it: benchmarks/random_access.py.) The file read is the file walked, and
-    must be ``identity`` (device, inode): the one its reader's environment maps, checked as a whole,
-    whatever its path names now. TreeError where the file does not hold together or is another.
-    ``walked``: the file's bytes where its environment maps them and the walk made as it opened
-    (:meth:`.lmdb_env.EnvironmentLease.placed`), not made again: a random access reopening a shard,
-    its environment still open, walked the whole tree again each time (docs/benchmarks.md,
-    feed-global-reopen). ``placement``: where the records lie, found by a walk of this file before
-    (of this version of it: learnt.py), for a reader that checks each record it reads."""
-
-    def __init__(self, path: Path, identity: tuple[int, int], walked: tuple[memoryview, Tree] | None = None,
-                 placement: Placement | None = None) -> None:
-        self._fd = _open_as(path, identity)
-        self.close = weakref.finalize(self, os.close, self._fd)
-        try:
-            if placement is not None:
-                self.placement = placement
-            elif walked is not None:
-                self.placement = Placement.of(*walked)
-            else:
-                self.placement = _walk_file(path, Placement.of, fd=self._fd)
-        except BaseException:
-            self.close()
-            raise
-        self.keys = self.placement.keys
-        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
-
-    def value(self, record: int) -> bytes:
-        """The value of the ``record``-th record (in key order, as :attr:`keys`)."""
-        size = int(self.placement.value_size[record])
-        data = os.pread(self._fd, size, int(self.placement.value_at[record]))
-        if len(data) != size:
-            raise TreeError(f"record {record}'s value is cut short")
-        return data
-
-
-def _walk_file(path: Path, result: Callable[[mmap.mmap, Tree], _T], fd: int | None = None) -> _T:
+def walk_file(path: Path, result: Callable[[mmap.mmap, Tree], _T], fd: int | None = None) -> _T:
     """``result`` of the walk of the file at ``path`` (or open as ``fd``), through a mapping of its own."""
     with open(path, "rb") if fd is None else open(os.dup(fd), "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:

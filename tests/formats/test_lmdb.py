@@ -302,7 +302,7 @@ def test_placed_records_hold_each_key_and_value_where_lmdb_finds_them(tmp_path: 
     import random
 
     from ddpipe.formats.lmdb_env import lease_environment
-    from ddpipe.formats.lmdb_tree import PlacedRecords
+    from ddpipe.formats.lmdb_places import PlacedRecords
 
     path = tmp_path / "many.mdb"
     _many_records(path, 20_000)
@@ -389,13 +389,13 @@ def test_random_reads_read_the_file_the_reader_opened_or_say_it_was_replaced(tmp
 def _records_made(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
     """The files whose record places (PlacedRecords) are made, and the files whose trees are walked,
     as they are."""
-    from ddpipe.formats import lmdb_tree
+    from ddpipe.formats import lmdb_places, lmdb_tree
 
     made: list[str] = []
     walked: list[str] = []
-    make, walk = lmdb_tree.PlacedRecords.__init__, lmdb_tree._walk_file
+    make, walk = lmdb_places.PlacedRecords.__init__, lmdb_tree.walk_file
 
-    def counted_make(self: lmdb_tree.PlacedRecords, path: Path, *args: object, **kwargs: object) -> None:
+    def counted_make(self: lmdb_places.PlacedRecords, path: Path, *args: object, **kwargs: object) -> None:
         made.append(Path(path).name)
         make(self, path, *args, **kwargs)  # type: ignore[arg-type]
 
@@ -403,8 +403,9 @@ def _records_made(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]
         walked.append(Path(path).name)
         return walk(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(lmdb_tree.PlacedRecords, "__init__", counted_make)
-    monkeypatch.setattr(lmdb_tree, "_walk_file", counted_walk)
+    monkeypatch.setattr(lmdb_places.PlacedRecords, "__init__", counted_make)
+    for module in (lmdb_tree, lmdb_places):  # each walks files: lmdb_places where it has no walk to place by
+        monkeypatch.setattr(module, "walk_file", counted_walk)
     return made, walked
 
 
