@@ -36,7 +36,7 @@ import ddpipe
 from ddpipe.bench.harness import machine, median, table
 from ddpipe.comm import init_comm
 from ddpipe.staging import SourceLimits, StageOptions
-from ddpipe.staging.stager import dataset_stage_dir
+from ddpipe.staging.options import dataset_stage_dir
 
 
 def worker(root: Path, stage: Path, throttle: str, out: Path) -> None:

@@ -46,7 +46,7 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
     it: ``"auto"``, ``$VAR`` and ``{host}`` as on this machine, and with ``{node}`` every node's
     directory this machine can see. Problems are collected, not raised."""
     if stage_dir is not None:  # "" was the working directory, a URL a local "s3:/b/x", each "nothing staged"
-        from .staging.stager import stage_dir_option
+        from .staging.options import stage_dir_option
 
         stage_dir_option(stage_dir)
     dataset = dataset_at(path)
@@ -76,7 +76,7 @@ def verify_dataset(path: str | os.PathLike[str], *, decode: bool = False, progre
 def _staged_copies(dataset: Dataset, stage_dir: str | os.PathLike[str]) -> list[tuple[int, Path | None]]:
     """Each staged copy of the dataset's shards under the directories ``stage_dir`` names, by shard."""
     from .staging.local_dir import visible_local_dirs
-    from .staging.stager import dataset_stage_dir
+    from .staging.options import dataset_stage_dir
 
     copies: list[tuple[int, Path | None]] = []
     for node_dir in visible_local_dirs(stage_dir, socket.gethostname(), os.environ):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import ddpipe
-from ddpipe.staging.stager import dataset_stage_dir
+from ddpipe.staging.options import dataset_stage_dir
 
 from ..helpers import make_dataset
 
