@@ -70,7 +70,15 @@ def read_samples(dataset: Dataset, indices: np.ndarray, *, random_access: bool =
     if random_access:
         yield from _read_random(dataset, shards.tolist(), positions.tolist(), store, verify, on_corrupt, keep,
                                 node_ranks)
-        return
+    else:
+        yield from _read_in_order(dataset, shards, positions, store, limits, verify, on_corrupt, views, keep)
+
+
+def _read_in_order(dataset: Dataset, shards: np.ndarray, positions: np.ndarray, store: ShardStore | None,
+                   limits: SourceLimits | None, verify: bool, on_corrupt: OnCorrupt | None, views: bool,
+                   keep: bool) -> Iterator[Sample]:
+    """Each run of increasing positions within one shard read as one scan of the shard (see
+    :func:`read_samples`), the next shards made ready ahead (:class:`ShardsAhead`)."""
     n = len(shards)
     i = 0
     corrupt: dict[int, CorruptShardError] = {}  # found once, told once, however many runs it has

@@ -162,6 +162,7 @@ def test_a_later_loop_over_the_loader_ends_the_one_before(images: Path, read_in:
     with pytest.raises(DdpipeError, match=r"^this loop over the loader was ended by a later iter\(\) of it"):
         next(first)
     assert same(epoch_of(loader, 0), whole)  # and the loader goes on
+    loader.set_epoch(1)
     held = iter(loader)
     next(held)
     loader.close()
