@@ -1,6 +1,6 @@
 """The one benchmark harness, shared by ``ddpipe bench`` and ``benchmarks/``: the machine a figure
-was measured on, page-cache eviction for cold reads, untimed passes, timing, medians, and Markdown
-tables."""
+was measured on, page-cache eviction for cold reads, untimed passes, timing, medians, Markdown
+tables, and what a run is doing while it runs."""
 
 from __future__ import annotations
 
@@ -78,3 +78,31 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> st
     body = ["| " + " | ".join(format(r[k], f) if r.get(k) is not None else "-" for k, _, f in columns) + " |"
             for r in rows]
     return "\n".join([head, rule, *body])
+
+
+def phase_bar(phases: list[str], show: bool) -> Any:
+    """What the bench is doing: a bar at a terminal; elsewhere (under a launcher, whose output is a
+    pipe) a line as each phase starts, so that a long run is not silent until its report."""
+    from tqdm import tqdm
+
+    terminal = sys.stderr.isatty()
+
+    class Phases(tqdm):  # type: ignore[misc]
+        """Names the phase under way."""
+
+        done = 0  # phases done (a disabled bar counts nothing)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            out: bool | None = super().update(n)
+            self.done += 1
+            if self.done < len(phases):
+                self.set_description(f"bench: {phases[self.done]}")
+                if show and not terminal:
+                    print(f"bench: {phases[self.done]} ({self.done + 1}/{len(phases)})", file=sys.stderr, flush=True)
+            return out
+
+    bar = Phases(total=len(phases), disable=not (show and terminal), unit="phase", dynamic_ncols=True, leave=False)
+    bar.set_description(f"bench: {phases[0]}")
+    if show and not terminal:
+        print(f"bench: {phases[0]} (1/{len(phases)})", file=sys.stderr, flush=True)
+    return bar

@@ -38,7 +38,7 @@ from ..shufflers import get_shuffler
 from ..staging import StageOptions
 from ..stream import EncodedStream
 from .figures import BenchReport, StageFigures
-from .harness import drain, evict_page_cache
+from .harness import drain, evict_page_cache, phase_bar
 
 if TYPE_CHECKING:
     from ..decode.output import Decoder
@@ -117,13 +117,77 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
         return Loader(dataset, plan=dataclasses.replace(o.plan, shuffle=shuffle), read=read, stage=o.stage,
                       decode=o.decode, seed=o.seed, comm=comm)
 
-    stages: list[StageFigures] = []
-    per_rank: list[dict[str, Any]] = []
     mode = get_shuffler(o.plan.shuffle)
     base = mode.reads_as or o.plan.shuffle  # the reading alone: the mode less its exchange
+    exchanging = mode.exchanges and comm.world.size > 1
+    phases = ["read", *(["read+exchange"] if exchanging else []), "read+decode",
+              *(f"full, epoch {e}" for e in range(o.epochs)), "from memory", *(f"peer {p}" for p in o.compare)]
+    bar = phase_bar(phases, o.progress and comm.world.rank == 0)
+    first = stream(base)
+    _refuse_one_batch(first, comm, bar)
+    stages = _Stages(comm, o.cold)
+    stages.measure("read", first, steady=False)
+    bar.update()
+    if exchanging:
+        stages.measure("read+exchange", stream(o.plan.shuffle), steady=False)
+        bar.update()
+    stages.measure("read+decode", loader(base), steady=True)
+    bar.update()
 
-    def stage(name: str, ld: Loader | EncodedStream, steady: bool) -> None:
-        if not o.cold:  # warm: the page cache holds the dataset, as in every later epoch
+    # the full pipeline feeding the step (simulated, or a real model's), from storage; then the same
+    # epoch fed from memory
+    full = loader(o.plan.shuffle)
+    step = _make_step(o, full.device, len(full.dataset.classes) or 1000)
+    epochs, mine = _full_epochs(comm, full, step, o, bar)
+    served = full.service_stats
+    service = _service_totals(comm.allgather(asdict(served) if served is not None else None), o.epochs)
+    full.close()
+    epoch_seconds = sum(epochs) / len(epochs)
+    figures = stages.figures
+    figures.append(StageFigures("full", figures[-1].images, figures[0].bytes, epoch_seconds, figures[-1].images,
+                                epoch_seconds))
+    stages.per_rank.append({"stage": "full", **mine})
+
+    memory_seconds = _from_memory(comm, stream(o.plan.shuffle), full, step)
+    bar.update()
+    compute_seconds = max(comm.allgather(mine["compute"] / o.epochs))
+    compare = _run_peers(full, o, comm, bar) if o.compare else []
+    bar.close()
+    everyone = [dict(r, rank=rank) for rank, rows in enumerate(comm.allgather(stages.per_rank)) for r in rows]
+    return BenchReport(comm.world.size, figures, epoch_seconds, compute_seconds, memory_seconds, figures[-1].images,
+                       everyone, epochs, o.model or "simulated", compare, service)
+
+
+def _refuse_one_batch(first: EncodedStream, comm: Comm, bar: Any) -> None:
+    """A rate is timed after the first batch: a rank's share of fewer than two is refused, on every
+    rank alike (each plans alike), said once by rank 0."""
+    with warnings.catch_warnings():  # said below as the benchmark's error, in its own words
+        warnings.simplefilter("ignore", NoBatchWarning)
+        batches = first.batches_per_epoch
+    if batches >= 2:
+        return
+    first.close()
+    bar.close()
+    share = len(first.dataset) // comm.world.size
+    raise DdpipeError(f"--batch-size {first.options.batch_size} leaves each rank {batches} batch(es) of its share "
+                      f"({share} of {len(first.dataset)} samples on {comm.world.size} rank(s)), and a rate is "
+                      "timed after the first batch: use a smaller batch size or fewer ranks",
+                      path=first.dataset.where).everywhere()
+
+
+class _Stages:
+    """The data stages, each measured for one epoch on every rank, one after another: their figures
+    across the ranks, and each rank's own."""
+
+    def __init__(self, comm: Comm, cold: bool) -> None:
+        self.comm, self.cold = comm, cold
+        self.figures: list[StageFigures] = []
+        self.per_rank: list[dict[str, Any]] = []
+
+    def measure(self, name: str, ld: Loader | EncodedStream, steady: bool) -> None:
+        """One epoch of ``ld``; ``steady``: its rate taken after each rank's first batch."""
+        comm = self.comm
+        if not self.cold:  # warm: the page cache holds the dataset, as in every later epoch
             drain(ld)
             ld.set_epoch(ld.epoch)  # the same epoch again, timed, on purpose (epoch_repeats.py)
         mine = {"images": 0, "bytes": 0, "first": 0.0, "after_first": 0}
@@ -144,9 +208,9 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
                     mine["after_first"] += n
             return {k: float(v) for k, v in mine.items()}
 
-        seconds, figures = _timed(comm, ld, o.cold, body)
+        seconds, figures = _timed(comm, ld, self.cold, body)
         timings = comm.allgather((int(mine["after_first"]), figures["seconds"] - figures["first"]))
-        total_bytes = sum(comm.allgather(int(mine["bytes"]))) or (stages[0].bytes if stages else 0)
+        total_bytes = sum(comm.allgather(int(mine["bytes"]))) or (self.figures[0].bytes if self.figures else 0)
         images = sum(comm.allgather(int(mine["images"])))
         # decoding's rate excludes building its pipeline; reading's producer runs ahead of the first
         # batch, so after it the queue only drains: reading is timed whole
@@ -154,40 +218,16 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
             rate_images, rate_seconds = sum(n for n, _ in timings), max(t for _, t in timings)
         else:
             rate_images, rate_seconds = images, seconds
-        stages.append(StageFigures(name, images, total_bytes, seconds, rate_images, rate_seconds))
-        per_rank.append({"stage": name, **figures})
+        self.figures.append(StageFigures(name, images, total_bytes, seconds, rate_images, rate_seconds))
+        self.per_rank.append({"stage": name, **figures})
         # its threads (the next epoch read ahead, the decoder's) stopped now: left to the collector, they
         # ran on while a peer's DataLoader forked its workers, and one forked holding a lock hung
         ld.close()
 
-    exchanging = mode.exchanges and comm.world.size > 1
-    phases = ["read", *(["read+exchange"] if exchanging else []), "read+decode",
-              *(f"full, epoch {e}" for e in range(o.epochs)), "from memory", *(f"peer {p}" for p in o.compare)]
-    bar = _progress(phases, o.progress and comm.world.rank == 0)
-    first = stream(base)
-    with warnings.catch_warnings():  # said below as the benchmark's error, in its own words
-        warnings.simplefilter("ignore", NoBatchWarning)
-        batches = first.batches_per_epoch
-    if batches < 2:  # every rank plans alike: each leaves, rank 0 says why
-        first.close()
-        bar.close()
-        share = len(first.dataset) // comm.world.size
-        raise DdpipeError(f"--batch-size {o.plan.batch_size} leaves each rank {batches} batch(es) of its share "
-                          f"({share} of {len(first.dataset)} samples on {comm.world.size} rank(s)), and a rate is "
-                          "timed after the first batch: use a smaller batch size or fewer ranks",
-                          path=first.dataset.where).everywhere()
-    stage("read", first, steady=False)
-    bar.update()
-    if exchanging:
-        stage("read+exchange", stream(o.plan.shuffle), steady=False)
-        bar.update()
-    stage("read+decode", loader(base), steady=True)
-    bar.update()
 
-    # the full pipeline feeding the step (simulated, or a real model's), from storage; then the same
-    # epoch fed from memory
-    full = loader(o.plan.shuffle)
-    step = _make_step(o, full.device, len(full.dataset.classes) or 1000)
+def _full_epochs(comm: Comm, full: Loader, step: Any, o: BenchOptions, bar: Any) -> tuple[list[float], dict[str, Any]]:
+    """The full pipeline's epochs feeding ``step``: each epoch's seconds (the slowest rank's), and
+    this rank's steps, its waits for a batch and the step's time."""
     mine: dict[str, Any] = {"steps": 0, "wait": 0.0, "waits": [], "compute": 0.0, "seconds": 0.0}
 
     def epoch_body() -> dict[str, Any]:
@@ -210,22 +250,7 @@ def run_bench(dataset: str | os.PathLike[str], options: BenchOptions, comm: Comm
         mine["seconds"] += figures["seconds"]
         epochs.append(seconds)
         bar.update()
-    served = full.service_stats
-    service = _service_totals(comm.allgather(asdict(served) if served is not None else None), o.epochs)
-    full.close()
-    epoch_seconds = sum(epochs) / len(epochs)
-    stages.append(StageFigures("full", stages[-1].images, stages[0].bytes, epoch_seconds, stages[-1].images,
-                               epoch_seconds))
-    per_rank.append({"stage": "full", **mine})
-
-    memory_seconds = _from_memory(comm, stream(o.plan.shuffle), full, step)
-    bar.update()
-    compute_seconds = max(comm.allgather(mine["compute"] / o.epochs))
-    compare = _run_peers(full, o, comm, bar) if o.compare else []
-    bar.close()
-    everyone = [dict(r, rank=rank) for rank, rows in enumerate(comm.allgather(per_rank)) for r in rows]
-    return BenchReport(comm.world.size, stages, epoch_seconds, compute_seconds, memory_seconds, stages[-1].images,
-                       everyone, epochs, o.model or "simulated", compare, service)
+    return epochs, mine
 
 
 def _service_totals(ranks: list[dict[str, Any] | None], epochs: int) -> dict[str, Any]:
@@ -241,36 +266,6 @@ def _service_totals(ranks: list[dict[str, Any] | None], epochs: int) -> dict[str
     totals["transfer_seconds"] = max(0.0, totals["round_trip_seconds"] - totals["server_seconds"])
     totals["epochs"] = epochs
     return totals
-
-
-def _progress(phases: list[str], show: bool) -> Any:
-    """What the bench is doing: a bar at a terminal; elsewhere (under a launcher, whose output is a
-    pipe) a line as each phase starts, so that a long run is not silent until its report."""
-    import sys
-
-    from tqdm import tqdm
-
-    terminal = sys.stderr.isatty()
-
-    class Phases(tqdm):  # type: ignore[misc]
-        """Names the phase under way."""
-
-        done = 0  # phases done (a disabled bar counts nothing)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            out: bool | None = super().update(n)
-            self.done += 1
-            if self.done < len(phases):
-                self.set_description(f"bench: {phases[self.done]}")
-                if show and not terminal:
-                    print(f"bench: {phases[self.done]} ({self.done + 1}/{len(phases)})", file=sys.stderr, flush=True)
-            return out
-
-    bar = Phases(total=len(phases), disable=not (show and terminal), unit="phase", dynamic_ncols=True, leave=False)
-    bar.set_description(f"bench: {phases[0]}")
-    if show and not terminal:
-        print(f"bench: {phases[0]} (1/{len(phases)})", file=sys.stderr, flush=True)
-    return bar
 
 
 def _make_step(o: BenchOptions, device: Any, num_classes: int) -> Any:
