@@ -266,19 +266,19 @@ def test_a_labels_file_is_read_once_for_every_epoch_until_it_is_written_again(
     ImageNet's) took seconds to read: they are kept by the version of the file, and read again once
     it is written anew (each sample's digest, taken with its label as indexed, then refuses a label
     changed since)."""
-    from ddpipe.formats import foreign_lmdb
+    from ddpipe.formats import lmdb_labels
 
     from ..helpers import adopted
 
     root = adopted("lmdb-labels-file", tmp_path)
     read: list[str] = []
-    read_file = foreign_lmdb.read_labels_file
+    read_file = lmdb_labels.read_labels_file
 
     def counted(path: Path) -> dict[str, int]:
         read.append(path.name)
         return read_file(path)
 
-    monkeypatch.setattr(foreign_lmdb, "read_labels_file", counted)
+    monkeypatch.setattr(lmdb_labels, "read_labels_file", counted)
     stream = ddpipe.EncodedStream(root, 5)
 
     def epoch(e: int) -> dict[str, bytes]:
