@@ -10,13 +10,14 @@ from typing import Protocol
 
 import numpy as np
 
-from .checksum import digest_mismatch, file_checksum, unpack_digests
-from .errors import ChecksumMismatchError, CorruptShardError, ManifestError, MissingShardError, OptionError
+from .checksum import digest_mismatch, unpack_digests
+from .errors import CorruptShardError, ManifestError, MissingShardError, OptionError
 from .formats import ShardFormat, ShardReader, get_format
 from .formats.base import LayoutError
-from .formats.mapped import HashedFile, advise_willneed, hash_mapped
+from .formats.mapped import HashedFile, advise_willneed
 from .manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest, load_manifest_from
 from .sample import BAD, KEY, Sample
+from .shard_check import check_shard_file, open_checked
 from .storage import ObjectCache, ObjectStorage, StorageOptions, is_remote, open_storage, parse_location
 from .throttle import SourceLimits
 
@@ -148,7 +149,7 @@ class Dataset:
             return
         for info in self.manifest.shards:
             try:
-                self.check_file(info)
+                check_shard_file(self.format, info, self.data_root / info.file)
             except CorruptShardError:
                 if not corrupt_ok:
                     raise
@@ -177,20 +178,6 @@ class Dataset:
         if self._objects is not None:
             self._objects.fetch(*self.object_names(info))
         return self.data_root / info.file
-
-    def check_file(self, info: ShardInfo, path: Path | None = None) -> None:
-        path = path or self.data_root / info.file
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise MissingShardError("shard listed in index.json is missing", path=path) from None
-        if size != info.bytes:
-            what = "truncated" if size < info.bytes else "larger than recorded"
-            raise CorruptShardError(f"{what}: index.json says {info.bytes} bytes, file has {size}", path=path)
-        if info.samples * self.format.min_sample_bytes > size:
-            raise CorruptShardError(f"index.json says {info.samples} samples, more than {size} bytes of "
-                                    f"{self.format.name} can hold (at least {self.format.min_sample_bytes} bytes "
-                                    "each)", path=path)
 
     def open_shard(self, shard: int, store: ShardStore | None = None, *, verify: bool = False,
                    hashed: HashedFile | None = None, keep: bool = False, vouched: Path | None = None) -> ShardReader:
@@ -227,52 +214,12 @@ class Dataset:
             # a scratch copy, which its cache lets go and fetches again (the object's bytes as they are then):
             # never kept mapped, and checked at every open, whatever an earlier check vouched for
             try:
-                return self._open_file(info, path, verify or vouched is not None, hashed)
+                return open_checked(self.format, info, path, verify=verify or vouched is not None, hashed=hashed)
             except CorruptShardError as e:
                 if e.path is not None:
                     e.path = self.source_name(Path(e.path))
                 raise
-        return self._open_file(info, path, verify, hashed, keep, vouched)
-
-    def _open_file(self, info: ShardInfo, path: Path, verify: bool, hashed: HashedFile | None = None,
-                   keep: bool = False, vouched: Path | None = None) -> ShardReader:
-        self.check_file(info, path)
-        ahead = hashed if hashed is not None and hashed.path == path else None
-        if hashed is not None and ahead is None and hashed.mapped is not None:
-            hashed.mapped.close()  # another file's (an LMDB environment is open once per process)
-        # read through the mapping kept of the file, or one then kept (ShardMapping: its reader takes it over)
-        own = self.format.mapping(path, keep=True) if keep and ahead is None and self.format.reads_mapped else None
-        if own is not None and verify:  # hashed before it is opened, as a file hashed ahead is
-            ahead, own = hash_mapped(own, keep=True), None
-        known = ahead.checksum if verify and ahead is not None and ahead.checksum == info.checksum else None
-        reopened = vouched == path and not verify
-        if reopened:
-            known = info.checksum
-        try:
-            reader = self.format.reader_of(path, known, vouched=reopened, by_sample=not verify and not reopened)
-        except CorruptShardError:
-            # a changed file that no longer opens is said as the change it is, not in its library's words
-            # ("actual len exceeds EOA"); only here, where opening failed, is it hashed before the open
-            if verify:
-                actual = ahead.checksum if ahead is not None else file_checksum(path)
-                if actual != info.checksum:
-                    raise ChecksumMismatchError(path, expected=info.checksum, actual=actual) from None
-            raise
-        try:
-            if ahead is not None and ahead.mapped is not None:
-                reader.adopt_mapping(ahead.mapped)
-            elif own is not None:  # reopened unchecked: vouched for
-                reader.adopt_mapping(own)
-            if verify:  # first: the check pages the file in whole, and the count may read scattered pages
-                self.format.verify(reader, info.checksum, ahead.checksum if ahead is not None else None)
-            elif reopened:  # its bytes vouched for, not the files beside it, unless read as they agreed with them
-                self.format.check_sidecars(reader, info.checksum)
-            if len(reader) != info.samples:
-                raise CorruptShardError(f"holds {len(reader)} samples, index.json says {info.samples}", path=path)
-        except BaseException:
-            reader.close()
-            raise
-        return reader
+        return open_checked(self.format, info, path, verify=verify, hashed=hashed, keep=keep, vouched=vouched)
 
     def sample_digests(self, shard: int) -> np.ndarray | None:
         """The shard's sample digests from the manifest (see the class), or None if it has none."""

@@ -16,6 +16,7 @@ from .decode.spec import decode_check, is_image_field, no_image
 from .errors import DdpipeError
 from .formats.tar_index import check_dali_index
 from .sample import KEY, class_of
+from .shard_check import check_shard_file
 from .storage.location import is_remote
 
 # format -> checks of the files kept beside each shard, which the manifest's checksum does not cover
@@ -89,7 +90,7 @@ def _staged_copies(dataset: Dataset, stage_dir: str | os.PathLike[str]) -> list[
 def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, report: VerifyReport) -> None:
     info = dataset.manifest.shards[i]
     shown = dataset.source_name(shard_path)  # an object's URL rather than its fetched copy's path
-    dataset.check_file(info, shard_path)
+    check_shard_file(dataset.format, info, shard_path)
     actual = file_checksum(shard_path)
     if actual != info.checksum:
         report.problems.append(f"{shown}: checksum mismatch: index.json says {info.checksum}, "
