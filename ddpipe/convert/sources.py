@@ -13,13 +13,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from PIL import UnidentifiedImageError
 
+from ..checksum import digest_mismatch
 from ..dataset import Dataset, open_dataset
 from ..decode.jpeg_header import jpeg_size
 from ..decode.spec import NOT_AN_IMAGE, PixelLimitError, check_pixels, decode_check, open_image
 from ..directory_kind import hint, what_is_in
-from ..errors import DdpipeError, SourceError
+from ..errors import CorruptShardError, DdpipeError, SourceError
 from ..formats import ShardReader
 from ..manifest import MANIFEST_NAME, SkippedItem
 from ..sample import KEY, Sample, sanitize_key
@@ -239,6 +241,8 @@ class ItemLoader:
     def __init__(self, kind: str, root: str, decode_check: bool = True) -> None:
         self._dataset: Dataset | None = open_dataset(root) if kind == "dataset" else None
         self._reader: ShardReader | None = None
+        self._digests: np.ndarray | None = None  # its shard's sample digests, where it has them
+        self._failed: dict[str, SourceError] = {}  # shards that failed their check whole, by name
         self._decode_check = decode_check
 
     def load(self, item: SourceItem) -> Sample:
@@ -266,18 +270,35 @@ class ItemLoader:
         return {KEY: item.key, _FIELD_OF_FORMAT.get(kind, kind.lower()): data, "cls": b"%d" % (item.label or 0)}
 
     def _load_from_dataset(self, item: SourceItem) -> Sample:
+        """One sample of a dataset, checked as a loader checks what it reads, so that a damaged shard is
+        never copied into shards whose new checksums would vouch for it: against its digest where the
+        manifest records them, else its whole shard against its checksum as it is opened. A sample that
+        fails is a :class:`SourceError` (the conversion's ``on_error`` says whether it stops or leaves it
+        out); a shard that fails whole fails each of its items without being hashed again."""
         assert self._dataset is not None and item.index is not None
-        if self._reader is None or self._dataset.source_name(self._reader.path) != item.path:
-            self.close()
-            shard = next(i for i, s in enumerate(self._dataset.manifest.shards)
-                         if self._dataset.source_name(self._dataset.data_root / s.file) == item.path)
-            self._reader = self._dataset.open_shard(shard)
+        if item.path in self._failed:
+            raise self._failed[item.path]
         try:
-            return self._reader[item.index]
+            if self._reader is None or self._dataset.source_name(self._reader.path) != item.path:
+                self.close()
+                shard = next(i for i, s in enumerate(self._dataset.manifest.shards)
+                             if self._dataset.source_name(self._dataset.data_root / s.file) == item.path)
+                self._digests = self._dataset.sample_digests(shard)
+                self._reader = self._dataset.open_shard(shard, verify=self._digests is None)
+            sample = self._reader[item.index]
+        except CorruptShardError as e:
+            failed = SourceError(e.message, path=item.path)
+            if self._reader is None:
+                self._failed[item.path] = failed
+            raise failed from None
         except DdpipeError:
             raise
         except OSError as e:
             raise SourceError(f"cannot read sample {item.index}: {e}", path=item.path) from None
+        error = digest_mismatch(self._digests, item.index, sample, item.path)
+        if error is not None:
+            raise SourceError(error.message, path=item.path)
+        return self._reader.parse(sample)  # checked first, then parsed
 
     def close(self) -> None:
         if self._reader is not None:

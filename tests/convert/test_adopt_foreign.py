@@ -42,6 +42,17 @@ def test_adopted_in_place_reads_every_sample_with_its_label(name: str, tmp_path:
     assert report.returncode == 0 and "OK" in report.stdout, report.stdout + report.stderr
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_adopted_data_converts_to_shards_of_the_same_samples(name: str, tmp_path: Path) -> None:
+    """``ddpipe convert`` of an adopted dataset writes the samples its readers give, each parsed
+    from its record (a msgpack map, a datum, a pickle), not the record as stored."""
+    root = adopt(name, tmp_path)
+    ddpipe.convert(root, tmp_path / "shards", ddpipe.ConvertOptions(format="wds"))
+    adopted = [{field: bytes(value) if field != "__key__" else value for field, value in sample.items()}
+               for sample in ddpipe.open_dataset(root)]
+    assert [dict(sample) for sample in ddpipe.open_dataset(tmp_path / "shards")] == adopted
+
+
 @pytest.mark.parametrize("name", [name for name in LAYOUTS if "lmdb" in name or "caffe" in name])
 def test_an_adopted_lmdb_read_one_record_at_a_time_gives_what_a_scan_gives(name: str, tmp_path: Path) -> None:
     """Random reads (a global shuffle's) find each record where the tree walk found it, not through
@@ -295,6 +306,9 @@ def test_a_pickle_changed_after_indexing_never_runs(tmp_path: Path) -> None:
         list(loader)
     proc = run_cli("verify", root)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    proc = run_cli("convert", root, tmp_path / "out", "--format", "wds", "--quiet")
+    assert proc.returncode == 1 and "digest differs" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "index.json").exists()
     assert not marker.exists()  # nothing in the file ran
 
 

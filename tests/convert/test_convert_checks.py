@@ -1,16 +1,21 @@
 """convert decodes what it converts: a JPEG cut short is caught at conversion, not hours into training;
-and what a conversion records is the same from run to run."""
+a dataset converted again is checked against its manifest as it is read; and what a conversion
+records is the same from run to run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ddpipe
+from ddpipe.manifest import save_manifest
 
 from ..conftest import run_cli
+from ..helpers import flip_inside_sample, make_dataset, shard_file
 
 
 def cut_short(images: Path, which: int = 9) -> Path:
@@ -129,3 +134,30 @@ def test_the_check_passes_what_pil_decodes_and_no_more(which: int, draft: bool, 
     except (OSError, ValueError, SyntaxError):
         passed = False
     assert passed == _pil_verdict(bytes(data), draft)
+
+
+@pytest.mark.parametrize("digests", [True, False], ids=["sample digests", "shard checksums only"])
+def test_a_dataset_changed_since_its_manifest_is_never_converted_into_new_checksums(digests: bool,
+                                                                                   tmp_path: Path) -> None:
+    """Converting a dataset checks what it reads as a loader does (each sample against its digest, or
+    each shard against its checksum where the manifest has no digests): a changed sample stops the
+    conversion naming its shard, or under ``--on-error skip`` is left out and listed, rather than
+    copied into shards whose new checksums would vouch for it."""
+    src = make_dataset(tmp_path / "src", "wds", [5, 5, 5])
+    if not digests:
+        manifest = ddpipe.load_manifest(src)
+        save_manifest(src, replace(manifest, shards=tuple(replace(s, digests="") for s in manifest.shards)))
+    before = {s["__key__"]: dict(s) for s in ddpipe.open_dataset(src)}
+    changed = shard_file(src, 1)
+    flip_inside_sample(changed, bytes(before["s/000007"]["bin"]))
+    out = tmp_path / "out"
+    proc = run_cli("convert", src, out, "--format", "lmdb", "--quiet")
+    says = "digest differs" if digests else "checksum mismatch"
+    assert proc.returncode == 1 and str(changed) in proc.stderr and says in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (out / "index.json").exists()
+    proc = run_cli("convert", src, tmp_path / "kept", "--format", "lmdb", "--on-error", "skip", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    left_out = {"s/000007"} if digests else {f"s/{i:06d}" for i in range(5, 10)}  # the sample, or its shard
+    converted = ddpipe.open_dataset(tmp_path / "kept")
+    assert {s["__key__"]: dict(s) for s in converted} == {k: s for k, s in before.items() if k not in left_out}
+    assert [s.path for s in converted.manifest.skipped] == [str(changed)] * len(left_out)
