@@ -123,3 +123,8 @@ class RepeatedEpochWarning(UserWarning):
 
 class UnlabelledSamplesWarning(UserWarning):
     """Adopted samples without a class number: training skips or refuses each (``--on-error``)."""
+
+
+class ChangedShardsWarning(UserWarning):
+    """Files indexed again differ from the checksums the manifest they replace recorded: taken as
+    they are now (``ddpipe verify`` before indexing says whether that is damage)."""

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checksum import pack_digests, sample_digest
-from ..errors import ConversionConflictError, DdpipeError, ManifestError, OptionError, UnlabelledSamplesWarning
+from ..errors import (
+    ChangedShardsWarning,
+    ConversionConflictError,
+    DdpipeError,
+    ManifestError,
+    OptionError,
+    UnlabelledSamplesWarning,
+)
 from ..formats.atomic import Finished, discard, partial_path, raise_if_disk_full
 from ..formats.tar import TarFormat, TarReader
 from ..formats.tar_index import format_dali_index, index_path, scan_tar_members, split_member_name
@@ -38,6 +45,45 @@ def recorded_classes(root: Path) -> list[str] | None:
             path=root / MANIFEST_NAME,
         ) from None
     return list(recorded.classes) or None
+
+
+#: the formats only ddpipe writes (a manifest of one is of shards ddpipe converted)
+OWN_FORMATS = ("hdf5", "lmdb")
+
+
+def refuse_a_dataset_ddpipe_wrote(data: Path, out: Path | None) -> None:
+    """Adopting files writes a manifest made from them as they are now; a directory (``data``, or the
+    ``out`` whose manifest would be replaced) whose ``index.json`` a conversion wrote is a dataset
+    already: indexing it would replace the checksums its shards are checked against (a shard changed
+    since would be vouched for) and what a rerun of the conversion resumes from. Refused, naming it."""
+    for where in dict.fromkeys([data, out or data]):
+        try:
+            manifest = load_manifest(where) if (where / MANIFEST_NAME).is_file() else None
+        except (ManifestError, OSError):
+            continue  # not ddpipe's, or unreadable: refused in its own words where the classes are looked for
+        if manifest is not None and (manifest.format in OWN_FORMATS or manifest.origin):
+            raise ConversionConflictError(
+                f"is a dataset that ddpipe convert wrote ({manifest.format}, {len(manifest.shards)} shard(s), "
+                f"{manifest.num_samples} samples) and needs no index: `ddpipe verify {where}` checks its shards "
+                "against its index.json", path=where)
+
+
+def warn_of_changed_shards(target: Path, manifest: Manifest) -> None:
+    """Indexing again takes the files as they are: warn, naming them, of those whose bytes differ from
+    the manifest it replaces (data rewritten on purpose, or damaged: ``ddpipe verify`` would have said)."""
+    try:
+        before = load_manifest(target) if (target / MANIFEST_NAME).is_file() else None
+    except ManifestError:
+        return
+    if before is None:
+        return
+    recorded = {s.file: s.checksum for s in before.shards}
+    changed = [s.file for s in manifest.shards if recorded.get(s.file, s.checksum) != s.checksum]
+    if changed:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        warnings.warn(f"{target / MANIFEST_NAME}: {len(changed)} file(s) differ from the checksums it recorded "
+                      f"and are indexed as they are now: {', '.join(changed[:3])}{more}", ChangedShardsWarning,
+                      stacklevel=3)
 
 
 def refuse_read_only(data: Path, out: Path | None) -> None:
@@ -82,6 +128,7 @@ def write_adopted(data: Path, out: Path | None, manifest: Manifest) -> Manifest:
         manifest = Manifest(**{**manifest.__dict__, "data_dir": os.path.relpath(data.resolve(), out.resolve())})
     else:
         refuse_read_only(data, out)  # and again, for a directory made read-only while it was read
+    warn_of_changed_shards(target, manifest)
     save_manifest(target, manifest)
     return manifest
 
@@ -209,6 +256,7 @@ def index_tars(directory: str | os.PathLike[str], *, classes: list[str] | None =
         raise DdpipeError("not a directory", path=root)
     out_dir = None if out is None else Path(out)
     refuse_read_only(root, out_dir)
+    refuse_a_dataset_ddpipe_wrote(root, out_dir)
     classes = given_or_recorded(classes, root, out_dir)
     tars = tar_names(p.name for p in root.glob("*.tar"))
     if not tars:

@@ -13,7 +13,7 @@ from ..errors import DdpipeError
 from ..manifest import Manifest
 from ..storage import is_remote
 from ..storage.location import is_web
-from .adopt import index_tars, refuse_unwritable_out
+from .adopt import index_tars, refuse_a_dataset_ddpipe_wrote, refuse_unwritable_out
 from .adopt_hdf5 import index_hdf5
 from .adopt_lmdb import index_lmdb
 
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> Manifest:
         raise DdpipeError("not a directory: give the directory that holds the shards", path=root)
     kind = what_is_in(root)
     out = None if args.out is None else Path(args.out)
+    refuse_a_dataset_ddpipe_wrote(root, out)  # before its files are taken for another tool's
     if kind == "tar":
         return index_tars(root, classes=classes, out=out)
     if kind == "hdf5":

@@ -12,9 +12,11 @@ import h5py
 import pytest
 
 import ddpipe
+from ddpipe.checksum import file_checksum
 
 from ..conftest import run_cli
 from ..formats.conformance import example_samples
+from ..helpers import make_dataset
 from . import foreign_data as fd
 from .adopted import LAYOUTS, hashes
 
@@ -201,3 +203,49 @@ def test_indexing_again_keeps_the_class_names_and_never_replaces_a_foreign_index
     proc = run_cli("index", other, *flags)
     assert proc.returncode != 0 and "not a ddpipe manifest" in proc.stderr and "Traceback" not in proc.stderr
     assert (other / "index.json").read_text() == '{"written by": "another tool"}'
+
+
+@pytest.mark.parametrize("fmt", ["wds", "hdf5", "lmdb"])
+def test_index_refuses_a_dataset_ddpipe_converted_and_changes_nothing(fmt: str, tmp_path: Path) -> None:
+    """Indexing a converted dataset would replace the checksums its shards are checked against with
+    those of its files as they are now (a shard damaged since, vouched for) and the fingerprint a rerun
+    of the conversion resumes from; its own HDF5 and LMDB shards were refused in words about other
+    tools' files ("no datasets of images found", "nothing to adopt")."""
+    root = tmp_path / "shards"
+    ddpipe.convert(make_dataset(tmp_path / "src", "wds", [4, 4]), root, ddpipe.ConvertOptions(format=fmt))
+    before = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
+    outs: list[list[str | Path]] = [[], ["--out", tmp_path / "elsewhere"]]
+    for out in outs:
+        proc = run_cli("index", root, *out)
+        assert proc.returncode == 1 and proc.stderr == (
+            f"ddpipe: error: {root}: is a dataset that ddpipe convert wrote ({fmt}, 2 shard(s), 8 samples) and "
+            f"needs no index: `ddpipe verify {root}` checks its shards against its index.json\n"), proc.stderr
+    with pytest.raises(ddpipe.DdpipeError, match="ddpipe convert wrote"):
+        ddpipe.index_tars(root)
+    assert {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()} == before
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_indexing_again_names_the_files_that_changed_since(tmp_path: Path) -> None:
+    """Indexing again takes the files as they are (data rewritten on purpose), and says which differ
+    from the manifest it replaces, so that damage is not taken for a change unsaid."""
+    import tarfile
+
+    root = tmp_path / "tars"
+    root.mkdir()
+    for k in range(2):
+        with tarfile.open(root / f"part-{k}.tar", "w") as tf:
+            for name, data in ((f"s{k}.cls", b"0"), (f"s{k}.bin", b"payload-%d" % k)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    run_cli("index", root, check=True)
+    again = run_cli("index", root)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    tar = root / "part-1.tar"
+    tar.write_bytes(tar.read_bytes().replace(b"payload-1", b"payload-X"))
+    changed = run_cli("index", root)
+    assert changed.returncode == 0 and changed.stderr == (
+        f"ddpipe: warning: {root}/index.json: 1 file(s) differ from the checksums it recorded and are indexed as "
+        "they are now: part-1.tar\n"), changed.stderr
+    assert ddpipe.open_dataset(root).manifest.shards[1].checksum == file_checksum(tar)
