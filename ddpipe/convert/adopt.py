@@ -53,37 +53,44 @@ OWN_FORMATS = ("hdf5", "lmdb")
 
 def refuse_a_dataset_ddpipe_wrote(data: Path, out: Path | None) -> None:
     """Adopting files writes a manifest made from them as they are now; a directory (``data``, or the
-    ``out`` whose manifest would be replaced) whose ``index.json`` a conversion wrote is a dataset
-    already: indexing it would replace the checksums its shards are checked against (a shard changed
-    since would be vouched for) and what a rerun of the conversion resumes from. Refused, naming it."""
+    ``out`` whose manifest would be replaced) whose ``index.json`` a conversion wrote is refused."""
     for where in dict.fromkeys([data, out or data]):
-        try:
-            manifest = load_manifest(where) if (where / MANIFEST_NAME).is_file() else None
-        except (ManifestError, OSError):
-            continue  # not ddpipe's, or unreadable: refused in its own words where the classes are looked for
-        if manifest is not None and (manifest.format in OWN_FORMATS or manifest.origin):
-            raise ConversionConflictError(
-                f"is a dataset that ddpipe convert wrote ({manifest.format}, {len(manifest.shards)} shard(s), "
-                f"{manifest.num_samples} samples) and needs no index: `ddpipe verify {where}` checks its shards "
-                "against its index.json", path=where)
+        manifest = recorded_manifest(where)  # one not ddpipe's, or unreadable: refused where classes are looked for
+        if manifest is not None:
+            refuse_if_converted(manifest, str(where))
 
 
-def warn_of_changed_shards(target: Path, manifest: Manifest) -> None:
-    """Indexing again takes the files as they are: warn, naming them, of those whose bytes differ from
-    the manifest it replaces (data rewritten on purpose, or damaged: ``ddpipe verify`` would have said)."""
+def refuse_if_converted(manifest: Manifest, where: str) -> None:
+    """A manifest a conversion wrote (at ``where``, a directory or a URL) belongs to a dataset already:
+    indexing it would replace the checksums its shards are checked against (a shard changed since
+    would be vouched for) and what a rerun of the conversion resumes from. Refused, naming it."""
+    if manifest.format in OWN_FORMATS or manifest.origin:
+        raise ConversionConflictError(
+            f"is a dataset that ddpipe convert wrote ({manifest.format}, {len(manifest.shards)} shard(s), "
+            f"{manifest.num_samples} samples) and needs no index: `ddpipe verify {where}` checks its shards "
+            "against its index.json", path=where)
+
+
+def recorded_manifest(target: Path) -> Manifest | None:
+    """The manifest in ``target`` that indexing would replace, if there is a readable one."""
     try:
-        before = load_manifest(target) if (target / MANIFEST_NAME).is_file() else None
-    except ManifestError:
-        return
+        return load_manifest(target) if (target / MANIFEST_NAME).is_file() else None
+    except (ManifestError, OSError):
+        return None
+
+
+def warn_of_changed_shards(before: Manifest | None, after: Manifest, where: str) -> None:
+    """Indexing again takes the files as they are: warn, naming them, of those whose bytes differ from
+    the manifest ``before`` (at ``where``) that ``after`` replaces: data rewritten on purpose, or
+    damaged (``ddpipe verify`` would have said)."""
     if before is None:
         return
     recorded = {s.file: s.checksum for s in before.shards}
-    changed = [s.file for s in manifest.shards if recorded.get(s.file, s.checksum) != s.checksum]
+    changed = [s.file for s in after.shards if recorded.get(s.file, s.checksum) != s.checksum]
     if changed:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        warnings.warn(f"{target / MANIFEST_NAME}: {len(changed)} file(s) differ from the checksums it recorded "
-                      f"and are indexed as they are now: {', '.join(changed[:3])}{more}", ChangedShardsWarning,
-                      stacklevel=3)
+        warnings.warn(f"{where}: {len(changed)} file(s) differ from the checksums it recorded and are indexed as "
+                      f"they are now: {', '.join(changed[:3])}{more}", ChangedShardsWarning, stacklevel=3)
 
 
 def refuse_read_only(data: Path, out: Path | None) -> None:
@@ -128,7 +135,7 @@ def write_adopted(data: Path, out: Path | None, manifest: Manifest) -> Manifest:
         manifest = Manifest(**{**manifest.__dict__, "data_dir": os.path.relpath(data.resolve(), out.resolve())})
     else:
         refuse_read_only(data, out)  # and again, for a directory made read-only while it was read
-    warn_of_changed_shards(target, manifest)
+    warn_of_changed_shards(recorded_manifest(target), manifest, str(target / MANIFEST_NAME))
     save_manifest(target, manifest)
     return manifest
 

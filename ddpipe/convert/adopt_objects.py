@@ -16,15 +16,27 @@ import contextlib
 import dataclasses
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import DdpipeError
-from ..manifest import MANIFEST_NAME, Manifest, save_manifest
+from ..errors import ChangedShardsWarning, DdpipeError, ManifestError
+from ..manifest import MANIFEST_NAME, Manifest, find_manifest, save_manifest
 from ..storage import ObjectStorage, open_storage
 from ..units import size_text
-from .adopt import AdoptedTar, adopt_tar, indexes_named_at_the_end, recorded_classes, tar_names, tars_manifest
+from .adopt import (
+    AdoptedTar,
+    adopt_tar,
+    indexes_named_at_the_end,
+    recorded_classes,
+    recorded_manifest,
+    refuse_a_dataset_ddpipe_wrote,
+    refuse_if_converted,
+    tar_names,
+    tars_manifest,
+    warn_of_changed_shards,
+)
 from .adopt_hdf5 import hdf5_names, index_hdf5
 
 
@@ -36,9 +48,11 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
     if not listing:
         raise DdpipeError("no objects here to adopt", path=objects.url())
     top = {n for n in listing if "/" not in n}
+    replaced = _manifest_replaced(args.out, objects if MANIFEST_NAME in everything else None)
     with tempfile.TemporaryDirectory(prefix="ddpipe-index-") as tmp:
         root = Path(tmp)
-        with _named_by_url(root, objects):
+        with _named_by_url(root, objects), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ChangedShardsWarning)  # said below, naming the objects, not their copies
             # as a directory of them is told apart
             tars = tar_names(top) if "data.mdb" not in top else []
             h5 = hdf5_names(top) if "data.mdb" not in top and not tars else []
@@ -64,6 +78,8 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
                     (root / name).parent.mkdir(parents=True, exist_ok=True)
                     objects.download(name, root / name, size)
                 manifest = index_local(argparse.Namespace(**{**vars(args), "dir": str(root), "out": None}))
+        warn_of_changed_shards(replaced, manifest, str(Path(args.out) / MANIFEST_NAME) if args.out is not None
+                               else objects.url(MANIFEST_NAME))
         if args.out is not None:  # a manifest kept elsewhere, naming where the objects are
             manifest = dataclasses.replace(manifest, data_dir=objects.url())
             Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -122,6 +138,21 @@ class _OneAtATime:
 
     def __exit__(self, *exc: object) -> None:
         self._drop()
+
+
+def _manifest_replaced(out: str | None, objects: ObjectStorage | None) -> Manifest | None:
+    """The manifest that indexing the objects would replace (in ``out``, else among the ``objects``,
+    where they hold one). Either written by a conversion is refused, before any object is fetched."""
+    beside = None
+    if objects is not None:
+        with contextlib.suppress(ManifestError):  # not ddpipe's: refused in its own words where classes are read
+            beside = find_manifest(objects)
+        if beside is not None:
+            refuse_if_converted(beside, objects.url())
+    if out is None:
+        return beside
+    refuse_a_dataset_ddpipe_wrote(Path(out), None)
+    return recorded_manifest(Path(out))
 
 
 def _bring_recorded_manifest(out: str | None, objects: ObjectStorage | None, root: Path) -> None:

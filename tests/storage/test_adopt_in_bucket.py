@@ -198,7 +198,11 @@ def test_adopting_a_bucket_without_room_here_says_so_before_fetching(
     from ..convert.foreign_data import h5_vlen
 
     url = f"s3://{bucket}/{kind}"
-    upload_dir(h5_vlen(tmp_path / "h5") if kind == "hdf5" else local_sets["wds"], url)
+    if kind == "tar":  # tars as another tool left them, without the conversion's index.json
+        for tar in sorted(local_sets["wds"].glob("*.tar")):
+            open_storage(url).put_file(tar.name, tar)
+    else:
+        upload_dir(h5_vlen(tmp_path / "h5"), url)
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
     fetched: list[str] = []
@@ -208,3 +212,56 @@ def test_adopting_a_bucket_without_room_here_says_so_before_fetching(
     error = capsys.readouterr().err
     assert error.startswith(f"ddpipe: error: {url}: adopting fetches the objects") and "1000 bytes free" in error, error
     assert "TMPDIR" in error and error.count("\n") == 1 and fetched == []
+
+
+@pytest.mark.parametrize("fmt", ["wds", "hdf5"])
+def test_index_refuses_a_dataset_ddpipe_converted_into_a_bucket_and_fetches_nothing(
+        fmt: str, local_sets: dict[str, Path], bucket: str, tmp_path: Path) -> None:
+    """Indexing a converted dataset's objects replaced the checksums its shards are checked against with
+    those of the objects as they are now, and the fingerprint a rerun of the conversion resumes from;
+    the same for a directory of --out that holds a converted dataset's manifest."""
+    url = f"s3://{bucket}/{fmt}"
+    upload_dir(local_sets[fmt], url)
+    objects = open_storage(url)
+    before = {name: objects.get(name) for name in objects.list()}
+    manifest = ddpipe.load_manifest(local_sets[fmt])
+    said = (f"is a dataset that ddpipe convert wrote ({fmt}, {len(manifest.shards)} shard(s), 24 samples) and needs "
+            "no index: `ddpipe verify {0}` checks its shards against its index.json\n")
+    for out in ([], ["--out", str(tmp_path / "elsewhere")]):
+        proc = run_cli("index", url, *out)
+        assert proc.returncode == 1 and proc.stderr == f"ddpipe: error: {url}: " + said.format(url), proc.stderr
+    assert {name: objects.get(name) for name in objects.list()} == before and not (tmp_path / "elsewhere").exists()
+    kept = tmp_path / "kept"
+    shutil.copytree(local_sets[fmt], kept)
+    tars = f"s3://{bucket}/tars"
+    for tar in sorted(local_sets["wds"].glob("*.tar")):
+        open_storage(tars).put_file(tar.name, tar)
+    into_kept = run_cli("index", tars, "--out", kept)
+    assert into_kept.returncode == 1 and into_kept.stderr == f"ddpipe: error: {kept}: " + said.format(kept)
+    assert (kept / "index.json").read_bytes() == (local_sets[fmt] / "index.json").read_bytes()
+    assert set(open_storage(tars).list()) == {t.name for t in local_sets["wds"].glob("*.tar")}
+
+
+def test_indexing_a_bucket_again_names_the_objects_that_changed_since(local_sets: dict[str, Path], bucket: str,
+                                                                      tmp_path: Path) -> None:
+    """As indexing a directory again does: the objects taken as they are now, and those whose bytes
+    differ from the manifest replaced named, beside the objects or in --out, never the copies fetched."""
+    url = f"s3://{bucket}/tars"
+    objects = open_storage(url)
+    tars = sorted(local_sets["wds"].glob("*.tar"))
+    for tar in tars:
+        objects.put_file(tar.name, tar)
+    for where in ([], ["--out", str(tmp_path / "kept")]):
+        assert run_cli("index", url, *where).returncode == 0
+    again = run_cli("index", url)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    whole = tars[1].read_bytes()
+    at = whole.index(b"\xff\xd9")  # a byte of the first image's last scan: a tar still whole
+    objects.put_bytes(tars[1].name, whole[:at - 1] + bytes([whole[at - 1] ^ 1]) + whole[at:])
+    for where, manifest in (([], f"{url}/index.json"), (["--out", str(tmp_path / "kept")],
+                                                        f"{tmp_path}/kept/index.json")):
+        changed = run_cli("index", url, *where)
+        assert changed.returncode == 0 and changed.stderr == (
+            f"ddpipe: warning: {manifest}: 1 file(s) differ from the checksums it recorded and are indexed as they "
+            f"are now: {tars[1].name}\n"), changed.stderr
+    assert run_cli("verify", url, "--quiet").returncode == 0
