@@ -93,7 +93,7 @@ def probe(root: Path, epochs: int) -> None:
           flush=True)
     # the host side alone, on this machine's cores (benchmarks/feed.py): the Loader feeding a DALI graph that
     # decodes nothing; where it runs below DALI's own rate, the host cannot keep the GPU busy
-    from feed import loader_decoding_nothing
+    from feed_runs import loader_decoding_nothing
 
     loader = loader_decoding_nothing(root)
     rates = epoch_rates(lambda ld=loader: (y for _, y in ld), epochs)
