@@ -82,17 +82,8 @@ def walk_tree(data: bytes | memoryview | mmap.mmap) -> Tree:
     """The walk of :func:`tree_pages`, and where the records' keys lie."""
     psize = page_size(data)
     pages = len(data) // psize
-    metas = []
-    for number in (0, 1):
-        if (number + 1) * psize > len(data):
-            raise TreeError("shorter than its two meta pages")
-        at = number * psize
-        magic, version = struct.unpack_from("<II", data, at + PAGE_HEADER)
-        if _HEADER.unpack_from(data, at)[2] & P_META == 0 or magic != _MAGIC or version != _VERSION:
-            raise TreeError(f"page {number} is not an LMDB meta page")
-        metas.append((struct.unpack_from("<Q", data, at + _TXNID_AT)[0], at))
-    _, meta = max(metas)
-    _, db_flags, depth, branches, leaves, overflows, entries, root = _DB.unpack_from(data, meta + _MAIN_DB_AT)
+    _, db_flags, depth, branches, leaves, overflows, entries, root = _DB.unpack_from(data, _newest_meta(data, psize)
+                                                                                     + _MAIN_DB_AT)
     if db_flags & 0x04:  # MDB_DUPSORT
         raise TreeError("a database of duplicate keys, not one value a key")
     if entries and not 1 <= depth <= 64:
@@ -110,21 +101,7 @@ def walk_tree(data: bytes | memoryview | mmap.mmap) -> Tree:
                 raise TreeError(f"page {page} is outside the file or reached twice")
             seen.add(page)
             branch_pages.append(page)
-            at = page * psize
-            number, _, flags, lower, upper = _HEADER.unpack_from(data, at)
-            count = (lower - PAGE_HEADER) // 2
-            if number != page or lower < PAGE_HEADER or lower > upper or upper > psize or count < 1:
-                raise TreeError(f"page {page}: its header does not hold together")
-            if flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META) != P_BRANCH:
-                raise TreeError(f"page {page}: a branch page was expected at depth {level}")
-            for slot in range(count):
-                node = struct.unpack_from("<H", data, at + PAGE_HEADER + 2 * slot)[0]
-                if not upper <= node <= psize - _NODE.size:
-                    raise TreeError(f"page {page}: node {slot} lies outside the page")
-                lo, hi, node_flags, key_size = _NODE.unpack_from(data, at + node)
-                if node + _NODE.size + key_size > psize:
-                    raise TreeError(f"page {page}: node {slot} runs past the page")
-                children.append(lo | hi << 16 | node_flags << 32)
+            children += _branch_children(data, page, psize, level)
             if len(children) > pages:
                 raise TreeError(f"more pages at depth {level + 1} than the file holds")
         level_pages = children
@@ -145,6 +122,41 @@ def walk_tree(data: bytes | memoryview | mmap.mmap) -> Tree:
                         f"overflow pages and {records} records; its meta page says {branches}, {leaves}, "
                         f"{overflows} and {entries}")
     return Tree(sorted(tree), key_at, key_size, value_at, value_size)
+
+
+def _newest_meta(data: bytes | memoryview | mmap.mmap, psize: int) -> int:
+    """Where the meta page of the newest transaction lies (of the two LMDB writes in turn), both checked."""
+    metas = []
+    for number in (0, 1):
+        if (number + 1) * psize > len(data):
+            raise TreeError("shorter than its two meta pages")
+        at = number * psize
+        magic, version = struct.unpack_from("<II", data, at + PAGE_HEADER)
+        if _HEADER.unpack_from(data, at)[2] & P_META == 0 or magic != _MAGIC or version != _VERSION:
+            raise TreeError(f"page {number} is not an LMDB meta page")
+        metas.append((struct.unpack_from("<Q", data, at + _TXNID_AT)[0], at))
+    return max(metas)[1]
+
+
+def _branch_children(data: bytes | memoryview | mmap.mmap, page: int, psize: int, level: int) -> list[int]:
+    """The pages a branch page at depth ``level`` points to, its header and nodes checked."""
+    at = page * psize
+    number, _, flags, lower, upper = _HEADER.unpack_from(data, at)
+    count = (lower - PAGE_HEADER) // 2
+    if number != page or lower < PAGE_HEADER or lower > upper or upper > psize or count < 1:
+        raise TreeError(f"page {page}: its header does not hold together")
+    if flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META) != P_BRANCH:
+        raise TreeError(f"page {page}: a branch page was expected at depth {level}")
+    children = []
+    for slot in range(count):
+        node = struct.unpack_from("<H", data, at + PAGE_HEADER + 2 * slot)[0]
+        if not upper <= node <= psize - _NODE.size:
+            raise TreeError(f"page {page}: node {slot} lies outside the page")
+        lo, hi, node_flags, key_size = _NODE.unpack_from(data, at + node)
+        if node + _NODE.size + key_size > psize:
+            raise TreeError(f"page {page}: node {slot} runs past the page")
+        children.append(lo | hi << 16 | node_flags << 32)
+    return children
 
 
 def _will_need(data: bytes | memoryview | mmap.mmap, pages: list[int], psize: int) -> None:
