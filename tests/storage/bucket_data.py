@@ -1,4 +1,4 @@
-"""What the storage tests share: a dataset's samples by key, a local dataset sent into a bucket, and
+"""What the storage tests share: a dataset's samples by key, a local dataset (or its tars) sent into a bucket, and
 a watch on the files a download leaves beside it."""
 
 from __future__ import annotations
@@ -34,6 +34,16 @@ def files_here_at_each_download(monkeypatch: pytest.MonkeyPatch, pattern: str) -
 
     monkeypatch.setattr(ObjectStorage, "download", download)
     return counts
+
+
+def upload_tars(local: Path, url: str) -> list[Path]:
+    """The tar shards of the dataset in ``local`` sent under ``url`` as another tool leaves tars: without
+    the conversion's index.json or the .idx files. Returns them, in order."""
+    objects = open_storage(url)
+    tars = sorted(local.glob("*.tar"))
+    for tar in tars:
+        objects.put_file(tar.name, tar)
+    return tars
 
 
 def upload_dir(local: Path, url: str) -> None:

@@ -12,14 +12,13 @@ import ddpipe
 from ddpipe.storage import open_storage
 
 from ..conftest import run_cli
-from .bucket_data import files_here_at_each_download, samples, upload_dir
+from .bucket_data import files_here_at_each_download, samples, upload_dir, upload_tars
 
 
 def test_tars_in_a_bucket_are_adopted_in_place(local_sets: dict[str, Path], bucket: str, tmp_path: Path) -> None:
     url = f"s3://{bucket}/tars"
     objects = open_storage(url)
-    for tar in sorted(local_sets["wds"].glob("*.tar")):
-        objects.put_file(tar.name, tar)
+    upload_tars(local_sets["wds"], url)
     expected = samples(ddpipe.EncodedStream(local_sets["wds"], 4, shuffle="none"))
     (tmp_path / "a-file").write_text("")
     listed = objects.list()
@@ -48,9 +47,7 @@ def test_tars_in_a_bucket_are_indexed_a_few_at_a_time_on_this_disk(local_sets: d
 
     url = f"s3://{bucket}/tars"
     objects = open_storage(url)
-    tars = sorted(local_sets["wds"].glob("*.tar"))
-    for tar in tars:
-        objects.put_file(tar.name, tar)
+    tars = upload_tars(local_sets["wds"], url)
     here = files_here_at_each_download(monkeypatch, "*.tar")
     assert main(["index", url]) == 0
     assert len(tars) >= 4 and len(here) == len(tars) and max(here) <= 2, here
@@ -169,9 +166,8 @@ def test_indexing_a_bucket_again_keeps_the_class_names_given_before(kind: str, l
     from ..convert.foreign_data import CLASSES, h5_vlen
 
     url = f"s3://{bucket}/{kind}"
-    if kind == "tar":  # tars as another tool left them, without the conversion's index.json
-        for tar in sorted(local_sets["wds"].glob("*.tar")):
-            open_storage(url).put_file(tar.name, tar)
+    if kind == "tar":
+        upload_tars(local_sets["wds"], url)
     else:
         upload_dir(h5_vlen(tmp_path / "h5"), url)
     names = [f"kind{i}" for i in range(3 if kind == "tar" else CLASSES)]
@@ -198,9 +194,8 @@ def test_adopting_a_bucket_without_room_here_says_so_before_fetching(
     from ..convert.foreign_data import h5_vlen
 
     url = f"s3://{bucket}/{kind}"
-    if kind == "tar":  # tars as another tool left them, without the conversion's index.json
-        for tar in sorted(local_sets["wds"].glob("*.tar")):
-            open_storage(url).put_file(tar.name, tar)
+    if kind == "tar":
+        upload_tars(local_sets["wds"], url)
     else:
         upload_dir(h5_vlen(tmp_path / "h5"), url)
     usage = collections.namedtuple("usage", "total used free")
@@ -234,8 +229,7 @@ def test_index_refuses_a_dataset_ddpipe_converted_into_a_bucket_and_fetches_noth
     kept = tmp_path / "kept"
     shutil.copytree(local_sets[fmt], kept)
     tars = f"s3://{bucket}/tars"
-    for tar in sorted(local_sets["wds"].glob("*.tar")):
-        open_storage(tars).put_file(tar.name, tar)
+    upload_tars(local_sets["wds"], tars)
     into_kept = run_cli("index", tars, "--out", kept)
     assert into_kept.returncode == 1 and into_kept.stderr == f"ddpipe: error: {kept}: " + said.format(kept)
     assert (kept / "index.json").read_bytes() == (local_sets[fmt] / "index.json").read_bytes()
@@ -248,9 +242,7 @@ def test_indexing_a_bucket_again_names_the_objects_that_changed_since(local_sets
     differ from the manifest replaced named, beside the objects or in --out, never the copies fetched."""
     url = f"s3://{bucket}/tars"
     objects = open_storage(url)
-    tars = sorted(local_sets["wds"].glob("*.tar"))
-    for tar in tars:
-        objects.put_file(tar.name, tar)
+    tars = upload_tars(local_sets["wds"], url)
     for where in ([], ["--out", str(tmp_path / "kept")]):
         assert run_cli("index", url, *where).returncode == 0
     again = run_cli("index", url)
