@@ -16,6 +16,7 @@ cold than a checked one (``ShardFormat.pages_in_ahead``).
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, OrderedDict
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -80,7 +81,6 @@ def _read_in_order(dataset: Dataset, shards: np.ndarray, positions: np.ndarray, 
     """Each run of increasing positions within one shard read as one scan of the shard (see
     :func:`read_samples`), the next shards made ready ahead (:class:`ShardsAhead`)."""
     n = len(shards)
-    i = 0
     corrupt: dict[int, CorruptShardError] = {}  # found once, told once, however many runs it has
 
     def found_corrupt(shard: int, error: CorruptShardError) -> None:
@@ -95,10 +95,7 @@ def _read_in_order(dataset: Dataset, shards: np.ndarray, positions: np.ndarray, 
     # format copies a sample out for less than its views cost
     scan_views = views or not dataset.format.copies_cheaply
     try:
-        while i < n:
-            j = i + 1
-            while j < n and shards[j] == shards[i] and positions[j] > positions[j - 1]:
-                j += 1
+        for i, j in _runs(shards, positions):
             wanted = positions[i:j].tolist()
             shard = int(shards[i])
             if ahead is not None and ahead.keep and shard not in corrupt:
@@ -108,28 +105,42 @@ def _read_in_order(dataset: Dataset, shards: np.ndarray, positions: np.ndarray, 
                 for later in _shards_ahead(dataset, shards, j):
                     if later not in corrupt and (ahead is None or not ahead.start(later, positions[j] == 0)):
                         dataset.prefetch(later, store, limits)
-            k = 0
             if shard in corrupt:
                 yield from (dataset.placeholder(shard, p, corrupt[shard]) for p in wanted)
             else:
                 scan = dataset.iter_shard(shard, wanted[0], store=store, limits=limits, verify=verify,
                                           on_corrupt=found_corrupt if on_corrupt is not None else None,
                                           views=scan_views, hashed=ahead.take(shard) if ahead is not None else None)
-                for pos, sample in enumerate(scan, start=wanted[0]):
-                    if pos == wanted[k]:  # only a wanted sample is copied out of the shard
-                        yield sample if views else owned(sample)
-                        k += 1
-                        if k == len(wanted):
-                            break
-                # closed now, not when collected: the shard may come again later, opened ahead, and an
-                # LMDB environment may be open once per process
-                scan.close()
+                yield from _wanted_of(scan, wanted, views)
             if store is not None and (j == n or shards[j] != shards[i]):
                 store.release(shard)
-            i = j
     finally:
         if ahead is not None:
             ahead.close()
+
+
+def _runs(shards: np.ndarray, positions: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Where each run of increasing positions within one shard begins and ends (``i``, ``j``: the run is
+    ``[i, j)``), in order: a run ends where the shard changes or the positions go back."""
+    if len(shards) == 0:
+        return
+    cuts = np.flatnonzero((shards[1:] != shards[:-1]) | (positions[1:] <= positions[:-1])) + 1
+    yield from itertools.pairwise([0, *cuts.tolist(), len(shards)])
+
+
+def _wanted_of(scan: Generator[Sample, None, None], wanted: list[int], views: bool) -> Iterator[Sample]:
+    """The samples at the increasing positions ``wanted`` of a shard's ``scan`` (which starts at the first),
+    each copied out of the shard unless ``views``; the scan closed once the last is found."""
+    k = 0
+    for pos, sample in enumerate(scan, start=wanted[0]):
+        if pos == wanted[k]:  # only a wanted sample is copied out of the shard
+            yield sample if views else owned(sample)
+            k += 1
+            if k == len(wanted):
+                break
+    # closed now, not when collected: the shard may come again later, opened ahead, and an LMDB environment
+    # may be open once per process
+    scan.close()
 
 
 class ShardsAhead:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 import ddpipe
@@ -388,3 +390,26 @@ def test_damaged_dali_index_is_reported(raw_images: Path, tmp_path: Path) -> Non
     idx.write_bytes(b"\x98\x00garbage")
     with pytest.raises(CorruptShardError, match="bad DALI index"):
         list(ddpipe.open_dataset(tmp_path / "ds"))
+
+
+@pytest.fixture(scope="module")
+def uneven_sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A dataset of shards of uneven sizes (one of a single sample) in each format, made once."""
+    root = tmp_path_factory.mktemp("uneven")
+    return {fmt: make_dataset(root / fmt, fmt, [5, 1, 7, 3]) for fmt in ("wds", "hdf5", "lmdb")}
+
+
+@settings(max_examples=60, deadline=None)
+@given(fmt=st.sampled_from(["wds", "hdf5", "lmdb"]), indices=st.lists(st.integers(0, 15), max_size=40),
+       random_access=st.booleans(), views=st.booleans())
+def test_a_read_gives_the_samples_at_the_indices_asked_in_their_order(uneven_sets: dict[str, Path], fmt: str,
+                                                                      indices: list[int], random_access: bool,
+                                                                      views: bool) -> None:
+    """Any order a plan may ask for (runs within a shard, positions going back, a shard left and come
+    back to, repeats), read sequentially (each run one scan) or at random: each sample asked for,
+    whole, in the order asked, set against the dataset read through once."""
+    ds = ddpipe.open_dataset(uneven_sets[fmt])
+    every = list(ds)
+    got = [owned(s) for s in read_samples(ds, np.array(indices, dtype=np.int64), random_access=random_access,
+                                          views=views)]
+    assert got == [every[i] for i in indices]
