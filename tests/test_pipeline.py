@@ -99,6 +99,7 @@ def test_the_loader_reads_while_it_makes_its_decoder(tmp_path: Path, monkeypatch
         raise DdpipeError("no decoder here")
 
     monkeypatch.setattr(ddpipe.decoding, "make_decoder", fails)
+    loader = ddpipe.Loader(data, 4, decoder="pil", device="cpu", decode=ddpipe.DecodeOptions(size=8, threads=1))
     with pytest.raises(DdpipeError, match="no decoder here"):
         next(iter(loader))
     assert producers() == []
