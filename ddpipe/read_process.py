@@ -215,10 +215,6 @@ class ProcessReader:
         ``stager``: this process's, whose errors are raised while waiting for a batch, and which counts
         the shards the reading process read from the source instead. Returns the epoch's reading
         figures once it is read whole."""
-        from .decode.augment import Crops
-        from .decode.batches import EncodedBatch
-        from .sample import KEY
-
         watch = stager.check if stager is not None else None
         if self._proc is None:
             self.start()
@@ -241,22 +237,9 @@ class ProcessReader:
                         stager.stats["fallbacks"] += message[3]
                     stats: ReadStats = message[1]
                     return stats
-                _, seq, start, sizes, places, indices, labels, crops, keys, skipped, inline = message
-                for s in skipped:
+                for s in message[9]:  # the samples left out of this batch
                     skip(s)
-                buffer = view if inline is None else memoryview(inline)
-                at = start if inline is None else 0
-                datas: list[Any] = []
-                for size, (number, offset) in zip(sizes.tolist(), places.tolist(), strict=True):
-                    if number == IN_BUFFER:
-                        datas.append(buffer[at : at + size])
-                        at += size
-                    else:
-                        datas.append(self._places.view(number, offset, size))
-                batch = EncodedBatch(indices, [{KEY: k} for k in keys], datas, labels,
-                                     Crops(*crops) if crops is not None else None, checked=True,
-                                     release=functools.partial(self._release, self._started, seq))
-                yield batch
+                yield self._batch_of(message, view)
         except GeneratorExit:
             if not ended and self._proc is not None:
                 # left early: the child stops at its next batch; its messages until then are dropped
@@ -269,6 +252,28 @@ class ProcessReader:
             if not ended:  # an error here (the node's staging failed): the reading process goes too
                 self.close()
             raise
+
+    def _batch_of(self, message: tuple[Any, ...], view: memoryview) -> EncodedBatch:
+        """The batch a "batch" message describes: each sample's bytes where the reading process put
+        them (the shared buffer ``view``, or the message itself where they did not fit; or a shard file
+        both processes map), handed back for reuse as the batch is released."""
+        from .decode.augment import Crops
+        from .decode.batches import EncodedBatch
+        from .sample import KEY
+
+        _, seq, start, sizes, places, indices, labels, crops, keys, _, inline = message
+        buffer = view if inline is None else memoryview(inline)
+        at = start if inline is None else 0
+        datas: list[Any] = []
+        for size, (number, offset) in zip(sizes.tolist(), places.tolist(), strict=True):
+            if number == IN_BUFFER:
+                datas.append(buffer[at : at + size])
+                at += size
+            else:
+                datas.append(self._places.view(number, offset, size))
+        return EncodedBatch(indices, [{KEY: k} for k in keys], datas, labels,
+                            Crops(*crops) if crops is not None else None, checked=True,
+                            release=functools.partial(self._release, self._started, seq))
 
     def close(self) -> None:
         """End the reading process (the next epoch starts another)."""
