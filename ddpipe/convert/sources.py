@@ -242,7 +242,7 @@ class ItemLoader:
         self._dataset: Dataset | None = open_dataset(root) if kind == "dataset" else None
         self._reader: ShardReader | None = None
         self._digests: np.ndarray | None = None  # its shard's sample digests, where it has them
-        self._failed: dict[str, SourceError] = {}  # shards that failed their check whole, by name
+        self._failed: dict[str, str] = {}  # shards that failed their check whole, by name: why
         self._decode_check = decode_check
 
     def load(self, item: SourceItem) -> Sample:
@@ -277,7 +277,7 @@ class ItemLoader:
         out); a shard that fails whole fails each of its items without being hashed again."""
         assert self._dataset is not None and item.index is not None
         if item.path in self._failed:
-            raise self._failed[item.path]
+            raise _unread(item, self._failed[item.path])
         try:
             if self._reader is None or self._dataset.source_name(self._reader.path) != item.path:
                 self.close()
@@ -287,10 +287,10 @@ class ItemLoader:
                 self._reader = self._dataset.open_shard(shard, verify=self._digests is None)
             sample = self._reader[item.index]
         except CorruptShardError as e:
-            failed = SourceError(e.message, path=item.path)
-            if self._reader is None:
-                self._failed[item.path] = failed
-            raise failed from None
+            if self._reader is None:  # the shard failed its check whole: each of its samples is named unread
+                self._failed[item.path] = e.message
+                raise _unread(item, e.message) from None
+            raise SourceError(e.message, path=item.path) from None
         except DdpipeError:
             raise
         except OSError as e:
@@ -304,3 +304,9 @@ class ItemLoader:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+
+def _unread(item: SourceItem, why: str) -> SourceError:
+    """The error for a sample of a dataset left unread because its shard failed its check whole (``why``):
+    which sample, so that each one a conversion leaves out is told apart."""
+    return SourceError(f"sample {item.index} unread, its shard failing its check: {why}", path=item.path)

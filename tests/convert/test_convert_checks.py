@@ -161,3 +161,7 @@ def test_a_dataset_changed_since_its_manifest_is_never_converted_into_new_checks
     converted = ddpipe.open_dataset(tmp_path / "kept")
     assert {s["__key__"]: dict(s) for s in converted} == {k: s for k, s in before.items() if k not in left_out}
     assert [s.path for s in converted.manifest.skipped] == [str(changed)] * len(left_out)
+    # each sample left out told apart: by its key, or, its shard failing whole, by its place in it
+    named = [s.error.split(" is not the one")[0] if digests else s.error.split(", its shard failing its check")[0]
+             for s in converted.manifest.skipped]
+    assert named == (["sample 2 ('s/000007')"] if digests else [f"sample {i} unread" for i in range(5)]), named
