@@ -15,7 +15,7 @@ from .dataset import Dataset, dataset_at
 from .decode.spec import decode_check, is_image_field, no_image
 from .errors import DdpipeError
 from .formats.tar_index import check_dali_index
-from .sample import KEY, class_of
+from .sample import KEY, Sample, class_of
 from .shard_check import check_shard_file
 from .storage.location import is_remote
 
@@ -119,17 +119,8 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
             else:
                 if recorded is not None and count <= len(recorded) and label != recorded[count - 1]:
                     disagreeing.append(f"sample {sample[KEY]!r} is class {label}, they say {recorded[count - 1]}")
-            if not decode:
-                continue
-            images = [f for f in sample if is_image_field(f)]
-            if not images:  # the loader would stop at it, or skip it
-                report.problems.append(f"{shown}: sample {sample[KEY]!r}: {no_image(sample)}")
-            for name in images:
-                try:
-                    decode_check(sample[name])
-                    report.decoded += 1
-                except (OSError, ValueError, SyntaxError) as e:
-                    report.problems.append(f"{shown}: sample {sample[KEY]!r} field {name!r} does not decode: {e}")
+            if decode:
+                _decode_images(shown, sample, report)
     if disagreeing:  # the first, and how many: a shifted run makes every sample after it disagree
         more = f" (and {len(disagreeing) - 1} more)" if len(disagreeing) > 1 else ""
         report.problems.append(f"{shown}: index.json's labels disagree with the samples': {disagreeing[0]}{more}")
@@ -137,3 +128,17 @@ def _check_shard(dataset: Dataset, i: int, shard_path: Path, decode: bool, repor
         report.problems.append(f"{shown}: holds {count} samples, index.json says {info.samples}")
     report.samples += count
     report.bytes += info.bytes
+
+
+def _decode_images(shown: str, sample: Sample, report: VerifyReport) -> None:
+    """Decode each image of ``sample`` (of the shard ``shown``) whole, as ``verify --decode`` does: one that
+    does not, or a sample without one, is a problem the loader would stop at, or skip."""
+    images = [f for f in sample if is_image_field(f)]
+    if not images:
+        report.problems.append(f"{shown}: sample {sample[KEY]!r}: {no_image(sample)}")
+    for name in images:
+        try:
+            decode_check(sample[name])
+            report.decoded += 1
+        except (OSError, ValueError, SyntaxError) as e:
+            report.problems.append(f"{shown}: sample {sample[KEY]!r} field {name!r} does not decode: {e}")
