@@ -27,6 +27,7 @@ from .images import (
 def test_batches_the_caller_holds_are_never_written_again(natural: Path, decode: str, dtype: str) -> None:
     ld = loader(natural, decode, dtype=dtype)
     held = [x for x, _ in ld]  # every batch kept: the decoder's reused buffers must not be among them
+    ld.set_epoch(0)  # the same epoch again, on purpose: the same batches
     copied = [x.clone() for x, _ in ld]
     assert len({x.data_ptr() for x in held}) == len(held)
     assert all(torch.equal(x, y) for x, y in zip(held, copied, strict=True))
