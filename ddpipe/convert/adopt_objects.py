@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import ChangedShardsWarning, DdpipeError, ManifestError
-from ..manifest import MANIFEST_NAME, Manifest, find_manifest, save_manifest
+from ..manifest import MANIFEST_NAME, Manifest, manifest_from_text, save_manifest
 from ..storage import ObjectStorage, open_storage
 from ..units import size_text
 from .adopt import (
@@ -31,7 +31,6 @@ from .adopt import (
     indexes_named_at_the_end,
     recorded_classes,
     recorded_manifest,
-    refuse_a_dataset_ddpipe_wrote,
     refuse_if_converted,
     tar_names,
     tars_manifest,
@@ -48,7 +47,8 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
     if not listing:
         raise DdpipeError("no objects here to adopt", path=objects.url())
     top = {n for n in listing if "/" not in n}
-    replaced = _manifest_replaced(args.out, objects if MANIFEST_NAME in everything else None)
+    beside = objects.get(MANIFEST_NAME) if MANIFEST_NAME in everything else None  # fetched once, for both uses
+    replaced = _manifest_replaced(args.out, beside, objects)
     with tempfile.TemporaryDirectory(prefix="ddpipe-index-") as tmp:
         root = Path(tmp)
         with _named_by_url(root, objects), warnings.catch_warnings():
@@ -59,7 +59,7 @@ def index_objects(args: argparse.Namespace, index_local: Callable[[argparse.Name
             largest = sorted((listing[n] for n in tars or h5), reverse=True)
             # a tar shard read while the next is fetched, an HDF5 file on its own; an LMDB whole
             _room_for(sum(largest[:2 if tars else 1]) if largest else sum(listing.values()), root, objects)
-            _bring_recorded_manifest(args.out, objects if MANIFEST_NAME in everything else None, root)
+            _bring_recorded_manifest(args.out, beside, root)
             fetched: set[str] = set()  # each tar or HDF5 file removed once read: what is left is made here
             if tars:
                 if classes is None:
@@ -140,30 +140,32 @@ class _OneAtATime:
         self._drop()
 
 
-def _manifest_replaced(out: str | None, objects: ObjectStorage | None) -> Manifest | None:
-    """The manifest that indexing the objects would replace (in ``out``, else among the ``objects``,
-    where they hold one). Either written by a conversion is refused, before any object is fetched."""
-    beside = None
-    if objects is not None:
+def _manifest_replaced(out: str | None, beside: bytes | None, objects: ObjectStorage) -> Manifest | None:
+    """The manifest that indexing the objects would replace (in ``out``, else the one among the
+    ``objects``, whose bytes are ``beside``, where they hold one). Either written by a conversion is
+    refused, before any object is fetched."""
+    recorded = None
+    if beside is not None:
         with contextlib.suppress(ManifestError):  # not ddpipe's: refused in its own words where classes are read
-            beside = find_manifest(objects)
-        if beside is not None:
-            refuse_if_converted(beside, objects.url())
-    if out is None:
-        return beside
-    refuse_a_dataset_ddpipe_wrote(Path(out), None)
-    return recorded_manifest(Path(out))
+            recorded = manifest_from_text(beside, objects.url(MANIFEST_NAME))
+        if recorded is not None:
+            refuse_if_converted(recorded, objects.url())
+    if out is not None:
+        recorded = recorded_manifest(Path(out))
+        if recorded is not None:
+            refuse_if_converted(recorded, str(Path(out)))
+    return recorded
 
 
-def _bring_recorded_manifest(out: str | None, objects: ObjectStorage | None, root: Path) -> None:
-    """The manifest already where this one goes (in ``out``, else among the ``objects``, where they
-    hold one) beside the objects indexed in ``root``, as in a directory: indexing again keeps its class
-    names."""
+def _bring_recorded_manifest(out: str | None, beside: bytes | None, root: Path) -> None:
+    """The manifest already where this one goes (in ``out``, else the one among the objects, whose
+    bytes are ``beside``) beside the objects indexed in ``root``, as in a directory: indexing again
+    keeps its class names."""
     if out is not None:
         if recorded_classes(Path(out)) is not None:  # checked there, named by its path there
             shutil.copyfile(Path(out) / MANIFEST_NAME, root / MANIFEST_NAME)
-    elif objects is not None:
-        objects.download(MANIFEST_NAME, root / MANIFEST_NAME)
+    elif beside is not None:
+        (root / MANIFEST_NAME).write_bytes(beside)
 
 
 def _room_for(needed: int, root: Path, objects: ObjectStorage) -> None:
