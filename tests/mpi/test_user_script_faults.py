@@ -4,6 +4,7 @@ launcher leaves no process and no shared memory behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -84,6 +85,22 @@ def _new_segments(before: set[str]) -> set[str]:
     return _shm() - before  # ours (psm_), the decoder pool's semaphores (sem.mp-), MPICH's (mpich_shm_)
 
 
+def _ended_whole(launcher: subprocess.Popen[str], ranks: list[int]) -> str:
+    """The job's output, each of ``ranks`` first asked for its threads' stacks (the worker dumps them
+    on SIGUSR2), then every process of the launcher's session killed."""
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR2)
+    try:
+        return launcher.communicate(timeout=5)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        return launcher.communicate()[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("mode", ["wait", "wait-reading"])
 def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path, mode: str) -> None:
     """With PIL's worker processes, and with reading processes (``read_in="process"``): each is
@@ -92,17 +109,25 @@ def test_ctrl_c_to_the_launcher_leaves_nothing_behind(data: Path, tmp_path: Path
     assert exe is not None
     before = _shm()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    # a session of its own: a job that outlives the test is killed whole, never left to the next test
     launcher = subprocess.Popen([exe, "-n", "2", sys.executable, str(WORKER), str(data), str(tmp_path), mode],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
     pid_files = [tmp_path / f"pids.{r}" for r in range(2)]
     deadline = time.monotonic() + 120
     while not all(f.exists() for f in pid_files) and launcher.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)  # polling for the ranks to get going, not a timing assertion
-    assert all(f.exists() for f in pid_files), launcher.communicate(timeout=30)[0]
-    pids = [pid for f in pid_files for pid in json.loads(f.read_text())]
+    if not all(f.exists() for f in pid_files):
+        pytest.fail(_ended_whole(launcher, []))
+    ranks = [json.loads(f.read_text()) for f in pid_files]
+    pids = [pid for rank in ranks for pid in rank]
     assert len(pids) > 2  # the ranks and their decoders' worker processes, or their reading processes
     launcher.send_signal(signal.SIGINT)
-    output, _ = launcher.communicate(timeout=60)
+    try:
+        output, _ = launcher.communicate(timeout=60)  # a hang bound: it ends in seconds
+    except subprocess.TimeoutExpired:
+        where = _ended_whole(launcher, [rank[0] for rank in ranks])
+        pytest.fail(f"the job outlived the Ctrl-C; where each rank's threads were:\n{where}")
     assert launcher.returncode != 0
     # workers die with their rank and the resource tracker unlinks what is left once the ranks are gone:
     # both happen just after the launcher returns, so wait (bounded) for them to be done

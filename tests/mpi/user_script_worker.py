@@ -7,8 +7,10 @@ reading process of each rank reads (``read_in="process"``)."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ from tests.helpers import descendants
 
 def main() -> None:
     data, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # a test whose job hangs asks where each thread is
     job = ddpipe.distributed.init("cpu", timeout=300)
     decode = ddpipe.DecodeOptions(decoder="pil" if mode == "wait" else "dali-cpu", size=32, resize_shorter=32,
                                   dtype="uint8", threads=2, read_in="process" if mode == "wait-reading" else "thread")
