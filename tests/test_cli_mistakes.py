@@ -228,6 +228,9 @@ def test_an_option_a_command_does_not_take_is_that_commands_error(tmp_path: Path
     # ("epochs, reference_batch and bucket_bytes must be at least 1; checkpoint_every, ...")
     (["train", "ds", "--checkpoint-every", "-1"], "argument --checkpoint-every: must be 0 or more, not -1"),
     (["train", "ds", "--image-size", "0"], "argument --image-size: must be at least 1"),  # "size must be positive"
+    # refused once the job had started, in DecodeOptions' words ("size 100000 makes images ... max_pixels")
+    (["train", "ds", "--image-size", "100000"], "argument --image-size: must be at most 9459, not 100000"),
+    (["bench", "ds", "--image-size", "9460"], "argument --image-size: must be at most 9459, not 9460"),
     (["train", "ds", "--exchange-fraction", "1.5"], "argument --exchange-fraction: must be in [0, 1], not 1.5"),
     (["bench", "ds", "--exchange-fraction", "nan"], "argument --exchange-fraction: must be a finite number"),
     (["plan", "ds", "-W", "2", "--buffer-size", "-1"], "argument --buffer-size: must be 0 or more, not -1"),

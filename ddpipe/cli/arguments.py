@@ -5,9 +5,11 @@ must be more than 0, not -1``) before any work starts; and the help of options s
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
+from ..decode.spec import MAX_PIXELS
 from ..errors import OptionError
 
 # the help of options several commands share
@@ -152,6 +154,18 @@ def positive(text: str) -> int:
     value = whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def image_size(text: str) -> int:
+    """The side of a batch's square images: at least 1, and no image made larger than any image read
+    may be (it was refused once the job had started, in DecodeOptions' words: "size 100000 makes
+    images ... more than max_pixels allows")."""
+    value = positive(text)
+    if value ** 2 > MAX_PIXELS:
+        raise argparse.ArgumentTypeError(f"must be at most {math.isqrt(MAX_PIXELS)}, not {text}: an image "
+                                         f"{value} pixels square is more than any image read may have "
+                                         f"({MAX_PIXELS:,} pixels)")
     return value
 
 

@@ -167,7 +167,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
                    help="epochs over which the learning rate rises linearly to --lr")
     p.add_argument("--eval", type=arg.path, help="a held-out dataset: top-1 accuracy after each epoch (its "
                    "classes matched to the training dataset's by name)")
-    p.add_argument("--image-size", type=arg.positive, default=224, help=arg.IMAGE_SIZE_HELP)
+    p.add_argument("--image-size", type=arg.image_size, default=224, help=arg.IMAGE_SIZE_HELP)
     p.add_argument("--dtype", choices=DTYPES, default="uint8",
                    help="loader output; uint8 is normalised on the training device")
     p.add_argument("--decode", default="auto", choices=DECODERS, help=arg.DECODE_HELP)
@@ -218,7 +218,7 @@ def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpar
     p.add_argument("--decode", default="auto", choices=DECODERS, help=arg.DECODE_HELP)
     _decode_service_argument(p)
     _read_in_argument(p)
-    p.add_argument("--image-size", type=arg.positive, default=224, help=arg.IMAGE_SIZE_HELP)
+    p.add_argument("--image-size", type=arg.image_size, default=224, help=arg.IMAGE_SIZE_HELP)
     p.add_argument("--cold", action="store_true", help="evict the dataset from the page cache before each epoch")
     p.add_argument("--stage-dir", type=arg.local, default=None,
                    help="node-local directory to stage the shards to first")
