@@ -365,6 +365,17 @@ def test_a_checkpoint_that_could_not_be_written_is_refused_before_training(raw_i
     assert list(locked.iterdir()) == []
 
 
+def test_a_checkpoint_in_a_directory_that_takes_no_files_is_refused_in_those_words(raw_images: Path,
+                                                                                   tmp_path: Path) -> None:
+    """/proc answers a new file with "No such file or directory": the refusal said the directory cannot
+    be written to "No such file or directory", of a directory that is there."""
+    ds = tmp_path / "ds"
+    ddpipe.convert(raw_images, ds, ddpipe.ConvertOptions(samples_per_shard=6, progress=False))
+    proc = run_cli("train", ds, "--model", "smallcnn", "--image-size", "16", "--checkpoint", "/proc/ck.pt")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "/proc: the directory for --checkpoint cannot be written to: it takes no new files" in proc.stderr
+
+
 def test_a_tilde_the_shell_left_is_the_home_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The shell expands ``~`` only at a word's start and unquoted: ``--local-dir=~/stage`` came to ddpipe
     as it is and made a directory named ``~`` in the working directory. Every path a command takes is

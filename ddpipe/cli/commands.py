@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import sys
 import time
@@ -49,7 +50,9 @@ def _not_writable(path: Path, flag: str) -> tuple[Path, str]:
         with tempfile.NamedTemporaryFile(dir=where, prefix=".ddpipe-probe-"):
             pass
     except OSError as e:
-        return where, f"the directory for {flag} cannot be written to: {e.strerror or e}"
+        # a directory that is there and says a new file in it "does not exist" (/proc, /sys) takes none
+        why = "it takes no new files" if e.errno == errno.ENOENT else e.strerror or str(e)
+        return where, f"the directory for {flag} cannot be written to: {why}"
     return where, ""
 
 
