@@ -223,6 +223,10 @@ def convert(
         # its shards would be a class of the tree's next conversion (and name clashes within it)
         raise ConversionConflictError(f"is inside the ImageFolder it would be made from ({root}): "
                                       "choose an output outside it", path=out)
+    if plan.source.kind == "dataset" and not is_remote(root) and out.resolve() == Path(root).resolve():
+        # refused anyway (its manifest is not this conversion's), but as "made from other input"
+        raise ConversionConflictError("is the dataset it would be converted from: a conversion writes a new "
+                                      "dataset, choose another output", path=out)
     state = out / STATE_DIR
     _all_ranks(comm, lambda: _claim(out, state, plan) if comm.world.rank == 0 else None)
     if objects is None:  # into a bucket, each node writes in a work directory of its own (to_objects.py)

@@ -226,6 +226,17 @@ def test_refuses_an_output_inside_the_imagefolder(raw_copy: Path) -> None:
     assert dir_bytes(raw_copy) == before
 
 
+def test_refuses_to_convert_a_dataset_into_its_own_directory(raw_images: Path, tmp_path: Path) -> None:
+    """It was refused as "already holds a dataset made from other input or arguments", of the input."""
+    ds = tmp_path / "ds"
+    convert(raw_images, ds, opts())
+    before = dir_bytes(ds)
+    for out in (ds, ds / ".", tmp_path / "x" / ".." / "ds"):
+        with pytest.raises(ConversionConflictError, match=r"is the dataset it would be converted from"):
+            convert(ds, out, opts("hdf5"))
+    assert dir_bytes(ds) == before
+
+
 def test_duplicate_keys_are_an_error(tmp_path: Path, raw_images: Path) -> None:
     f = next(raw_images.rglob("*.jpg"))
     lst = tmp_path / "l.csv"
