@@ -192,14 +192,7 @@ class Trainer:
                 self._progress(log, batches, time.perf_counter() - t_epoch)
             if bar is not None:
                 bar.update()
-            if self._vote is not None and self._vote.agreed():
-                stopped = self.stopped_by_signal = True
-                asked = self._vote.request
-                self._stop(asked.name if asked.signum else "a signal to another rank")
-                break
-            if self.opt.max_steps and self.step >= self.opt.max_steps:
-                stopped = True
-                self._stop("--max-steps")
+            if stopped := self._stops_here():
                 break
             t_wait = time.perf_counter()
         log.loss_sum = float(loss_sum)  # the epoch's time includes waiting for its last step
@@ -216,6 +209,19 @@ class Trainer:
                 self.save(self.opt.checkpoint)
         self._report(log)
         return log
+
+    def _stops_here(self) -> bool:
+        """Whether the run stops after this step (every rank agreed on a signal, or --max-steps is
+        reached), having saved its checkpoint."""
+        if self._vote is not None and self._vote.agreed():
+            self.stopped_by_signal = True
+            asked = self._vote.request
+            self._stop(asked.name if asked.signum else "a signal to another rank")
+            return True
+        if self.opt.max_steps and self.step >= self.opt.max_steps:
+            self._stop("--max-steps")
+            return True
+        return False
 
     def _stop(self, why: str) -> None:
         """A run told to stop keeps what it did: a checkpoint of this step, where one is asked for."""
