@@ -35,6 +35,25 @@ def epoch_state(*, epoch: int, seed: int, batches: int, world_size: int, options
 
 def remaining(state: dict[str, Any], manifest: Manifest) -> tuple[int, int, np.ndarray]:
     """(seed, epoch, the samples not yet yielded) of ``state``, for a loader over ``manifest``."""
+    _check_of_this_dataset(state, manifest)
+    n = manifest.num_samples
+    seed, epoch = _whole(state, "seed", None), _whole(state, "epoch", 0)
+    batches, world_size = _whole(state, "batches", 0), _whole(state, "world_size", 1)
+    if world_size > MAX_WORLD:  # the old epoch is planned again over the old world, rank by rank
+        raise DdpipeError(f"the loader state's 'world_size' must be at most {MAX_WORLD}, not {world_size}")
+    pending = _pending(state, n)
+    old = plan_epoch(manifest, world_size, seed, epoch, _plan_options(state), pending)
+    if batches > old.num_batches:
+        raise DdpipeError(f"the loader state is {batches} batches into an epoch of {old.num_batches}")
+    left = np.zeros(n, dtype=bool)
+    for r in old.ranks:
+        left[r.order] = True
+    left[old.yielded(batches)] = False
+    return seed, epoch, left
+
+
+def _check_of_this_dataset(state: dict[str, Any], manifest: Manifest) -> None:
+    """Refuse what is no state_dict() (of this version), or one of another dataset than ``manifest``."""
     if not isinstance(state, dict):
         raise DdpipeError(f"a loader state is the dict that state_dict() gives, not {type(state).__name__}")
     if state.get("version") != STATE_VERSION:
@@ -50,29 +69,26 @@ def remaining(state: dict[str, Any], manifest: Manifest) -> tuple[int, int, np.n
     if state.get("dataset", manifest.content_id) != manifest.content_id:
         raise DdpipeError(f"the state is of another dataset: as many samples ({n}), in other shards or other "
                           "files; resume over the dataset it was saved from")
-    seed, epoch = _whole(state, "seed", None), _whole(state, "epoch", 0)
-    batches, world_size = _whole(state, "batches", 0), _whole(state, "world_size", 1)
-    if world_size > MAX_WORLD:  # the old epoch is planned again over the old world, rank by rank
-        raise DdpipeError(f"the loader state's 'world_size' must be at most {MAX_WORLD}, not {world_size}")
-    old_pending = None
-    if state["pending"] is not None:
-        if not isinstance(state["pending"], bytes) or len(state["pending"]) != (n + 7) // 8:
-            raise DdpipeError(f"the loader state's 'pending' must be {(n + 7) // 8} bytes (a bit a sample) or None")
-        old_pending = np.unpackbits(np.frombuffer(state["pending"], dtype=np.uint8), count=n).astype(bool)
+
+
+def _pending(state: dict[str, Any], n: int) -> np.ndarray | None:
+    """The samples the saved epoch had still to yield as it began (itself resumed), if any."""
+    if state["pending"] is None:
+        return None
+    if not isinstance(state["pending"], bytes) or len(state["pending"]) != (n + 7) // 8:
+        raise DdpipeError(f"the loader state's 'pending' must be {(n + 7) // 8} bytes (a bit a sample) or None")
+    pending: np.ndarray = np.unpackbits(np.frombuffer(state["pending"], dtype=np.uint8), count=n).astype(bool)
+    return pending
+
+
+def _plan_options(state: dict[str, Any]) -> PlanOptions:
     try:
-        options = PlanOptions(**{_RENAMED.get(k, k): v for k, v in dict(state["options"]).items()})
+        saved: dict[str, Any] = dict(state["options"])
+        return PlanOptions(**{_RENAMED.get(k, k): v for k, v in saved.items()})
     except (TypeError, ValueError) as e:  # an OptionError, for a value no plan takes, is raised as it is
         if isinstance(e, DdpipeError):
             raise
         raise DdpipeError(f"the loader state's 'options' are not a plan's options: {e}") from None
-    old = plan_epoch(manifest, world_size, seed, epoch, options, old_pending)
-    if batches > old.num_batches:
-        raise DdpipeError(f"the loader state is {batches} batches into an epoch of {old.num_batches}")
-    left = np.zeros(n, dtype=bool)
-    for r in old.ranks:
-        left[r.order] = True
-    left[old.yielded(batches)] = False
-    return seed, epoch, left
 
 
 def _whole(state: dict[str, Any], key: str, least: int | None) -> int:
