@@ -1,10 +1,10 @@
 """Where ddpipe's dali-gpu path loses time, each piece alone: ``python benchmarks/gpu.py --probe``.
 
 DALI graphs fed from memory as ddpipe feeds them, one thing changed in each; the Loader's encoded
-stream and its reads alone; ddpipe's DALI decoder fed from memory, first epoch and later ones; the
-Loader as it is, read in a process (DALI's prefetch queue at 2 and at 3), and under a shorter
-interpreter switch interval; a profile of the Loader's threads; and the decoder fed from memory with
-and without the hand-over of its outputs to torch, and its profile.
+stream and its reads alone; the Loader read in a process with DALI given fewer threads than the
+machine's cores; ddpipe's DALI decoder fed from memory, first epoch and later ones; the Loader as it
+is, read in a process (DALI's prefetch queue at 2 and at 3), and under a shorter interpreter switch
+interval; and a profile of the Loader's threads.
 Prints; records nothing (the figures worth keeping go through benchmarks/gpu.py).
 """
 
@@ -98,6 +98,16 @@ def probe(root: Path, epochs: int) -> None:
     loader = loader_decoding_nothing(root)
     rates = epoch_rates(lambda ld=loader: (y for _, y in ld), epochs)
     print(f"Loader, feed of the dali-gpu path, graph decoding nothing: {median(rates):.0f} samples/s", flush=True)
+    # each part above keeps up alone (e51d624: the graph at DALI's own rate, the feed well ahead of it) and
+    # together they do not. DALI's mixed decoder decodes part of each batch on its CPU threads, one a core by
+    # default, beside the reading process and the feed's threads: whether the cores are what they share
+    for threads in (CORES, CORES - 2, CORES // 2):
+        loader = ddpipe.Loader(root, BATCH, decoder="dali-gpu", device="cuda", shuffle="local", read_in="process",
+                               threads=threads)
+        rates = epoch_rates(lambda ld=loader: (x for x, _ in ld), epochs)
+        print(f"Loader, dali-gpu (local), read in a process, {threads} DALI threads: {median(rates):.0f} img/s",
+              flush=True)
+        loader.close()
     # the reading alone, with each sample copied out of its shard (what decode="none" gives) and as
     # views of the shard (what DALI's decoders get)
     everything = np.arange(len(encoded.dataset))
@@ -113,20 +123,6 @@ def probe(root: Path, epochs: int) -> None:
     first, *later = decoder_from_memory(in_memory, epochs)
     print(f"DaliDecoder fed from memory: first epoch {first:.0f} img/s, later {median(later):.0f} img/s",
           flush=True)
-    # in the profile of the Loader's threads (below; Python 3.12's cProfile sees every thread), torch.from_dlpack
-    # of DALI's outputs took the largest share at 887db6d. The decoder alone, without and with that hand-over,
-    # then its profile: a gap between the two rates is the hand-over's own cost; if from_dlpack is large in the
-    # profile here and not in the rates, it was waiting, for the GPU or for the interpreter lock on its way out
-    try:
-        bare = decoder_from_memory(in_memory, epochs, hand_over=False)[1:]
-        print(f"DaliDecoder fed from memory, outputs left to DALI (no torch.from_dlpack): {median(bare):.0f} img/s",
-              flush=True)
-        profile = cProfile.Profile()
-        decoder_from_memory(in_memory, 2, profile=profile)
-        print("DaliDecoder fed from memory, profiled (two epochs, the first building its pipeline):", flush=True)
-        pstats.Stats(profile).sort_stats("tottime").print_stats(10)
-    except Exception as e:  # a probe's row: what failed is said, and the rows after it still run
-        print(f"DaliDecoder fed from memory without the hand-over, or profiled: failed: {e!r}", flush=True)
     # the Loader as it is (its threads); then its batches read and prepared in a process of their own (what is
     # left here is wrapping them for DALI), and with one batch more in DALI's prefetch queue (the graph alone
     # ran faster at 3 than at 2 in one run, slower in the next); these before the DALI knobs, at the end
@@ -224,12 +220,10 @@ def graph_rates(decoder: Any, batches: list[tuple[Any, list[Any]]], epochs: int)
     return rates[1:]
 
 
-def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int, hand_over: bool = True,
-                        profile: Any = None) -> list[float]:
-    """Images/s of ddpipe's DALI decoder alone (``mixed``, the training transform) over encoded
-    ``(indices, samples)`` batches held in memory, each epoch, the first (which builds its pipeline)
-    included. Without ``hand_over``, DALI's outputs are yielded as they are, not as torch tensors;
-    ``profile`` (a ``cProfile.Profile``) is enabled over the epochs."""
+def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int) -> list[float]:
+    """Images/s of ddpipe's DALI decoder alone (``mixed``, the training transform, the hand-over to torch)
+    over encoded ``(indices, samples)`` batches held in memory, each epoch, the first (which builds its
+    pipeline) included."""
     import torch
 
     from ddpipe.decode import DecodeOptions
@@ -239,12 +233,7 @@ def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int, hand_
     def on_bad(index: int, sample: Any, reason: str) -> None:
         raise RuntimeError(f"sample {index}: {reason}")
 
-    class OutputsLeftToDali(DaliDecoder):
-        def _to_torch(self, images: Any, labels: Any, batch: EncodedBatch) -> Any:
-            return images, labels
-
-    kind = DaliDecoder if hand_over else OutputsLeftToDali
-    decoder = kind(DecodeOptions(threads=CORES), BATCH, torch.device("cuda"), gpu_decode=True)
+    decoder = DaliDecoder(DecodeOptions(threads=CORES), BATCH, torch.device("cuda"), gpu_decode=True)
     epoch = [0]
 
     def decoded():  # type: ignore[no-untyped-def]
@@ -252,13 +241,9 @@ def decoder_from_memory(batches: list[tuple[Any, list[Any]]], epochs: int, hand_
         epoch[0] += 1
         return (images for images, _ in decoder.decode(encoded, 0, epoch[0], on_bad))
 
-    if profile is not None:
-        profile.enable()
     try:
         return epoch_rates(decoded, epochs, first=True)
     finally:
-        if profile is not None:
-            profile.disable()
         decoder.close()
 
 
