@@ -83,6 +83,7 @@ from _common import commit_of, env_of, save, synth_shards, trees_to_measure
 from feed_runs import BATCH, DALI_KINDS, child
 
 from ddpipe.bench.harness import machine, median, table
+from ddpipe.units import parse_size
 
 FORMATS = ("wds", "hdf5", "lmdb")
 KINDS = {"stream": "encoded stream alone", "memory": "ddpipe's DALI decoder fed from memory",
@@ -126,8 +127,11 @@ def main() -> None:
     ap.add_argument("--stage", action="store_true",
                     help="the Loader's kinds read the copies they stage (no capacity) in a directory beside each "
                          "dataset's, rather than the dataset's own files")
-    ap.add_argument("--shard-bytes", type=int, default=SHARD_BYTES,
-                    help="the shards' size: smaller, more shards than a random access keeps open (OPEN_SHARDS)")
+    # named as ddpipe convert and benchmarks/convert.py name it; --shard-bytes, its name before, stays for the
+    # recorded commands
+    ap.add_argument("--shard-size", "--shard-bytes", dest="shard_bytes", type=parse_size, default=SHARD_BYTES,
+                    metavar="SIZE", help="the shards' size (32MB, 1500000): smaller, more shards than a random access "
+                                         "keeps open (OPEN_SHARDS)")
     ap.add_argument("--global-shuffle", action="store_true",
                     help="the stream's and the Loader's kinds shuffle the whole dataset (random access)")
     ap.add_argument("--stage-dir", type=Path, help=argparse.SUPPRESS)  # a child's: where --stage stages
@@ -224,7 +228,7 @@ def main() -> None:
     if args.global_shuffle:
         command += " --global-shuffle"
     if args.shard_bytes != SHARD_BYTES:
-        command += f" --shard-bytes {args.shard_bytes}"
+        command += f" --shard-size {args.shard_bytes}"
     from ddpipe.formats.mapped import open_files_limit  # this tree's (a child may run a reference's ddpipe)
     from ddpipe.manifest import load_manifest
 
