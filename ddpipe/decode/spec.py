@@ -98,7 +98,12 @@ class DecodeOptions:
             for address in self.service:
                 endpoint(address)
         check_device(self.device)
-        whole_option(self.max_pixels, "max_pixels", least=1)
+        self._check_choices()
+        self._check_sizes()
+        self._check_transform()
+
+    def _check_choices(self) -> None:
+        """The options that name one of a few things, and the service's: its timeout, its decoder."""
         if self.read_in not in READ_IN:
             raise OptionError(f"read_in must be 'auto', 'thread' or 'process', not {self.read_in!r}")
         if not number_option(self.service_timeout, "service_timeout") > 0:  # NaN too
@@ -114,6 +119,10 @@ class DecodeOptions:
             raise OptionError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
         if self.dtype not in DTYPES:
             raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+
+    def _check_sizes(self) -> None:
+        """The images' sizes, within ``max_pixels``, and the threads' count."""
+        whole_option(self.max_pixels, "max_pixels", least=1)
         whole_option(self.size, "size", 1)
         whole_option(self.resize_shorter, "resize_shorter", self.size)  # the crop is taken from the resized image
         whole_option(self.threads, "threads")
@@ -123,7 +132,6 @@ class DecodeOptions:
                               f"({self.max_pixels:,}) allows any image")
         if self.threads < 0:
             raise OptionError(f"threads must be at least 0 (0: the node's cores over its ranks), not {self.threads}")
-        self._check_transform()
 
     def reads_apart(self, decoder: str) -> bool:
         """Whether batches for ``decoder`` (resolved, not "auto") are read in a process of their own. "auto"
