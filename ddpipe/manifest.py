@@ -144,11 +144,12 @@ class Manifest:
     layout: dict[str, Any] = field(default_factory=dict)  # how an adopted format's files hold samples
     data_dir: str | None = None  # where the shard files are, when not beside index.json
 
-    @property
+    # sums over every shard, kept: asked for per shard or per batch, they made loading 20,000 shards take 10 s
+    @functools.cached_property
     def num_samples(self) -> int:
         return sum(s.samples for s in self.shards)
 
-    @property
+    @functools.cached_property
     def num_bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
 
@@ -216,33 +217,41 @@ class Manifest:
                            origin={str(k): str(v) for k, v in origin.items()}, layout=dict(layout), data_dir=data_dir)
         except ValueError as e:
             raise ManifestError(f"malformed manifest: {e}", path=path) from None
-        for s in shards:
-            if s.samples > s.bytes:  # before any array is sized from the count (its digests, its labels)
-                raise ManifestError(f"shard {s.file!r}: {s.samples} samples in {s.bytes} bytes (a sample takes at "
-                                    "least one)", path=path)
-            if s.labels and sum(n for _, n in s.labels) != s.samples:
-                raise ManifestError(f"shard {s.file!r}: its label runs do not add up to its {s.samples} samples",
-                                    path=path)
-            top = max((c for c, _ in s.labels), default=-1)
-            if manifest.classes and top >= len(manifest.classes):  # a training loss would fail on it
-                raise ManifestError(f"shard {s.file!r}: a label run's class is {top}, but the manifest names "
-                                    f"{len(manifest.classes)} classes", path=path)
-            if top >= numbered_class_limit(manifest.num_samples):  # before counts per class are sized from it
-                raise ManifestError(f"shard {s.file!r}: a label run's class is {top}, more classes than a dataset of "
-                                    f"{manifest.num_samples} samples is taken to have", path=path)
-            if s.digests:
-                try:
-                    unpack_digests(s.digests, s.samples)
-                except ValueError as e:
-                    raise ManifestError(f"shard {s.file!r}: its sample digests do not read: {e}", path=path) from None
-        if len({s.file for s in shards}) != len(shards):
-            raise ManifestError("a shard file is listed twice", path=path)
+        _check_shards(manifest, path)
         if "num_samples" in doc and doc["num_samples"] != manifest.num_samples:
             raise ManifestError(
                 f"num_samples {doc['num_samples']} disagrees with the shards' sum {manifest.num_samples}",
                 path=path,
             )
         return manifest
+
+
+def _check_shards(manifest: Manifest, path: str | os.PathLike[str]) -> None:
+    """Each shard's entry against itself and the manifest (its samples, its label runs, its digests), and
+    no shard file listed twice; a :class:`ManifestError` naming the shard and ``path`` if not."""
+    total = manifest.num_samples
+    class_limit = numbered_class_limit(total)
+    for s in manifest.shards:
+        if s.samples > s.bytes:  # before any array is sized from the count (its digests, its labels)
+            raise ManifestError(f"shard {s.file!r}: {s.samples} samples in {s.bytes} bytes (a sample takes at "
+                                "least one)", path=path)
+        if s.labels and sum(n for _, n in s.labels) != s.samples:
+            raise ManifestError(f"shard {s.file!r}: its label runs do not add up to its {s.samples} samples",
+                                path=path)
+        top = max((c for c, _ in s.labels), default=-1)
+        if manifest.classes and top >= len(manifest.classes):  # a training loss would fail on it
+            raise ManifestError(f"shard {s.file!r}: a label run's class is {top}, but the manifest names "
+                                f"{len(manifest.classes)} classes", path=path)
+        if top >= class_limit:  # before counts per class are sized from it
+            raise ManifestError(f"shard {s.file!r}: a label run's class is {top}, more classes than a dataset of "
+                                f"{total} samples is taken to have", path=path)
+        if s.digests:
+            try:
+                unpack_digests(s.digests, s.samples)
+            except ValueError as e:
+                raise ManifestError(f"shard {s.file!r}: its sample digests do not read: {e}", path=path) from None
+    if len({s.file for s in manifest.shards}) != len(manifest.shards):
+        raise ManifestError("a shard file is listed twice", path=path)
 
 
 def load_manifest(dataset: str | os.PathLike[str]) -> Manifest:
